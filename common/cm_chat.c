@@ -1,0 +1,130 @@
+#include "cm_chat.h"
+#include "cm_error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *names[CM_CHAT_COUNT] = {"chatml", "llama2", "llama3", "mistral", "gemma"};
+
+int cm_chat_detect(const char *t) {
+    if (!t) return CM_CHAT_CHATML;
+    if (strstr(t, "<|im_start|>")) return CM_CHAT_CHATML;
+    if (strstr(t, "<|start_header_id|>")) return CM_CHAT_LLAMA3;
+    if (strstr(t, "<start_of_turn>")) return CM_CHAT_GEMMA;
+    if (strstr(t, "<<SYS>>")) return CM_CHAT_LLAMA2;
+    if (strstr(t, "[INST]")) return CM_CHAT_MISTRAL;
+    return CM_CHAT_CHATML;
+}
+
+int cm_chat_by_name(const char *name) {
+    for (int i = 0; i < CM_CHAT_COUNT; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
+const char *cm_chat_name(int kind) {
+    return kind >= 0 && kind < CM_CHAT_COUNT ? names[kind] : "unknown";
+}
+
+char *cm_chat_default_system(const char *t) {
+    static const char open[] = "<|im_start|>system\n";
+    if (!t) return NULL;
+    const char *p = strstr(t, open);
+    if (!p) return NULL;
+    p += sizeof open - 1;
+    const char *e = strstr(p, "<|im_end|>");
+    /* only a literal prompt: a template that interpolates the message has Jinja here */
+    if (!e || memchr(p, '{', (size_t)(e - p)) || memchr(p, '\'', (size_t)(e - p))) return NULL;
+    char *s = malloc((size_t)(e - p) + 1);
+    if (!s) return NULL;
+    memcpy(s, p, (size_t)(e - p));
+    s[e - p] = 0;
+    return s;
+}
+
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void add(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int need = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (need < 0 || b->oom) { b->oom = 1; return; }
+    if (b->n + (size_t)need + 1 > b->cap) {
+        size_t nc = (b->n + (size_t)need + 1) * 2;
+        char *ns = realloc(b->s, nc);
+        if (!ns) { b->oom = 1; return; }
+        b->s = ns;
+        b->cap = nc;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)need;
+}
+
+int cm_chat_render(int kind, const char *def_sys, const cm_chat_msg *m, size_t n, int gen, char **out) {
+    sbuf b = {0};
+    *out = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!m[i].role || !m[i].content ||
+            (strcmp(m[i].role, "system") && strcmp(m[i].role, "user") && strcmp(m[i].role, "assistant")))
+            return LLM_EINVAL;
+    int has_sys = n > 0 && strcmp(m[0].role, "system") == 0;
+    const char *sys = has_sys ? m[0].content : def_sys;
+    size_t first = has_sys ? 1 : 0;
+    add(&b, "%s", "");
+    switch (kind) {
+    case CM_CHAT_CHATML:
+        if (sys) add(&b, "<|im_start|>system\n%s<|im_end|>\n", sys);
+        for (size_t i = first; i < n; i++) add(&b, "<|im_start|>%s\n%s<|im_end|>\n", m[i].role, m[i].content);
+        if (gen) add(&b, "<|im_start|>assistant\n");
+        break;
+    case CM_CHAT_LLAMA3:
+        add(&b, "<|begin_of_text|>");
+        if (sys) add(&b, "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>", sys);
+        for (size_t i = first; i < n; i++)
+            add(&b, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", m[i].role, m[i].content);
+        if (gen) add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case CM_CHAT_GEMMA: /* no system role: it prefixes the first user turn */
+        for (size_t i = first; i < n; i++) {
+            int user = strcmp(m[i].role, "user") == 0;
+            add(&b, "<start_of_turn>%s\n%s%s%s<end_of_turn>\n", user ? "user" : "model",
+                user && i == first && sys ? sys : "", user && i == first && sys ? "\n\n" : "", m[i].content);
+        }
+        if (gen) add(&b, "<start_of_turn>model\n");
+        break;
+    case CM_CHAT_LLAMA2:
+    case CM_CHAT_MISTRAL:
+        for (size_t i = first; i < n; i++) {
+            if (strcmp(m[i].role, "user") == 0) {
+                if (kind == CM_CHAT_LLAMA2 && i == first && sys)
+                    add(&b, "<s>[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys, m[i].content);
+                else if (kind == CM_CHAT_MISTRAL && i == first && sys)
+                    add(&b, "<s>[INST] %s\n\n%s [/INST]", sys, m[i].content);
+                else
+                    add(&b, "%s[INST] %s [/INST]", i == first ? "<s>" : "", m[i].content);
+            } else {
+                add(&b, " %s</s>", m[i].content);
+            }
+        }
+        break;
+    default:
+        free(b.s);
+        return LLM_EINVAL;
+    }
+    if (b.oom) {
+        free(b.s);
+        return LLM_ENOMEM;
+    }
+    *out = b.s;
+    return 0;
+}

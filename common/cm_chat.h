@@ -1,0 +1,31 @@
+/* cm_chat.h - chat templates, built in and chosen from model metadata.
+ *
+ * We do not run Jinja: the families' formats are written out here and the
+ * model's template text only selects one (and supplies a default system
+ * prompt where the template embeds one, as SmolLM2's does). */
+#ifndef CM_CHAT_H
+#define CM_CHAT_H
+
+#include <stddef.h>
+
+enum { CM_CHAT_CHATML = 0, CM_CHAT_LLAMA2, CM_CHAT_LLAMA3, CM_CHAT_MISTRAL, CM_CHAT_GEMMA,
+       CM_CHAT_COUNT };
+
+typedef struct {
+    const char *role;    /* system | user | assistant */
+    const char *content;
+} cm_chat_msg;
+
+/* Family from a template's text (NULL: ChatML). */
+int cm_chat_detect(const char *tmpl);
+/* Family by name ("chatml", "llama2", "llama3", "mistral", "gemma"); -1 if unknown. */
+int cm_chat_by_name(const char *name);
+const char *cm_chat_name(int kind);
+/* Renders messages; default_system (may be NULL) is used when the first
+ * message is not a system one. *out is malloc'd. LLM_EINVAL on an unknown role. */
+int cm_chat_render(int kind, const char *default_system, const cm_chat_msg *m, size_t n,
+                   int add_generation_prompt, char **out);
+/* The default system prompt embedded in a ChatML template, malloc'd, or NULL. */
+char *cm_chat_default_system(const char *tmpl);
+
+#endif

@@ -1,0 +1,312 @@
+#include "cm_model.h"
+#include "cm_dtype.h"
+#include "cm_error.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_LAYERS 1024
+#define MAX_DIM 65536
+#define MAX_VOCAB (1u << 22)
+
+static int validate_config(const cm_model_config *c, char *err, size_t errlen) {
+    if (!c->n_layer || c->n_layer > MAX_LAYERS || !c->dim || c->dim > MAX_DIM || !c->n_head ||
+        !c->n_kv_head || !c->hidden || c->hidden > 8 * MAX_DIM || !c->vocab || c->vocab > MAX_VOCAB ||
+        !c->head_dim || c->head_dim % 2 || c->head_dim > 1024) {
+        snprintf(err, errlen,
+                 "implausible hyper-parameters (layers %u, dim %u, heads %u/%u, head_dim %u, ffn %u, "
+                 "vocab %u)",
+                 c->n_layer, c->dim, c->n_head, c->n_kv_head, c->head_dim, c->hidden, c->vocab);
+        return LLM_EFORMAT;
+    }
+    if (c->n_head % c->n_kv_head) {
+        snprintf(err, errlen, "%u heads is not a multiple of %u KV heads", c->n_head, c->n_kv_head);
+        return LLM_EFORMAT;
+    }
+    if (c->rope_dim > c->head_dim || c->rope_dim % 2) {
+        snprintf(err, errlen, "rope dimension %u does not fit head dimension %u", c->rope_dim,
+                 c->head_dim);
+        return LLM_EFORMAT;
+    }
+    if (!(c->norm_eps > 0 && c->norm_eps < 1) || !(c->rope_theta > 0)) {
+        snprintf(err, errlen, "bad norm epsilon %g or rope theta %g", c->norm_eps, c->rope_theta);
+        return LLM_EFORMAT;
+    }
+    return 0;
+}
+
+static int gguf_u32_arch(const cm_gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                         int required, char *err, size_t errlen) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = cm_gguf_get_u32(g, key, out);
+    if (rc == LLM_ENOTFOUND && !required) return 0;
+    if (rc) snprintf(err, errlen, "metadata '%s' is %s", key, rc == LLM_ENOTFOUND ? "missing" : "not an unsigned integer");
+    return rc;
+}
+
+static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
+    cm_gguf *g = m->gguf;
+    cm_model_config *c = &m->cfg;
+    cm_str s;
+    if (cm_gguf_get_str(g, "general.architecture", &s)) {
+        snprintf(err, errlen, "general.architecture is missing");
+        return LLM_EFORMAT;
+    }
+    if (s.len >= sizeof c->arch) s.len = sizeof c->arch - 1;
+    memcpy(c->arch, s.ptr, s.len);
+    c->arch[s.len] = 0;
+    if (strcmp(c->arch, "llama") == 0 || strcmp(c->arch, "mistral") == 0) {
+        c->rope_type = CM_ROPE_NORM;
+    } else if (strcmp(c->arch, "qwen2") == 0) {
+        c->rope_type = CM_ROPE_NEOX;
+        c->qkv_bias = 1;
+    } else {
+        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2)", c->arch);
+        return LLM_EUNSUP;
+    }
+    if (!cm_gguf_get_str(g, "general.name", &s)) {
+        size_t n = s.len < sizeof c->name - 1 ? s.len : sizeof c->name - 1;
+        memcpy(c->name, s.ptr, n);
+    }
+    int rc;
+    if ((rc = gguf_u32_arch(g, c->arch, "block_count", &c->n_layer, 1, err, errlen)) ||
+        (rc = gguf_u32_arch(g, c->arch, "embedding_length", &c->dim, 1, err, errlen)) ||
+        (rc = gguf_u32_arch(g, c->arch, "feed_forward_length", &c->hidden, 1, err, errlen)) ||
+        (rc = gguf_u32_arch(g, c->arch, "attention.head_count", &c->n_head, 1, err, errlen)))
+        return rc;
+    c->n_kv_head = c->n_head;
+    c->ctx_len = 2048;
+    if ((rc = gguf_u32_arch(g, c->arch, "attention.head_count_kv", &c->n_kv_head, 0, err, errlen)) ||
+        (rc = gguf_u32_arch(g, c->arch, "context_length", &c->ctx_len, 0, err, errlen)))
+        return rc;
+    if (c->n_head == 0) {
+        snprintf(err, errlen, "attention.head_count is 0");
+        return LLM_EFORMAT;
+    }
+    c->head_dim = c->dim / c->n_head;
+    if ((rc = gguf_u32_arch(g, c->arch, "attention.key_length", &c->head_dim, 0, err, errlen)))
+        return rc;
+    c->rope_dim = c->head_dim;
+    if ((rc = gguf_u32_arch(g, c->arch, "rope.dimension_count", &c->rope_dim, 0, err, errlen)))
+        return rc;
+    c->rope_theta = 10000.f;
+    c->norm_eps = 1e-5f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.freq_base", c->arch);
+    cm_gguf_get_f32(g, key, &c->rope_theta);
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", c->arch);
+    cm_gguf_get_f32(g, key, &c->norm_eps);
+    int type;
+    uint64_t n;
+    const void *d;
+    if (cm_gguf_get_arr(g, "tokenizer.ggml.tokens", &type, &n, &d) == 0) c->vocab = (uint32_t)n;
+    uint32_t v;
+    if (gguf_u32_arch(g, c->arch, "vocab_size", &v, 0, err, errlen) == 0 && v) c->vocab = v;
+    if (!c->vocab) {
+        const cm_gguf_tensor *t = cm_gguf_find_tensor(g, "token_embd.weight");
+        if (t) c->vocab = (uint32_t)t->ne[1];
+    }
+    c->tied = cm_gguf_find_tensor(g, "output.weight") == NULL;
+    if (c->ctx_len == 0 || c->ctx_len > (1u << 24)) {
+        snprintf(err, errlen, "bad context length %u", c->ctx_len);
+        return LLM_EFORMAT;
+    }
+    m->n_tensors = g->n_tensors;
+    m->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *m->tensors);
+    if (!m->tensors) return LLM_ENOMEM;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const cm_gguf_tensor *t = &g->tensors[i];
+        cm_tensor_ref *r = &m->tensors[i];
+        size_t nl = t->name.len < sizeof r->name - 1 ? t->name.len : sizeof r->name - 1;
+        memcpy(r->name, t->name.ptr, nl);
+        r->type = t->type;
+        r->n_dims = t->n_dims;
+        memcpy(r->ne, t->ne, sizeof r->ne);
+        r->data = t->data;
+        r->nbytes = t->nbytes;
+    }
+    return 0;
+}
+
+/* llama2.c legacy (v0) checkpoint: 7 int32 then fp32 weights. */
+static int open_llama2c(cm_model_file *m, char *err, size_t errlen) {
+    if (m->map_size < 28) {
+        snprintf(err, errlen, "neither GGUF nor a llama2.c checkpoint (%zu bytes)", m->map_size);
+        return LLM_ETRUNC;
+    }
+    int32_t h[7];
+    memcpy(h, m->map, sizeof h);
+    cm_model_config *c = &m->cfg;
+    for (int i = 0; i < 7; i++) {
+        if (i != 5 && h[i] <= 0) {
+            snprintf(err, errlen, "neither GGUF nor a llama2.c checkpoint (header field %d is %d)", i, h[i]);
+            return LLM_EFORMAT;
+        }
+    }
+    if (h[5] == 0 || h[5] == INT32_MIN) {
+        snprintf(err, errlen, "llama2.c header has vocab size 0");
+        return LLM_EFORMAT;
+    }
+    strcpy(c->arch, "llama");
+    strcpy(c->name, "llama2.c");
+    c->dim = (uint32_t)h[0];
+    c->hidden = (uint32_t)h[1];
+    c->n_layer = (uint32_t)h[2];
+    c->n_head = (uint32_t)h[3];
+    c->n_kv_head = (uint32_t)h[4];
+    c->tied = h[5] > 0;
+    c->vocab = (uint32_t)(h[5] > 0 ? h[5] : -h[5]);
+    c->ctx_len = (uint32_t)h[6];
+    c->head_dim = c->dim / c->n_head;
+    c->rope_dim = c->head_dim;
+    c->rope_type = CM_ROPE_NORM;
+    c->rope_theta = 10000.f;
+    c->norm_eps = 1e-5f;
+    int rc = validate_config(c, err, errlen);
+    if (rc) return rc;
+    if (c->head_dim * c->n_head != c->dim || c->ctx_len > (1u << 20)) {
+        snprintf(err, errlen, "llama2.c header is inconsistent (dim %u, heads %u, seq_len %u)", c->dim,
+                 c->n_head, c->ctx_len);
+        return LLM_EFORMAT;
+    }
+    uint64_t D = c->dim, L = c->n_layer, H = c->hidden, V = c->vocab, KV = (uint64_t)c->n_kv_head * c->head_dim;
+    struct { const char *fmt; uint64_t ne0, ne1, per_layer; } parts[] = {
+        {"token_embd.weight", D, V, 0},  {"blk.%u.attn_norm.weight", D, 1, 1},
+        {"blk.%u.attn_q.weight", D, D, 1}, {"blk.%u.attn_k.weight", D, KV, 1},
+        {"blk.%u.attn_v.weight", D, KV, 1}, {"blk.%u.attn_output.weight", D, D, 1},
+        {"blk.%u.ffn_norm.weight", D, 1, 1}, {"blk.%u.ffn_gate.weight", D, H, 1},
+        {"blk.%u.ffn_down.weight", H, D, 1}, {"blk.%u.ffn_up.weight", D, H, 1},
+        {"output_norm.weight", D, 1, 0},
+    };
+    size_t np = sizeof parts / sizeof parts[0];
+    m->n_tensors = 0;
+    m->tensors = calloc(np * L + 2, sizeof *m->tensors);
+    if (!m->tensors) return LLM_ENOMEM;
+    uint64_t off = 28;
+    for (size_t p = 0; p < np; p++) {
+        uint64_t per = parts[p].ne0 * parts[p].ne1 * 4, count = parts[p].per_layer ? L : 1;
+        for (uint64_t l = 0; l < count; l++) {
+            if (off + per > m->map_size) {
+                snprintf(err, errlen, "llama2.c checkpoint is truncated (needs more than %zu bytes)",
+                         m->map_size);
+                return LLM_ETRUNC;
+            }
+            cm_tensor_ref *t = &m->tensors[m->n_tensors++];
+            snprintf(t->name, sizeof t->name, parts[p].fmt, (unsigned)l);
+            t->type = CM_F32;
+            t->n_dims = parts[p].ne1 > 1 ? 2 : 1;
+            t->ne[0] = parts[p].ne0;
+            t->ne[1] = parts[p].ne1;
+            t->ne[2] = t->ne[3] = 1;
+            t->data = (const uint8_t *)m->map + off;
+            t->nbytes = per;
+            off += per;
+        }
+    }
+    off += (uint64_t)c->ctx_len * (c->head_dim / 2) * 4 * 2; /* legacy freq_cis tables, unused */
+    if (!c->tied) {
+        uint64_t per = D * V * 4;
+        if (off + per > m->map_size) {
+            snprintf(err, errlen, "llama2.c checkpoint is truncated (classifier missing)");
+            return LLM_ETRUNC;
+        }
+        cm_tensor_ref *t = &m->tensors[m->n_tensors++];
+        strcpy(t->name, "output.weight");
+        t->type = CM_F32;
+        t->n_dims = 2;
+        t->ne[0] = D;
+        t->ne[1] = V;
+        t->ne[2] = t->ne[3] = 1;
+        t->data = (const uint8_t *)m->map + off;
+        t->nbytes = per;
+    }
+    return 0;
+}
+
+int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen) {
+    *out = NULL;
+    char e[400] = "";
+    int rc;
+    cm_model_file *m = calloc(1, sizeof *m);
+    if (!m) return LLM_ENOMEM;
+    snprintf(m->path, sizeof m->path, "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(e, sizeof e, "cannot open: %s", strerror(errno));
+        rc = LLM_EIO;
+        goto fail;
+    }
+    uint32_t magic = 0;
+    ssize_t got = read(fd, &magic, 4);
+    close(fd);
+    if (got == 4 && magic == 0x46554747u) {
+        m->format = CM_FMT_GGUF;
+        if ((rc = cm_gguf_open(path, &m->gguf, e, sizeof e))) goto fail;
+        if ((rc = config_from_gguf(m, e, sizeof e))) goto fail;
+    } else {
+        m->format = CM_FMT_LLAMA2C;
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+            if (fd >= 0) close(fd);
+            snprintf(e, sizeof e, "not a regular non-empty file");
+            rc = LLM_EIO;
+            goto fail;
+        }
+        m->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        close(fd);
+        if (m->map == MAP_FAILED) {
+            m->map = NULL;
+            snprintf(e, sizeof e, "mmap failed: %s", strerror(errno));
+            rc = LLM_EIO;
+            goto fail;
+        }
+        m->map_size = (size_t)st.st_size;
+        if ((rc = open_llama2c(m, e, sizeof e))) goto fail;
+    }
+    if ((rc = validate_config(&m->cfg, e, sizeof e))) goto fail;
+    *out = m;
+    return 0;
+fail:
+    if (err) snprintf(err, errlen, "%s: %s", path, e);
+    cm_model_close(m);
+    return rc;
+}
+
+void cm_model_close(cm_model_file *m) {
+    if (!m) return;
+    cm_gguf_close(m->gguf);
+    if (m->map) munmap(m->map, m->map_size);
+    free(m->tensors);
+    free(m);
+}
+
+const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name) {
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+int cm_model_tensor_expect(const cm_model_file *m, const char *name, uint64_t ne0, uint64_t ne1,
+                           const cm_tensor_ref **out, char *err, size_t errlen) {
+    const cm_tensor_ref *t = cm_model_tensor(m, name);
+    if (!t) {
+        snprintf(err, errlen, "%s: tensor '%s' is missing", m->path, name);
+        return LLM_ENOTFOUND;
+    }
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        snprintf(err, errlen, "%s: tensor '%s' has shape [%" PRIu64 ", %" PRIu64 "], expected [%" PRIu64
+                 ", %" PRIu64 "]", m->path, name, t->ne[0], t->ne[1], ne0, ne1);
+        return LLM_EFORMAT;
+    }
+    *out = t;
+    return 0;
+}

@@ -1,0 +1,61 @@
+/* cm_model.h - one model description filled from either file format.
+ *
+ * A cm_model_file maps a GGUF file or a llama2.c .bin checkpoint and exposes
+ * its hyper-parameters as a cm_model_config and its weights as tensors named
+ * the GGUF way ("token_embd.weight", "blk.3.attn_q.weight", ...), so the
+ * forward pass never knows which format it came from. */
+#ifndef CM_MODEL_H
+#define CM_MODEL_H
+
+#include "cm_gguf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { CM_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama in GGUF, llama2.c */
+       CM_ROPE_NEOX = 1  /* rotate halves (x[i], x[i+d/2]): qwen2, gpt-neox */ };
+
+enum { CM_FMT_GGUF = 1, CM_FMT_LLAMA2C = 2 };
+
+typedef struct {
+    char arch[32];
+    char name[96];
+    uint32_t n_layer, dim, n_head, n_kv_head, head_dim, hidden, vocab, ctx_len;
+    uint32_t rope_dim;   /* leading dims of each head that rotate (= head_dim usually) */
+    int rope_type;
+    float rope_theta, norm_eps;
+    int tied;            /* LM head is the token embedding */
+    int qkv_bias;        /* attn_q/k/v have bias vectors (qwen2) */
+} cm_model_config;
+
+typedef struct {
+    char name[64];
+    int type;            /* enum cm_dtype */
+    uint32_t n_dims;
+    uint64_t ne[4];      /* ne[0] contiguous */
+    const void *data;
+    uint64_t nbytes;
+} cm_tensor_ref;
+
+typedef struct cm_model_file {
+    int format;
+    char path[512];
+    cm_gguf *gguf;       /* CM_FMT_GGUF */
+    void *map;           /* CM_FMT_LLAMA2C mapping */
+    size_t map_size;
+    cm_model_config cfg;
+    cm_tensor_ref *tensors;
+    size_t n_tensors;
+} cm_model_file;
+
+/* Opens by content: GGUF magic, else a llama2.c checkpoint. err gets one line
+ * naming the file and the problem. */
+int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen);
+void cm_model_close(cm_model_file *m);
+/* NULL when absent. */
+const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name);
+/* Checks a tensor exists with shape [ne0, ne1] (ne1 = 1 for vectors). */
+int cm_model_tensor_expect(const cm_model_file *m, const char *name, uint64_t ne0, uint64_t ne1,
+                           const cm_tensor_ref **out, char *err, size_t errlen);
+
+#endif

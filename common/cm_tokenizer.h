@@ -1,0 +1,66 @@
+/* cm_tokenizer.h - BPE tokenizers read from model metadata.
+ *
+ * Two families: byte-level BPE (GPT-2 style; merges by rank, with the
+ * pre-tokenizer the GGUF names: gpt2, llama3, qwen2, smollm) and
+ * SentencePiece-style BPE (llama; merges by score, byte fallback). Both split
+ * special tokens out of the text first. Encoding is O(n log n) in the length
+ * of each pre-token, so hostile inputs cannot make it quadratic. */
+#ifndef CM_TOKENIZER_H
+#define CM_TOKENIZER_H
+
+#include "cm_gguf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cm_tokenizer cm_tokenizer;
+
+enum { CM_TOK_BPE = 1, CM_TOK_SPM = 2 };
+enum { CM_PRE_GPT2 = 0, CM_PRE_LLAMA3, CM_PRE_QWEN2, CM_PRE_SMOLLM };
+/* GGUF token types */
+enum { CM_TT_NORMAL = 1, CM_TT_UNKNOWN = 2, CM_TT_CONTROL = 3, CM_TT_USER = 4, CM_TT_UNUSED = 5,
+       CM_TT_BYTE = 6 };
+
+int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t errlen);
+/* llama2.c tokenizer.bin (SentencePiece pieces with scores); vocab from the model. */
+int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, char *err,
+                        size_t errlen);
+void cm_tok_free(cm_tokenizer *t);
+
+/* Encodes text[0..len) into a malloc'd array (*ids, *n). add_bos follows the
+ * metadata when -1. parse_special: match control tokens written in the text
+ * (user-defined tokens always match). */
+int cm_tok_encode(const cm_tokenizer *t, const char *text, size_t len, int add_bos,
+                  int parse_special, int32_t **ids, size_t *n);
+/* Bytes a token stands for; control tokens give "" unless render_special. */
+int cm_tok_piece(const cm_tokenizer *t, int32_t id, int render_special, const char **bytes,
+                 size_t *len);
+/* Decodes a whole sequence into a malloc'd NUL-terminated string. */
+char *cm_tok_decode(const cm_tokenizer *t, const int32_t *ids, size_t n, int render_special);
+
+int32_t cm_tok_vocab(const cm_tokenizer *t);
+int32_t cm_tok_bos(const cm_tokenizer *t);
+int32_t cm_tok_eos(const cm_tokenizer *t);
+int cm_tok_type(const cm_tokenizer *t, int32_t id);
+int cm_tok_kind(const cm_tokenizer *t);
+int cm_tok_pre(const cm_tokenizer *t);
+/* End of generation: EOS, EOT/<|im_end|>-like control tokens the metadata names. */
+int cm_tok_is_eog(const cm_tokenizer *t, int32_t id);
+/* Id of a token whose text is exactly s, or -1. */
+int32_t cm_tok_lookup(const cm_tokenizer *t, const char *s);
+/* The metadata's chat template text, or NULL. */
+const char *cm_tok_chat_template(const cm_tokenizer *t);
+
+/* Incremental detokenizer: push ids one at a time, get only whole UTF-8
+ * characters out; the rest waits for the next token (or flush). */
+typedef struct {
+    char pend[32];
+    size_t npend;
+    int first;           /* strip the SentencePiece leading space of the first piece */
+} cm_detok;
+void cm_detok_init(cm_detok *d, const cm_tokenizer *t);
+/* Appends the text now complete to out (cap bytes, >= 64 recommended); returns bytes written. */
+size_t cm_detok_push(cm_detok *d, const cm_tokenizer *t, int32_t id, char *out, size_t cap);
+size_t cm_detok_flush(cm_detok *d, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,152 @@
+/* kn_avx512.c - AVX-512 (F, BW, VL, VNNI) path. Compiled with those flags;
+ * called only after cpuid says the CPU has them. */
+#include "kn_int.h"
+
+#include <immintrin.h>
+
+/* Matches kn_quant_block_ref: d = amax/127, q = round-to-nearest-even(x*127/amax). */
+static void quant_act_avx512(const float *x, int64_t k, int8_t *qs, float *d, float *ds) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / 32; b++) {
+        __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        __m512 amax = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
+        float am = _mm512_reduce_max_ps(amax);
+        float id = am > 0 ? 127.f / am : 0.f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i i0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512i i1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(qs + 32 * b), _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(qs + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
+        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        d[b] = am / 127.f;
+        ds[b] = d[b] * (float)sum;
+    }
+}
+
+#define BT 4 /* activation rows per register tile */
+
+/* One 16-row group against up to BT activation rows. Weights of the block
+ * are unpacked once into registers and reused for every activation row. */
+static inline void q4_group(const kn_pq4 *P, int64_t nb, const kn_act *a, int b0, int bn,
+                            __m512 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 accm[BT];
+    for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq4 *p = &P[blk];
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d));
+        __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m));
+        __m512i lo[4], hi[4];
+        for (int c = 0; c < 4; c++) {
+            __m512i v = _mm512_loadu_si512(p->qs[c]);
+            lo[c] = _mm512_and_si512(v, m4);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        for (int t = 0; t < bn; t++) {
+            int b = b0 + t;
+            const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(xb[0]));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(xb[1]));
+            s0 = _mm512_dpbusd_epi32(s0, lo[1], _mm512_set1_epi32(xb[2]));
+            s1 = _mm512_dpbusd_epi32(s1, hi[1], _mm512_set1_epi32(xb[3]));
+            s0 = _mm512_dpbusd_epi32(s0, lo[2], _mm512_set1_epi32(xb[4]));
+            s1 = _mm512_dpbusd_epi32(s1, hi[2], _mm512_set1_epi32(xb[5]));
+            s0 = _mm512_dpbusd_epi32(s0, lo[3], _mm512_set1_epi32(xb[6]));
+            s1 = _mm512_dpbusd_epi32(s1, hi[3], _mm512_set1_epi32(xb[7]));
+            __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            size_t ai = (size_t)b * a->nblk + blk;
+            acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dw, _mm512_set1_ps(a->d[ai])), acc[t]);
+            accm[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->ds[ai]), accm[t]);
+        }
+    }
+    for (int t = 0; t < bn; t++) acc[t] = _mm512_add_ps(acc[t], accm[t]);
+}
+
+static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0, int bn,
+                            __m512 *acc) {
+    for (int t = 0; t < bn; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq8 *p = &P[blk];
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d));
+        __m512i w[8];
+        for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
+        for (int t = 0; t < bn; t++) {
+            int b = b0 + t;
+            const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(xb[0]));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(xb[1]));
+            for (int c = 2; c < 8; c += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, w[c], _mm512_set1_epi32(xb[c]));
+                s1 = _mm512_dpbusd_epi32(s1, w[c + 1], _mm512_set1_epi32(xb[c + 1]));
+            }
+            /* weights are stored +128: dw*(dx*s - 128*dx*sum(x)) */
+            size_t ai = (size_t)b * a->nblk + blk;
+            __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            __m512 t1 = _mm512_fmadd_ps(sf, _mm512_set1_ps(a->d[ai]), _mm512_set1_ps(-128.f * a->ds[ai]));
+            acc[t] = _mm512_fmadd_ps(dw, t1, acc[t]);
+        }
+    }
+}
+
+static inline void store_rows(float *y, int64_t ldy, int b0, int bn, int64_t g, int64_t n,
+                              const __m512 *acc) {
+    int64_t r0 = g * KN_ROWS;
+    __mmask16 m = n - r0 >= KN_ROWS ? 0xffff : (__mmask16)((1u << (n - r0)) - 1);
+    for (int t = 0; t < bn; t++) _mm512_mask_storeu_ps(y + (size_t)(b0 + t) * ldy + r0, m, acc[t]);
+}
+
+static void gemm_q4_avx512(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                           int64_t g0, int64_t g1) {
+    int64_t nb = w->k / 32;
+    const kn_pq4 *P = w->packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int b0 = 0; b0 < B; b0 += BT) {
+            int bn = B - b0 < BT ? B - b0 : BT;
+            __m512 acc[BT];
+            q4_group(P + g * nb, nb, a, b0, bn, acc);
+            store_rows(y, ldy, b0, bn, g, w->n, acc);
+        }
+}
+
+static void gemm_q8_avx512(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                           int64_t g0, int64_t g1) {
+    int64_t nb = w->k / 32;
+    const kn_pq8 *P = w->packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int b0 = 0; b0 < B; b0 += BT) {
+            int bn = B - b0 < BT ? B - b0 : BT;
+            __m512 acc[BT];
+            q8_group(P + g * nb, nb, a, b0, bn, acc);
+            store_rows(y, ldy, b0, bn, g, w->n, acc);
+        }
+}
+
+static float dot_avx512(const float *a, const float *b, int n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+static void axpy_avx512(float s, const float *x, float *y, int n) {
+    __m512 vs = _mm512_set1_ps(s);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(vs, _mm512_maskz_loadu_ps(m, x + i),
+                                                        _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_q4_avx512, gemm_q8_avx512,
+                                dot_avx512, axpy_avx512};

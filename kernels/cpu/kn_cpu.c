@@ -1,0 +1,318 @@
+/* kn_cpu.c - run-time dispatch, weight repacking, the parallel matmul driver
+ * and the element-wise ops. */
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "kn_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const kn_impl *impl = &kn_impl_scalar;
+static int initialised;
+
+static int cpu_has(const char *what) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (strcmp(what, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(what, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+               __builtin_cpu_supports("avx512dq");
+#endif
+    return strcmp(what, "scalar") == 0;
+}
+
+int kn_set_isa(const char *name) {
+    if (!cpu_has(name)) return LLM_EUNSUP;
+    impl = strcmp(name, "avx512") == 0 ? &kn_impl_avx512
+           : strcmp(name, "avx2") == 0 ? &kn_impl_avx2
+                                       : &kn_impl_scalar;
+    initialised = 1;
+    return 0;
+}
+
+void kn_init(void) {
+    if (initialised) return;
+    const char *env = getenv("LLMSERVE_ISA");
+    if (env && kn_set_isa(env) == 0) return;
+    if (kn_set_isa("avx512") && kn_set_isa("avx2")) kn_set_isa("scalar");
+}
+
+const char *kn_isa_name(void) {
+    kn_init();
+    return impl->name;
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+static void repack_q4(kn_weight *w) {
+    int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    kn_pq4 *P = w->packed;
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t blk = 0; blk < nb; blk++) {
+            kn_pq4 *p = &P[g * nb + blk];
+            memset(p, 0, sizeof *p);
+            for (int r = 0; r < KN_ROWS; r++) {
+                int64_t row = g * KN_ROWS + r;
+                if (row >= w->n) continue; /* zero rows pad the last group */
+                const uint8_t *src = (const uint8_t *)w->raw + (size_t)row * rb;
+                const uint8_t *qs;
+                if (w->type == CM_Q4_0) {
+                    const cm_block_q4_0 *b = (const cm_block_q4_0 *)src + blk;
+                    p->d[r] = b->d;
+                    p->m[r] = cm_f32_to_f16(-8.f * cm_f16_to_f32(b->d));
+                    qs = b->qs;
+                } else {
+                    const cm_block_q4_1 *b = (const cm_block_q4_1 *)src + blk;
+                    p->d[r] = b->d;
+                    p->m[r] = b->m;
+                    qs = b->qs;
+                }
+                uint8_t q[32];
+                for (int j = 0; j < 16; j++) {
+                    q[j] = qs[j] & 15;
+                    q[j + 16] = qs[j] >> 4;
+                }
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++)
+                        p->qs[c][r * 4 + i] = (uint8_t)(q[8 * c + i] | (q[8 * c + 4 + i] << 4));
+            }
+        }
+}
+
+static void repack_q8(kn_weight *w) {
+    int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    kn_pq8 *P = w->packed;
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t blk = 0; blk < nb; blk++) {
+            kn_pq8 *p = &P[g * nb + blk];
+            memset(p, 0, sizeof *p);
+            memset(p->qs, 128, sizeof p->qs);
+            for (int r = 0; r < KN_ROWS; r++) {
+                int64_t row = g * KN_ROWS + r;
+                if (row >= w->n) continue;
+                const cm_block_q8_0 *b = (const cm_block_q8_0 *)((const uint8_t *)w->raw + (size_t)row * rb) + blk;
+                p->d[r] = b->d;
+                for (int c = 0; c < 8; c++)
+                    for (int i = 0; i < 4; i++) p->qs[c][r * 4 + i] = (uint8_t)(b->qs[4 * c + i] + 128);
+            }
+        }
+}
+
+int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw) {
+    kn_init();
+    memset(w, 0, sizeof *w);
+    w->type = type;
+    w->n = n;
+    w->k = k;
+    w->raw = raw;
+    if (n <= 0 || k <= 0) return LLM_EINVAL;
+    switch (type) {
+    case CM_F32: case CM_F16: case CM_BF16: return 0;
+    case CM_Q4_0: case CM_Q4_1: case CM_Q8_0: break;
+    default: return LLM_EUNSUP;
+    }
+    if (k % 32) return LLM_EINVAL;
+    int64_t ng = (n + KN_ROWS - 1) / KN_ROWS, nb = k / 32;
+    w->pack = type == CM_Q8_0 ? KN_PACK_Q8 : KN_PACK_Q4;
+    size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8 ? sizeof(kn_pq8) : sizeof(kn_pq4));
+    w->packed = aligned_alloc(64, (sz + 63) / 64 * 64);
+    if (!w->packed) return LLM_ENOMEM;
+    if (w->pack == KN_PACK_Q8) repack_q8(w);
+    else repack_q4(w);
+    return 0;
+}
+
+void kn_weight_free(kn_weight *w) {
+    if (!w) return;
+    free(w->packed);
+    w->packed = NULL;
+}
+
+int kn_act_init(kn_act *a, int64_t k, int cap) {
+    memset(a, 0, sizeof *a);
+    a->k = k;
+    a->nblk = k / 32;
+    a->cap = cap;
+    a->qs = aligned_alloc(64, ((size_t)cap * (size_t)k + 63) / 64 * 64);
+    a->d = malloc(sizeof(float) * (size_t)(cap * (a->nblk ? a->nblk : 1)));
+    a->ds = malloc(sizeof(float) * (size_t)(cap * (a->nblk ? a->nblk : 1)));
+    if (!a->qs || !a->d || !a->ds) {
+        kn_act_free(a);
+        return LLM_ENOMEM;
+    }
+    return 0;
+}
+
+void kn_act_free(kn_act *a) {
+    free(a->qs);
+    free(a->d);
+    free(a->ds);
+    memset(a, 0, sizeof *a);
+}
+
+void kn_quantize_act(kn_act *a, const float *x, int rows) {
+    a->rows = rows;
+    for (int b = 0; b < rows; b++)
+        impl->quant_act(x + (size_t)b * a->k, a->k, a->qs + (size_t)b * a->k, a->d + (size_t)b * a->nblk,
+                        a->ds + (size_t)b * a->nblk);
+}
+
+/* ---- matmul driver ------------------------------------------------------ */
+
+typedef struct {
+    int nw;
+    const kn_weight *const *w;
+    float *const *y;
+    const float *x;
+    const kn_act *a;
+    int B;
+    int64_t units; /* total row groups */
+} mm_ctx;
+
+static __thread float *tl_row;
+static __thread size_t tl_cap;
+
+static void gemm_float(const kn_weight *w, const float *x, int B, float *y, int64_t r0, int64_t r1) {
+    if ((size_t)w->k > tl_cap) { /* grows once per thread, not per call */
+        free(tl_row);
+        tl_row = malloc(sizeof(float) * (size_t)w->k);
+        tl_cap = tl_row ? (size_t)w->k : 0;
+        if (!tl_row) abort();
+    }
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    for (int64_t r = r0; r < r1; r++) {
+        const void *src = (const uint8_t *)w->raw + (size_t)r * rb;
+        const float *row = src;
+        if (w->type != CM_F32) {
+            const uint16_t *h = src;
+            if (w->type == CM_F16)
+                for (int64_t i = 0; i < w->k; i++) tl_row[i] = cm_f16_to_f32(h[i]);
+            else
+                for (int64_t i = 0; i < w->k; i++) tl_row[i] = cm_bf16_to_f32(h[i]);
+            row = tl_row;
+        }
+        for (int b = 0; b < B; b++) y[(size_t)b * w->n + r] = impl->dot(row, x + (size_t)b * w->k, (int)w->k);
+    }
+}
+
+static void mm_task(void *p, int ith, int nth) {
+    mm_ctx *c = p;
+    int64_t u0 = c->units * ith / nth, u1 = c->units * (ith + 1) / nth, base = 0;
+    for (int i = 0; i < c->nw && u0 < u1; i++) {
+        const kn_weight *w = c->w[i];
+        int64_t ng = (w->n + KN_ROWS - 1) / KN_ROWS;
+        int64_t g0 = u0 - base, g1 = u1 - base;
+        base += ng;
+        if (g0 >= ng) continue;
+        if (g0 < 0) g0 = 0;
+        if (g1 > ng) g1 = ng;
+        if (g1 <= g0) continue;
+        if (w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else if (w->pack == KN_PACK_Q8) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else {
+            int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;
+            gemm_float(w, c->x, c->B, c->y[i], g0 * KN_ROWS, r1);
+        }
+    }
+}
+
+void kn_matmul_multi(kn_pool *p, int nw, const kn_weight *const *w, float *const *y,
+                     const float *x, const kn_act *a, int B) {
+    mm_ctx c = {nw, w, y, x, a, B, 0};
+    for (int i = 0; i < nw; i++) c.units += (w[i]->n + KN_ROWS - 1) / KN_ROWS;
+    kn_pool_run(p, mm_task, &c);
+}
+
+void kn_matmul(kn_pool *p, const kn_weight *w, float *y, const float *x, kn_act *a, int B) {
+    if (w->pack != KN_PACK_NONE) kn_quantize_act(a, x, B);
+    kn_matmul_multi(p, 1, &w, &y, x, a, B);
+}
+
+void kn_get_row(const kn_weight *w, int64_t r, float *out) {
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    const uint8_t *row = (const uint8_t *)w->raw + (size_t)r * rb;
+    switch (w->type) {
+    case CM_F32: memcpy(out, row, sizeof(float) * (size_t)w->k); return;
+    case CM_Q8_0:
+        for (int64_t b = 0; b < w->k / 32; b++) {
+            const cm_block_q8_0 *q = (const cm_block_q8_0 *)row + b;
+            float d = cm_f16_to_f32(q->d);
+            for (int i = 0; i < 32; i++) out[32 * b + i] = d * (float)q->qs[i];
+        }
+        return;
+    default:
+        for (int64_t i = 0; i < w->k; i++) out[i] = kn_ref_dequant(w->type, row, i);
+    }
+}
+
+/* ---- element-wise ------------------------------------------------------- */
+
+void kn_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = 0; /* fp32 sum of squares: n <= 65536 keeps the error far below bf16 weights' */
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float s = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * s * w[i];
+}
+
+void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int pos,
+             const float *inv_freq) {
+    float cs[512], sn[512]; /* rope_dim/2 <= 512: head_dim is capped at 1024 by the loader */
+    int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float a = (float)pos * inv_freq[i];
+        cs[i] = cosf(a);
+        sn[i] = sinf(a);
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            int i0 = type == 1 ? i : 2 * i, i1 = type == 1 ? i + half : 2 * i + 1;
+            float a = v[i0], b = v[i1];
+            v[i0] = a * cs[i] - b * sn[i];
+            v[i1] = a * sn[i] + b * cs[i];
+        }
+    }
+}
+
+void kn_silu_mul(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) a[i] = a[i] / (1.f + expf(-a[i])) * b[i];
+}
+
+void kn_softmax(float *x, int n) {
+    float mx = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
+    float inv = 1.f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+size_t kn_attention_scratch(int ctx) {
+    return (size_t)ctx + 16;
+}
+
+static void attn_task(void *p, int ith, int nth) {
+    const kn_attn_args *a = p;
+    int total = a->T * a->n_head, group = a->n_head / a->n_kv;
+    int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
+    float *s = a->scratch + (size_t)ith * kn_attention_scratch(a->ctx);
+    float scale = 1.f / sqrtf((float)a->hd);
+    for (int it = i0; it < i1; it++) {
+        int t = it / a->n_head, h = it % a->n_head, kvh = h / group, len = a->pos0 + t + 1;
+        const float *q = a->q + ((size_t)t * a->n_head + h) * a->hd;
+        for (int j = 0; j < len; j++)
+            s[j] = impl->dot(q, a->kc + ((size_t)j * a->n_kv + kvh) * a->hd, a->hd) * scale;
+        kn_softmax(s, len);
+        float *o = a->out + ((size_t)t * a->n_head + h) * a->hd;
+        memset(o, 0, sizeof(float) * (size_t)a->hd);
+        for (int j = 0; j < len; j++) impl->axpy(s[j], a->vc + ((size_t)j * a->n_kv + kvh) * a->hd, o, a->hd);
+    }
+}
+
+void kn_attention(kn_pool *p, const kn_attn_args *a) {
+    kn_pool_run(p, attn_task, (void *)a);
+}

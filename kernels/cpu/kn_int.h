@@ -1,0 +1,45 @@
+/* kn_int.h - internals shared by the CPU backend's files; no other module
+ * includes this. One kn_impl per instruction set. */
+#ifndef KN_INT_H
+#define KN_INT_H
+
+#include "kernels.h"
+
+typedef struct {
+    const char *name;
+    /* x[k] -> qs[k], d[k/32], ds[k/32] */
+    void (*quant_act)(const float *x, int64_t k, int8_t *qs, float *d, float *ds);
+    /* y[b][g*16+r] for row groups [g0, g1) and all B rows of a */
+    void (*gemm_q4)(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                    int64_t g0, int64_t g1);
+    void (*gemm_q8)(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                    int64_t g0, int64_t g1);
+    float (*dot)(const float *a, const float *b, int n);
+    void (*axpy)(float s, const float *x, float *y, int n); /* y += s*x */
+} kn_impl;
+
+extern const kn_impl kn_impl_scalar;
+extern const kn_impl kn_impl_avx2;
+extern const kn_impl kn_impl_avx512;
+
+/* Quantizes one block of 32 floats: the shared rounding rule of every path
+ * (d = amax/127, q = nearest(x/d)); SIMD paths must agree with it. */
+static inline void kn_quant_block_ref(const float *x, int8_t *q, float *d, float *ds) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) {
+        float v = x[i] < 0 ? -x[i] : x[i];
+        if (v > amax) amax = v;
+    }
+    float s = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; i++) {
+        float v = x[i] * id;
+        int qi = (int)__builtin_nearbyintf(v);
+        q[i] = (int8_t)qi;
+        sum += qi;
+    }
+    *d = s;
+    *ds = s * (float)sum;
+}
+
+#endif

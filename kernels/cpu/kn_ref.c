@@ -1,0 +1,144 @@
+/* kn_ref.c - scalar references and the portable integer path.
+ *
+ * kn_ref_* work on the raw GGUF layout in float64 and are the ground truth
+ * for tests; kn_impl_scalar runs the same integer algorithm as the SIMD paths
+ * over the packed layout, in plain C, for CPUs without AVX2. */
+#include "cm_dtype.h"
+#include "kn_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+float kn_ref_dequant(int type, const void *row, int64_t i) {
+    const uint8_t *p = row;
+    switch (type) {
+    case CM_F32: { float f; memcpy(&f, p + 4 * i, 4); return f; }
+    case CM_F16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return cm_f16_to_f32(h); }
+    case CM_BF16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return cm_bf16_to_f32(h); }
+    case CM_Q4_0: {
+        const cm_block_q4_0 *b = (const cm_block_q4_0 *)p + i / 32;
+        int j = (int)(i % 32), q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+        return cm_f16_to_f32(b->d) * (float)(q - 8);
+    }
+    case CM_Q4_1: {
+        const cm_block_q4_1 *b = (const cm_block_q4_1 *)p + i / 32;
+        int j = (int)(i % 32), q = j < 16 ? b->qs[j] & 15 : b->qs[j - 16] >> 4;
+        return cm_f16_to_f32(b->d) * (float)q + cm_f16_to_f32(b->m);
+    }
+    case CM_Q8_0: {
+        const cm_block_q8_0 *b = (const cm_block_q8_0 *)p + i / 32;
+        return cm_f16_to_f32(b->d) * (float)b->qs[i % 32];
+    }
+    default: return NAN;
+    }
+}
+
+void kn_ref_matmul(const kn_weight *w, float *y, const float *x, int B) {
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    for (int b = 0; b < B; b++)
+        for (int64_t n = 0; n < w->n; n++) {
+            const uint8_t *row = (const uint8_t *)w->raw + (size_t)n * rb;
+            double acc = 0;
+            for (int64_t i = 0; i < w->k; i++)
+                acc += (double)kn_ref_dequant(w->type, row, i) * x[(size_t)b * w->k + i];
+            y[(size_t)b * w->n + n] = (float)acc;
+        }
+}
+
+void kn_ref_attention(const kn_attn_args *a) {
+    int group = a->n_head / a->n_kv;
+    double *s = malloc(sizeof(double) * (size_t)(a->pos0 + a->T));
+    for (int t = 0; t < a->T; t++)
+        for (int h = 0; h < a->n_head; h++) {
+            int len = a->pos0 + t + 1, kvh = h / group;
+            const float *q = a->q + ((size_t)t * a->n_head + h) * a->hd;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < len; j++) {
+                const float *k = a->kc + ((size_t)j * a->n_kv + kvh) * a->hd;
+                double d = 0;
+                for (int i = 0; i < a->hd; i++) d += (double)q[i] * k[i];
+                s[j] = d / sqrt((double)a->hd);
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int j = 0; j < len; j++) sum += (s[j] = exp(s[j] - mx));
+            float *o = a->out + ((size_t)t * a->n_head + h) * a->hd;
+            for (int i = 0; i < a->hd; i++) {
+                double acc = 0;
+                for (int j = 0; j < len; j++) acc += s[j] * a->vc[((size_t)j * a->n_kv + kvh) * a->hd + i];
+                o[i] = (float)(acc / sum);
+            }
+        }
+    free(s);
+}
+
+/* ---- portable integer path ------------------------------------------- */
+
+static void quant_act_scalar(const float *x, int64_t k, int8_t *qs, float *d, float *ds) {
+    for (int64_t b = 0; b < k / 32; b++) kn_quant_block_ref(x + 32 * b, qs + 32 * b, d + b, ds + b);
+}
+
+static void gemm_q4_scalar(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                           int64_t g0, int64_t g1) {
+    int64_t nb = w->k / 32;
+    const kn_pq4 *P = w->packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int b = 0; b < B; b++) {
+            float acc[KN_ROWS] = {0};
+            const int8_t *xq = a->qs + (size_t)b * a->k;
+            for (int64_t blk = 0; blk < nb; blk++) {
+                const kn_pq4 *p = &P[g * nb + blk];
+                const int8_t *xb = xq + 32 * blk;
+                float dx = a->d[(size_t)b * nb + blk], dsx = a->ds[(size_t)b * nb + blk];
+                for (int r = 0; r < KN_ROWS; r++) {
+                    int s = 0;
+                    for (int c = 0; c < 4; c++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = p->qs[c][r * 4 + i];
+                            s += (v & 15) * xb[8 * c + i] + (v >> 4) * xb[8 * c + 4 + i];
+                        }
+                    acc[r] += cm_f16_to_f32(p->d[r]) * dx * (float)s + cm_f16_to_f32(p->m[r]) * dsx;
+                }
+            }
+            for (int r = 0; r < KN_ROWS && g * KN_ROWS + r < w->n; r++)
+                y[(size_t)b * ldy + g * KN_ROWS + r] = acc[r];
+        }
+}
+
+static void gemm_q8_scalar(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                           int64_t g0, int64_t g1) {
+    int64_t nb = w->k / 32;
+    const kn_pq8 *P = w->packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int b = 0; b < B; b++) {
+            float acc[KN_ROWS] = {0};
+            const int8_t *xq = a->qs + (size_t)b * a->k;
+            for (int64_t blk = 0; blk < nb; blk++) {
+                const kn_pq8 *p = &P[g * nb + blk];
+                const int8_t *xb = xq + 32 * blk;
+                float dx = a->d[(size_t)b * nb + blk];
+                for (int r = 0; r < KN_ROWS; r++) {
+                    int s = 0;
+                    for (int c = 0; c < 8; c++)
+                        for (int i = 0; i < 4; i++)
+                            s += ((int)p->qs[c][r * 4 + i] - 128) * xb[4 * c + i];
+                    acc[r] += cm_f16_to_f32(p->d[r]) * dx * (float)s;
+                }
+            }
+            for (int r = 0; r < KN_ROWS && g * KN_ROWS + r < w->n; r++)
+                y[(size_t)b * ldy + g * KN_ROWS + r] = acc[r];
+        }
+}
+
+static float dot_scalar(const float *a, const float *b, int n) {
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void axpy_scalar(float s, const float *x, float *y, int n) {
+    for (int i = 0; i < n; i++) y[i] += s * x[i];
+}
+
+const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
+                                dot_scalar, axpy_scalar};

@@ -1,0 +1,120 @@
+/* kernels.h - the CPU backend: weight preparation, matmul and the small ops
+ * of a llama-family forward pass.
+ *
+ * Matmul convention: y[B, N] = x[B, K] . W[N, K]^T, W stored as GGUF stores
+ * it (N rows of K, quantized in blocks of 32 along K).
+ *
+ * Quantized weights (Q4_0, Q4_1, Q8_0) are repacked once at load time into
+ * an interleaved layout of 16 rows per group so one SIMD register holds one
+ * int32 partial sum per row: no horizontal sums in the inner loop, and each
+ * weight group is loaded once for every activation row of a batch (a real
+ * GEMM for B > 1). Activations are quantized per row to int8 blocks of 32
+ * with a float scale; dot products are integer (VNNI vpdpbusd on AVX-512,
+ * vpmaddubsw+vpmaddwd on AVX2, plain C elsewhere) with one float scale per
+ * block and row. Every SIMD path has a scalar reference in kn_ref.c. */
+#ifndef KERNELS_H
+#define KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KN_ROWS 16 /* rows per interleaved group */
+
+enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2 };
+
+/* Interleaved group-block of a 4-bit matrix: 16 rows x 32 elements.
+ * chunk c (0..3), byte r*4+i: low nibble = row r element 8c+i,
+ * high nibble = row r element 8c+4+i. w = d*q + m (Q4_0: m = -8d). */
+typedef struct {
+    uint16_t d[KN_ROWS], m[KN_ROWS]; /* fp16 */
+    uint8_t qs[4][64];
+} kn_pq4;
+/* 8-bit: chunk c (0..7), byte r*4+i = row r element 4c+i, stored as q+128. */
+typedef struct {
+    uint16_t d[KN_ROWS];
+    uint8_t qs[8][64];
+} kn_pq8;
+
+typedef struct kn_weight {
+    int type;            /* enum cm_dtype of raw */
+    int64_t n, k;        /* rows, row length */
+    const void *raw;     /* GGUF layout, [n][k] in blocks */
+    int pack;            /* KN_PACK_* */
+    void *packed;        /* [ceil(n/16)][k/32] kn_pq4 or kn_pq8, owned */
+} kn_weight;
+
+/* Activations quantized for integer dot products. */
+typedef struct kn_act {
+    int64_t k, nblk;     /* row length, k/32 */
+    int rows, cap;       /* rows in use, capacity */
+    int8_t *qs;          /* [cap][k] */
+    float *d;            /* [cap][nblk] scale */
+    float *ds;           /* [cap][nblk] scale * sum(qs of block) */
+} kn_act;
+
+typedef struct kn_pool kn_pool;
+typedef void (*kn_task_fn)(void *ctx, int ith, int nth);
+
+/* ---- set-up -------------------------------------------------------------- */
+/* Picks the SIMD path (cpuid, overridable by LLMSERVE_ISA=scalar|avx2|avx512). */
+void kn_init(void);
+const char *kn_isa_name(void);
+/* Forces a path for tests: "scalar", "avx2", "avx512"; LLM_EUNSUP if the CPU lacks it. */
+int kn_set_isa(const char *name);
+
+/* A fixed pool of n threads (the caller is thread 0), created once. */
+int kn_pool_create(int n, kn_pool **out);
+void kn_pool_destroy(kn_pool *p);
+int kn_pool_size(const kn_pool *p);
+/* Runs fn(ctx, i, n) on every thread i and returns when all are done. */
+void kn_pool_run(kn_pool *p, kn_task_fn fn, void *ctx);
+
+/* Checks the type is supported and repacks quantized types. */
+int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw);
+void kn_weight_free(kn_weight *w);
+
+int kn_act_init(kn_act *a, int64_t k, int cap);
+void kn_act_free(kn_act *a);
+
+/* ---- ops --------------------------------------------------------------- */
+/* x [rows, k] float -> a. */
+void kn_quantize_act(kn_act *a, const float *x, int rows);
+/* Several matmuls sharing one input, spread over the pool in one pass:
+ * y_i[B, w_i->n] = x[B, K] . w_i^T. a must hold x quantized when any w_i is
+ * quantized (kn_matmul quantizes for you). */
+void kn_matmul_multi(kn_pool *p, int nw, const kn_weight *const *w, float *const *y,
+                     const float *x, const kn_act *a, int B);
+/* Quantizes x into a (if needed) and multiplies. */
+void kn_matmul(kn_pool *p, const kn_weight *w, float *y, const float *x, kn_act *a, int B);
+
+/* Dequantizes row r of w into out[k] (embedding lookup). */
+void kn_get_row(const kn_weight *w, int64_t r, float *out);
+
+void kn_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+/* Rotates n_heads heads of x [n_heads][head_dim] at position pos. inv_freq
+ * has rope_dim/2 entries. */
+void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int pos,
+             const float *inv_freq);
+void kn_silu_mul(float *a, const float *b, int n); /* a = silu(a) * b */
+void kn_softmax(float *x, int n);
+
+/* Causal attention over a contiguous per-sequence cache.
+ * q   [T][n_head][hd]           for tokens at positions pos0..pos0+T-1
+ * kc  [ctx][n_kv][hd], vc same  (positions 0..pos0+T-1 already written)
+ * out [T][n_head][hd]
+ * Scratch: kn_attention_scratch floats per pool thread. */
+typedef struct {
+    int T, pos0, n_head, n_kv, hd, ctx;
+    const float *q, *kc, *vc;
+    float *out, *scratch;
+} kn_attn_args;
+size_t kn_attention_scratch(int ctx);
+void kn_attention(kn_pool *p, const kn_attn_args *a);
+
+/* ---- scalar references (kn_ref.c), for tests --------------------------- */
+float kn_ref_dequant(int type, const void *row, int64_t i);
+/* y[B,N] in float64 accumulation from the raw (unpacked) weights. */
+void kn_ref_matmul(const kn_weight *w, float *y, const float *x, int B);
+void kn_ref_attention(const kn_attn_args *a);
+
+#endif

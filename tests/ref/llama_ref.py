@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Independent reference forward pass of a llama-family GGUF model in numpy.
+
+Weights are dequantized by the `gguf` package (not by our C code); the maths
+is written out plainly in float64/float32 from the architecture's definition.
+With act_quant (the default) it mirrors the CPU backend's numerics, which
+are llama.cpp's: before every matmul with a quantized weight the activation
+row is quantized to int8 blocks of 32 (d = amax/127, round half to even) and
+the product uses the dequantized values. Without it, activations stay float.
+Used to make tests/data/smollm2_golden.json:
+
+    python3 tests/ref/llama_ref.py MODEL.gguf --out tests/data/smollm2_golden.json
+
+Token ids come from `tests/ref/make_tokens.py`'s independent tokenizer, so the
+golden file checks our tokenizer, kernels and forward pass together.
+"""
+import argparse
+import json
+import sys
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+PROMPTS = [
+    "The capital of France is",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+class Model:
+    def __init__(self, path):
+        r = GGUFReader(path)
+        self.f = {k: v for k, v in r.fields.items()}
+        arch = self.s("general.architecture")
+        g = lambda k, d=None: self.v(f"{arch}.{k}", d)
+        self.n_layer = int(g("block_count"))
+        self.dim = int(g("embedding_length"))
+        self.n_head = int(g("attention.head_count"))
+        self.n_kv = int(g("attention.head_count_kv", self.n_head))
+        self.hd = self.dim // self.n_head
+        self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
+        self.theta = float(g("rope.freq_base", 10000.0))
+        self.neox = arch == "qwen2"
+        self.t = {}
+        self.quantized = set()
+        self.act_quant = True
+        for t in r.tensors:
+            if t.tensor_type.name in ("Q4_0", "Q4_1", "Q8_0"):
+                self.quantized.add(t.name)
+            w = dequantize(t.data, t.tensor_type).astype(np.float32)
+            shape = [int(x) for x in t.shape]  # gguf order: ne0 first
+            self.t[t.name] = w.reshape(list(reversed(shape)))
+
+    def v(self, k, d=None):
+        f = self.f.get(k)
+        return d if f is None else f.contents()
+
+    def s(self, k):
+        return self.f[k].contents()
+
+    def rope(self, x, pos):  # x [n, hd]
+        half = self.hd // 2
+        inv = self.theta ** (-np.arange(half, dtype=np.float64) * 2.0 / self.hd)
+        ang = pos * inv
+        c, s = np.cos(ang), np.sin(ang)
+        x = x.astype(np.float64)
+        if self.neox:
+            a, b = x[:, :half], x[:, half:]
+            return np.concatenate([a * c - b * s, a * s + b * c], axis=1)
+        a, b = x[:, 0::2], x[:, 1::2]
+        out = np.empty_like(x)
+        out[:, 0::2] = a * c - b * s
+        out[:, 1::2] = a * s + b * c
+        return out
+
+    def mm(self, x, name):
+        """x [T, k] @ W[n, k].T, with the activation quantized like the backend."""
+        w = self.t[name]
+        if self.act_quant and name in self.quantized:
+            xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+            amax = np.abs(xb).max(axis=2, keepdims=True)
+            d = amax / np.float32(127)
+            with np.errstate(divide="ignore"):
+                idv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+            q = np.rint(xb * idv)
+            x = (q * d).reshape(x.shape).astype(np.float64)
+        return x @ w.T
+
+    def norm(self, x, w):
+        x = x.astype(np.float64)
+        return x / np.sqrt(np.mean(x * x) + self.eps) * w
+
+    def forward(self, tokens):
+        """Logits for every position, [T, vocab], float64."""
+        T = len(tokens)
+        x = self.t["token_embd.weight"][tokens].astype(np.float64)
+        group = self.n_head // self.n_kv
+        for l in range(self.n_layer):
+            p = f"blk.{l}."
+            h = np.stack([self.norm(x[t], self.t[p + "attn_norm.weight"]) for t in range(T)])
+            q = self.mm(h, p + "attn_q.weight")
+            k = self.mm(h, p + "attn_k.weight")
+            v = self.mm(h, p + "attn_v.weight")
+            if p + "attn_q.bias" in self.t:
+                q += self.t[p + "attn_q.bias"]
+                k += self.t[p + "attn_k.bias"]
+                v += self.t[p + "attn_v.bias"]
+            q = np.stack([self.rope(q[t].reshape(self.n_head, self.hd), t) for t in range(T)])
+            k = np.stack([self.rope(k[t].reshape(self.n_kv, self.hd), t) for t in range(T)])
+            v = v.reshape(T, self.n_kv, self.hd)
+            att = np.zeros((T, self.n_head, self.hd))
+            mask = np.triu(np.full((T, T), -np.inf), 1)
+            for hh in range(self.n_head):
+                kv = hh // group
+                s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(self.hd) + mask
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                s /= s.sum(axis=1, keepdims=True)
+                att[:, hh, :] = s @ v[:, kv, :]
+            x = x + self.mm(att.reshape(T, -1), p + "attn_output.weight")
+            h = np.stack([self.norm(x[t], self.t[p + "ffn_norm.weight"]) for t in range(T)])
+            g_ = self.mm(h, p + "ffn_gate.weight")
+            u = self.mm(h, p + "ffn_up.weight")
+            x = x + self.mm(g_ / (1 + np.exp(-g_)) * u, p + "ffn_down.weight")
+        h = np.stack([self.norm(x[t], self.t["output_norm.weight"]) for t in range(T)])
+        return self.mm(h, "output.weight" if "output.weight" in self.t else "token_embd.weight")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--out")
+    ap.add_argument("--tokens", default="tests/data/smollm2_tokens.json",
+                    help="reference tokenizations (prompts are looked up there)")
+    ap.add_argument("-n", type=int, default=32)
+    a = ap.parse_args()
+    m = Model(a.model)
+    ref = {c["text"]: c["ids"] for c in json.load(open(a.tokens))["cases"]}
+    cases = []
+    for p in PROMPTS:
+        ids = list(ref[p])
+        gen, first_logits = [], None
+        for _ in range(a.n):
+            lg = m.forward(ids)[-1]
+            if first_logits is None:
+                first_logits = lg
+            nxt = int(np.argmax(lg))
+            gen.append(nxt)
+            ids.append(nxt)
+        m.act_quant = False
+        float_logits = m.forward(ref[p])[-1]
+        m.act_quant = True
+        cases.append({"prompt": p, "prompt_ids": ref[p], "greedy": gen,
+                      "first_logits": [round(float(x), 5) for x in first_logits],
+                      "first_logits_float_act": [round(float(x), 5) for x in float_logits]})
+        print(p[:40].replace("\n", " "), "->", gen[:12], file=sys.stderr)
+    doc = {"magic": "llmserve-golden", "version": 1, "model_sha256":
+           "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+           "made_by": "tests/ref/llama_ref.py (numpy, gguf dequantize)", "cases": cases}
+    if a.out:
+        json.dump(doc, open(a.out, "w"))
+    else:
+        json.dump(doc, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

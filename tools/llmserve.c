@@ -1,0 +1,68 @@
+/* llmserve - the command-line front: one binary, one subcommand per tool. */
+#include "cm_error.h"
+#include "tl_common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int tl_parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "llmserve: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s);
+        return LLM_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+int tl_parse_float(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "llmserve: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+        return LLM_EINVAL;
+    }
+    *out = v;
+    return 0;
+}
+
+double tl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: llmserve COMMAND [flags]\n\n"
+               "commands:\n"
+               "  generate     generate text from a prompt or a chat (streams to stdout)\n"
+               "  perplexity   negative log-likelihood and perplexity of a text file\n\n"
+               "'llmserve COMMAND --help' lists a command's flags.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("llmserve 0.1.0\n");
+        return 0;
+    }
+    if (strcmp(argv[1], "generate") == 0) return tl_generate_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "perplexity") == 0) return tl_perplexity_main(argc - 1, argv + 1);
+    fprintf(stderr, "llmserve: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,15 @@
+/* tl_common.h - what the llmserve subcommands share. */
+#ifndef TL_COMMON_H
+#define TL_COMMON_H
+
+#include <stdint.h>
+
+int tl_generate_main(int argc, char **argv);
+int tl_perplexity_main(int argc, char **argv);
+
+/* Strict number parsing for flags: 0 or LLM_EINVAL, with a message on stderr. */
+int tl_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
+int tl_parse_float(const char *flag, const char *s, double lo, double hi, double *out);
+double tl_now(void);
+
+#endif

@@ -1,0 +1,119 @@
+/* llmserve perplexity: NLL and perplexity of a text under a model.
+ *
+ * The text is tokenized once (with BOS when the model adds one) and cut into
+ * windows of --ctx tokens; in each window every token after the first is
+ * predicted from those before it in the window. */
+#include "cm_error.h"
+#include "tl_common.h"
+#include "wk_model.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void help(FILE *f) {
+    fprintf(f, "usage: llmserve perplexity --model PATH --file TEXT [flags]\n"
+               "  --model PATH      GGUF file or llama2.c .bin\n"
+               "  --tokenizer PATH  tokenizer.bin for a llama2.c model\n"
+               "  --file PATH       the text to score ('-' for stdin)\n"
+               "  --ctx N           window length in tokens (default 512, at most the model's)\n"
+               "  --threads N       threads (default: all CPUs)\n");
+}
+
+int tl_perplexity_main(int argc, char **argv) {
+    const char *model = getenv("LLMSERVE_MODEL"), *tokp = NULL, *file = NULL;
+    long ctx = 512, threads = 0;
+    static const struct option lo[] = {{"model", required_argument, 0, 'm'}, {"tokenizer", required_argument, 0, 't'},
+                                       {"file", required_argument, 0, 'f'}, {"ctx", required_argument, 0, 'c'},
+                                       {"threads", required_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 't': tokp = optarg; break;
+        case 'f': file = optarg; break;
+        case 'c': if (tl_parse_int("--ctx", optarg, 2, 1 << 24, &ctx)) return 2; break;
+        case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'h': help(stdout); return 0;
+        default: help(stderr); return 2;
+        }
+    }
+    if (!model || !file) {
+        fprintf(stderr, "llmserve: perplexity needs --model and --file\n");
+        return 2;
+    }
+    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
+    if (!f) {
+        fprintf(stderr, "llmserve: %s: cannot open\n", file);
+        return 1;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    for (size_t r; text && (r = fread(text + len, 1, cap - len, f)) > 0;) {
+        len += r;
+        if (len == cap) {
+            char *nt = realloc(text, cap *= 2);
+            if (!nt) { free(text); text = NULL; }
+            else text = nt;
+        }
+    }
+    if (f != stdin) fclose(f);
+    if (!text) return 1;
+    char err[512] = "";
+    wk_model *m = NULL;
+    wk_model_opts mo = {model, tokp, (int)threads, 0};
+    int rc = wk_model_load(&mo, &m, err, sizeof err), ret = 1;
+    int32_t *toks = NULL;
+    size_t nt = 0;
+    float *logits = NULL;
+    wk_kv *kv = NULL;
+    if (rc) {
+        fprintf(stderr, "llmserve: %s\n", err[0] ? err : cm_strerror(rc));
+        free(text);
+        return 1;
+    }
+    if (ctx > (long)m->cfg.ctx_len) ctx = m->cfg.ctx_len;
+    if ((rc = cm_tok_encode(m->tok, text, len, -1, 0, &toks, &nt)) || nt < 2) {
+        fprintf(stderr, "llmserve: %s\n", rc ? cm_strerror(rc) : "the text has fewer than 2 tokens");
+        goto out;
+    }
+    int V = (int)m->cfg.vocab, B = m->max_batch;
+    logits = malloc(sizeof(float) * (size_t)V * (size_t)B);
+    if (!logits || wk_kv_create(m, (int)ctx, &kv)) goto out;
+    double nll = 0, t0 = tl_now();
+    size_t scored = 0;
+    for (size_t w0 = 0; w0 + 1 < nt; w0 += (size_t)ctx) {
+        size_t wn = nt - w0 < (size_t)ctx ? nt - w0 : (size_t)ctx;
+        kv->n = 0;
+        for (size_t b0 = 0; b0 < wn; b0 += (size_t)B) {
+            int bn = (int)(wn - b0 < (size_t)B ? wn - b0 : (size_t)B);
+            if ((rc = wk_forward(m, kv, toks + w0 + b0, bn, logits, 1))) goto out;
+            for (int i = 0; i < bn; i++) {
+                size_t pos = b0 + (size_t)i; /* logits at pos predict pos+1 */
+                if (pos + 1 >= wn) break;
+                const float *lg = logits + (size_t)i * (size_t)V;
+                double mx = lg[0], sum = 0;
+                for (int j = 1; j < V; j++) mx = lg[j] > mx ? lg[j] : mx;
+                for (int j = 0; j < V; j++) sum += exp((double)lg[j] - mx);
+                nll -= (double)lg[toks[w0 + pos + 1]] - mx - log(sum);
+                scored++;
+            }
+        }
+    }
+    double dt = tl_now() - t0;
+    printf("tokens: %zu\nscored: %zu\nnll: %.6f\nperplexity: %.6f\n", nt, scored, nll, exp(nll / (double)scored));
+    fprintf(stderr, "llmserve: %.1f tok/s\n", (double)nt / dt);
+    ret = 0;
+out:
+    if (rc) fprintf(stderr, "llmserve: %s\n", cm_strerror(rc));
+    free(text);
+    free(toks);
+    free(logits);
+    wk_kv_free(kv);
+    wk_model_free(m);
+    return ret;
+}

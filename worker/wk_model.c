@@ -1,0 +1,323 @@
+#include "wk_model.h"
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, char *err,
+                       size_t errlen) {
+    const cm_tensor_ref *t;
+    int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
+    if (rc) return rc;
+    rc = kn_weight_init(w, t->type, (int64_t)n, (int64_t)k, t->data);
+    if (rc == LLM_EUNSUP)
+        snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0)",
+                 m->file->path, name, cm_dtype_name(t->type));
+    else if (rc)
+        snprintf(err, errlen, "%s: cannot prepare tensor '%s': %s", m->file->path, name, cm_strerror(rc));
+    return rc;
+}
+
+/* A vector parameter as f32: mapped directly when stored as F32, else converted. */
+static int load_vec(wk_model *m, const float **out, const char *name, uint64_t n, int optional, char *err,
+                    size_t errlen) {
+    const cm_tensor_ref *t = cm_model_tensor(m->file, name);
+    if (!t && optional) {
+        *out = NULL;
+        return 0;
+    }
+    int rc = cm_model_tensor_expect(m->file, name, n, 1, &t, err, errlen);
+    if (rc) return rc;
+    if (t->type == CM_F32) {
+        *out = t->data;
+        return 0;
+    }
+    if (t->type != CM_F16 && t->type != CM_BF16) {
+        snprintf(err, errlen, "%s: vector '%s' has unsupported type %s", m->file->path, name, cm_dtype_name(t->type));
+        return LLM_EUNSUP;
+    }
+    float *v = malloc(sizeof(float) * n);
+    float **no = realloc(m->owned, sizeof(float *) * (size_t)(m->n_owned + 1));
+    if (!v || !no) {
+        free(v);
+        if (no) m->owned = no;
+        return LLM_ENOMEM;
+    }
+    m->owned = no;
+    m->owned[m->n_owned++] = v;
+    for (uint64_t i = 0; i < n; i++) v[i] = kn_ref_dequant(t->type, t->data, (int64_t)i);
+    *out = v;
+    return 0;
+}
+
+static int alloc_f(float **p, size_t n) {
+    *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    return *p ? 0 : LLM_ENOMEM;
+}
+
+int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    int rc;
+    wk_model *m = calloc(1, sizeof *m);
+    if (!m) return LLM_ENOMEM;
+    if ((rc = cm_model_open(o->model_path, &m->file, err, errlen))) goto fail;
+    m->cfg = m->file->cfg;
+    const cm_model_config *c = &m->cfg;
+    if (m->file->format == CM_FMT_GGUF) {
+        char e[256];
+        if ((rc = cm_tok_from_gguf(m->file->gguf, &m->tok, e, sizeof e))) {
+            snprintf(err, errlen, "%s: %s", o->model_path, e);
+            goto fail;
+        }
+    } else {
+        if (!o->tokenizer_path) {
+            snprintf(err, errlen, "%s: a llama2.c model needs --tokenizer PATH (tokenizer.bin)", o->model_path);
+            rc = LLM_EINVAL;
+            goto fail;
+        }
+        if ((rc = cm_tok_from_llama2c(o->tokenizer_path, c->vocab, &m->tok, err, errlen))) goto fail;
+    }
+    if (cm_tok_vocab(m->tok) != (int32_t)c->vocab) {
+        snprintf(err, errlen, "%s: tokenizer has %d tokens but the model %u", o->model_path, cm_tok_vocab(m->tok), c->vocab);
+        rc = LLM_EFORMAT;
+        goto fail;
+    }
+    int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    if ((rc = kn_pool_create(threads, &m->pool))) goto fail;
+    uint64_t D = c->dim, QD = (uint64_t)c->n_head * c->head_dim, KVD = (uint64_t)c->n_kv_head * c->head_dim;
+    if ((rc = load_weight(m, &m->tok_embd, "token_embd.weight", D, c->vocab, err, errlen))) goto fail;
+    if (c->tied) {
+        m->output = m->tok_embd;
+        m->output.packed = NULL;
+        /* the LM head needs its own packed copy; the embedding keeps raw rows */
+        if ((rc = kn_weight_init(&m->output, m->tok_embd.type, m->tok_embd.n, m->tok_embd.k, m->tok_embd.raw))) goto fail;
+    } else if ((rc = load_weight(m, &m->output, "output.weight", D, c->vocab, err, errlen))) {
+        goto fail;
+    }
+    if ((rc = load_vec(m, &m->output_norm, "output_norm.weight", D, 0, err, errlen))) goto fail;
+    m->layers = calloc(c->n_layer, sizeof *m->layers);
+    if (!m->layers) { rc = LLM_ENOMEM; goto fail; }
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        wk_layer *L = &m->layers[l];
+        char nm[64];
+#define W(field, suffix, k, n)                                                                     \
+    snprintf(nm, sizeof nm, "blk.%u." suffix, l);                                                  \
+    if ((rc = load_weight(m, &L->field, nm, k, n, err, errlen))) goto fail;
+#define V(field, suffix, n, opt)                                                                   \
+    snprintf(nm, sizeof nm, "blk.%u." suffix, l);                                                  \
+    if ((rc = load_vec(m, &L->field, nm, n, opt, err, errlen))) goto fail;
+        W(wq, "attn_q.weight", D, QD)
+        W(wk, "attn_k.weight", D, KVD)
+        W(wv, "attn_v.weight", D, KVD)
+        W(wo, "attn_output.weight", QD, D)
+        W(gate, "ffn_gate.weight", D, c->hidden)
+        W(up, "ffn_up.weight", D, c->hidden)
+        W(down, "ffn_down.weight", c->hidden, D)
+        V(attn_norm, "attn_norm.weight", D, 0)
+        V(ffn_norm, "ffn_norm.weight", D, 0)
+        V(bq, "attn_q.bias", QD, 1)
+        V(bk, "attn_k.bias", KVD, 1)
+        V(bv, "attn_v.bias", KVD, 1)
+#undef W
+#undef V
+    }
+    m->inv_freq = malloc(sizeof(float) * (c->rope_dim / 2 + 1));
+    if (!m->inv_freq) { rc = LLM_ENOMEM; goto fail; }
+    for (uint32_t i = 0; i < c->rope_dim / 2; i++)
+        m->inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim);
+    int B = m->max_batch = o->max_batch > 0 ? o->max_batch : 64;
+    size_t b = (size_t)B;
+    if ((rc = alloc_f(&m->x, b * D)) || (rc = alloc_f(&m->xb, b * (D > QD ? D : QD))) ||
+        (rc = alloc_f(&m->xb2, b * D)) || (rc = alloc_f(&m->q, b * QD)) ||
+        (rc = alloc_f(&m->att, b * QD)) || (rc = alloc_f(&m->k, b * KVD)) ||
+        (rc = alloc_f(&m->v, b * KVD)) || (rc = alloc_f(&m->hb, b * c->hidden)) ||
+        (rc = alloc_f(&m->hb2, b * c->hidden)))
+        goto fail;
+    if (D % 32 == 0 && (rc = kn_act_init(&m->act_dim, (int64_t)D, B))) goto fail;
+    if (QD % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QD, B))) goto fail;
+    if (c->hidden % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)c->hidden, B))) goto fail;
+    *out = m;
+    return 0;
+fail:
+    if (rc == LLM_ENOMEM && err && !err[0]) snprintf(err, errlen, "%s: out of memory", o->model_path);
+    wk_model_free(m);
+    return rc;
+}
+
+void wk_model_free(wk_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
+            wk_layer *L = &m->layers[l];
+            kn_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) kn_weight_free(ws[i]);
+        }
+    }
+    kn_weight_free(&m->tok_embd);
+    kn_weight_free(&m->output);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->inv_freq);
+    free(m->x); free(m->xb); free(m->xb2); free(m->q); free(m->att); free(m->k); free(m->v);
+    free(m->hb); free(m->hb2); free(m->attn_scratch);
+    kn_act_free(&m->act_dim);
+    kn_act_free(&m->act_q);
+    kn_act_free(&m->act_hidden);
+    kn_pool_destroy(m->pool);
+    cm_tok_free(m->tok);
+    cm_model_close(m->file);
+    free(m);
+}
+
+int wk_kv_create(const wk_model *m, int ctx, wk_kv **out) {
+    *out = NULL;
+    if (ctx <= 0 || (uint32_t)ctx > m->cfg.ctx_len) return LLM_ERANGE;
+    wk_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return LLM_ENOMEM;
+    size_t n = (size_t)m->cfg.n_layer * (size_t)ctx * m->cfg.n_kv_head * m->cfg.head_dim;
+    kv->k = malloc(n * sizeof(float));
+    kv->v = malloc(n * sizeof(float));
+    if (!kv->k || !kv->v) {
+        wk_kv_free(kv);
+        return LLM_ENOMEM;
+    }
+    kv->ctx = ctx;
+    *out = kv;
+    return 0;
+}
+
+void wk_kv_free(wk_kv *kv) {
+    if (!kv) return;
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+/* ---- parallel element-wise helpers: rows split over the pool ---------- */
+
+typedef struct {
+    wk_model *m;
+    int T, op;
+    const float *w;
+    float *dst, *src;
+    int n;
+    kn_act *act;
+} rows_ctx;
+
+enum { OP_NORM, OP_SILU, OP_QUANT };
+
+static void rows_task(void *p, int ith, int nth) {
+    rows_ctx *c = p;
+    int r0 = c->T * ith / nth, r1 = c->T * (ith + 1) / nth;
+    for (int r = r0; r < r1; r++) {
+        size_t o = (size_t)r * (size_t)c->n;
+        if (c->op == OP_NORM) kn_rmsnorm(c->dst + o, c->src + o, c->w, c->n, c->m->cfg.norm_eps);
+        else if (c->op == OP_SILU) kn_silu_mul(c->dst + o, c->src + o, c->n);
+    }
+    if (c->op == OP_QUANT && r1 > r0) {
+        kn_act sub = *c->act; /* a view of rows r0..r1 */
+        sub.qs += (size_t)r0 * (size_t)sub.k;
+        sub.d += (size_t)r0 * (size_t)sub.nblk;
+        sub.ds += (size_t)r0 * (size_t)sub.nblk;
+        kn_quantize_act(&sub, c->src + (size_t)r0 * (size_t)c->n, r1 - r0);
+    }
+}
+
+static void par_rows(wk_model *m, int op, int T, float *dst, float *src, const float *w, int n, kn_act *act) {
+    rows_ctx c = {m, T, op, w, dst, src, n, act};
+    if (T == 1) rows_task(&c, 0, 1);
+    else kn_pool_run(m->pool, rows_task, &c);
+    if (op == OP_QUANT) act->rows = T;
+}
+
+/* y = x . W^T for the listed weights, quantizing x once when needed. */
+static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
+    int quant = 0;
+    for (int i = 0; i < nw; i++) quant |= w[i]->pack != KN_PACK_NONE;
+    if (quant) par_rows(m, OP_QUANT, T, NULL, x, NULL, (int)act->k, act);
+    kn_matmul_multi(m->pool, nw, w, y, x, act, T);
+}
+
+static int forward_chunk(wk_model *m, wk_kv *kv, const int32_t *tok, int T, float *logits, int all_logits) {
+    const cm_model_config *c = &m->cfg;
+    int D = (int)c->dim, hd = (int)c->head_dim, nh = (int)c->n_head, nkv = (int)c->n_kv_head;
+    int QD = nh * hd, KVD = nkv * hd, H = (int)c->hidden, pos0 = kv->n;
+    for (int t = 0; t < T; t++) kn_get_row(&m->tok_embd, tok[t], m->x + (size_t)t * D);
+    size_t per_layer = (size_t)kv->ctx * (size_t)KVD;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        wk_layer *L = &m->layers[l];
+        par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
+        const kn_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[3] = {m->q, m->k, m->v};
+        mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
+        float *kc = kv->k + l * per_layer, *vc = kv->v + l * per_layer;
+        for (int t = 0; t < T; t++) {
+            float *q = m->q + (size_t)t * QD, *k = m->k + (size_t)t * KVD, *v = m->v + (size_t)t * KVD;
+            if (L->bq) for (int i = 0; i < QD; i++) q[i] += L->bq[i];
+            if (L->bk) for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
+            if (L->bv) for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
+            kn_rope(q, nh, hd, (int)c->rope_dim, c->rope_type, pos0 + t, m->inv_freq);
+            kn_rope(k, nkv, hd, (int)c->rope_dim, c->rope_type, pos0 + t, m->inv_freq);
+            memcpy(kc + (size_t)(pos0 + t) * KVD, k, sizeof(float) * (size_t)KVD);
+            memcpy(vc + (size_t)(pos0 + t) * KVD, v, sizeof(float) * (size_t)KVD);
+        }
+        kn_attn_args aa = {T, pos0, nh, nkv, hd, kv->ctx, m->q, kc, vc, m->att, m->attn_scratch};
+        kn_attention(m->pool, &aa);
+        const kn_weight *wo = &L->wo;
+        float *o_out = m->xb2;
+        mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
+        for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
+        par_rows(m, OP_NORM, T, m->xb, m->x, L->ffn_norm, D, NULL);
+        const kn_weight *gu[2] = {&L->gate, &L->up};
+        float *gu_out[2] = {m->hb, m->hb2};
+        mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
+        par_rows(m, OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
+        const kn_weight *dn = &L->down;
+        float *d_out = m->xb2;
+        mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
+        for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
+    }
+    kv->n += T;
+    if (!logits) return 0;
+    int first = all_logits ? 0 : T - 1, n = T - first;
+    par_rows(m, OP_NORM, n, m->xb, m->x + (size_t)first * D, m->output_norm, D, NULL);
+    const kn_weight *ow = &m->output;
+    /* the LM head writes [n][vocab] straight into the caller's buffer */
+    float *lo = logits;
+    mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
+    return 0;
+}
+
+int wk_forward(wk_model *m, wk_kv *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
+    if (T <= 0) return LLM_EINVAL;
+    if (T > kv->ctx - kv->n) return LLM_ERANGE;
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= m->cfg.vocab) return LLM_EINVAL;
+    if (m->attn_scratch_ctx < kv->ctx) { /* grows with the longest cache seen, not per step */
+        free(m->attn_scratch);
+        m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(kv->ctx) * (size_t)kn_pool_size(m->pool));
+        if (!m->attn_scratch) {
+            m->attn_scratch_ctx = 0;
+            return LLM_ENOMEM;
+        }
+        m->attn_scratch_ctx = kv->ctx;
+    }
+    for (int done = 0; done < T;) {
+        int n = T - done < m->max_batch ? T - done : m->max_batch;
+        int last = done + n == T;
+        float *lg = NULL;
+        if (all_logits) lg = logits + (size_t)done * m->cfg.vocab;
+        else if (last) lg = logits;
+        int rc = forward_chunk(m, kv, tokens + done, n, lg, all_logits);
+        if (rc) return rc;
+        done += n;
+    }
+    return 0;
+}
