@@ -69,6 +69,13 @@ int kn_pool_size(const kn_pool *p);
 /* Runs fn(ctx, i, n) on every thread i and returns when all are done. */
 void kn_pool_run(kn_pool *p, kn_task_fn fn, void *ctx);
 
+/* Reference mode: quantized weights are dequantized row by row and multiplied
+ * with float activations (slow; no int8 rounding). The int8 path is chaotic
+ * over many layers (a 1e-6 change flips roundings that cascade), so golden
+ * tests against an independent float forward use this mode. Global. */
+void kn_set_act_f32(int on);
+int kn_act_is_f32(void);
+
 /* Checks the type is supported and repacks quantized types. */
 int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw);
 void kn_weight_free(kn_weight *w);
@@ -116,5 +123,7 @@ float kn_ref_dequant(int type, const void *row, int64_t i);
 /* y[B,N] in float64 accumulation from the raw (unpacked) weights. */
 void kn_ref_matmul(const kn_weight *w, float *y, const float *x, int B);
 void kn_ref_attention(const kn_attn_args *a);
+/* The activation quantization rule for one block of 32 (every path matches it). */
+void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds);
 
 #endif

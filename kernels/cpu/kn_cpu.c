@@ -10,6 +10,15 @@
 
 static const kn_impl *impl = &kn_impl_scalar;
 static int initialised;
+static int act_f32; /* float activations for quantized weights (reference mode) */
+
+void kn_set_act_f32(int on) {
+    act_f32 = on;
+}
+
+int kn_act_is_f32(void) {
+    return act_f32;
+}
 
 static int cpu_has(const char *what) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -189,11 +198,7 @@ static void gemm_float(const kn_weight *w, const float *x, int B, float *y, int6
         const void *src = (const uint8_t *)w->raw + (size_t)r * rb;
         const float *row = src;
         if (w->type != CM_F32) {
-            const uint16_t *h = src;
-            if (w->type == CM_F16)
-                for (int64_t i = 0; i < w->k; i++) tl_row[i] = cm_f16_to_f32(h[i]);
-            else
-                for (int64_t i = 0; i < w->k; i++) tl_row[i] = cm_bf16_to_f32(h[i]);
+            kn_get_row(w, r, tl_row);
             row = tl_row;
         }
         for (int b = 0; b < B; b++) y[(size_t)b * w->n + r] = impl->dot(row, x + (size_t)b * w->k, (int)w->k);
@@ -212,7 +217,10 @@ static void mm_task(void *p, int ith, int nth) {
         if (g0 < 0) g0 = 0;
         if (g1 > ng) g1 = ng;
         if (g1 <= g0) continue;
-        if (w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        if (act_f32 && w->pack != KN_PACK_NONE) {
+            int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;
+            gemm_float(w, c->x, c->B, c->y[i], g0 * KN_ROWS, r1);
+        } else if (w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (w->pack == KN_PACK_Q8) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {
             int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;
@@ -229,7 +237,7 @@ void kn_matmul_multi(kn_pool *p, int nw, const kn_weight *const *w, float *const
 }
 
 void kn_matmul(kn_pool *p, const kn_weight *w, float *y, const float *x, kn_act *a, int B) {
-    if (w->pack != KN_PACK_NONE) kn_quantize_act(a, x, B);
+    if (w->pack != KN_PACK_NONE && !act_f32) kn_quantize_act(a, x, B);
     kn_matmul_multi(p, 1, &w, &y, x, a, B);
 }
 
@@ -244,6 +252,34 @@ void kn_get_row(const kn_weight *w, int64_t r, float *out) {
             float d = cm_f16_to_f32(q->d);
             for (int i = 0; i < 32; i++) out[32 * b + i] = d * (float)q->qs[i];
         }
+        return;
+    case CM_Q4_0:
+    case CM_Q4_1:
+        for (int64_t b = 0; b < w->k / 32; b++) {
+            const uint8_t *qs;
+            float d, m;
+            if (w->type == CM_Q4_0) {
+                const cm_block_q4_0 *q = (const cm_block_q4_0 *)row + b;
+                d = cm_f16_to_f32(q->d);
+                m = -8.f * d;
+                qs = q->qs;
+            } else {
+                const cm_block_q4_1 *q = (const cm_block_q4_1 *)row + b;
+                d = cm_f16_to_f32(q->d);
+                m = cm_f16_to_f32(q->m);
+                qs = q->qs;
+            }
+            for (int i = 0; i < 16; i++) {
+                out[32 * b + i] = d * (float)(qs[i] & 15) + m;
+                out[32 * b + 16 + i] = d * (float)(qs[i] >> 4) + m;
+            }
+        }
+        return;
+    case CM_F16:
+        for (int64_t i = 0; i < w->k; i++) out[i] = cm_f16_to_f32(((const uint16_t *)row)[i]);
+        return;
+    case CM_BF16:
+        for (int64_t i = 0; i < w->k; i++) out[i] = cm_bf16_to_f32(((const uint16_t *)row)[i]);
         return;
     default:
         for (int64_t i = 0; i < w->k; i++) out[i] = kn_ref_dequant(w->type, row, i);

@@ -142,3 +142,7 @@ static void axpy_scalar(float s, const float *x, float *y, int n) {
 
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
                                 dot_scalar, axpy_scalar};
+
+void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
+    kn_quant_block_ref(x, q, d, ds);
+}

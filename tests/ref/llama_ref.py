@@ -3,10 +3,11 @@
 
 Weights are dequantized by the `gguf` package (not by our C code); the maths
 is written out plainly in float64/float32 from the architecture's definition.
-With act_quant (the default) it mirrors the CPU backend's numerics, which
-are llama.cpp's: before every matmul with a quantized weight the activation
-row is quantized to int8 blocks of 32 (d = amax/127, round half to even) and
-the product uses the dequantized values. Without it, activations stay float.
+Activations stay in float (our engine's reference mode, kn_set_act_f32);
+the production int8-activation path is compared to it with a looser bound,
+since int8 rounding makes a 30-layer network chaotic: a 1e-6 difference flips
+roundings that cascade, so no independent implementation can match it bit
+for bit.
 Used to make tests/data/smollm2_golden.json:
 
     python3 tests/ref/llama_ref.py MODEL.gguf --out tests/data/smollm2_golden.json
@@ -46,11 +47,7 @@ class Model:
         self.theta = float(g("rope.freq_base", 10000.0))
         self.neox = arch == "qwen2"
         self.t = {}
-        self.quantized = set()
-        self.act_quant = True
         for t in r.tensors:
-            if t.tensor_type.name in ("Q4_0", "Q4_1", "Q8_0"):
-                self.quantized.add(t.name)
             w = dequantize(t.data, t.tensor_type).astype(np.float32)
             shape = [int(x) for x in t.shape]  # gguf order: ne0 first
             self.t[t.name] = w.reshape(list(reversed(shape)))
@@ -78,17 +75,8 @@ class Model:
         return out
 
     def mm(self, x, name):
-        """x [T, k] @ W[n, k].T, with the activation quantized like the backend."""
-        w = self.t[name]
-        if self.act_quant and name in self.quantized:
-            xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-            amax = np.abs(xb).max(axis=2, keepdims=True)
-            d = amax / np.float32(127)
-            with np.errstate(divide="ignore"):
-                idv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-            q = np.rint(xb * idv)
-            x = (q * d).reshape(x.shape).astype(np.float64)
-        return x @ w.T
+        """x [T, k] @ W[n, k].T in float64."""
+        return x @ self.t[name].T
 
     def norm(self, x, w):
         x = x.astype(np.float64)
@@ -150,12 +138,8 @@ def main():
             nxt = int(np.argmax(lg))
             gen.append(nxt)
             ids.append(nxt)
-        m.act_quant = False
-        float_logits = m.forward(ref[p])[-1]
-        m.act_quant = True
         cases.append({"prompt": p, "prompt_ids": ref[p], "greedy": gen,
-                      "first_logits": [round(float(x), 5) for x in first_logits],
-                      "first_logits_float_act": [round(float(x), 5) for x in float_logits]})
+                      "first_logits": [round(float(x), 5) for x in first_logits]})
         print(p[:40].replace("\n", " "), "->", gen[:12], file=sys.stderr)
     doc = {"magic": "llmserve-golden", "version": 1, "model_sha256":
            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",

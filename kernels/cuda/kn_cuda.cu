@@ -1,0 +1,160 @@
+// kn_cuda.cu - first CUDA kernels: norm, RoPE, activation and GGUF-layout
+// matmul. These are correctness-first reference kernels for the GPU path;
+// the tuned GEMMs (cuBLAS/cuBLASLt, paged attention) build on them.
+#include "kn_cuda.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+extern "C" {
+#include "cm_dtype.h"
+#include "cm_error.h"
+}
+
+#define KN_CUDA_CHECK(call)                                                                        \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, cudaGetErrorName(e_), \
+                    cudaGetErrorString(e_));                                                       \
+            return LLM_EDEVICE;                                                                    \
+        }                                                                                          \
+    } while (0)
+#define KN_CUDA_LAUNCHED() KN_CUDA_CHECK(cudaGetLastError())
+
+// grid: rows blocks, 256 threads; sum of squares in fp32, tree-reduced in shared memory
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps) {
+    __shared__ float red[256];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *orow = out + (size_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) red[threadIdx.x] += red[threadIdx.x + st];
+        __syncthreads();
+    }
+    float scale = rsqrtf(red[0] / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+}
+
+// grid: n_heads blocks, rope_dim/2 threads (<= 512)
+__global__ void rope_kernel(float *x, int head_dim, int rope_dim, int type, int pos, float theta) {
+    int i = threadIdx.x, half = rope_dim / 2;
+    if (i >= half) return;
+    float *v = x + (size_t)blockIdx.x * head_dim;
+    float ang = (float)pos * powf(theta, -2.f * (float)i / (float)rope_dim), c, s;
+    sincosf(ang, &s, &c);
+    int i0 = type == 1 ? i : 2 * i, i1 = type == 1 ? i + half : 2 * i + 1;
+    float a = v[i0], b = v[i1];
+    v[i0] = a * c - b * s;
+    v[i1] = a * s + b * c;
+}
+
+// grid: ceil(n/256) blocks of 256
+__global__ void silu_mul_kernel(float *a, const float *b, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] = a[i] / (1.f + __expf(-a[i])) * b[i];
+}
+
+__device__ __forceinline__ float weight_at(int type, const uint8_t *row, int64_t i) {
+    switch (type) {
+    case CM_F32: return ((const float *)row)[i];
+    case CM_F16: return __half2float(((const __half *)row)[i]);
+    case CM_Q8_0: {
+        const uint8_t *b = row + (i / 32) * 34;
+        return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + i % 32];
+    }
+    case CM_Q4_0: {
+        const uint8_t *b = row + (i / 32) * 18;
+        int j = (int)(i % 32), q = j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4;
+        return __half2float(*(const __half *)b) * (float)(q - 8);
+    }
+    default: { // CM_Q4_1
+        const uint8_t *b = row + (i / 32) * 20;
+        int j = (int)(i % 32), q = j < 16 ? b[4 + j] & 15 : b[4 + j - 16] >> 4;
+        return __half2float(*(const __half *)b) * (float)q + __half2float(*(const __half *)(b + 2));
+    }
+    }
+}
+
+// grid: (ceil(N/8), B) blocks of 8 warps; warp w of block x owns output row 8x+w
+__global__ void matmul_kernel(int type, const uint8_t *w, int64_t n, int64_t k, size_t row_bytes,
+                              const float *x, float *y) {
+    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    int lane = threadIdx.x % 32, b = blockIdx.y;
+    if (row >= n) return;
+    const uint8_t *wr = w + (size_t)row * row_bytes;
+    const float *xr = x + (size_t)b * k;
+    float s = 0.f;
+    for (int64_t i = lane; i < k; i += 32) s += weight_at(type, wr, i) * xr[i];
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) y[(size_t)b * n + row] = s;
+}
+
+extern "C" int kn_cuda_device_count(int *n) {
+    *n = 0;
+    if (cudaGetDeviceCount(n) != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky "no driver" error
+        *n = 0;
+    }
+    return 0;
+}
+
+extern "C" int kn_cuda_malloc(void **d, size_t bytes) {
+    KN_CUDA_CHECK(cudaMalloc(d, bytes));
+    return 0;
+}
+
+extern "C" void kn_cuda_free(void *d) {
+    if (d) cudaFree(d);
+}
+
+extern "C" int kn_cuda_upload(void *d, const void *h, size_t bytes) {
+    KN_CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return 0;
+}
+
+extern "C" int kn_cuda_download(void *h, const void *d, size_t bytes) {
+    KN_CUDA_CHECK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int kn_cuda_sync(void) {
+    KN_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
+
+extern "C" int kn_cuda_rmsnorm(float *d_out, const float *d_x, const float *d_w, int rows, int n, float eps) {
+    if (rows <= 0 || n <= 0) return LLM_EINVAL;
+    rmsnorm_kernel<<<rows, 256>>>(d_out, d_x, d_w, n, eps);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_rope(float *d_x, int n_heads, int head_dim, int rope_dim, int type, int pos, float theta) {
+    if (n_heads <= 0 || rope_dim <= 0 || rope_dim > head_dim || rope_dim / 2 > 512) return LLM_EINVAL;
+    rope_kernel<<<n_heads, rope_dim / 2>>>(d_x, head_dim, rope_dim, type, pos, theta);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_silu_mul(float *d_a, const float *d_b, int n) {
+    if (n <= 0) return LLM_EINVAL;
+    silu_mul_kernel<<<(n + 255) / 256, 256>>>(d_a, d_b, n);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B) {
+    if (type != CM_F32 && type != CM_F16 && type != CM_Q4_0 && type != CM_Q4_1 && type != CM_Q8_0)
+        return LLM_EUNSUP;
+    size_t rb = cm_dtype_row_bytes(type, (uint64_t)k);
+    if (!rb || n <= 0 || B <= 0 || B > 65535) return LLM_EINVAL;
+    dim3 grid((unsigned)((n + 7) / 8), (unsigned)B);
+    matmul_kernel<<<grid, 256>>>(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}

