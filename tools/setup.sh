@@ -78,11 +78,12 @@ fetch_model() {
 
 run_tests() {
     say "tests: ctest in $BUILD_DIR"
-    ctest --test-dir "$ROOT/$BUILD_DIR" --output-on-failure -j "$JOBS"
+    # one test at a time: each one runs its own thread pool over all cores
+    ctest --test-dir "$ROOT/$BUILD_DIR" --output-on-failure
     if [ "${LLMSERVE_SANITIZE_TESTS:-0}" = 1 ]; then
         say "tests: again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)"
         BUILD_DIR=build-asan CMAKE_ARGS="-DLLMSERVE_SANITIZE=ON -DLLMSERVE_CUDA=OFF" build
-        ctest --test-dir "$ROOT/build-asan" --output-on-failure -j "$JOBS"
+        ctest --test-dir "$ROOT/build-asan" --output-on-failure
     fi
 }
 

@@ -17,7 +17,11 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_ITERS 100000
+/* Spin with pause first (a decode step's tasks are microseconds apart), then
+ * yield (on an oversubscribed machine a pure spinner steals the core the
+ * thread it waits for needs), then sleep. */
+#define SPIN_PAUSE 4096
+#define SPIN_ITERS 20000
 
 typedef struct {
     kn_pool *pool;
@@ -47,7 +51,8 @@ static void *worker(void *p) {
         while (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen &&
                !atomic_load(&pool->stop)) {
             if (++spins < SPIN_ITERS) {
-                CPU_RELAX();
+                if (spins < SPIN_PAUSE) CPU_RELAX();
+                else sched_yield();
                 continue;
             }
             pthread_mutex_lock(&pool->mu);
@@ -122,5 +127,8 @@ void kn_pool_run(kn_pool *p, kn_task_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) CPU_RELAX();
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_PAUSE) CPU_RELAX();
+        else sched_yield();
+    }
 }
