@@ -142,4 +142,5 @@ static void axpy_avx2(float s, const float *x, float *y, int n) {
     for (; i < n; i++) y[i] += s * x[i];
 }
 
-const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2, axpy_avx2};
+const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2, axpy_avx2,
+                              kn_attn_group_generic};

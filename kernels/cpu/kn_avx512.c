@@ -3,6 +3,7 @@
 #include "kn_int.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 /* Matches kn_quant_block_ref: d = amax/127, q = round-to-nearest-even(x*127/amax). */
 static void quant_act_avx512(const float *x, int64_t k, int8_t *qs, float *d, float *ds) {
@@ -148,5 +149,55 @@ static void axpy_avx512(float s, const float *x, float *y, int n) {
     }
 }
 
+/* GQA group attention with K and V rows loaded once for all g heads and
+ * the outputs kept in registers; hd a multiple of 16 up to 128, g <= 4
+ * (other shapes take the generic path). Softmax in fp32. */
+static void attn_group_avx512(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
+                              int g, float scale, float *s, float *out) {
+    if (hd % 16 || hd > 128 || g > 4) {
+        kn_attn_group_generic(q, kc, vc, stride, len, hd, g, scale, s, out);
+        return;
+    }
+    int nv = hd / 16;
+    __m512 qv[4][8];
+    for (int h = 0; h < g; h++)
+        for (int v = 0; v < nv; v++) qv[h][v] = _mm512_loadu_ps(q + (size_t)h * hd + 16 * v);
+    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int j = 0; j < len; j++) {
+        const float *k = kc + (size_t)j * stride;
+        __m512 acc[4];
+        for (int h = 0; h < g; h++) acc[h] = _mm512_setzero_ps();
+        for (int v = 0; v < nv; v++) {
+            __m512 kv = _mm512_loadu_ps(k + 16 * v);
+            for (int h = 0; h < g; h++) acc[h] = _mm512_fmadd_ps(qv[h][v], kv, acc[h]);
+        }
+        for (int h = 0; h < g; h++) {
+            float d = _mm512_reduce_add_ps(acc[h]) * scale;
+            s[(size_t)h * len + j] = d;
+            mx[h] = d > mx[h] ? d : mx[h];
+        }
+    }
+    for (int h = 0; h < g; h++) {
+        float *sh = s + (size_t)h * len, sum = 0;
+        for (int j = 0; j < len; j++) sum += (sh[j] = expf(sh[j] - mx[h]));
+        float inv = 1.f / sum;
+        for (int j = 0; j < len; j++) sh[j] *= inv;
+    }
+    __m512 o[4][8];
+    for (int h = 0; h < g; h++)
+        for (int v = 0; v < nv; v++) o[h][v] = _mm512_setzero_ps();
+    for (int j = 0; j < len; j++) {
+        const float *vr = vc + (size_t)j * stride;
+        __m512 p[4];
+        for (int h = 0; h < g; h++) p[h] = _mm512_set1_ps(s[(size_t)h * len + j]);
+        for (int v = 0; v < nv; v++) {
+            __m512 vv = _mm512_loadu_ps(vr + 16 * v);
+            for (int h = 0; h < g; h++) o[h][v] = _mm512_fmadd_ps(p[h], vv, o[h][v]);
+        }
+    }
+    for (int h = 0; h < g; h++)
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + (size_t)h * hd + 16 * v, o[h][v]);
+}
+
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_q4_avx512, gemm_q8_avx512,
-                                dot_avx512, axpy_avx512};
+                                dot_avx512, axpy_avx512, attn_group_avx512};

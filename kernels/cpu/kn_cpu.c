@@ -328,24 +328,26 @@ void kn_softmax(float *x, int n) {
 }
 
 size_t kn_attention_scratch(int ctx) {
-    return (size_t)ctx + 16;
+    return (size_t)ctx * 8 + 16; /* scores of up to 8 heads per KV head */
 }
 
+/* Work unit: one query token x one KV head (its group of query heads), so K
+ * and V rows are read once per group. */
 static void attn_task(void *p, int ith, int nth) {
     const kn_attn_args *a = p;
-    int total = a->T * a->n_head, group = a->n_head / a->n_kv;
+    int group = a->n_head / a->n_kv, total = a->T * a->n_kv;
     int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
     float *s = a->scratch + (size_t)ith * kn_attention_scratch(a->ctx);
     float scale = 1.f / sqrtf((float)a->hd);
+    int stride = a->n_kv * a->hd;
     for (int it = i0; it < i1; it++) {
-        int t = it / a->n_head, h = it % a->n_head, kvh = h / group, len = a->pos0 + t + 1;
-        const float *q = a->q + ((size_t)t * a->n_head + h) * a->hd;
-        for (int j = 0; j < len; j++)
-            s[j] = impl->dot(q, a->kc + ((size_t)j * a->n_kv + kvh) * a->hd, a->hd) * scale;
-        kn_softmax(s, len);
-        float *o = a->out + ((size_t)t * a->n_head + h) * a->hd;
-        memset(o, 0, sizeof(float) * (size_t)a->hd);
-        for (int j = 0; j < len; j++) impl->axpy(s[j], a->vc + ((size_t)j * a->n_kv + kvh) * a->hd, o, a->hd);
+        int t = it / a->n_kv, kvh = it % a->n_kv, len = a->pos0 + t + 1;
+        for (int h0 = 0; h0 < group; h0 += 8) { /* groups beyond 8 heads in slices */
+            int g = group - h0 < 8 ? group - h0 : 8;
+            size_t qo = ((size_t)t * a->n_head + (size_t)kvh * group + h0) * a->hd;
+            impl->attn_group(a->q + qo, a->kc + (size_t)kvh * a->hd, a->vc + (size_t)kvh * a->hd, stride, len,
+                             a->hd, g, scale, s, a->out + qo);
+        }
     }
 }
 

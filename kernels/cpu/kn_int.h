@@ -16,7 +16,15 @@ typedef struct {
                     int64_t g0, int64_t g1);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float s, const float *x, float *y, int n); /* y += s*x */
+    /* Attention of the g query heads sharing one KV head, one query token:
+     * q [g][hd], kc/vc rows j at kc + j*stride, len positions,
+     * s scratch [g][len], out [g][hd]. */
+    void (*attn_group)(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
+                       int g, float scale, float *s, float *out);
 } kn_impl;
+
+void kn_attn_group_generic(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
+                           int g, float scale, float *s, float *out);
 
 extern const kn_impl kn_impl_scalar;
 extern const kn_impl kn_impl_avx2;

@@ -140,8 +140,23 @@ static void axpy_scalar(float s, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += s * x[i];
 }
 
+void kn_attn_group_generic(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
+                           int g, float scale, float *s, float *out) {
+    for (int h = 0; h < g; h++) {
+        float *sh = s + (size_t)h * len, mx = -INFINITY, sum = 0;
+        for (int j = 0; j < len; j++) {
+            sh[j] = dot_scalar(q + (size_t)h * hd, kc + (size_t)j * stride, hd) * scale;
+            mx = sh[j] > mx ? sh[j] : mx;
+        }
+        for (int j = 0; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
+        float inv = 1.f / sum, *o = out + (size_t)h * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int j = 0; j < len; j++) axpy_scalar(sh[j] * inv, vc + (size_t)j * stride, o, hd);
+    }
+}
+
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
-                                dot_scalar, axpy_scalar};
+                                dot_scalar, axpy_scalar, kn_attn_group_generic};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
     kn_quant_block_ref(x, q, d, ds);

@@ -35,8 +35,13 @@ for t in 1 2; do
         dec+=("$(echo "$line" | sed -E 's/.*decode [0-9]+ tokens at ([0-9.]+).*/\1/')")
         if [ -n "${LLAMA_BENCH:-}" ]; then
             out=$("$LLAMA_BENCH" -m "$MODEL" -p "$PP" -n "$TG" -t "$t" -r 1 -o csv 2>/dev/null)
-            lpre+=("$(echo "$out" | awk -F, -v p="\"$PP\"" '$0 ~ "\"pp"p || $0 ~ ","p",\"0\"" {print $(NF-1)}' | tr -d '"' | head -1)")
-            ldec+=("$(echo "$out" | grep -E ",\"0\",\"$TG\"|,0,$TG," | awk -F, '{print $(NF-1)}' | tr -d '"' | head -1)")
+            read -r a b < <(echo "$out" | python3 -c "
+import csv, sys
+rows = list(csv.DictReader(sys.stdin))
+pp = [r['avg_ts'] for r in rows if r['n_prompt'] == '$PP' and r['n_gen'] == '0']
+tg = [r['avg_ts'] for r in rows if r['n_prompt'] == '0' and r['n_gen'] == '$TG']
+print(pp[0], tg[0])")
+            lpre+=("$a"); ldec+=("$b")
         fi
     done
     mp=$(printf '%s\n' "${pre[@]}" | median); md=$(printf '%s\n' "${dec[@]}" | median)
