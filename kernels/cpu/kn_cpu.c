@@ -186,6 +186,12 @@ typedef struct {
 static __thread float *tl_row;
 static __thread size_t tl_cap;
 
+void kn_thread_cleanup(void) {
+    free(tl_row);
+    tl_row = NULL;
+    tl_cap = 0;
+}
+
 static void gemm_float(const kn_weight *w, const float *x, int B, float *y, int64_t r0, int64_t r1) {
     if ((size_t)w->k > tl_cap) { /* grows once per thread, not per call */
         free(tl_row);

@@ -26,6 +26,9 @@ typedef struct {
 void kn_attn_group_generic(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
                            int g, float scale, float *s, float *out);
 
+/* Frees the calling thread's scratch; pool workers call it as they exit. */
+void kn_thread_cleanup(void);
+
 extern const kn_impl kn_impl_scalar;
 extern const kn_impl kn_impl_avx2;
 extern const kn_impl kn_impl_avx512;

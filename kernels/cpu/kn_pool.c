@@ -3,8 +3,8 @@
  * kn_pool_run costs a generation bump and a spin on a counter: workers spin
  * briefly between tasks (a decode step issues a few hundred of them in a few
  * milliseconds), then sleep on a condition variable when idle. */
-#include "kernels.h"
 #include "cm_error.h"
+#include "kn_int.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -62,7 +62,10 @@ static void *worker(void *p) {
             atomic_fetch_sub(&pool->sleepers, 1);
             pthread_mutex_unlock(&pool->mu);
         }
-        if (atomic_load(&pool->stop)) return NULL;
+        if (atomic_load(&pool->stop)) {
+            kn_thread_cleanup();
+            return NULL;
+        }
         seen = atomic_load_explicit(&pool->gen, memory_order_acquire);
         pool->fn(pool->ctx, wa->id, pool->n);
         atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
