@@ -74,7 +74,8 @@ void kn_pool_run(kn_pool *p, kn_task_fn fn, void *ctx);
  * over many layers (a 1e-6 change flips roundings that cascade), so golden
  * tests against an independent float forward use this mode. Global. */
 void kn_set_act_f32(int on);
-int kn_act_is_f32(void);
+/* Whether a matmul with w reads its input as kn_act (quantized) blocks. */
+int kn_weight_wants_act(const kn_weight *w);
 
 /* Checks the type is supported and repacks quantized types. */
 int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw);

@@ -240,7 +240,7 @@ static void par_rows(wk_model *m, int op, int T, float *dst, float *src, const f
 /* y = x . W^T for the listed weights, quantizing x once when needed. */
 static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
     int quant = 0;
-    for (int i = 0; i < nw; i++) quant |= w[i]->pack != KN_PACK_NONE && !kn_act_is_f32();
+    for (int i = 0; i < nw; i++) quant |= kn_weight_wants_act(w[i]);
     if (quant) par_rows(m, OP_QUANT, T, NULL, x, NULL, (int)act->k, act);
     kn_matmul_multi(m->pool, nw, w, y, x, act, T);
 }

@@ -134,13 +134,5 @@ static float dot_avx2(const float *a, const float *b, int n) {
     return s;
 }
 
-static void axpy_avx2(float s, const float *x, float *y, int n) {
-    __m256 vs = _mm256_set1_ps(s);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vs, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += s * x[i];
-}
-
-const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2, axpy_avx2,
+const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2,
                               kn_attn_group_generic};

@@ -96,28 +96,16 @@ static inline void store_rows(float *y, int64_t ldy, int b0, int bn, int64_t g, 
     for (int t = 0; t < bn; t++) _mm512_mask_storeu_ps(y + (size_t)(b0 + t) * ldy + r0, m, acc[t]);
 }
 
-static void gemm_q4_avx512(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
-                           int64_t g0, int64_t g1) {
+/* Row groups [g0, g1) against all B activation rows, BT rows per tile. */
+static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0,
+                        int64_t g1) {
     int64_t nb = w->k / 32;
-    const kn_pq4 *P = w->packed;
     for (int64_t g = g0; g < g1; g++)
         for (int b0 = 0; b0 < B; b0 += BT) {
             int bn = B - b0 < BT ? B - b0 : BT;
             __m512 acc[BT];
-            q4_group(P + g * nb, nb, a, b0, bn, acc);
-            store_rows(y, ldy, b0, bn, g, w->n, acc);
-        }
-}
-
-static void gemm_q8_avx512(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
-                           int64_t g0, int64_t g1) {
-    int64_t nb = w->k / 32;
-    const kn_pq8 *P = w->packed;
-    for (int64_t g = g0; g < g1; g++)
-        for (int b0 = 0; b0 < B; b0 += BT) {
-            int bn = B - b0 < BT ? B - b0 : BT;
-            __m512 acc[BT];
-            q8_group(P + g * nb, nb, a, b0, bn, acc);
+            if (w->pack == KN_PACK_Q8) q8_group((const kn_pq8 *)w->packed + g * nb, nb, a, b0, bn, acc);
+            else q4_group((const kn_pq4 *)w->packed + g * nb, nb, a, b0, bn, acc);
             store_rows(y, ldy, b0, bn, g, w->n, acc);
         }
 }
@@ -135,18 +123,6 @@ static float dot_avx512(const float *a, const float *b, int n) {
         s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-
-static void axpy_avx512(float s, const float *x, float *y, int n) {
-    __m512 vs = _mm512_set1_ps(s);
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(vs, _mm512_maskz_loadu_ps(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
 }
 
 /* GQA group attention with K and V rows loaded once for all g heads and
@@ -199,5 +175,5 @@ static void attn_group_avx512(const float *q, const float *kc, const float *vc, 
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + (size_t)h * hd + 16 * v, o[h][v]);
 }
 
-const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_q4_avx512, gemm_q8_avx512,
-                                dot_avx512, axpy_avx512, attn_group_avx512};
+const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, dot_avx512,
+                                attn_group_avx512};

@@ -16,8 +16,8 @@ void kn_set_act_f32(int on) {
     act_f32 = on;
 }
 
-int kn_act_is_f32(void) {
-    return act_f32;
+int kn_weight_wants_act(const kn_weight *w) {
+    return w->pack != KN_PACK_NONE && !act_f32;
 }
 
 static int cpu_has(const char *what) {
@@ -223,11 +223,8 @@ static void mm_task(void *p, int ith, int nth) {
         if (g0 < 0) g0 = 0;
         if (g1 > ng) g1 = ng;
         if (g1 <= g0) continue;
-        if (act_f32 && w->pack != KN_PACK_NONE) {
-            int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;
-            gemm_float(w, c->x, c->B, c->y[i], g0 * KN_ROWS, r1);
-        } else if (w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
-        else if (w->pack == KN_PACK_Q8) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else if (kn_weight_wants_act(w)) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {
             int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;
             gemm_float(w, c->x, c->B, c->y[i], g0 * KN_ROWS, r1);
@@ -243,7 +240,7 @@ void kn_matmul_multi(kn_pool *p, int nw, const kn_weight *const *w, float *const
 }
 
 void kn_matmul(kn_pool *p, const kn_weight *w, float *y, const float *x, kn_act *a, int B) {
-    if (w->pack != KN_PACK_NONE && !act_f32) kn_quantize_act(a, x, B);
+    if (kn_weight_wants_act(w)) kn_quantize_act(a, x, B);
     kn_matmul_multi(p, 1, &w, &y, x, a, B);
 }
 

@@ -15,7 +15,6 @@ typedef struct {
     void (*gemm_q8)(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
                     int64_t g0, int64_t g1);
     float (*dot)(const float *a, const float *b, int n);
-    void (*axpy)(float s, const float *x, float *y, int n); /* y += s*x */
     /* Attention of the g query heads sharing one KV head, one query token:
      * q [g][hd], kc/vc rows j at kc + j*stride, len positions,
      * s scratch [g][len], out [g][hd]. */

@@ -156,7 +156,7 @@ void kn_attn_group_generic(const float *q, const float *kc, const float *vc, int
 }
 
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
-                                dot_scalar, axpy_scalar, kn_attn_group_generic};
+                                dot_scalar, kn_attn_group_generic};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
     kn_quant_block_ref(x, q, d, ds);
