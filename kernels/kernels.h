@@ -106,14 +106,23 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
 void kn_silu_mul(float *a, const float *b, int n); /* a = silu(a) * b */
 void kn_softmax(float *x, int n);
 
+/* KV cache element types. F16 halves what decode attention reads per token. */
+enum { KN_KV_F32 = 0, KN_KV_F16 = 1 };
+size_t kn_kv_elem_bytes(int kv_type);
+/* dst[n] of kv_type <- src[n] (F16: round to nearest even). */
+void kn_kv_store(int kv_type, void *dst, const float *src, int n);
+
 /* Causal attention over a contiguous per-sequence cache.
  * q   [T][n_head][hd]           for tokens at positions pos0..pos0+T-1
- * kc  [ctx][n_kv][hd], vc same  (positions 0..pos0+T-1 already written)
+ * kc  [ctx][n_kv][hd] of kv_type, vc same (positions 0..pos0+T-1 written)
  * out [T][n_head][hd]
- * Scratch: kn_attention_scratch floats per pool thread. */
+ * Scores and softmax in fp32. Scratch: kn_attention_scratch floats per pool
+ * thread. */
 typedef struct {
     int T, pos0, n_head, n_kv, hd, ctx;
-    const float *q, *kc, *vc;
+    int kv_type;
+    const float *q;
+    const void *kc, *vc;
     float *out, *scratch;
 } kn_attn_args;
 size_t kn_attention_scratch(int ctx);

@@ -1,5 +1,6 @@
 /* llmserve - the command-line front: one binary, one subcommand per tool. */
 #include "cm_error.h"
+#include "kernels.h"
 #include "tl_common.h"
 
 #include <errno.h>
@@ -30,6 +31,16 @@ int tl_parse_float(const char *flag, const char *s, double lo, double hi, double
         return LLM_EINVAL;
     }
     *out = v;
+    return 0;
+}
+
+int tl_parse_kv_dtype(const char *s, int *out) {
+    if (strcmp(s, "auto") == 0 || strcmp(s, "f16") == 0 || strcmp(s, "fp16") == 0) *out = KN_KV_F16;
+    else if (strcmp(s, "f32") == 0 || strcmp(s, "fp32") == 0) *out = KN_KV_F32;
+    else {
+        fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|f32, got '%s'\n", s);
+        return LLM_EINVAL;
+    }
     return 0;
 }
 

@@ -11,5 +11,7 @@ int tl_perplexity_main(int argc, char **argv);
 int tl_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int tl_parse_float(const char *flag, const char *s, double lo, double hi, double *out);
 double tl_now(void);
+/* --kv-cache-dtype auto|f16|f32 -> KN_KV_*; LLM_EINVAL with a message. */
+int tl_parse_kv_dtype(const char *s, int *out);
 
 #endif

@@ -19,7 +19,7 @@ typedef struct {
     const char *model, *tokenizer, *prompt, *system, *tmpl_name;
     long n, threads, ctx, top_k, seed;
     double temperature, top_p;
-    int chat, interactive, ignore_eos, print_ids;
+    int chat, interactive, ignore_eos, print_ids, kv_type;
 } gen_opts;
 
 static void help(FILE *f) {
@@ -39,6 +39,7 @@ static void help(FILE *f) {
             "  --seed S              RNG seed (default: from the clock)\n"
             "  --threads N           threads (default: all CPUs)\n"
             "  --ctx N               context length (default: prompt + n, at most the model's)\n"
+            "  --kv-cache-dtype T    auto|f16|f32 (default auto = f16)\n"
             "  --ignore-eos          keep generating past end-of-sequence\n"
             "  --print-ids           print generated token ids on stderr\n"
             "  --log-level L         error|warn|info|debug (default warn)\n");
@@ -116,10 +117,10 @@ static char *read_all(FILE *f) {
 }
 
 int tl_generate_main(int argc, char **argv) {
-    gen_opts o = {.n = 128, .temperature = 0.8, .top_p = 0.95, .top_k = 40, .seed = -1};
+    gen_opts o = {.kv_type = KN_KV_F16, .n = 128, .temperature = 0.8, .top_p = 0.95, .top_k = 40, .seed = -1};
     o.model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     enum { O_TOK = 256, O_PROMPT, O_CHAT, O_SYS, O_TMPL, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS, O_CTX,
-           O_IGN, O_IDS, O_LOG, O_MODEL };
+           O_IGN, O_IDS, O_LOG, O_MODEL, O_KV };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"tokenizer", required_argument, 0, O_TOK},
         {"prompt", required_argument, 0, O_PROMPT}, {"chat", no_argument, 0, O_CHAT},
@@ -128,7 +129,7 @@ int tl_generate_main(int argc, char **argv) {
         {"temperature", required_argument, 0, O_TEMP}, {"top-p", required_argument, 0, O_TOPP},
         {"top-k", required_argument, 0, O_TOPK}, {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"ctx", required_argument, 0, O_CTX},
-        {"ignore-eos", no_argument, 0, O_IGN}, {"print-ids", no_argument, 0, O_IDS},
+        {"ignore-eos", no_argument, 0, O_IGN}, {"kv-cache-dtype", required_argument, 0, O_KV}, {"print-ids", no_argument, 0, O_IDS},
         {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c, lvl;
     optind = 1;
@@ -150,6 +151,7 @@ int tl_generate_main(int argc, char **argv) {
         case O_THREADS: bad = tl_parse_int("--threads", optarg, 1, 1024, &o.threads); break;
         case O_CTX: bad = tl_parse_int("--ctx", optarg, 2, 1 << 24, &o.ctx); break;
         case O_IGN: o.ignore_eos = 1; break;
+        case O_KV: bad = tl_parse_kv_dtype(optarg, &o.kv_type) != 0; break;
         case O_IDS: o.print_ids = 1; break;
         case O_LOG:
             if (cm_log_parse_level(optarg, &lvl)) {
@@ -224,7 +226,7 @@ int tl_generate_main(int argc, char **argv) {
             fprintf(stderr, "llmserve: prompt of %zu tokens is longer than the context (%ld tokens)\n", nt, ctx);
             goto out;
         }
-        if ((rc = wk_kv_create(m, (int)ctx, &ss.kv)) || !(ss.cached = malloc(sizeof(int32_t) * (size_t)ctx))) {
+        if ((rc = wk_kv_create(m, (int)ctx, o.kv_type, &ss.kv)) || !(ss.cached = malloc(sizeof(int32_t) * (size_t)ctx))) {
             fprintf(stderr, "llmserve: cannot allocate a KV cache of %ld tokens\n", ctx);
             goto out;
         }
@@ -236,7 +238,7 @@ int tl_generate_main(int argc, char **argv) {
         fputs("\n", stdout);
     } else {
         long ctx = o.ctx ? o.ctx : (m->cfg.ctx_len < 4096 ? (long)m->cfg.ctx_len : 4096);
-        if (wk_kv_create(m, (int)ctx, &ss.kv) || !(ss.cached = malloc(sizeof(int32_t) * (size_t)ctx))) goto out;
+        if (wk_kv_create(m, (int)ctx, o.kv_type, &ss.kv) || !(ss.cached = malloc(sizeof(int32_t) * (size_t)ctx))) goto out;
         size_t nmsg = 0, capmsg = 16;
         cm_chat_msg *msgs = calloc(capmsg, sizeof *msgs);
         if (!msgs) goto out;

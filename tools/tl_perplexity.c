@@ -19,15 +19,18 @@ static void help(FILE *f) {
                "  --tokenizer PATH  tokenizer.bin for a llama2.c model\n"
                "  --file PATH       the text to score ('-' for stdin)\n"
                "  --ctx N           window length in tokens (default 512, at most the model's)\n"
-               "  --threads N       threads (default: all CPUs)\n");
+               "  --threads N       threads (default: all CPUs)\n"
+               "  --kv-cache-dtype T auto|f16|f32 (default auto = f16)\n");
 }
 
 int tl_perplexity_main(int argc, char **argv) {
     const char *model = getenv("LLMSERVE_MODEL"), *tokp = NULL, *file = NULL;
     long ctx = 512, threads = 0;
+    int kv_type = KN_KV_F16;
     static const struct option lo[] = {{"model", required_argument, 0, 'm'}, {"tokenizer", required_argument, 0, 't'},
                                        {"file", required_argument, 0, 'f'}, {"ctx", required_argument, 0, 'c'},
                                        {"threads", required_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
+                                       {"kv-cache-dtype", required_argument, 0, 'k'},
                                        {0, 0, 0, 0}};
     int c;
     optind = 1;
@@ -38,6 +41,7 @@ int tl_perplexity_main(int argc, char **argv) {
         case 'f': file = optarg; break;
         case 'c': if (tl_parse_int("--ctx", optarg, 2, 1 << 24, &ctx)) return 2; break;
         case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'k': if (tl_parse_kv_dtype(optarg, &kv_type)) return 2; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;
         }
@@ -83,7 +87,7 @@ int tl_perplexity_main(int argc, char **argv) {
     }
     int V = (int)m->cfg.vocab, B = m->max_batch;
     logits = malloc(sizeof(float) * (size_t)V * (size_t)B);
-    if (!logits || wk_kv_create(m, (int)ctx, &kv)) goto out;
+    if (!logits || wk_kv_create(m, (int)ctx, kv_type, &kv)) goto out;
     double nll = 0, t0 = tl_now();
     size_t scored = 0;
     for (size_t w0 = 0; w0 + 1 < nt; w0 += (size_t)ctx) {

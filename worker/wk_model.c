@@ -176,19 +176,21 @@ void wk_model_free(wk_model *m) {
     free(m);
 }
 
-int wk_kv_create(const wk_model *m, int ctx, wk_kv **out) {
+int wk_kv_create(const wk_model *m, int ctx, int type, wk_kv **out) {
     *out = NULL;
     if (ctx <= 0 || (uint32_t)ctx > m->cfg.ctx_len) return LLM_ERANGE;
+    if (type != KN_KV_F16 && type != KN_KV_F32) return LLM_EINVAL;
     wk_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return LLM_ENOMEM;
     size_t n = (size_t)m->cfg.n_layer * (size_t)ctx * m->cfg.n_kv_head * m->cfg.head_dim;
-    kv->k = malloc(n * sizeof(float));
-    kv->v = malloc(n * sizeof(float));
+    kv->k = malloc(n * kn_kv_elem_bytes(type));
+    kv->v = malloc(n * kn_kv_elem_bytes(type));
     if (!kv->k || !kv->v) {
         wk_kv_free(kv);
         return LLM_ENOMEM;
     }
     kv->ctx = ctx;
+    kv->type = type;
     *out = kv;
     return 0;
 }
@@ -250,14 +252,14 @@ static int forward_chunk(wk_model *m, wk_kv *kv, const int32_t *tok, int T, floa
     int D = (int)c->dim, hd = (int)c->head_dim, nh = (int)c->n_head, nkv = (int)c->n_kv_head;
     int QD = nh * hd, KVD = nkv * hd, H = (int)c->hidden, pos0 = kv->n;
     for (int t = 0; t < T; t++) kn_get_row(&m->tok_embd, tok[t], m->x + (size_t)t * D);
-    size_t per_layer = (size_t)kv->ctx * (size_t)KVD;
+    size_t eb = kn_kv_elem_bytes(kv->type), per_layer = (size_t)kv->ctx * (size_t)KVD * eb;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         wk_layer *L = &m->layers[l];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
         const kn_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {m->q, m->k, m->v};
         mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
-        float *kc = kv->k + l * per_layer, *vc = kv->v + l * per_layer;
+        char *kc = (char *)kv->k + l * per_layer, *vc = (char *)kv->v + l * per_layer;
         for (int t = 0; t < T; t++) {
             float *q = m->q + (size_t)t * QD, *k = m->k + (size_t)t * KVD, *v = m->v + (size_t)t * KVD;
             if (L->bq) for (int i = 0; i < QD; i++) q[i] += L->bq[i];
@@ -265,10 +267,10 @@ static int forward_chunk(wk_model *m, wk_kv *kv, const int32_t *tok, int T, floa
             if (L->bv) for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
             kn_rope(q, nh, hd, (int)c->rope_dim, c->rope_type, pos0 + t, m->inv_freq);
             kn_rope(k, nkv, hd, (int)c->rope_dim, c->rope_type, pos0 + t, m->inv_freq);
-            memcpy(kc + (size_t)(pos0 + t) * KVD, k, sizeof(float) * (size_t)KVD);
-            memcpy(vc + (size_t)(pos0 + t) * KVD, v, sizeof(float) * (size_t)KVD);
+            kn_kv_store(kv->type, kc + (size_t)(pos0 + t) * KVD * eb, k, KVD);
+            kn_kv_store(kv->type, vc + (size_t)(pos0 + t) * KVD * eb, v, KVD);
         }
-        kn_attn_args aa = {T, pos0, nh, nkv, hd, kv->ctx, m->q, kc, vc, m->att, m->attn_scratch};
+        kn_attn_args aa = {T, pos0, nh, nkv, hd, kv->ctx, kv->type, m->q, kc, vc, m->att, m->attn_scratch};
         kn_attention(m->pool, &aa);
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;

@@ -43,7 +43,8 @@ typedef struct wk_model {
 typedef struct {
     int ctx;                             /* positions available */
     int n;                               /* positions filled */
-    float *k, *v;                        /* [n_layer][ctx][n_kv][hd] */
+    int type;                            /* KN_KV_F16 (default) or KN_KV_F32 */
+    void *k, *v;                         /* [n_layer][ctx][n_kv][hd] of type */
 } wk_kv;
 
 typedef struct {
@@ -56,7 +57,7 @@ typedef struct {
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
 void wk_model_free(wk_model *m);
 
-int wk_kv_create(const wk_model *m, int ctx, wk_kv **out);
+int wk_kv_create(const wk_model *m, int ctx, int type, wk_kv **out);
 void wk_kv_free(wk_kv *kv);
 
 /* Runs T tokens at positions kv->n.. and advances kv->n. logits gets

@@ -125,49 +125,76 @@ static float dot_avx512(const float *a, const float *b, int n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-/* GQA group attention with K and V rows loaded once for all g heads and
- * the outputs kept in registers; hd a multiple of 16 up to 128, g <= 4
- * (other shapes take the generic path). Softmax in fp32. */
-static void attn_group_avx512(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
-                              int g, float scale, float *s, float *out) {
-    if (hd % 16 || hd > 128 || g > 4) {
-        kn_attn_group_generic(q, kc, vc, stride, len, hd, g, scale, s, out);
-        return;
-    }
+static inline __m512 kv_load(const void *base, size_t i, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+/* r[p] = sum of the 16 lanes of a[p], p = 0..15: a transposing add tree,
+ * 15 combine steps instead of 16 horizontal sums. */
+static inline __m512 reduce16(__m512 *a) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* GQA group attention: scores 16 positions at a time per head (K rows come
+ * from L1 for the group's other heads), V rows loaded once for all g heads
+ * with the outputs in registers. hd a multiple of 16 up to 128, g <= 4;
+ * other shapes take the generic path. Softmax in fp32. The f16 flag is a
+ * constant at each call site, so both cache types get their own code. */
+static inline void attn_group_body(const float *q, const void *kc, const void *vc, int stride, int len, int hd,
+                                   int g, float scale, float *s, float *out, int f16) {
     int nv = hd / 16;
-    __m512 qv[4][8];
-    for (int h = 0; h < g; h++)
-        for (int v = 0; v < nv; v++) qv[h][v] = _mm512_loadu_ps(q + (size_t)h * hd + 16 * v);
-    float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    for (int j = 0; j < len; j++) {
-        const float *k = kc + (size_t)j * stride;
-        __m512 acc[4];
-        for (int h = 0; h < g; h++) acc[h] = _mm512_setzero_ps();
-        for (int v = 0; v < nv; v++) {
-            __m512 kv = _mm512_loadu_ps(k + 16 * v);
-            for (int h = 0; h < g; h++) acc[h] = _mm512_fmadd_ps(qv[h][v], kv, acc[h]);
-        }
-        for (int h = 0; h < g; h++) {
-            float d = _mm512_reduce_add_ps(acc[h]) * scale;
-            s[(size_t)h * len + j] = d;
-            mx[h] = d > mx[h] ? d : mx[h];
-        }
-    }
+    __m512 vscale = _mm512_set1_ps(scale);
     for (int h = 0; h < g; h++) {
-        float *sh = s + (size_t)h * len, sum = 0;
-        for (int j = 0; j < len; j++) sum += (sh[j] = expf(sh[j] - mx[h]));
+        __m512 qv[8];
+        for (int v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + (size_t)h * hd + 16 * v);
+        float *sh = s + (size_t)h * len;
+        __m512 vmx = _mm512_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 16 <= len; j += 16) {
+            __m512 acc[16];
+            for (int p = 0; p < 16; p++) {
+                size_t row = (size_t)(j + p) * stride;
+                acc[p] = _mm512_mul_ps(qv[0], kv_load(kc, row, f16));
+                for (int v = 1; v < nv; v++) acc[p] = _mm512_fmadd_ps(qv[v], kv_load(kc, row + 16 * (size_t)v, f16), acc[p]);
+            }
+            __m512 sc = _mm512_mul_ps(reduce16(acc), vscale);
+            _mm512_storeu_ps(sh + j, sc);
+            vmx = _mm512_max_ps(vmx, sc);
+        }
+        float mx = _mm512_reduce_max_ps(vmx);
+        for (; j < len; j++) {
+            size_t row = (size_t)j * stride;
+            __m512 acc = _mm512_mul_ps(qv[0], kv_load(kc, row, f16));
+            for (int v = 1; v < nv; v++) acc = _mm512_fmadd_ps(qv[v], kv_load(kc, row + 16 * (size_t)v, f16), acc);
+            sh[j] = _mm512_reduce_add_ps(acc) * scale;
+            mx = sh[j] > mx ? sh[j] : mx;
+        }
+        float sum = 0;
+        for (int i = 0; i < len; i++) sum += (sh[i] = expf(sh[i] - mx));
         float inv = 1.f / sum;
-        for (int j = 0; j < len; j++) sh[j] *= inv;
+        for (int i = 0; i < len; i++) sh[i] *= inv;
     }
     __m512 o[4][8];
     for (int h = 0; h < g; h++)
         for (int v = 0; v < nv; v++) o[h][v] = _mm512_setzero_ps();
     for (int j = 0; j < len; j++) {
-        const float *vr = vc + (size_t)j * stride;
+        size_t row = (size_t)j * stride;
         __m512 p[4];
         for (int h = 0; h < g; h++) p[h] = _mm512_set1_ps(s[(size_t)h * len + j]);
         for (int v = 0; v < nv; v++) {
-            __m512 vv = _mm512_loadu_ps(vr + 16 * v);
+            __m512 vv = kv_load(vc, row + 16 * (size_t)v, f16);
             for (int h = 0; h < g; h++) o[h][v] = _mm512_fmadd_ps(p[h], vv, o[h][v]);
         }
     }
@@ -175,5 +202,23 @@ static void attn_group_avx512(const float *q, const float *kc, const float *vc, 
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + (size_t)h * hd + 16 * v, o[h][v]);
 }
 
+static void attn_group_avx512(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
+                              int hd, int g, float scale, float *s, float *out) {
+    if (hd % 16 || hd > 128 || g > 4)
+        kn_attn_group_generic(q, kc, vc, kv_type, stride, len, hd, g, scale, s, out);
+    else if (kv_type == KN_KV_F16)
+        attn_group_body(q, kc, vc, stride, len, hd, g, scale, s, out, 1);
+    else
+        attn_group_body(q, kc, vc, stride, len, hd, g, scale, s, out, 0);
+}
+
+static void f32_to_f16_avx512(const float *src, uint16_t *dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    kn_f32_to_f16_scalar(src + i, dst + i, n - i);
+}
+
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, dot_avx512,
-                                attn_group_avx512};
+                                attn_group_avx512, f32_to_f16_avx512};

@@ -330,6 +330,15 @@ void kn_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+size_t kn_kv_elem_bytes(int kv_type) {
+    return kv_type == KN_KV_F16 ? 2 : 4;
+}
+
+void kn_kv_store(int kv_type, void *dst, const float *src, int n) {
+    if (kv_type == KN_KV_F16) impl->f32_to_f16(src, dst, n);
+    else memcpy(dst, src, sizeof(float) * (size_t)n);
+}
+
 size_t kn_attention_scratch(int ctx) {
     return (size_t)ctx * 8 + 16; /* scores of up to 8 heads per KV head */
 }
@@ -348,8 +357,9 @@ static void attn_task(void *p, int ith, int nth) {
         for (int h0 = 0; h0 < group; h0 += 8) { /* groups beyond 8 heads in slices */
             int g = group - h0 < 8 ? group - h0 : 8;
             size_t qo = ((size_t)t * a->n_head + (size_t)kvh * group + h0) * a->hd;
-            impl->attn_group(a->q + qo, a->kc + (size_t)kvh * a->hd, a->vc + (size_t)kvh * a->hd, stride, len,
-                             a->hd, g, scale, s, a->out + qo);
+            size_t ko = (size_t)kvh * a->hd * kn_kv_elem_bytes(a->kv_type);
+            impl->attn_group(a->q + qo, (const char *)a->kc + ko, (const char *)a->vc + ko, a->kv_type, stride,
+                             len, a->hd, g, scale, s, a->out + qo);
         }
     }
 }

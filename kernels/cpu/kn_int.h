@@ -16,14 +16,16 @@ typedef struct {
                     int64_t g0, int64_t g1);
     float (*dot)(const float *a, const float *b, int n);
     /* Attention of the g query heads sharing one KV head, one query token:
-     * q [g][hd], kc/vc rows j at kc + j*stride, len positions,
+     * q [g][hd], kc/vc rows j at element j*stride (of kv_type), len positions,
      * s scratch [g][len], out [g][hd]. */
-    void (*attn_group)(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
-                       int g, float scale, float *s, float *out);
+    void (*attn_group)(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
+                       int hd, int g, float scale, float *s, float *out);
+    void (*f32_to_f16)(const float *src, uint16_t *dst, int n);
 } kn_impl;
 
-void kn_attn_group_generic(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
-                           int g, float scale, float *s, float *out);
+void kn_attn_group_generic(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
+                           int hd, int g, float scale, float *s, float *out);
+void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
 
 /* Frees the calling thread's scratch; pool workers call it as they exit. */
 void kn_thread_cleanup(void);

@@ -46,6 +46,10 @@ void kn_ref_matmul(const kn_weight *w, float *y, const float *x, int B) {
         }
 }
 
+static float kv_at(const kn_attn_args *a, const void *c, size_t i) {
+    return a->kv_type == KN_KV_F16 ? cm_f16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+}
+
 void kn_ref_attention(const kn_attn_args *a) {
     int group = a->n_head / a->n_kv;
     double *s = malloc(sizeof(double) * (size_t)(a->pos0 + a->T));
@@ -55,9 +59,9 @@ void kn_ref_attention(const kn_attn_args *a) {
             const float *q = a->q + ((size_t)t * a->n_head + h) * a->hd;
             double mx = -INFINITY, sum = 0;
             for (int j = 0; j < len; j++) {
-                const float *k = a->kc + ((size_t)j * a->n_kv + kvh) * a->hd;
+                size_t k = ((size_t)j * a->n_kv + kvh) * a->hd;
                 double d = 0;
-                for (int i = 0; i < a->hd; i++) d += (double)q[i] * k[i];
+                for (int i = 0; i < a->hd; i++) d += (double)q[i] * kv_at(a, a->kc, k + (size_t)i);
                 s[j] = d / sqrt((double)a->hd);
                 if (s[j] > mx) mx = s[j];
             }
@@ -65,7 +69,7 @@ void kn_ref_attention(const kn_attn_args *a) {
             float *o = a->out + ((size_t)t * a->n_head + h) * a->hd;
             for (int i = 0; i < a->hd; i++) {
                 double acc = 0;
-                for (int j = 0; j < len; j++) acc += s[j] * a->vc[((size_t)j * a->n_kv + kvh) * a->hd + i];
+                for (int j = 0; j < len; j++) acc += s[j] * kv_at(a, a->vc, ((size_t)j * a->n_kv + kvh) * a->hd + (size_t)i);
                 o[i] = (float)(acc / sum);
             }
         }
@@ -140,23 +144,40 @@ static void axpy_scalar(float s, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += s * x[i];
 }
 
-void kn_attn_group_generic(const float *q, const float *kc, const float *vc, int stride, int len, int hd,
-                           int g, float scale, float *s, float *out) {
+void kn_attn_group_generic(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
+                           int hd, int g, float scale, float *s, float *out) {
+    float row[1024]; /* hd <= 1024, enforced by the loader */
     for (int h = 0; h < g; h++) {
         float *sh = s + (size_t)h * len, mx = -INFINITY, sum = 0;
         for (int j = 0; j < len; j++) {
-            sh[j] = dot_scalar(q + (size_t)h * hd, kc + (size_t)j * stride, hd) * scale;
+            const float *k = (const float *)kc + (size_t)j * stride;
+            if (kv_type == KN_KV_F16) {
+                for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)kc)[(size_t)j * stride + i]);
+                k = row;
+            }
+            sh[j] = dot_scalar(q + (size_t)h * hd, k, hd) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
         for (int j = 0; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
         float inv = 1.f / sum, *o = out + (size_t)h * hd;
         memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int j = 0; j < len; j++) axpy_scalar(sh[j] * inv, vc + (size_t)j * stride, o, hd);
+        for (int j = 0; j < len; j++) {
+            const float *v = (const float *)vc + (size_t)j * stride;
+            if (kv_type == KN_KV_F16) {
+                for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)vc)[(size_t)j * stride + i]);
+                v = row;
+            }
+            axpy_scalar(sh[j] * inv, v, o, hd);
+        }
     }
 }
 
+void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = cm_f32_to_f16(src[i]);
+}
+
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
-                                dot_scalar, kn_attn_group_generic};
+                                dot_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
     kn_quant_block_ref(x, q, d, ds);

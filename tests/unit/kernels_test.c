@@ -137,20 +137,27 @@ static void test_matmul(kn_pool *pool) {
 }
 
 static void test_attention(kn_pool *pool) {
-    for (int it = 0; it < 30; it++) {
-        int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 3), hd = 4 * (1 + (int)(rnd() % 20));
-        int T = 1 + (int)(rnd() % 6), pos0 = (int)(rnd() % 40), ctx = pos0 + T + (int)(rnd() % 5);
+    for (int it = 0; it < 60; it++) {
+        int kv_type = it % 2 ? KN_KV_F16 : KN_KV_F32;
+        /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 128),
+         * groups of 1..5 (above 4: generic path), contexts across 16-position blocks */
+        int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 5);
+        int hd = it % 3 ? 16 * (1 + (int)(rnd() % 8)) : 4 * (1 + (int)(rnd() % 20));
+        int T = 1 + (int)(rnd() % 6), pos0 = (int)(rnd() % 100), ctx = pos0 + T + (int)(rnd() % 5);
         int nh = n_kv * group;
-        size_t kvn = (size_t)ctx * n_kv * hd;
-        float *kc = malloc(sizeof(float) * kvn), *vc = malloc(sizeof(float) * kvn);
-        for (size_t i = 0; i < kvn; i++) { kc[i] = frand(); vc[i] = frand(); }
+        size_t kvn = (size_t)ctx * n_kv * hd, eb = kn_kv_elem_bytes(kv_type);
+        float *kf = malloc(sizeof(float) * kvn), *vf = malloc(sizeof(float) * kvn);
+        for (size_t i = 0; i < kvn; i++) { kf[i] = frand(); vf[i] = frand(); }
         /* slots past the sequence must not be read: poison them */
-        for (size_t i = (size_t)(pos0 + T) * n_kv * hd; i < kvn; i++) kc[i] = vc[i] = NAN;
+        for (size_t i = (size_t)(pos0 + T) * n_kv * hd; i < kvn; i++) kf[i] = vf[i] = NAN;
+        void *kc = malloc(eb * kvn), *vc = malloc(eb * kvn);
+        kn_kv_store(kv_type, kc, kf, (int)kvn);
+        kn_kv_store(kv_type, vc, vf, (int)kvn);
         float *q = malloc(sizeof(float) * (size_t)(T * nh * hd));
         for (int i = 0; i < T * nh * hd; i++) q[i] = frand() * 3;
         float *ref = malloc(sizeof(float) * (size_t)(T * nh * hd));
         float *scratch = malloc(sizeof(float) * kn_attention_scratch(ctx) * (size_t)kn_pool_size(pool));
-        kn_attn_args ra = {T, pos0, nh, n_kv, hd, ctx, q, kc, vc, ref, NULL};
+        kn_attn_args ra = {T, pos0, nh, n_kv, hd, ctx, kv_type, q, kc, vc, ref, NULL};
         kn_ref_attention(&ra);
         for (int is = 0; is < 3; is++) {
             if (kn_set_isa(isas[is])) continue;
@@ -159,11 +166,26 @@ static void test_attention(kn_pool *pool) {
             a.out = y;
             a.scratch = scratch;
             kn_attention(pool, &a);
-            CHECK(rel(y, ref, (size_t)(T * nh * hd)) < 1e-5);
+            double e = rel(y, ref, (size_t)(T * nh * hd));
+            if (!(e < 1e-5))
+                fprintf(stderr, "attention %s kv %s hd %d group %d T %d pos0 %d: rel %.3g\n", isas[is],
+                        kv_type ? "f16" : "f32", hd, group, T, pos0, e);
+            CHECK(e < 1e-5);
             CHECK(guards_ok(y, (size_t)(T * nh * hd)));
             free(y);
         }
-        free(kc); free(vc); free(q); free(ref); free(scratch);
+        free(kf); free(vf); free(kc); free(vc); free(q); free(ref); free(scratch);
+    }
+    /* F16 store rounds like the reference conversion */
+    float src[40];
+    uint16_t a16[40];
+    for (int i = 0; i < 40; i++) src[i] = frand() * 1000;
+    for (int is = 0; is < 3; is++) {
+        if (kn_set_isa(isas[is])) continue;
+        kn_kv_store(KN_KV_F16, a16, src, 40);
+        int diff = 0;
+        for (int i = 0; i < 40; i++) diff += a16[i] != cm_f32_to_f16(src[i]);
+        CHECK_INT(diff, 0);
     }
 }
 

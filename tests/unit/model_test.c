@@ -59,20 +59,19 @@ static void golden(const char *model, const char *path) {
         CHECK_INT(n, np);
         for (int i = 0; i < np && i < (int)n; i++) CHECK_INT(ids[i], toks[i]);
         free(ids);
-        wk_kv *kv;
-        CHECK_RC(wk_kv_create(m, np + ng + 1, &kv), 0);
-        CHECK_RC(wk_forward(m, kv, toks, np, lg, 0), 0);
-        for (int i = 0; i < V; i++) ref[i] = json_real_value(json_array_get(fl, (size_t)i));
-        /* production path (int8 activation blocks, as llama.cpp's Q8_1) against
-         * the float-activation reference: the quantization noise shows (4-10%
-         * measured on these prompts), so this bound is loose */
+        wk_kv *kv, *kv16;
+        CHECK_RC(wk_kv_create(m, np + ng + 1, KN_KV_F32, &kv), 0);
+        CHECK_RC(wk_kv_create(m, np + ng + 1, KN_KV_F16, &kv16), 0);
+        /* production path (int8 activation blocks as llama.cpp's Q8_1, F16 KV
+         * cache) against the float-activation reference: the quantization
+         * noise shows (4-10% measured on these prompts), so this bound is loose */
+        CHECK_RC(wk_forward(m, kv16, toks, np, lg, 0), 0);
         for (int i = 0; i < V; i++) ref[i] = json_real_value(json_array_get(fl, (size_t)i));
         double ef = rel_l2(lg, ref, V);
         CHECK(ef < 0.15);
-        /* reference mode (float activations): must match the float64 numpy
-         * forward tightly and reproduce its greedy tokens */
+        /* reference mode (float activations, F32 KV cache): must match the
+         * float64 numpy forward tightly and reproduce its greedy tokens */
         kn_set_act_f32(1);
-        kv->n = 0;
         CHECK_RC(wk_forward(m, kv, toks, np, lg, 0), 0);
         double e = rel_l2(lg, ref, V);
         CHECK(e < 1e-4);
@@ -92,6 +91,7 @@ static void golden(const char *model, const char *path) {
         printf("golden '%.24s...': reference mode: logits rel-L2 %.2e, %d/%d greedy tokens equal; int8 path: rel-L2 %.2e\n",
                prompt, e, same, ng, ef);
         wk_kv_free(kv);
+        wk_kv_free(kv16);
         free(toks);
     }
     free(lg);
@@ -246,9 +246,15 @@ static void tiny(void) {
     float *all = malloc(sizeof(float) * (size_t)(T * TV)), *one = malloc(sizeof(float) * TV);
     double *ref = calloc((size_t)(T * TV), sizeof(double));
     wk_kv *kv;
-    CHECK_RC(wk_kv_create(m, TS, &kv), 0);
-    CHECK_RC(wk_forward(m, kv, toks, T, all, 1), 0); /* prefill in chunks of 5 */
+    CHECK_RC(wk_kv_create(m, TS, KN_KV_F16, &kv), 0); /* F16 cache: fp16 rounding of K/V */
+    CHECK_RC(wk_forward(m, kv, toks, T, all, 1), 0);
     tiny_ref(w, toks, T, ref);
+    double e16 = rel_l2(all, ref, T * TV);
+    CHECK(e16 < 2e-3);
+    wk_kv_free(kv);
+    CHECK_RC(wk_kv_create(m, TS, 7, &kv), LLM_EINVAL);
+    CHECK_RC(wk_kv_create(m, TS, KN_KV_F32, &kv), 0);
+    CHECK_RC(wk_forward(m, kv, toks, T, all, 1), 0); /* prefill in chunks of 5 */
     CHECK(rel_l2(all, ref, T * TV) < 1e-5);
     kv->n = 0;
     double dmax = 0;
@@ -257,8 +263,8 @@ static void tiny(void) {
         for (int i = 0; i < TV; i++) dmax = fmax(dmax, fabs(one[i] - all[t * TV + i]));
     }
     CHECK(dmax < 1e-5); /* decode == prefill */
-    printf("tiny llama2.c: logits rel-L2 %.2e vs float64 forward, decode-vs-prefill max diff %.2e\n",
-           rel_l2(all, ref, T * TV), dmax);
+    printf("tiny llama2.c: logits rel-L2 %.2e vs float64 forward (F16 KV %.2e), decode-vs-prefill max diff %.2e\n",
+           rel_l2(all, ref, T * TV), e16, dmax);
     /* bad input: out-of-vocabulary token, overflowing the cache */
     int32_t bad = TV;
     CHECK_RC(wk_forward(m, kv, &bad, 1, one, 0), LLM_EINVAL);
@@ -295,7 +301,7 @@ static void stories(const char *dir) {
     CHECK_INT(n, 35);
     float *lg = malloc(sizeof(float) * n * 512);
     wk_kv *kv;
-    wk_kv_create(m, 512, &kv);
+    CHECK_RC(wk_kv_create(m, 512, KN_KV_F16, &kv), 0); /* the production cache type */
     CHECK_RC(wk_forward(m, kv, ids, (int)n, lg, 1), 0);
     double nll = 0;
     for (size_t t = 0; t + 1 < n; t++) {
