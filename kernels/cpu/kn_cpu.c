@@ -343,27 +343,36 @@ size_t kn_attention_scratch(int ctx) {
     return (size_t)ctx * 8 + 16; /* scores of up to 8 heads per KV head */
 }
 
-/* Work unit: one query token x one KV head (its group of query heads), so K
- * and V rows are read once per group. */
+/* Work unit: one query token x a slice of one KV head's query heads. Whole
+ * groups (K and V rows read once for all their heads) when there are enough
+ * units to keep every thread busy; single heads otherwise (a decode step of
+ * a 3-KV-head model on 2 threads would split 1:2). */
+typedef struct {
+    const kn_attn_args *a;
+    int slice; /* query heads per unit */
+} attn_ctx;
+
 static void attn_task(void *p, int ith, int nth) {
-    const kn_attn_args *a = p;
-    int group = a->n_head / a->n_kv, total = a->T * a->n_kv;
+    const attn_ctx *c = p;
+    const kn_attn_args *a = c->a;
+    int group = a->n_head / a->n_kv, per_kv = (group + c->slice - 1) / c->slice, total = a->T * a->n_kv * per_kv;
     int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
     float *s = a->scratch + (size_t)ith * kn_attention_scratch(a->ctx);
     float scale = 1.f / sqrtf((float)a->hd);
     int stride = a->n_kv * a->hd;
     for (int it = i0; it < i1; it++) {
-        int t = it / a->n_kv, kvh = it % a->n_kv, len = a->pos0 + t + 1;
-        for (int h0 = 0; h0 < group; h0 += 8) { /* groups beyond 8 heads in slices */
-            int g = group - h0 < 8 ? group - h0 : 8;
-            size_t qo = ((size_t)t * a->n_head + (size_t)kvh * group + h0) * a->hd;
-            size_t ko = (size_t)kvh * a->hd * kn_kv_elem_bytes(a->kv_type);
-            impl->attn_group(a->q + qo, (const char *)a->kc + ko, (const char *)a->vc + ko, a->kv_type, stride,
-                             len, a->hd, g, scale, s, a->out + qo);
-        }
+        int t = it / (a->n_kv * per_kv), kvh = it / per_kv % a->n_kv, h0 = it % per_kv * c->slice;
+        int len = a->pos0 + t + 1, g = group - h0 < c->slice ? group - h0 : c->slice;
+        size_t qo = ((size_t)t * a->n_head + (size_t)kvh * group + h0) * a->hd;
+        size_t ko = (size_t)kvh * a->hd * kn_kv_elem_bytes(a->kv_type);
+        impl->attn_group(a->q + qo, (const char *)a->kc + ko, (const char *)a->vc + ko, a->kv_type, stride, len,
+                         a->hd, g, scale, s, a->out + qo);
     }
 }
 
 void kn_attention(kn_pool *p, const kn_attn_args *a) {
-    kn_pool_run(p, attn_task, (void *)a);
+    int group = a->n_head / a->n_kv;
+    attn_ctx c = {a, group < 8 ? group : 8};
+    if (kn_pool_size(p) > 1 && a->T * a->n_kv < 4 * kn_pool_size(p)) c.slice = 1;
+    kn_pool_run(p, attn_task, &c);
 }
