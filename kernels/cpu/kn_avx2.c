@@ -64,6 +64,8 @@ static void gemm_q4_avx2(const kn_weight *w, const kn_act *a, int B, float *y, i
                 __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
                 for (int64_t blk = 0; blk < nb; blk++) {
                     const kn_pq4 *p = &P[g * nb + blk];
+                    if (h == 0 && b == 0) /* see kn_avx512.c: prefetchers stop at page ends */
+                        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
                     const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
                     __m256i s = _mm256_setzero_si256();
                     for (int c = 0; c < 4; c++) {
@@ -101,6 +103,8 @@ static void gemm_q8_avx2(const kn_weight *w, const kn_act *a, int B, float *y, i
                 __m256 acc = _mm256_setzero_ps();
                 for (int64_t blk = 0; blk < nb; blk++) {
                     const kn_pq8 *p = &P[g * nb + blk];
+                    if (h == 0 && b == 0)
+                        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
                     const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
                     __m256i s = _mm256_setzero_si256();
                     for (int c = 0; c < 8; c++) {

@@ -25,6 +25,9 @@ static void quant_act_avx512(const float *x, int64_t k, int8_t *qs, float *d, fl
 }
 
 #define BT 4 /* activation rows per register tile */
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096
+#endif
 
 /* One 16-row group against up to BT activation rows. Weights of the block
  * are unpacked once into registers and reused for every activation row. */
@@ -35,6 +38,9 @@ static inline void q4_group(const kn_pq4 *P, int64_t nb, const kn_act *a, int b0
     for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq4 *p = &P[blk];
+        /* hardware prefetchers stop at 4 KiB page ends; ask for the block
+         * PF_AHEAD bytes on (it may belong to the next group: that is fine) */
+        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d));
         __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m));
         __m512i lo[4], hi[4];
@@ -68,6 +74,7 @@ static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0
     for (int t = 0; t < bn; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq8 *p = &P[blk];
+        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
         __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d));
         __m512i w[8];
         for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
