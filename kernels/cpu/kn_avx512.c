@@ -159,9 +159,49 @@ static inline __m512 reduce16(__m512 *a) {
  * with the outputs in registers. hd a multiple of 16 up to 128, g <= 4;
  * other shapes take the generic path. Softmax in fp32. The f16 flag is a
  * constant at each call site, so both cache types get their own code. */
-static inline void attn_group_body(const float *q, const void *kc, const void *vc, int stride, int len, int hd,
+/* exp(x) for x <= 0 (softmax after subtracting the max): 2^(x log2 e) as
+ * 2^n * p(f), p the degree-7 Taylor polynomial of 2^f on |f| <= 0.5
+ * (relative error < 1e-7). */
+static inline __m512 exp_avx512(__m512 x) {
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.525273e-05f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.540353e-04f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333356e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129e-03f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550411e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, _mm512_max_ps(n, _mm512_set1_ps(-200.f)));
+}
+
+/* sh[i] = exp(sh[i] - mx) / sum, in place. */
+static inline void softmax_avx512(float *sh, int len, float mx) {
+    __m512 vm = _mm512_set1_ps(mx), vs = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= len; i += 16) {
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(sh + i), vm));
+        _mm512_storeu_ps(sh + i, e);
+        vs = _mm512_add_ps(vs, e);
+    }
+    if (i < len) {
+        __mmask16 m = (__mmask16)((1u << (len - i)) - 1);
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sh + i), vm));
+        _mm512_mask_storeu_ps(sh + i, m, e);
+        vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(m, e));
+    }
+    __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vs));
+    for (i = 0; i + 16 <= len; i += 16) _mm512_storeu_ps(sh + i, _mm512_mul_ps(_mm512_loadu_ps(sh + i), inv));
+    for (; i < len; i++) sh[i] *= _mm512_cvtss_f32(inv);
+}
+
+/* nv = hd/16 and f16 are constants at each call site, so every shape that
+ * is called gets straight-line inner loops. */
+static inline void attn_group_body(const float *q, const void *kc, const void *vc, int stride, int len, int nv,
                                    int g, float scale, float *s, float *out, int f16) {
-    int nv = hd / 16;
+    int hd = 16 * nv;
     __m512 vscale = _mm512_set1_ps(scale);
     for (int h = 0; h < g; h++) {
         __m512 qv[8];
@@ -188,10 +228,7 @@ static inline void attn_group_body(const float *q, const void *kc, const void *v
             sh[j] = _mm512_reduce_add_ps(acc) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
-        float sum = 0;
-        for (int i = 0; i < len; i++) sum += (sh[i] = expf(sh[i] - mx));
-        float inv = 1.f / sum;
-        for (int i = 0; i < len; i++) sh[i] *= inv;
+        softmax_avx512(sh, len, mx);
     }
     __m512 o[4][8];
     for (int h = 0; h < g; h++)
@@ -211,12 +248,17 @@ static inline void attn_group_body(const float *q, const void *kc, const void *v
 
 static void attn_group_avx512(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
                               int hd, int g, float scale, float *s, float *out) {
+    int f16 = kv_type == KN_KV_F16;
     if (hd % 16 || hd > 128 || g > 4)
         kn_attn_group_generic(q, kc, vc, kv_type, stride, len, hd, g, scale, s, out);
-    else if (kv_type == KN_KV_F16)
-        attn_group_body(q, kc, vc, stride, len, hd, g, scale, s, out, 1);
+    else if (hd == 64 && f16) /* the common head sizes, specialised */
+        attn_group_body(q, kc, vc, stride, len, 4, g, scale, s, out, 1);
+    else if (hd == 128 && f16)
+        attn_group_body(q, kc, vc, stride, len, 8, g, scale, s, out, 1);
+    else if (f16)
+        attn_group_body(q, kc, vc, stride, len, hd / 16, g, scale, s, out, 1);
     else
-        attn_group_body(q, kc, vc, stride, len, hd, g, scale, s, out, 0);
+        attn_group_body(q, kc, vc, stride, len, hd / 16, g, scale, s, out, 0);
 }
 
 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int n) {
