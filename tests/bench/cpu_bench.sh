@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # CPU speed of the default model: prefill and decode tokens/s at 1 and 2
 # threads (median of REPS runs), next to the memory-bandwidth bound
-# (model bytes / measured read bandwidth). A benchmark, not a test.
+# (model bytes / measured read bandwidth, for a 1 GiB buffer streamed from
+# DRAM and for a buffer of the model's size, which a large L3 may hold).
+# A benchmark, not a test.
 #
 #   tests/bench/cpu_bench.sh [MODEL] [REPS]
 # With LLAMA_BENCH=/path/to/llama-bench set, runs llama.cpp's llama-bench on
@@ -23,10 +25,13 @@ prompt=$(python3 -c "import random; random.seed(1); w='the of and to in a is tha
 
 bytes=$(stat -c %s "$MODEL")
 printf 'model %s (%.1f MB)\n' "$(basename "$MODEL")" "$(echo "$bytes/1000000" | bc -l)"
+mib=$(( bytes / 1048576 + 1 ))
 printf '%-8s %-10s %12s %12s %12s %10s\n' threads engine prefill_tok/s decode_tok/s bound_tok/s of_bound
 for t in 1 2; do
     bw=$("$BIN/llmserve-membw" "$t" 1024 | awk '{print $2}')
+    bwc=$("$BIN/llmserve-membw" "$t" "$mib" | awk '{print $2}')
     bound=$(echo "$bw*1000000000/$bytes" | bc -l)
+    boundc=$(echo "$bwc*1000000000/$bytes" | bc -l)
     pre=(); dec=(); lpre=(); ldec=()
     for r in $(seq "$REPS"); do
         line=$("$BIN/llmserve" generate --model "$MODEL" --prompt "$prompt" -n "$TG" --ignore-eos \
@@ -51,5 +56,7 @@ print(pp[0], tg[0])")
         printf '%-8s %-10s %12.1f %12.1f %12.1f %9.0f%%   (decode ratio llmserve/llama.cpp %.2f)\n' \
             "$t" llama.cpp "$lp" "$ld" "$bound" "$(echo "100*$ld/$bound" | bc -l)" "$(echo "$md/$ld" | bc -l)"
     fi
-    echo "         (read bandwidth ${bw} GB/s with $t thread(s))"
+    printf '         (read bandwidth with %s thread(s): %s GB/s from a 1 GiB buffer -> bound %.0f tok/s;\n' "$t" "$bw" "$bound"
+    printf '          %s GB/s from a %s MiB buffer -> bound %.0f tok/s; llmserve decode = %.0f%% of that)\n' \
+        "$bwc" "$mib" "$boundc" "$(echo "100*$md/$boundc" | bc -l)"
 done
