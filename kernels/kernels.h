@@ -112,20 +112,40 @@ size_t kn_kv_elem_bytes(int kv_type);
 /* dst[n] of kv_type <- src[n] (F16: round to nearest even). */
 void kn_kv_store(int kv_type, void *dst, const float *src, int n);
 
-/* Causal attention over a contiguous per-sequence cache.
- * q   [T][n_head][hd]           for tokens at positions pos0..pos0+T-1
- * kc  [ctx][n_kv][hd] of kv_type, vc same (positions 0..pos0+T-1 written)
- * out [T][n_head][hd]
- * Scores and softmax in fp32. Scratch: kn_attention_scratch floats per pool
- * thread. */
+/* Paged causal attention over several sequences in one call.
+ *
+ * The cache of one layer is a pool of blocks; a block holds 2^block_shift
+ * positions of [n_kv][hd] elements (of kv_type) for K, and the same for V.
+ * Position j of a sequence lives in block blocks[j >> block_shift], row
+ * j & (2^block_shift - 1); kc/vc point at block 0 of the layer and
+ * block_stride is the byte distance between blocks. A contiguous cache is the
+ * special case blocks = 0, 1, 2, ...
+ *
+ * Sequence s has T tokens at positions pos0..pos0+T-1, whose queries are rows
+ * row..row+T-1 of q [rows][n_head][hd]; their outputs go to the same rows of
+ * out. Each token attends to positions 0..its own (K/V of the new tokens must
+ * already be stored). Decode is T = 1 for many sequences of different lengths;
+ * prefill of a chunk over a cached prefix is pos0 > 0, T > 1. Work units
+ * (token x KV head) are split over the pool by cost (positions read).
+ * Scores and softmax in fp32; the result of a token does not depend on which
+ * other sequences share the call or on how the pool splits the work. */
 typedef struct {
-    int T, pos0, n_head, n_kv, hd, ctx;
-    int kv_type;
+    int T, pos0, row;
+    const int32_t *blocks;
+} kn_attn_seq;
+
+typedef struct {
+    int n_seq;
+    const kn_attn_seq *seq;
+    int n_head, n_kv, hd, kv_type, block_shift;
+    int max_len;           /* >= pos0 + T of every sequence (sizes the scratch) */
     const float *q;
+    float *out;
     const void *kc, *vc;
-    float *out, *scratch;
+    size_t block_stride;   /* bytes */
+    float *scratch;        /* kn_attention_scratch(max_len) floats per pool thread */
 } kn_attn_args;
-size_t kn_attention_scratch(int ctx);
+size_t kn_attention_scratch(int max_len);
 void kn_attention(kn_pool *p, const kn_attn_args *a);
 
 /* ---- scalar references (kn_ref.c), for tests --------------------------- */

@@ -139,6 +139,10 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         (rc = alloc_f(&m->v, b * KVD)) || (rc = alloc_f(&m->hb, b * c->hidden)) ||
         (rc = alloc_f(&m->hb2, b * c->hidden)))
         goto fail;
+    m->tok_pos = malloc(sizeof(int) * b);
+    m->tok_blocks = malloc(sizeof(*m->tok_blocks) * b);
+    m->attn_seq = malloc(sizeof(kn_attn_seq) * b);
+    if (!m->tok_pos || !m->tok_blocks || !m->attn_seq) { rc = LLM_ENOMEM; goto fail; }
     if (D % 32 == 0 && (rc = kn_act_init(&m->act_dim, (int64_t)D, B))) goto fail;
     if (QD % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QD, B))) goto fail;
     if (c->hidden % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)c->hidden, B))) goto fail;
@@ -167,6 +171,7 @@ void wk_model_free(wk_model *m) {
     free(m->inv_freq);
     free(m->x); free(m->xb); free(m->xb2); free(m->q); free(m->att); free(m->k); free(m->v);
     free(m->hb); free(m->hb2); free(m->attn_scratch);
+    free(m->tok_pos); free(m->tok_blocks); free(m->attn_seq);
     kn_act_free(&m->act_dim);
     kn_act_free(&m->act_q);
     kn_act_free(&m->act_hidden);
@@ -176,19 +181,64 @@ void wk_model_free(wk_model *m) {
     free(m);
 }
 
+size_t wk_kv_bytes_per_token(const cm_model_config *c, int type) {
+    return 2 * (size_t)c->n_layer * c->n_kv_head * c->head_dim * kn_kv_elem_bytes(type);
+}
+
+int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, wk_cache **out) {
+    *out = NULL;
+    if (type != KN_KV_F16 && type != KN_KV_F32) return LLM_EINVAL;
+    if (block_size <= 0 || block_size > 4096 || (block_size & (block_size - 1)) || n_blocks <= 0) return LLM_EINVAL;
+    wk_cache *c = calloc(1, sizeof *c);
+    if (!c) return LLM_ENOMEM;
+    c->type = type;
+    c->block_size = block_size;
+    while ((1 << c->block_shift) < block_size) c->block_shift++;
+    c->n_blocks = n_blocks;
+    c->n_layer = (int)m->cfg.n_layer;
+    c->block_stride = (size_t)block_size * m->cfg.n_kv_head * m->cfg.head_dim * kn_kv_elem_bytes(type);
+    size_t total = c->block_stride * (size_t)n_blocks * (size_t)c->n_layer;
+    c->k = malloc(total);
+    c->v = malloc(total);
+    if (!c->k || !c->v) {
+        wk_cache_free(c);
+        return LLM_ENOMEM;
+    }
+    *out = c;
+    return 0;
+}
+
+void wk_cache_free(wk_cache *c) {
+    if (!c) return;
+    free(c->k);
+    free(c->v);
+    free(c);
+}
+
+void wk_cache_copy(wk_cache *c, int src, int dst) {
+    for (int l = 0; l < c->n_layer; l++) {
+        size_t base = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        memcpy(c->k + base + (size_t)dst * c->block_stride, c->k + base + (size_t)src * c->block_stride, c->block_stride);
+        memcpy(c->v + base + (size_t)dst * c->block_stride, c->v + base + (size_t)src * c->block_stride, c->block_stride);
+    }
+}
+
+#define KV_PRIVATE_BLOCK 16
+
 int wk_kv_create(const wk_model *m, int ctx, int type, wk_kv **out) {
     *out = NULL;
     if (ctx <= 0 || (uint32_t)ctx > m->cfg.ctx_len) return LLM_ERANGE;
     if (type != KN_KV_F16 && type != KN_KV_F32) return LLM_EINVAL;
     wk_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return LLM_ENOMEM;
-    size_t n = (size_t)m->cfg.n_layer * (size_t)ctx * m->cfg.n_kv_head * m->cfg.head_dim;
-    kv->k = malloc(n * kn_kv_elem_bytes(type));
-    kv->v = malloc(n * kn_kv_elem_bytes(type));
-    if (!kv->k || !kv->v) {
+    int nb = (ctx + KV_PRIVATE_BLOCK - 1) / KV_PRIVATE_BLOCK;
+    int rc = wk_cache_create(m, type, KV_PRIVATE_BLOCK, nb, &kv->cache);
+    kv->blocks = malloc(sizeof(int32_t) * (size_t)nb);
+    if (rc || !kv->blocks) {
         wk_kv_free(kv);
-        return LLM_ENOMEM;
+        return rc ? rc : LLM_ENOMEM;
     }
+    for (int i = 0; i < nb; i++) kv->blocks[i] = i;
     kv->ctx = ctx;
     kv->type = type;
     *out = kv;
@@ -197,8 +247,8 @@ int wk_kv_create(const wk_model *m, int ctx, int type, wk_kv **out) {
 
 void wk_kv_free(wk_kv *kv) {
     if (!kv) return;
-    free(kv->k);
-    free(kv->v);
+    wk_cache_free(kv->cache);
+    free(kv->blocks);
     free(kv);
 }
 
@@ -247,30 +297,51 @@ static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, 
     kn_matmul_multi(m->pool, nw, w, y, x, act, T);
 }
 
-static int forward_chunk(wk_model *m, wk_kv *kv, const int32_t *tok, int T, float *logits, int all_logits) {
-    const cm_model_config *c = &m->cfg;
-    int D = (int)c->dim, hd = (int)c->head_dim, nh = (int)c->n_head, nkv = (int)c->n_kv_head;
-    int QD = nh * hd, KVD = nkv * hd, H = (int)c->hidden, pos0 = kv->n;
-    for (int t = 0; t < T; t++) kn_get_row(&m->tok_embd, tok[t], m->x + (size_t)t * D);
-    size_t eb = kn_kv_elem_bytes(kv->type), per_layer = (size_t)kv->ctx * (size_t)KVD * eb;
-    for (uint32_t l = 0; l < c->n_layer; l++) {
+/* Adds the bias (if any), rotates and stores K/V of every token of the step. */
+static void qkv_post(wk_model *m, const wk_layer *L, wk_cache *c, int l, int T) {
+    const cm_model_config *cf = &m->cfg;
+    int hd = (int)cf->head_dim, nh = (int)cf->n_head, nkv = (int)cf->n_kv_head, QD = nh * hd, KVD = nkv * hd;
+    size_t eb = kn_kv_elem_bytes(c->type), layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+    size_t mask = ((size_t)1 << c->block_shift) - 1;
+    for (int t = 0; t < T; t++) {
+        float *q = m->q + (size_t)t * QD, *k = m->k + (size_t)t * KVD, *v = m->v + (size_t)t * KVD;
+        int pos = m->tok_pos[t];
+        if (L->bq) for (int i = 0; i < QD; i++) q[i] += L->bq[i];
+        if (L->bk) for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
+        if (L->bv) for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
+        kn_rope(q, nh, hd, (int)cf->rope_dim, cf->rope_type, pos, m->inv_freq);
+        kn_rope(k, nkv, hd, (int)cf->rope_dim, cf->rope_type, pos, m->inv_freq);
+        size_t off = layer + (size_t)m->tok_blocks[t][pos >> c->block_shift] * c->block_stride +
+                     ((size_t)pos & mask) * (size_t)KVD * eb;
+        kn_kv_store(c->type, c->k + off, k, KVD);
+        kn_kv_store(c->type, c->v + off, v, KVD);
+    }
+}
+
+/* One step of T tokens (T <= max_batch) from n_seq sequences. */
+static void forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
+                         float *logits) {
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, H = (int)cf->hidden;
+    for (int i = 0, t = 0; i < n_seq; i++) {
+        m->attn_seq[i] = (kn_attn_seq){s[i].n, s[i].pos0, t, s[i].blocks};
+        for (int j = 0; j < s[i].n; j++, t++) {
+            kn_get_row(&m->tok_embd, s[i].tokens[j], m->x + (size_t)t * D);
+            m->tok_pos[t] = s[i].pos0 + j;
+            m->tok_blocks[t] = s[i].blocks;
+        }
+    }
+    for (uint32_t l = 0; l < cf->n_layer; l++) {
         wk_layer *L = &m->layers[l];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
         const kn_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {m->q, m->k, m->v};
         mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
-        char *kc = (char *)kv->k + l * per_layer, *vc = (char *)kv->v + l * per_layer;
-        for (int t = 0; t < T; t++) {
-            float *q = m->q + (size_t)t * QD, *k = m->k + (size_t)t * KVD, *v = m->v + (size_t)t * KVD;
-            if (L->bq) for (int i = 0; i < QD; i++) q[i] += L->bq[i];
-            if (L->bk) for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
-            if (L->bv) for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
-            kn_rope(q, nh, hd, (int)c->rope_dim, c->rope_type, pos0 + t, m->inv_freq);
-            kn_rope(k, nkv, hd, (int)c->rope_dim, c->rope_type, pos0 + t, m->inv_freq);
-            kn_kv_store(kv->type, kc + (size_t)(pos0 + t) * KVD * eb, k, KVD);
-            kn_kv_store(kv->type, vc + (size_t)(pos0 + t) * KVD * eb, v, KVD);
-        }
-        kn_attn_args aa = {T, pos0, nh, nkv, hd, kv->ctx, kv->type, m->q, kc, vc, m->att, m->attn_scratch};
+        qkv_post(m, L, c, (int)l, T);
+        size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        kn_attn_args aa = {n_seq, m->attn_seq, (int)cf->n_head, (int)cf->n_kv_head, (int)cf->head_dim, c->type,
+                           c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
+                           m->attn_scratch};
         kn_attention(m->pool, &aa);
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;
@@ -286,39 +357,62 @@ static int forward_chunk(wk_model *m, wk_kv *kv, const int32_t *tok, int T, floa
         mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
     }
-    kv->n += T;
-    if (!logits) return 0;
-    int first = all_logits ? 0 : T - 1, n = T - first;
-    par_rows(m, OP_NORM, n, m->xb, m->x + (size_t)first * D, m->output_norm, D, NULL);
+    if (!logits) return;
+    /* gather the rows that want logits, then one LM-head GEMM into the caller's buffer */
+    int n = 0;
+    for (int i = 0, t = 0; i < n_seq; t += s[i].n, i++)
+        for (int j = s[i].logits_from; j < s[i].n; j++, n++)
+            if (n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
+    if (!n) return;
+    par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
     const kn_weight *ow = &m->output;
-    /* the LM head writes [n][vocab] straight into the caller's buffer */
     float *lo = logits;
     mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
+}
+
+int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
+    int T = 0, max_len = 1;
+    if (n_seq <= 0) return LLM_EINVAL;
+    for (int i = 0; i < n_seq; i++) {
+        if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n) return LLM_EINVAL;
+        if ((int64_t)s[i].pos0 + s[i].n > (int64_t)m->cfg.ctx_len) return LLM_ERANGE;
+        for (int j = 0; j < s[i].n; j++)
+            if (s[i].tokens[j] < 0 || (uint32_t)s[i].tokens[j] >= m->cfg.vocab) return LLM_EINVAL;
+        if (s[i].pos0 + s[i].n > max_len) max_len = s[i].pos0 + s[i].n;
+        T += s[i].n;
+        if (T > m->max_batch) return LLM_ERANGE;
+    }
+    if (m->attn_scratch_len < max_len) { /* grows with the longest sequence seen, not per step */
+        free(m->attn_scratch);
+        m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));
+        if (!m->attn_scratch) {
+            m->attn_scratch_len = 0;
+            return LLM_ENOMEM;
+        }
+        m->attn_scratch_len = max_len;
+    }
+    forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
     return 0;
 }
 
 int wk_forward(wk_model *m, wk_kv *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
     if (T <= 0) return LLM_EINVAL;
     if (T > kv->ctx - kv->n) return LLM_ERANGE;
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || (uint32_t)tokens[t] >= m->cfg.vocab) return LLM_EINVAL;
-    if (m->attn_scratch_ctx < kv->ctx) { /* grows with the longest cache seen, not per step */
-        free(m->attn_scratch);
-        m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(kv->ctx) * (size_t)kn_pool_size(m->pool));
-        if (!m->attn_scratch) {
-            m->attn_scratch_ctx = 0;
-            return LLM_ENOMEM;
-        }
-        m->attn_scratch_ctx = kv->ctx;
-    }
     for (int done = 0; done < T;) {
         int n = T - done < m->max_batch ? T - done : m->max_batch;
         int last = done + n == T;
+        wk_batch_seq s = {tokens + done, n, kv->n, kv->blocks, n};
         float *lg = NULL;
-        if (all_logits) lg = logits + (size_t)done * m->cfg.vocab;
-        else if (last) lg = logits;
-        int rc = forward_chunk(m, kv, tokens + done, n, lg, all_logits);
+        if (all_logits) {
+            lg = logits + (size_t)done * m->cfg.vocab;
+            s.logits_from = 0;
+        } else if (last) {
+            lg = logits;
+            s.logits_from = n - 1;
+        }
+        int rc = wk_forward_batch(m, kv->cache, 1, &s, lg);
         if (rc) return rc;
+        kv->n += n;
         done += n;
     }
     return 0;

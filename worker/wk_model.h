@@ -4,7 +4,8 @@
  * conventions with theta from metadata. wk_forward takes any number of
  * tokens of one sequence: a prompt is processed max_batch tokens at a time
  * (prefill: every matmul is a GEMM over the chunk), a decode step is T = 1.
- * The KV cache here is a simple contiguous per-sequence one. */
+ * Several sequences share one step (wk_forward_batch); K/V live in a paged
+ * block pool. */
 #ifndef WK_MODEL_H
 #define WK_MODEL_H
 
@@ -35,27 +36,71 @@ typedef struct wk_model {
     float *q, *att;                      /* [B][n_head*hd] */
     float *k, *v;                        /* [B][n_kv*hd] */
     float *hb, *hb2;                     /* [B][hidden] */
-    float *attn_scratch;                 /* [threads][ctx + 16] */
-    int attn_scratch_ctx;
+    float *attn_scratch;                 /* [threads][kn_attention_scratch(attn_scratch_len)] */
+    int attn_scratch_len;
+    int *tok_pos;                        /* [B] position of each token of a step */
+    const int32_t **tok_blocks;          /* [B] its sequence's block table */
+    kn_attn_seq *attn_seq;               /* [B] */
     kn_act act_dim, act_q, act_hidden;
 } wk_model;
-
-typedef struct {
-    int ctx;                             /* positions available */
-    int n;                               /* positions filled */
-    int type;                            /* KN_KV_F16 (default) or KN_KV_F32 */
-    void *k, *v;                         /* [n_layer][ctx][n_kv][hd] of type */
-} wk_kv;
 
 typedef struct {
     const char *model_path;
     const char *tokenizer_path;          /* llama2.c models: tokenizer.bin */
     int threads;                         /* 0: all online CPUs */
-    int max_batch;                       /* prefill chunk, default 64 */
+    int max_batch;                       /* tokens per step (prefill chunk), default 64 */
 } wk_model_opts;
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
 void wk_model_free(wk_model *m);
+
+/* The KV cache: a pool of blocks of block_size positions per layer.
+ * Layer l's K blocks start at k + l * n_blocks * block_stride, each holding
+ * [block_size][n_kv][hd] elements of type; V the same. Which block holds
+ * which positions of which sequence is the block manager's business
+ * (wk_blocks.h); the forward pass only follows block tables. */
+typedef struct wk_cache {
+    int type;                            /* KN_KV_F16 (default) or KN_KV_F32 */
+    int block_size, block_shift, n_blocks, n_layer;
+    size_t block_stride;                 /* bytes of one block of one layer (K or V) */
+    char *k, *v;
+} wk_cache;
+
+/* Bytes of K and V per token: 2 x layers x kv_heads x head_dim x dtype. */
+size_t wk_kv_bytes_per_token(const cm_model_config *c, int type);
+/* block_size: a power of two. */
+int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, wk_cache **out);
+void wk_cache_free(wk_cache *c);
+/* Copies block src to dst in every layer (copy-on-write of a shared block). */
+void wk_cache_copy(wk_cache *c, int src, int dst);
+
+/* One sequence's part of a step: n tokens at positions pos0..pos0+n-1.
+ * blocks covers positions 0..pos0+n-1. Logits are produced for tokens
+ * logits_from..n-1 (n: none). */
+typedef struct {
+    const int32_t *tokens;
+    int n, pos0;
+    const int32_t *blocks;
+    int logits_from;
+} wk_batch_seq;
+
+/* Runs one step over several sequences: every matmul is one GEMM over all
+ * their tokens (at most m->max_batch in total), attention reads each
+ * sequence's blocks. logits gets one [vocab] row per requested token, in
+ * sequence order. A token's result does not depend on the other sequences
+ * in the step. LLM_EINVAL for a bad id, LLM_ERANGE past the model context or
+ * the batch capacity. */
+int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits);
+
+/* A single sequence with a private cache of ctx positions (generate,
+ * perplexity, tests): blocks 0, 1, 2 ... in order. */
+typedef struct {
+    int ctx;                             /* positions available */
+    int n;                               /* positions filled */
+    int type;
+    wk_cache *cache;
+    int32_t *blocks;
+} wk_kv;
 
 int wk_kv_create(const wk_model *m, int ctx, int type, wk_kv **out);
 void wk_kv_free(wk_kv *kv);

@@ -132,9 +132,10 @@ static float dot_avx512(const float *a, const float *b, int n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-static inline __m512 kv_load(const void *base, size_t i, int f16) {
-    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
-    return _mm512_loadu_ps((const float *)base + i);
+/* 16 elements starting at element i of the row at p. */
+static inline __m512 kv_load(const char *p, int i, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
 }
 
 /* r[p] = sum of the 16 lanes of a[p], p = 0..15: a transposing add tree,
@@ -199,8 +200,8 @@ static inline void softmax_avx512(float *sh, int len, float mx) {
 
 /* nv = hd/16 and f16 are constants at each call site, so every shape that
  * is called gets straight-line inner loops. */
-static inline void attn_group_body(const float *q, const void *kc, const void *vc, int stride, int len, int nv,
-                                   int g, float scale, float *s, float *out, int f16) {
+static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len, int nv, int g, float scale,
+                                   float *s, float *out, int f16) {
     int hd = 16 * nv;
     __m512 vscale = _mm512_set1_ps(scale);
     for (int h = 0; h < g; h++) {
@@ -212,9 +213,9 @@ static inline void attn_group_body(const float *q, const void *kc, const void *v
         for (; j + 16 <= len; j += 16) {
             __m512 acc[16];
             for (int p = 0; p < 16; p++) {
-                size_t row = (size_t)(j + p) * stride;
-                acc[p] = _mm512_mul_ps(qv[0], kv_load(kc, row, f16));
-                for (int v = 1; v < nv; v++) acc[p] = _mm512_fmadd_ps(qv[v], kv_load(kc, row + 16 * (size_t)v, f16), acc[p]);
+                const char *row = kv->k + kn_kv_off(kv, j + p);
+                acc[p] = _mm512_mul_ps(qv[0], kv_load(row, 0, f16));
+                for (int v = 1; v < nv; v++) acc[p] = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, f16), acc[p]);
             }
             __m512 sc = _mm512_mul_ps(reduce16(acc), vscale);
             _mm512_storeu_ps(sh + j, sc);
@@ -222,9 +223,9 @@ static inline void attn_group_body(const float *q, const void *kc, const void *v
         }
         float mx = _mm512_reduce_max_ps(vmx);
         for (; j < len; j++) {
-            size_t row = (size_t)j * stride;
-            __m512 acc = _mm512_mul_ps(qv[0], kv_load(kc, row, f16));
-            for (int v = 1; v < nv; v++) acc = _mm512_fmadd_ps(qv[v], kv_load(kc, row + 16 * (size_t)v, f16), acc);
+            const char *row = kv->k + kn_kv_off(kv, j);
+            __m512 acc = _mm512_mul_ps(qv[0], kv_load(row, 0, f16));
+            for (int v = 1; v < nv; v++) acc = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, f16), acc);
             sh[j] = _mm512_reduce_add_ps(acc) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
@@ -234,11 +235,11 @@ static inline void attn_group_body(const float *q, const void *kc, const void *v
     for (int h = 0; h < g; h++)
         for (int v = 0; v < nv; v++) o[h][v] = _mm512_setzero_ps();
     for (int j = 0; j < len; j++) {
-        size_t row = (size_t)j * stride;
+        const char *row = kv->v + kn_kv_off(kv, j);
         __m512 p[4];
         for (int h = 0; h < g; h++) p[h] = _mm512_set1_ps(s[(size_t)h * len + j]);
         for (int v = 0; v < nv; v++) {
-            __m512 vv = kv_load(vc, row + 16 * (size_t)v, f16);
+            __m512 vv = kv_load(row, 16 * v, f16);
             for (int h = 0; h < g; h++) o[h][v] = _mm512_fmadd_ps(p[h], vv, o[h][v]);
         }
     }
@@ -246,19 +247,26 @@ static inline void attn_group_body(const float *q, const void *kc, const void *v
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + (size_t)h * hd + 16 * v, o[h][v]);
 }
 
-static void attn_group_avx512(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
-                              int hd, int g, float scale, float *s, float *out) {
-    int f16 = kv_type == KN_KV_F16;
-    if (hd % 16 || hd > 128 || g > 4)
-        kn_attn_group_generic(q, kc, vc, kv_type, stride, len, hd, g, scale, s, out);
-    else if (hd == 64 && f16) /* the common head sizes, specialised */
-        attn_group_body(q, kc, vc, stride, len, 4, g, scale, s, out, 1);
-    else if (hd == 128 && f16)
-        attn_group_body(q, kc, vc, stride, len, 8, g, scale, s, out, 1);
-    else if (f16)
-        attn_group_body(q, kc, vc, stride, len, hd / 16, g, scale, s, out, 1);
+static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
+                              float *out) {
+    if (hd % 16 || hd > 128) {
+        kn_attn_group_generic(q, kv, len, hd, g, scale, s, out);
+        return;
+    }
+    /* at most 4 heads' outputs stay in registers; larger groups go 4 at a
+     * time, so a head's arithmetic never depends on how heads are grouped
+     * (the result of a sequence must not depend on its batch) */
+    for (; g > 4; g -= 4, q += 4 * hd, out += 4 * hd) attn_group_avx512(q, kv, len, hd, 4, scale, s, out);
+    if (0)
+        ;
+    else if (hd == 64 && kv->f16) /* the common head sizes, specialised */
+        attn_group_body(q, kv, len, 4, g, scale, s, out, 1);
+    else if (hd == 128 && kv->f16)
+        attn_group_body(q, kv, len, 8, g, scale, s, out, 1);
+    else if (kv->f16)
+        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, 1);
     else
-        attn_group_body(q, kc, vc, stride, len, hd / 16, g, scale, s, out, 0);
+        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, 0);
 }
 
 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int n) {

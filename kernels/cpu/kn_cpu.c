@@ -339,40 +339,61 @@ void kn_kv_store(int kv_type, void *dst, const float *src, int n) {
     else memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 
-size_t kn_attention_scratch(int ctx) {
-    return (size_t)ctx * 8 + 16; /* scores of up to 8 heads per KV head */
+size_t kn_attention_scratch(int max_len) {
+    return (size_t)max_len * 8 + 16; /* scores of up to 8 heads per KV head */
 }
 
 /* Work unit: one query token x a slice of one KV head's query heads. Whole
  * groups (K and V rows read once for all their heads) when there are enough
  * units to keep every thread busy; single heads otherwise (a decode step of
- * a 3-KV-head model on 2 threads would split 1:2). */
+ * a 3-KV-head model on 2 threads would split 1:2). Units are dealt to
+ * threads in order by cost (positions read), so a long sequence next to
+ * short ones does not leave threads idle; every thread walks the same unit
+ * order, so the split needs no shared state. */
 typedef struct {
     const kn_attn_args *a;
-    int slice; /* query heads per unit */
+    int slice;      /* query heads per unit */
+    int64_t total;  /* sum of unit costs */
 } attn_ctx;
 
 static void attn_task(void *p, int ith, int nth) {
     const attn_ctx *c = p;
     const kn_attn_args *a = c->a;
-    int group = a->n_head / a->n_kv, per_kv = (group + c->slice - 1) / c->slice, total = a->T * a->n_kv * per_kv;
-    int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
-    float *s = a->scratch + (size_t)ith * kn_attention_scratch(a->ctx);
+    int group = a->n_head / a->n_kv, per_kv = (group + c->slice - 1) / c->slice;
+    float *s = a->scratch + (size_t)ith * kn_attention_scratch(a->max_len);
     float scale = 1.f / sqrtf((float)a->hd);
-    int stride = a->n_kv * a->hd;
-    for (int it = i0; it < i1; it++) {
-        int t = it / (a->n_kv * per_kv), kvh = it / per_kv % a->n_kv, h0 = it % per_kv * c->slice;
-        int len = a->pos0 + t + 1, g = group - h0 < c->slice ? group - h0 : c->slice;
-        size_t qo = ((size_t)t * a->n_head + (size_t)kvh * group + h0) * a->hd;
-        size_t ko = (size_t)kvh * a->hd * kn_kv_elem_bytes(a->kv_type);
-        impl->attn_group(a->q + qo, (const char *)a->kc + ko, (const char *)a->vc + ko, a->kv_type, stride, len,
-                         a->hd, g, scale, s, a->out + qo);
+    size_t eb = kn_kv_elem_bytes(a->kv_type);
+    kn_kv_rows kv = {NULL, NULL, NULL, a->block_shift, a->kv_type == KN_KV_F16, a->block_stride,
+                     (size_t)a->n_kv * (size_t)a->hd * eb};
+    int64_t lo = c->total * ith / nth, hi = c->total * (ith + 1) / nth, cum = 0;
+    for (int si = 0; si < a->n_seq && cum < hi; si++) {
+        const kn_attn_seq *sq = &a->seq[si];
+        kv.blocks = sq->blocks;
+        for (int t = 0; t < sq->T && cum < hi; t++) {
+            int len = sq->pos0 + t + 1;
+            for (int u = 0; u < a->n_kv * per_kv; u++) {
+                /* a unit belongs to the thread whose share holds its midpoint */
+                int64_t mid = cum + len / 2;
+                cum += len;
+                if (mid < lo || mid >= hi) continue;
+                int kvh = u / per_kv, h0 = u % per_kv * c->slice, g = group - h0 < c->slice ? group - h0 : c->slice;
+                size_t qo = ((size_t)(sq->row + t) * a->n_head + (size_t)kvh * group + h0) * a->hd;
+                kv.k = (const char *)a->kc + (size_t)kvh * a->hd * eb;
+                kv.v = (const char *)a->vc + (size_t)kvh * a->hd * eb;
+                impl->attn_group(a->q + qo, &kv, len, a->hd, g, scale, s, a->out + qo);
+            }
+        }
     }
 }
 
 void kn_attention(kn_pool *p, const kn_attn_args *a) {
     int group = a->n_head / a->n_kv;
-    attn_ctx c = {a, group < 8 ? group : 8};
-    if (kn_pool_size(p) > 1 && a->T * a->n_kv < 4 * kn_pool_size(p)) c.slice = 1;
+    attn_ctx c = {a, group < 8 ? group : 8, 0};
+    int64_t tokens = 0;
+    for (int si = 0; si < a->n_seq; si++) tokens += a->seq[si].T;
+    if (kn_pool_size(p) > 1 && tokens * a->n_kv < 4 * kn_pool_size(p)) c.slice = 1;
+    int per_kv = (group + c.slice - 1) / c.slice;
+    for (int si = 0; si < a->n_seq; si++)
+        for (int t = 0; t < a->seq[si].T; t++) c.total += (int64_t)(a->seq[si].pos0 + t + 1) * a->n_kv * per_kv;
     kn_pool_run(p, attn_task, &c);
 }

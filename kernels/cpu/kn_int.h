@@ -5,6 +5,20 @@
 
 #include "kernels.h"
 
+/* Where one KV head's rows live: position j at byte offset kn_kv_off(r, j)
+ * from k (and v); both already point at the head within a row. */
+typedef struct kn_kv_rows {
+    const char *k, *v;
+    const int32_t *blocks;
+    int shift, f16;
+    size_t block_stride, row_bytes;
+} kn_kv_rows;
+
+static inline size_t kn_kv_off(const kn_kv_rows *r, int j) {
+    return (size_t)r->blocks[j >> r->shift] * r->block_stride +
+           (size_t)(j & ((1 << r->shift) - 1)) * r->row_bytes;
+}
+
 typedef struct {
     const char *name;
     /* x[k] -> qs[k], d[k/32], ds[k/32] */
@@ -16,15 +30,15 @@ typedef struct {
                     int64_t g0, int64_t g1);
     float (*dot)(const float *a, const float *b, int n);
     /* Attention of the g query heads sharing one KV head, one query token:
-     * q [g][hd], kc/vc rows j at element j*stride (of kv_type), len positions,
-     * s scratch [g][len], out [g][hd]. */
-    void (*attn_group)(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
-                       int hd, int g, float scale, float *s, float *out);
+     * q [g][hd], len positions read through kv, s scratch [g][len],
+     * out [g][hd]. */
+    void (*attn_group)(const float *q, const struct kn_kv_rows *kv, int len, int hd, int g, float scale,
+                       float *s, float *out);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int n);
 } kn_impl;
 
-void kn_attn_group_generic(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
-                           int hd, int g, float scale, float *s, float *out);
+void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
+                           float *out);
 void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
 
 /* Frees the calling thread's scratch; pool workers call it as they exit. */

@@ -46,33 +46,40 @@ void kn_ref_matmul(const kn_weight *w, float *y, const float *x, int B) {
         }
 }
 
-static float kv_at(const kn_attn_args *a, const void *c, size_t i) {
-    return a->kv_type == KN_KV_F16 ? cm_f16_to_f32(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+/* Element i of KV head kvh at position j of sequence sq. */
+static float kv_at(const kn_attn_args *a, const kn_attn_seq *sq, const void *base, int j, int kvh, int i) {
+    size_t eb = kn_kv_elem_bytes(a->kv_type), mask = ((size_t)1 << a->block_shift) - 1;
+    const char *p = (const char *)base + (size_t)sq->blocks[j >> a->block_shift] * a->block_stride +
+                    (((size_t)j & mask) * (size_t)a->n_kv * (size_t)a->hd + (size_t)kvh * (size_t)a->hd + (size_t)i) * eb;
+    return a->kv_type == KN_KV_F16 ? cm_f16_to_f32(*(const uint16_t *)p) : *(const float *)p;
 }
 
 void kn_ref_attention(const kn_attn_args *a) {
     int group = a->n_head / a->n_kv;
-    double *s = malloc(sizeof(double) * (size_t)(a->pos0 + a->T));
-    for (int t = 0; t < a->T; t++)
-        for (int h = 0; h < a->n_head; h++) {
-            int len = a->pos0 + t + 1, kvh = h / group;
-            const float *q = a->q + ((size_t)t * a->n_head + h) * a->hd;
-            double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < len; j++) {
-                size_t k = ((size_t)j * a->n_kv + kvh) * a->hd;
-                double d = 0;
-                for (int i = 0; i < a->hd; i++) d += (double)q[i] * kv_at(a, a->kc, k + (size_t)i);
-                s[j] = d / sqrt((double)a->hd);
-                if (s[j] > mx) mx = s[j];
+    double *s = malloc(sizeof(double) * (size_t)a->max_len);
+    for (int si = 0; si < a->n_seq; si++) {
+        const kn_attn_seq *sq = &a->seq[si];
+        for (int t = 0; t < sq->T; t++)
+            for (int h = 0; h < a->n_head; h++) {
+                int len = sq->pos0 + t + 1, kvh = h / group;
+                size_t qo = ((size_t)(sq->row + t) * a->n_head + h) * a->hd;
+                const float *q = a->q + qo;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < len; j++) {
+                    double d = 0;
+                    for (int i = 0; i < a->hd; i++) d += (double)q[i] * kv_at(a, sq, a->kc, j, kvh, i);
+                    s[j] = d / sqrt((double)a->hd);
+                    if (s[j] > mx) mx = s[j];
+                }
+                for (int j = 0; j < len; j++) sum += (s[j] = exp(s[j] - mx));
+                float *o = a->out + qo;
+                for (int i = 0; i < a->hd; i++) {
+                    double acc = 0;
+                    for (int j = 0; j < len; j++) acc += s[j] * kv_at(a, sq, a->vc, j, kvh, i);
+                    o[i] = (float)(acc / sum);
+                }
             }
-            for (int j = 0; j < len; j++) sum += (s[j] = exp(s[j] - mx));
-            float *o = a->out + ((size_t)t * a->n_head + h) * a->hd;
-            for (int i = 0; i < a->hd; i++) {
-                double acc = 0;
-                for (int j = 0; j < len; j++) acc += s[j] * kv_at(a, a->vc, ((size_t)j * a->n_kv + kvh) * a->hd + (size_t)i);
-                o[i] = (float)(acc / sum);
-            }
-        }
+    }
     free(s);
 }
 
@@ -144,31 +151,26 @@ static void axpy_scalar(float s, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += s * x[i];
 }
 
-void kn_attn_group_generic(const float *q, const void *kc, const void *vc, int kv_type, int stride, int len,
-                           int hd, int g, float scale, float *s, float *out) {
+static const float *kv_row_f32(const kn_kv_rows *kv, const char *base, int j, int hd, float *row) {
+    const char *p = base + kn_kv_off(kv, j);
+    if (!kv->f16) return (const float *)p;
+    for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)p)[i]);
+    return row;
+}
+
+void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
+                           float *out) {
     float row[1024]; /* hd <= 1024, enforced by the loader */
     for (int h = 0; h < g; h++) {
         float *sh = s + (size_t)h * len, mx = -INFINITY, sum = 0;
         for (int j = 0; j < len; j++) {
-            const float *k = (const float *)kc + (size_t)j * stride;
-            if (kv_type == KN_KV_F16) {
-                for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)kc)[(size_t)j * stride + i]);
-                k = row;
-            }
-            sh[j] = dot_scalar(q + (size_t)h * hd, k, hd) * scale;
+            sh[j] = dot_scalar(q + (size_t)h * hd, kv_row_f32(kv, kv->k, j, hd, row), hd) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
         for (int j = 0; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
         float inv = 1.f / sum, *o = out + (size_t)h * hd;
         memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int j = 0; j < len; j++) {
-            const float *v = (const float *)vc + (size_t)j * stride;
-            if (kv_type == KN_KV_F16) {
-                for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)vc)[(size_t)j * stride + i]);
-                v = row;
-            }
-            axpy_scalar(sh[j] * inv, v, o, hd);
-        }
+        for (int j = 0; j < len; j++) axpy_scalar(sh[j] * inv, kv_row_f32(kv, kv->v, j, hd, row), o, hd);
     }
 }
 

@@ -140,41 +140,88 @@ static void test_attention(kn_pool *pool) {
     for (int it = 0; it < 60; it++) {
         int kv_type = it % 2 ? KN_KV_F16 : KN_KV_F32;
         /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 128),
-         * groups of 1..5 (above 4: generic path), contexts across 16-position blocks */
+         * groups of 1..5 (above 4: in steps of 4), block sizes 1..64, several
+         * sequences of different lengths (decode T = 1 and prefill over a prefix)
+         * whose blocks are scattered over the pool in random order */
         int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 5);
         int hd = it % 3 ? 16 * (1 + (int)(rnd() % 8)) : 4 * (1 + (int)(rnd() % 20));
-        int T = 1 + (int)(rnd() % 6), pos0 = (int)(rnd() % 100), ctx = pos0 + T + (int)(rnd() % 5);
-        int nh = n_kv * group;
-        size_t kvn = (size_t)ctx * n_kv * hd, eb = kn_kv_elem_bytes(kv_type);
+        int shift = (int)(rnd() % 7), bs = 1 << shift, n_seq = 1 + (int)(rnd() % 4), nh = n_kv * group;
+        kn_attn_seq seq[4];
+        int32_t *tables[4];
+        int rows = 0, max_len = 1, n_blocks = 0;
+        for (int i = 0; i < n_seq; i++) {
+            seq[i].T = it % 4 == 0 ? 1 : 1 + (int)(rnd() % 6);
+            seq[i].pos0 = (int)(rnd() % 100);
+            seq[i].row = rows;
+            rows += seq[i].T;
+            int len = seq[i].pos0 + seq[i].T;
+            if (len > max_len) max_len = len;
+            n_blocks += (len + bs - 1) / bs + 1; /* one spare per sequence */
+        }
+        int *perm = malloc(sizeof(int) * (size_t)n_blocks);
+        for (int i = 0; i < n_blocks; i++) perm[i] = i;
+        for (int i = n_blocks - 1; i > 0; i--) {
+            int j = (int)(rnd() % (uint32_t)(i + 1)), tmp = perm[i];
+            perm[i] = perm[j];
+            perm[j] = tmp;
+        }
+        for (int i = 0, used = 0; i < n_seq; i++) {
+            int nb = (seq[i].pos0 + seq[i].T + bs - 1) / bs;
+            tables[i] = malloc(sizeof(int32_t) * (size_t)nb);
+            for (int b = 0; b < nb; b++) tables[i][b] = perm[used++];
+            seq[i].blocks = tables[i];
+        }
+        size_t row_n = (size_t)n_kv * hd, kvn = (size_t)n_blocks * bs * row_n, eb = kn_kv_elem_bytes(kv_type);
+        /* unused slots (spare blocks, rows past a sequence) are NaN: reading one poisons the result */
         float *kf = malloc(sizeof(float) * kvn), *vf = malloc(sizeof(float) * kvn);
-        for (size_t i = 0; i < kvn; i++) { kf[i] = frand(); vf[i] = frand(); }
-        /* slots past the sequence must not be read: poison them */
-        for (size_t i = (size_t)(pos0 + T) * n_kv * hd; i < kvn; i++) kf[i] = vf[i] = NAN;
+        for (size_t i = 0; i < kvn; i++) kf[i] = vf[i] = NAN;
+        for (int i = 0; i < n_seq; i++)
+            for (int j = 0; j < seq[i].pos0 + seq[i].T; j++) {
+                size_t o = ((size_t)seq[i].blocks[j >> shift] * bs + (size_t)(j & (bs - 1))) * row_n;
+                for (size_t e = 0; e < row_n; e++) { kf[o + e] = frand(); vf[o + e] = frand(); }
+            }
         void *kc = malloc(eb * kvn), *vc = malloc(eb * kvn);
         kn_kv_store(kv_type, kc, kf, (int)kvn);
         kn_kv_store(kv_type, vc, vf, (int)kvn);
-        float *q = malloc(sizeof(float) * (size_t)(T * nh * hd));
-        for (int i = 0; i < T * nh * hd; i++) q[i] = frand() * 3;
-        float *ref = malloc(sizeof(float) * (size_t)(T * nh * hd));
-        float *scratch = malloc(sizeof(float) * kn_attention_scratch(ctx) * (size_t)kn_pool_size(pool));
-        kn_attn_args ra = {T, pos0, nh, n_kv, hd, ctx, kv_type, q, kc, vc, ref, NULL};
+        size_t qn = (size_t)rows * nh * hd;
+        float *q = malloc(sizeof(float) * qn), *ref = malloc(sizeof(float) * qn);
+        for (size_t i = 0; i < qn; i++) q[i] = frand() * 3;
+        float *scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(pool));
+        kn_attn_args ra = {n_seq, seq, nh, n_kv, hd, kv_type, shift, max_len, q, ref, kc, vc,
+                           (size_t)bs * row_n * eb, NULL};
         kn_ref_attention(&ra);
         for (int is = 0; is < 3; is++) {
             if (kn_set_isa(isas[is])) continue;
-            float *y = out_buf((size_t)(T * nh * hd));
+            float *y = out_buf(qn);
             kn_attn_args a = ra;
             a.out = y;
             a.scratch = scratch;
             kn_attention(pool, &a);
-            double e = rel(y, ref, (size_t)(T * nh * hd));
+            double e = rel(y, ref, qn);
             if (!(e < 1e-5))
-                fprintf(stderr, "attention %s kv %s hd %d group %d T %d pos0 %d: rel %.3g\n", isas[is],
-                        kv_type ? "f16" : "f32", hd, group, T, pos0, e);
+                fprintf(stderr, "attention %s kv %s hd %d group %d bs %d seqs %d: rel %.3g\n", isas[is],
+                        kv_type ? "f16" : "f32", hd, group, bs, n_seq, e);
             CHECK(e < 1e-5);
-            CHECK(guards_ok(y, (size_t)(T * nh * hd)));
+            CHECK(guards_ok(y, qn));
+            /* each sequence alone gives bit-identical rows (batch-invariance) */
+            {
+                for (int i = 0; i < n_seq; i++) {
+                    kn_attn_seq one = seq[i];
+                    kn_attn_args b = a;
+                    b.n_seq = 1;
+                    b.seq = &one;
+                    float *z = out_buf(qn);
+                    b.out = z;
+                    kn_attention(pool, &b);
+                    size_t o = (size_t)seq[i].row * nh * hd, n = (size_t)seq[i].T * nh * hd;
+                    CHECK(memcmp(z + o, y + o, sizeof(float) * n) == 0);
+                    free(z);
+                }
+            }
             free(y);
         }
-        free(kf); free(vf); free(kc); free(vc); free(q); free(ref); free(scratch);
+        for (int i = 0; i < n_seq; i++) free(tables[i]);
+        free(perm); free(kf); free(vf); free(kc); free(vc); free(q); free(ref); free(scratch);
     }
     /* F16 store rounds like the reference conversion */
     float src[40];
