@@ -7,6 +7,11 @@
 int tl_generate_main(int argc, char **argv);
 int tl_perplexity_main(int argc, char **argv);
 
+struct wk_model;
+struct wk_engine_opts;
+/* --batch: runs a JSONL file of completion requests through the engine. */
+int tl_batch_run(struct wk_model *m, const struct wk_engine_opts *eo, const char *path, const char *model_name);
+
 /* Strict number parsing for flags: 0 or LLM_EINVAL, with a message on stderr. */
 int tl_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int tl_parse_float(const char *flag, const char *s, double lo, double hi, double *out);

@@ -4,6 +4,7 @@
 #include "cm_log.h"
 #include "tl_common.h"
 #include "wk_model.h"
+#include "wk_flags.h"
 #include "wk_sampler.h"
 
 #include <getopt.h>
@@ -16,7 +17,7 @@
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 typedef struct {
-    const char *model, *tokenizer, *prompt, *system, *tmpl_name;
+    const char *model, *tokenizer, *prompt, *system, *tmpl_name, *batch;
     long n, threads, ctx, top_k, seed;
     double temperature, top_p;
     int chat, interactive, ignore_eos, print_ids, kv_type;
@@ -39,10 +40,13 @@ static void help(FILE *f) {
             "  --seed S              RNG seed (default: from the clock)\n"
             "  --threads N           threads (default: all CPUs)\n"
             "  --ctx N               context length (default: prompt + n, at most the model's)\n"
-            "  --kv-cache-dtype T    auto|f16|f32 (default auto = f16)\n"
             "  --ignore-eos          keep generating past end-of-sequence\n"
             "  --print-ids           print generated token ids on stderr\n"
-            "  --log-level L         error|warn|info|debug (default warn)\n");
+            "  --batch FILE.jsonl    run a file of OpenAI completions request bodies (one per line; - for\n"
+            "                        stdin) through the batching engine; prints one completion response\n"
+            "                        per line, in input order\n"
+            "  --log-level L         error|warn|info|debug (default warn)\n"
+            WK_ENGINE_FLAGS_HELP);
 }
 
 typedef struct {
@@ -120,7 +124,7 @@ int tl_generate_main(int argc, char **argv) {
     gen_opts o = {.kv_type = KN_KV_F16, .n = 128, .temperature = 0.8, .top_p = 0.95, .top_k = 40, .seed = -1};
     o.model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     enum { O_TOK = 256, O_PROMPT, O_CHAT, O_SYS, O_TMPL, O_TEMP, O_TOPP, O_TOPK, O_SEED, O_THREADS, O_CTX,
-           O_IGN, O_IDS, O_LOG, O_MODEL, O_KV };
+           O_IGN, O_IDS, O_LOG, O_MODEL, O_BATCH };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"tokenizer", required_argument, 0, O_TOK},
         {"prompt", required_argument, 0, O_PROMPT}, {"chat", no_argument, 0, O_CHAT},
@@ -129,8 +133,11 @@ int tl_generate_main(int argc, char **argv) {
         {"temperature", required_argument, 0, O_TEMP}, {"top-p", required_argument, 0, O_TOPP},
         {"top-k", required_argument, 0, O_TOPK}, {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"ctx", required_argument, 0, O_CTX},
-        {"ignore-eos", no_argument, 0, O_IGN}, {"kv-cache-dtype", required_argument, 0, O_KV}, {"print-ids", no_argument, 0, O_IDS},
-        {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"ignore-eos", no_argument, 0, O_IGN}, {"print-ids", no_argument, 0, O_IDS},
+        {"batch", required_argument, 0, O_BATCH}, {"log-level", required_argument, 0, O_LOG},
+        {"help", no_argument, 0, 'h'}, WK_ENGINE_LONGOPTS, {0, 0, 0, 0}};
+    wk_engine_opts eo;
+    wk_engine_opts_default(&eo);
     int c, lvl;
     optind = 1;
     while ((c = getopt_long(argc, argv, "in:h", lo, NULL)) != -1) {
@@ -151,7 +158,7 @@ int tl_generate_main(int argc, char **argv) {
         case O_THREADS: bad = tl_parse_int("--threads", optarg, 1, 1024, &o.threads); break;
         case O_CTX: bad = tl_parse_int("--ctx", optarg, 2, 1 << 24, &o.ctx); break;
         case O_IGN: o.ignore_eos = 1; break;
-        case O_KV: bad = tl_parse_kv_dtype(optarg, &o.kv_type) != 0; break;
+        case O_BATCH: o.batch = optarg; break;
         case O_IDS: o.print_ids = 1; break;
         case O_LOG:
             if (cm_log_parse_level(optarg, &lvl)) {
@@ -162,7 +169,14 @@ int tl_generate_main(int argc, char **argv) {
             }
             break;
         case 'h': help(stdout); return 0;
-        default: help(stderr); return 2;
+        default:
+            if (c >= WK_FLAG_BASE) {
+                bad = wk_engine_flag(&eo, c, optarg) != 0;
+                o.kv_type = eo.kv_type;
+                break;
+            }
+            help(stderr);
+            return 2;
         }
         if (bad) return 2;
     }
@@ -177,11 +191,21 @@ int tl_generate_main(int argc, char **argv) {
     }
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts mo = {o.model, o.tokenizer, (int)o.threads, 0};
+    wk_model_opts mo = {o.model, o.tokenizer, (int)o.threads, o.batch ? eo.max_num_batched_tokens : 0};
     int rc = wk_model_load(&mo, &m, err, sizeof err);
     if (rc) {
         fprintf(stderr, "llmserve: %s\n", err[0] ? err : cm_strerror(rc));
         return 1;
+    }
+    if (o.batch) {
+        const char *base = strrchr(o.model, '/') ? strrchr(o.model, '/') + 1 : o.model;
+        char name[256];
+        snprintf(name, sizeof name, "%s", base);
+        char *dot = strrchr(name, '.');
+        if (dot && (!strcmp(dot, ".gguf") || !strcmp(dot, ".bin"))) *dot = 0;
+        int r = tl_batch_run(m, &eo, o.batch, name);
+        wk_model_free(m);
+        return r;
     }
     CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s, %d threads", o.model,
             m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,

@@ -1,0 +1,237 @@
+#include "cm_oai.h"
+#include "cm_error.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* err already holds the message */
+#define FAILED(name)                                                                               \
+    do {                                                                                           \
+        *param = name;                                                                             \
+        goto fail;                                                                                 \
+    } while (0)
+
+#define BAD(name, ...)                                                                             \
+    do {                                                                                           \
+        snprintf(err, errlen, __VA_ARGS__);                                                        \
+        *param = name;                                                                             \
+        rc = LLM_EINVAL;                                                                           \
+        goto fail;                                                                                 \
+    } while (0)
+
+/* A number field in [lo, hi]; absent or null keeps *out. */
+static int get_num(json_t *o, const char *name, double lo, double hi, double *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) {
+        snprintf(err, errlen, "'%s' must be a number", name);
+        return LLM_EINVAL;
+    }
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi)) {
+        snprintf(err, errlen, "'%s' must be between %g and %g, got %g", name, lo, hi, d);
+        return LLM_EINVAL;
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_int(json_t *o, const char *name, long long lo, long long hi, long long *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) {
+        snprintf(err, errlen, "'%s' must be an integer", name);
+        return LLM_EINVAL;
+    }
+    long long d = json_integer_value(v);
+    if (d < lo || d > hi) {
+        snprintf(err, errlen, "'%s' must be between %lld and %lld, got %lld", name, lo, hi, d);
+        return LLM_EINVAL;
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *name, int *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) {
+        snprintf(err, errlen, "'%s' must be true or false", name);
+        return LLM_EINVAL;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_str(json_t *o, const char *name, size_t max, char **out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v) || json_string_length(v) > max) {
+        snprintf(err, errlen, "'%s' must be a string of at most %zu bytes", name, max);
+        return LLM_EINVAL;
+    }
+    *out = strndup(json_string_value(v), json_string_length(v));
+    return *out ? 0 : LLM_ENOMEM;
+}
+
+int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, char *err, size_t errlen,
+                            const char **param) {
+    memset(c, 0, sizeof *c);
+    c->temperature = 1;
+    c->top_p = 1;
+    c->top_k = -1;
+    c->repetition_penalty = 1;
+    c->n = 1;
+    c->logprobs = -1;
+    *param = NULL;
+    int rc = 0;
+    json_error_t je;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return LLM_EINVAL;
+    }
+    if (!json_is_object(o)) BAD(NULL, "the body must be a JSON object");
+    json_t *p = json_object_get(o, "prompt");
+    if (!p) BAD("prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0); /* a batch of one */
+    if (json_is_string(p)) {
+        c->prompt_len = json_string_length(p);
+        c->prompt = malloc(c->prompt_len + 1);
+        if (!c->prompt) { rc = LLM_ENOMEM; goto fail; }
+        memcpy(c->prompt, json_string_value(p), c->prompt_len + 1);
+    } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
+        size_t n = json_array_size(p);
+        if (n > CM_OAI_MAX_PROMPT_IDS) BAD("prompt", "the prompt has more than %d token ids", CM_OAI_MAX_PROMPT_IDS);
+        c->prompt_ids = malloc(sizeof(int32_t) * n);
+        if (!c->prompt_ids) { rc = LLM_ENOMEM; goto fail; }
+        for (size_t i = 0; i < n; i++) {
+            json_t *t = json_array_get(p, i);
+            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+                BAD("prompt", "prompt token %zu is not a non-negative integer", i);
+            c->prompt_ids[i] = (int32_t)json_integer_value(t);
+        }
+        c->n_prompt_ids = (int)n;
+    } else if (json_is_array(p)) {
+        BAD("prompt", "'prompt' must be a string, an array of one string, or an array of token ids "
+                      "(batches of several prompts are not supported)");
+    } else {
+        BAD("prompt", "'prompt' must be a string or an array of token ids");
+    }
+    long long v;
+    double d;
+#define NUM(name, lo, hi, field)                                                                   \
+    d = c->field;                                                                                  \
+    if ((rc = get_num(o, name, lo, hi, &d, err, errlen))) FAILED(name);                    \
+    c->field = d;
+#define INT(name, lo, hi, field)                                                                   \
+    v = c->field;                                                                                  \
+    if ((rc = get_int(o, name, lo, hi, &v, err, errlen))) FAILED(name);                    \
+    c->field = (int)v;
+#define BOOL(name, field)                                                                          \
+    if ((rc = get_bool(o, name, &c->field, err, errlen))) FAILED(name);
+    NUM("temperature", 0, 100, temperature)
+    NUM("top_p", 1e-9, 1, top_p)
+    NUM("min_p", 0, 1, min_p)
+    NUM("presence_penalty", -2, 2, presence_penalty)
+    NUM("frequency_penalty", -2, 2, frequency_penalty)
+    NUM("repetition_penalty", 1e-6, 100, repetition_penalty)
+    INT("max_tokens", 1, INT32_MAX / 2, max_tokens)
+    INT("min_tokens", 0, INT32_MAX / 2, min_tokens)
+    INT("top_k", -1, INT32_MAX, top_k)
+    INT("n", 1, CM_OAI_MAX_N, n)
+    INT("logprobs", 0, CM_OAI_MAX_LOGPROBS, logprobs)
+    INT("priority", -1000000, 1000000, priority)
+    BOOL("echo", echo)
+    BOOL("stream", stream)
+    BOOL("ignore_eos", ignore_eos)
+#undef NUM
+#undef INT
+#undef BOOL
+    if (c->top_k == 0) c->top_k = -1;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) BAD("stream_options", "'stream_options' must be an object");
+        if ((rc = get_bool(so, "include_usage", &c->include_usage, err, errlen))) FAILED("stream_options");
+    }
+    json_t *bo = json_object_get(o, "best_of");
+    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == c->n))
+        BAD("best_of", "'best_of' other than n is not supported");
+    json_t *sf = json_object_get(o, "suffix");
+    if (sf && !json_is_null(sf)) BAD("suffix", "'suffix' is not supported");
+    json_t *sd = json_object_get(o, "seed");
+    if (sd && !json_is_null(sd)) {
+        if (!json_is_integer(sd)) BAD("seed", "'seed' must be an integer");
+        c->has_seed = 1;
+        c->seed = (uint64_t)json_integer_value(sd);
+    }
+    json_t *st = json_object_get(o, "stop");
+    if (st && !json_is_null(st)) {
+        size_t n = json_is_string(st) ? 1 : json_is_array(st) ? json_array_size(st) : (size_t)-1;
+        if (n == (size_t)-1) BAD("stop", "'stop' must be a string or an array of strings");
+        if (n > CM_OAI_MAX_STOP) BAD("stop", "at most %d stop strings", CM_OAI_MAX_STOP);
+        for (size_t i = 0; i < n; i++) {
+            json_t *s = json_is_string(st) ? st : json_array_get(st, i);
+            if (!json_is_string(s) || json_string_length(s) == 0 || json_string_length(s) > CM_OAI_MAX_STOP_LEN)
+                BAD("stop", "stop strings must be strings of 1 to %d bytes", CM_OAI_MAX_STOP_LEN);
+            if (strlen(json_string_value(s)) != json_string_length(s)) BAD("stop", "stop strings must not contain NUL");
+            c->stop[c->n_stop++] = strdup(json_string_value(s));
+            if (!c->stop[c->n_stop - 1]) { rc = LLM_ENOMEM; goto fail; }
+        }
+    }
+    json_t *si = json_object_get(o, "stop_token_ids");
+    if (si && !json_is_null(si)) {
+        if (!json_is_array(si) || json_array_size(si) > CM_OAI_MAX_STOP_IDS)
+            BAD("stop_token_ids", "'stop_token_ids' must be an array of at most %d token ids", CM_OAI_MAX_STOP_IDS);
+        for (size_t i = 0; i < json_array_size(si); i++) {
+            json_t *t = json_array_get(si, i);
+            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+                BAD("stop_token_ids", "'stop_token_ids' must hold non-negative integers");
+            c->stop_ids[c->n_stop_ids++] = (int32_t)json_integer_value(t);
+        }
+    }
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb) || json_object_size(lb) > CM_OAI_MAX_BIAS)
+            BAD("logit_bias", "'logit_bias' must be an object of at most %d entries", CM_OAI_MAX_BIAS);
+        c->bias = malloc(sizeof *c->bias * (json_object_size(lb) + 1));
+        if (!c->bias) { rc = LLM_ENOMEM; goto fail; }
+        const char *k;
+        json_t *bv;
+        json_object_foreach(lb, k, bv) {
+            char *end;
+            long id = strtol(k, &end, 10);
+            if (!*k || *end || id < 0 || id > INT32_MAX) BAD("logit_bias", "logit_bias key '%.32s' is not a token id", k);
+            if (!json_is_number(bv) || !(fabs(json_number_value(bv)) <= 100))
+                BAD("logit_bias", "logit_bias values must be numbers in [-100, 100]");
+            c->bias[c->n_bias++] = (cm_oai_bias){(int32_t)id, (float)json_number_value(bv)};
+        }
+    }
+    if ((rc = get_str(o, "model", 256, &c->model, err, errlen))) FAILED("model");
+    if ((rc = get_str(o, "cache_salt", 256, &c->cache_salt, err, errlen))) FAILED("cache_salt");
+    if ((rc = get_str(o, "user", 256, &c->user, err, errlen))) FAILED("user");
+    if (c->max_tokens && c->min_tokens > c->max_tokens) BAD("min_tokens", "'min_tokens' must not exceed max_tokens");
+    if (c->echo && c->logprobs >= 0) BAD("echo", "'echo' together with 'logprobs' is not supported");
+    json_decref(o);
+    return 0;
+fail:
+    if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+    json_decref(o);
+    cm_oai_completion_free(c);
+    return rc ? rc : LLM_EINVAL;
+}
+
+void cm_oai_completion_free(cm_oai_completion *c) {
+    free(c->model);
+    free(c->prompt);
+    free(c->prompt_ids);
+    for (int i = 0; i < c->n_stop; i++) free(c->stop[i]);
+    free(c->bias);
+    free(c->cache_salt);
+    free(c->user);
+    memset(c, 0, sizeof *c);
+}

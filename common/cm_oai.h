@@ -1,0 +1,63 @@
+/* cm_oai.h - OpenAI request bodies, parsed and checked.
+ *
+ * Both the gateway (HTTP bodies) and the offline tools (JSONL files) read
+ * completion requests through here, so a parameter means the same thing
+ * everywhere. Bodies are untrusted: every field is type-checked and
+ * range-checked, and an error names the offending parameter (for the
+ * OpenAI error body's "param"). Unknown fields are ignored, as vLLM does.
+ * Beyond OpenAI's fields, vLLM's extras are understood: top_k, min_p,
+ * repetition_penalty, min_tokens, ignore_eos, stop_token_ids, priority,
+ * cache_salt. */
+#ifndef CM_OAI_H
+#define CM_OAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CM_OAI_MAX_STOP 16
+#define CM_OAI_MAX_STOP_LEN 256
+#define CM_OAI_MAX_STOP_IDS 64
+#define CM_OAI_MAX_BIAS 1024
+#define CM_OAI_MAX_N 16
+#define CM_OAI_MAX_LOGPROBS 20
+#define CM_OAI_MAX_PROMPT_IDS (1 << 20)
+
+typedef struct {
+    int32_t id;
+    float bias;
+} cm_oai_bias;
+
+typedef struct {
+    char *model;                 /* NULL when absent */
+    char *prompt;                /* text prompt (NUL-terminated), or NULL when ids are given */
+    size_t prompt_len;
+    int32_t *prompt_ids;         /* token id prompt */
+    int n_prompt_ids;
+    int max_tokens;              /* 0: absent (the caller picks the default) */
+    int min_tokens;
+    double temperature, top_p, min_p;
+    int top_k;                   /* -1: off */
+    double presence_penalty, frequency_penalty, repetition_penalty;
+    int n;
+    int logprobs;                /* -1: none */
+    int echo, stream, include_usage, ignore_eos;
+    int has_seed;
+    uint64_t seed;
+    int priority;
+    char *stop[CM_OAI_MAX_STOP];
+    int n_stop;
+    int32_t stop_ids[CM_OAI_MAX_STOP_IDS];
+    int n_stop_ids;
+    cm_oai_bias *bias;
+    int n_bias;
+    char *cache_salt;
+    char *user;
+} cm_oai_completion;
+
+/* Parses a /v1/completions body. On error returns LLM_EINVAL with a message
+ * in err and the parameter's name in *param (NULL when it is the body). */
+int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *out, char *err, size_t errlen,
+                            const char **param);
+void cm_oai_completion_free(cm_oai_completion *c);
+
+#endif

@@ -1,0 +1,462 @@
+/* engine_test: continuous batching, paged KV and prefix caching on the real
+ * default model. Every comparison is between two real runs of the engine:
+ * batched against alone, cached against uncached, starved of blocks against
+ * roomy, one choice against several. argv[1]: the GGUF model (skips when
+ * absent). */
+#include "cm_error.h"
+#include "cm_log.h"
+#include "tst.h"
+#include "wk_engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAXR 40
+#define MAXT 512
+
+typedef struct {
+    int32_t tok[WK_MAX_N][MAXT];
+    int n[WK_MAX_N];
+    char text[WK_MAX_N][4096];
+    size_t tlen[WK_MAX_N];
+    int finish[WK_MAX_N];
+    wk_token_lp lp[WK_MAX_N][64];
+    int cached;
+} result;
+
+static wk_model *model;
+static const char *text =
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+    "movable metal type, oil-based inks and a wooden press adapted from those used for wine. Books became "
+    "cheaper, literacy spread across Europe, and ideas travelled faster than ever before. Scholars argue about "
+    "how much credit belongs to Gutenberg alone, since block printing had existed in China and Korea for "
+    "centuries, but the speed of the European adoption is not in doubt. Within fifty years presses were running "
+    "in more than two hundred cities, and millions of volumes had been printed. ";
+
+static int32_t *corpus;
+static size_t n_corpus;
+
+static void opts(wk_engine_opts *o, int budget, int max_seqs) {
+    wk_engine_opts_default(o);
+    o->max_num_batched_tokens = budget;
+    o->max_num_seqs = max_seqs;
+    o->max_model_len = 2048;
+    o->kv_cache_bytes = (size_t)256 << 20;
+}
+
+/* Drains outputs into res[id]. */
+static void collect(wk_engine *e, result *res) {
+    const wk_output *o;
+    int n = wk_engine_outputs(e, &o);
+    for (int i = 0; i < n; i++) {
+        result *r = &res[o[i].id];
+        int c = o[i].index;
+        for (int k = 0; k < o[i].n_tokens && r->n[c] < MAXT; k++) {
+            if (o[i].logprobs && r->n[c] < 64) r->lp[c][r->n[c]] = o[i].logprobs[k];
+            r->tok[c][r->n[c]++] = o[i].tokens[k];
+        }
+        if (r->tlen[c] + o[i].text_len < sizeof r->text[c]) {
+            memcpy(r->text[c] + r->tlen[c], o[i].text, o[i].text_len);
+            r->tlen[c] += o[i].text_len;
+        }
+        if (o[i].finish) r->finish[c] = o[i].finish;
+        r->cached = o[i].cached_tokens;
+    }
+}
+
+static void run_all(wk_engine *e, result *res) {
+    while (wk_engine_has_work(e)) {
+        int rc = wk_engine_step(e);
+        CHECK(rc >= 0);
+        if (rc < 0) break;
+        collect(e, res);
+    }
+    collect(e, res);
+}
+
+static wk_params greedy(int max_tokens) {
+    wk_params p;
+    wk_params_default(&p);
+    p.s.temperature = 0;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = 1;
+    return p;
+}
+
+/* Prompt i: a slice of the corpus of length len starting at off. */
+static void prompt(int off, int len, int32_t *out) {
+    for (int i = 0; i < len; i++) out[i] = corpus[(size_t)(off + i) % n_corpus];
+}
+
+static void test_batched_equals_alone(void) {
+    enum { N = 32, GEN = 12 };
+    static result alone[N], together[N];
+    static int32_t p[N][400];
+    int len[N];
+    for (int i = 0; i < N; i++) {
+        len[i] = 1 + (i * 37) % 300;
+        prompt(i * 13, len[i], p[i]);
+    }
+    char err[256];
+    wk_engine_opts o;
+    wk_engine *e;
+    memset(alone, 0, sizeof alone);
+    memset(together, 0, sizeof together);
+    /* alone: one request at a time, roomy budget */
+    opts(&o, 512, 1);
+    o.prefix_caching = 0;
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        wk_params gp = greedy(GEN);
+        CHECK_RC(wk_engine_add(e, (uint64_t)i, p[i], len[i], &gp, err, sizeof err), 0);
+        run_all(e, alone);
+    }
+    wk_engine_free(e);
+    /* together: all at once, a 64-token budget forces chunked prefill next to decodes */
+    opts(&o, 64, 64);
+    o.prefix_caching = 0;
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        wk_params gp = greedy(GEN);
+        CHECK_RC(wk_engine_add(e, (uint64_t)i, p[i], len[i], &gp, err, sizeof err), 0);
+    }
+    run_all(e, together);
+    wk_engine_stats st;
+    wk_engine_get_stats(e, &st);
+    wk_engine_free(e);
+    int same = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK_INT(together[i].n[0], GEN);
+        CHECK_INT(together[i].finish[0], WK_FINISH_LENGTH);
+        int eq = alone[i].n[0] == together[i].n[0] &&
+                 !memcmp(alone[i].tok[0], together[i].tok[0], sizeof(int32_t) * (size_t)GEN);
+        if (!eq) fprintf(stderr, "  prompt %d (%d tokens): batched output differs from alone\n", i, len[i]);
+        same += eq;
+    }
+    CHECK_INT(same, N);
+    CHECK(st.steps > (uint64_t)(N * GEN) / 64); /* it really ran many requests per step */
+    fprintf(stderr, "  batched == alone: %d/%d prompts, %llu steps\n", same, N, (unsigned long long)st.steps);
+}
+
+static void test_prefix_cache(void) {
+    enum { PRE = 1000, SUF = 24 };
+    static int32_t a[PRE + SUF], b[PRE + SUF];
+    prompt(0, PRE, a);
+    memcpy(b, a, sizeof(int32_t) * PRE);
+    prompt(5000, SUF, a + PRE);
+    prompt(7000, SUF, b + PRE);
+    static result res[2][3];
+    uint64_t computed[2];
+    char err[256];
+    for (int caching = 0; caching < 2; caching++) {
+        wk_engine_opts o;
+        opts(&o, 512, 8);
+        o.prefix_caching = caching;
+        wk_engine *e;
+        CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+        memset(res[caching], 0, sizeof res[caching]);
+        wk_params gp = greedy(8);
+        CHECK_RC(wk_engine_add(e, 0, a, PRE + SUF, &gp, err, sizeof err), 0);
+        run_all(e, res[caching]);
+        wk_engine_stats s0, s1;
+        wk_engine_get_stats(e, &s0);
+        CHECK_RC(wk_engine_add(e, 1, b, PRE + SUF, &gp, err, sizeof err), 0);
+        run_all(e, res[caching]);
+        wk_engine_get_stats(e, &s1);
+        /* tokens computed for b: prefill + 7 decode steps (the last token is never fed back) */
+        computed[caching] = s1.tokens_computed - s0.tokens_computed;
+        if (caching) {
+            CHECK_INT(res[1][1].cached, PRE / 16 * 16);
+            CHECK_INT(s1.prefix_hits, PRE / 16 * 16);
+            CHECK_INT(s1.prefix_queries, 2 * (PRE + SUF));
+            wk_kv_event ev[4096];
+            int ne = wk_engine_events(e, ev, 4096), stored = 0;
+            for (int i = 0; i < ne; i++) stored += ev[i].type == WK_EV_STORED;
+            CHECK(stored >= (PRE + SUF) / 16);
+        } else {
+            CHECK_INT(res[0][1].cached, 0);
+        }
+        wk_engine_free(e);
+    }
+    CHECK_INT(computed[0], PRE + SUF + 7);
+    CHECK_INT(computed[1], PRE + SUF - PRE / 16 * 16 + 7);
+    /* reusing cached K/V changes nothing in the output */
+    CHECK(!memcmp(res[0][1].tok[0], res[1][1].tok[0], sizeof(int32_t) * 8));
+    fprintf(stderr, "  prefix cache: second request computed %llu tokens with caching, %llu without\n",
+            (unsigned long long)computed[1], (unsigned long long)computed[0]);
+}
+
+static void test_preemption(void) {
+    enum { N = 8, GEN = 40 };
+    static int32_t p[N][200];
+    static result roomy[N], tight[N];
+    memset(roomy, 0, sizeof roomy);
+    memset(tight, 0, sizeof tight);
+    char err[256];
+    for (int pass = 0; pass < 2; pass++) {
+        wk_engine_opts o;
+        opts(&o, 256, 16);
+        o.max_model_len = 256;
+        o.prefix_caching = 0;
+        if (pass) o.n_blocks = 24; /* 384 tokens for 8 sequences of up to 190 */
+        wk_engine *e;
+        CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+        for (int i = 0; i < N; i++) {
+            prompt(i * 101, 100 + i * 6, p[i]);
+            wk_params gp = greedy(GEN);
+            CHECK_RC(wk_engine_add(e, (uint64_t)i, p[i], 100 + i * 6, &gp, err, sizeof err), 0);
+        }
+        run_all(e, pass ? tight : roomy);
+        wk_engine_stats st;
+        wk_engine_get_stats(e, &st);
+        if (pass) {
+            CHECK(st.preemptions > 0);
+            fprintf(stderr, "  preemption: %llu preemptions, all %d requests finished\n",
+                    (unsigned long long)st.preemptions, (int)st.requests_finished);
+        }
+        CHECK_INT(st.requests_finished, N);
+        CHECK_INT(st.blocks_free, st.blocks_total);
+        wk_engine_free(e);
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK_INT(tight[i].n[0], GEN);
+        CHECK(!memcmp(roomy[i].tok[0], tight[i].tok[0], sizeof(int32_t) * GEN));
+    }
+}
+
+static void test_sampling(void) {
+    char err[256];
+    wk_engine_opts o;
+    opts(&o, 128, 16);
+    wk_engine *e;
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    static result r[MAXR];
+    memset(r, 0, sizeof r);
+    int32_t p[64];
+    prompt(40, 20, p);
+
+    /* 1: greedy reference text */
+    wk_params gp = greedy(24);
+    CHECK_RC(wk_engine_add(e, 1, p, 20, &gp, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK(r[1].tlen[0] > 8);
+
+    /* 2: a stop string that spans two tokens of that text: output is the text before it */
+    size_t cut = 0, acc = 0;
+    for (int t = 0; t + 1 < r[1].n[0]; t++) {
+        const char *pc;
+        size_t pl;
+        cm_tok_piece(model->tok, r[1].tok[0][t], 0, &pc, &pl);
+        acc += pl;
+        if (acc >= 4 && pl >= 2) { cut = acc; break; } /* boundary after token t */
+    }
+    CHECK(cut >= 2 && cut + 2 <= r[1].tlen[0]);
+    char stop[8];
+    memcpy(stop, r[1].text[0] + cut - 2, 4); /* two bytes before the boundary, two after */
+    stop[4] = 0;
+    const char *first = strstr(r[1].text[0], stop);
+    wk_params sp = greedy(24);
+    sp.n_stop = 1;
+    sp.stop[0] = stop;
+    CHECK_RC(wk_engine_add(e, 2, p, 20, &sp, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_INT(r[2].finish[0], WK_FINISH_STOP);
+    CHECK_INT(r[2].tlen[0], (size_t)(first - r[1].text[0]));
+    CHECK(!memcmp(r[2].text[0], r[1].text[0], r[2].tlen[0]));
+
+    /* 3..5: a seeded sample is the same alone and in two different mixes */
+    wk_params tp;
+    wk_params_default(&tp);
+    tp.s.temperature = 0.9f;
+    tp.max_tokens = 20;
+    tp.has_seed = 1;
+    tp.seed = 1234;
+    tp.ignore_eos = 1;
+    CHECK_RC(wk_engine_add(e, 3, p, 20, &tp, err, sizeof err), 0);
+    run_all(e, r);
+    int32_t q[300];
+    prompt(900, 250, q);
+    wk_params other = tp;
+    other.seed = 99;
+    CHECK_RC(wk_engine_add(e, 10, q, 250, &other, err, sizeof err), 0);
+    CHECK_RC(wk_engine_add(e, 4, p, 20, &tp, err, sizeof err), 0);
+    CHECK_RC(wk_engine_add(e, 11, q + 30, 60, &gp, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_RC(wk_engine_add(e, 12, q, 7, &gp, err, sizeof err), 0);
+    wk_engine_step(e);
+    CHECK_RC(wk_engine_add(e, 5, p, 20, &tp, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK(!memcmp(r[3].tok[0], r[4].tok[0], sizeof(int32_t) * 20));
+    CHECK(!memcmp(r[3].tok[0], r[5].tok[0], sizeof(int32_t) * 20));
+    /* and a different seed gives a different sample */
+    wk_params tp2 = tp;
+    tp2.seed = 4321;
+    CHECK_RC(wk_engine_add(e, 6, p, 20, &tp2, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK(memcmp(r[3].tok[0], r[6].tok[0], sizeof(int32_t) * 20) != 0);
+
+    /* 7: n = 3 greedy: three choices from one prefill, each equal to n = 1 */
+    wk_params np = greedy(24);
+    np.n = 3;
+    CHECK_RC(wk_engine_add(e, 7, p, 20, &np, err, sizeof err), 0);
+    run_all(e, r);
+    for (int c = 0; c < 3; c++) {
+        CHECK_INT(r[7].n[c], 24);
+        CHECK(!memcmp(r[7].tok[c], r[1].tok[0], sizeof(int32_t) * 24));
+    }
+    /* 8: n = 3 sampled: choices differ, and the request reproduces */
+    wk_params ns = tp;
+    ns.n = 3;
+    CHECK_RC(wk_engine_add(e, 8, p, 20, &ns, err, sizeof err), 0);
+    CHECK_RC(wk_engine_add(e, 9, p, 20, &ns, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK(memcmp(r[8].tok[0], r[8].tok[1], sizeof(int32_t) * 20) || memcmp(r[8].tok[1], r[8].tok[2], sizeof(int32_t) * 20));
+    for (int c = 0; c < 3; c++) CHECK(!memcmp(r[8].tok[c], r[9].tok[c], sizeof(int32_t) * 20));
+
+    /* 13: logprobs: top alternatives sorted, at most probability 1 in all, greedy picks the top one */
+    wk_params lp = greedy(10);
+    lp.logprobs = 5;
+    CHECK_RC(wk_engine_add(e, 13, p, 20, &lp, err, sizeof err), 0);
+    run_all(e, r);
+    for (int t = 0; t < 10; t++) {
+        const wk_token_lp *l = &r[13].lp[0][t];
+        CHECK_INT(l->n_top, 5);
+        CHECK_INT(l->token, r[13].tok[0][t]);
+        CHECK_INT(l->top[0].id, l->token);
+        CHECK_NEAR(l->top[0].logprob, l->logprob, 1e-6);
+        double mass = 0;
+        for (int k = 0; k < 5; k++) {
+            CHECK(l->top[k].logprob <= 1e-6);
+            if (k) CHECK(l->top[k].logprob <= l->top[k - 1].logprob);
+            mass += exp(l->top[k].logprob);
+        }
+        CHECK(mass <= 1 + 1e-4 && mass > 0);
+    }
+
+    /* 14: logit_bias +100 on one token makes greedy emit only it */
+    wk_bias bias = {1234, 100};
+    wk_params bp = greedy(5);
+    bp.s.n_bias = 1;
+    bp.s.bias = &bias;
+    CHECK_RC(wk_engine_add(e, 14, p, 20, &bp, err, sizeof err), 0);
+    run_all(e, r);
+    for (int t = 0; t < 5; t++) CHECK_INT(r[14].tok[0][t], 1234);
+
+    /* 15, 16: stop_token_ids end at that token; min_tokens holds it off */
+    wk_params st = greedy(10);
+    int32_t stop_id = r[1].tok[0][2];
+    st.n_stop_ids = 1;
+    st.stop_ids = &stop_id;
+    CHECK_RC(wk_engine_add(e, 15, p, 20, &st, err, sizeof err), 0);
+    st.min_tokens = 6;
+    CHECK_RC(wk_engine_add(e, 16, p, 20, &st, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_INT(r[15].finish[0], WK_FINISH_STOP);
+    CHECK(r[15].n[0] <= 3 && r[15].tok[0][r[15].n[0] - 1] == stop_id);
+    CHECK(r[16].n[0] >= 6);
+    for (int t = 0; t < 5; t++) CHECK(r[16].tok[0][t] != stop_id);
+
+    /* 17: a strong repetition / frequency penalty changes a repetitive greedy output */
+    wk_params rp = greedy(24);
+    rp.s.repetition_penalty = 1.8f;
+    rp.s.frequency_penalty = 1.5f;
+    CHECK_RC(wk_engine_add(e, 17, p, 20, &rp, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK(memcmp(r[17].tok[0], r[1].tok[0], sizeof(int32_t) * 24) != 0);
+
+    wk_engine_stats s;
+    wk_engine_get_stats(e, &s);
+    CHECK_INT(s.blocks_free, s.blocks_total);
+    CHECK_INT(s.running + s.waiting, 0);
+    wk_engine_free(e);
+}
+
+static void test_abort_and_errors(void) {
+    char err[256];
+    wk_engine_opts o;
+    opts(&o, 64, 8);
+    o.max_model_len = 512;
+    wk_engine *e;
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    static result r[MAXR];
+    memset(r, 0, sizeof r);
+    int32_t p[600];
+    prompt(0, 600, p);
+    wk_params gp = greedy(100);
+    for (int i = 0; i < 6; i++) CHECK_RC(wk_engine_add(e, (uint64_t)i, p + i * 7, 150, &gp, err, sizeof err), 0);
+    CHECK_RC(wk_engine_add(e, 3, p, 10, &gp, err, sizeof err), LLM_EAGAIN); /* duplicate id */
+    for (int s = 0; s < 5; s++) CHECK(wk_engine_step(e) > 0);
+    collect(e, r);
+    wk_engine_stats st;
+    wk_engine_get_stats(e, &st);
+    CHECK(st.blocks_free < st.blocks_total);
+    /* abort one mid-prefill or mid-decode, the rest, and one unknown */
+    for (int i = 0; i < 6; i++) CHECK_RC(wk_engine_abort(e, (uint64_t)i), 0);
+    CHECK_RC(wk_engine_abort(e, 77), LLM_ENOTFOUND);
+    collect(e, r);
+    for (int i = 0; i < 6; i++) CHECK_INT(r[i].finish[0], WK_FINISH_ABORT);
+    wk_engine_get_stats(e, &st);
+    CHECK_INT(st.blocks_free, st.blocks_total);
+    CHECK_INT(st.running + st.waiting, 0);
+    CHECK(!wk_engine_has_work(e));
+    /* refusals */
+    CHECK_RC(wk_engine_add(e, 20, p, 512, &gp, err, sizeof err), LLM_ERANGE);
+    CHECK(strstr(err, "512") != NULL);
+    wk_params big = greedy(400);
+    CHECK_RC(wk_engine_add(e, 21, p, 200, &big, err, sizeof err), LLM_ERANGE);
+    CHECK_RC(wk_engine_add(e, 22, p, 0, &gp, err, sizeof err), LLM_EINVAL);
+    int32_t badtok[2] = {5, 1 << 20};
+    CHECK_RC(wk_engine_add(e, 23, badtok, 2, &gp, err, sizeof err), LLM_EINVAL);
+    wk_params bad = greedy(5);
+    bad.s.top_p = 0;
+    CHECK_RC(wk_engine_add(e, 24, p, 5, &bad, err, sizeof err), LLM_EINVAL);
+    bad = greedy(5);
+    bad.n = 99;
+    CHECK_RC(wk_engine_add(e, 25, p, 5, &bad, err, sizeof err), LLM_EINVAL);
+    bad = greedy(5);
+    bad.s.temperature = NAN;
+    CHECK_RC(wk_engine_add(e, 26, p, 5, &bad, err, sizeof err), LLM_EINVAL);
+    /* the engine still serves after all that */
+    CHECK_RC(wk_engine_add(e, 30, p, 5, &gp, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_INT(r[30].n[0], 100);
+    wk_engine_free(e);
+    /* a pool smaller than one max-length sequence is refused at start */
+    opts(&o, 64, 8);
+    o.n_blocks = 4;
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), LLM_ERANGE);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || access(argv[1], R_OK) != 0) {
+        fprintf(stderr, "engine_test: model %s not found; run tools/setup.sh to fetch it\n", argc > 1 ? argv[1] : "?");
+        return TST_SKIP;
+    }
+    cm_log_set_level(CM_LOG_WARN);
+    char err[512];
+    wk_model_opts mo = {argv[1], NULL, 0, 512};
+    if (wk_model_load(&mo, &model, err, sizeof err)) {
+        fprintf(stderr, "engine_test: %s\n", err);
+        return 1;
+    }
+    /* a corpus of real text, repeated */
+    size_t n1;
+    int32_t *one;
+    CHECK_RC(cm_tok_encode(model->tok, text, strlen(text), 0, 0, &one, &n1), 0);
+    n_corpus = n1 * 40;
+    corpus = malloc(sizeof(int32_t) * n_corpus);
+    for (size_t i = 0; i < n_corpus; i++) corpus[i] = one[i % n1];
+    /* vary the repeats so slices are not all alike */
+    for (size_t i = n1; i < n_corpus; i += 17) corpus[i] = one[(i * 7) % n1];
+    free(one);
+    test_abort_and_errors();
+    test_sampling();
+    test_prefix_cache();
+    test_preemption();
+    test_batched_equals_alone();
+    free(corpus);
+    wk_model_free(model);
+    return tst_done("engine_test");
+}

@@ -1,0 +1,811 @@
+#include "wk_engine.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { S_WAITING = 1, S_RUNNING, S_DONE };
+
+typedef struct wk_req wk_req;
+
+typedef struct {
+    wk_req *req;
+    int index;
+    int32_t *tok;            /* prompt, then generated tokens */
+    int n_tok, cap;
+    int n_computed;          /* tokens whose K/V are in the cache */
+    wk_bseq bs;
+    uint64_t rng;
+    int state, finish;
+    uint64_t order;          /* admission counter: newest preempted first */
+    cm_detok dt;
+    char *text;              /* generated text so far (stop strings cut it) */
+    size_t text_len, text_cap, text_sent;
+    int tok_sent;            /* generated tokens already reported */
+    wk_token_lp *lp;         /* logprobs of generated tokens not yet reported */
+    int n_lp, lp_cap;
+} wk_seq;
+
+struct wk_req {
+    uint64_t id, arrival;
+    wk_params p;
+    char *stop_buf;          /* the stop strings, copied */
+    int32_t *stop_ids;
+    int32_t *end_ids;        /* masked while fewer than min_tokens: end-of-generation and stop ids */
+    int n_end_ids;
+    wk_bias *bias;
+    int n_prompt, cached;
+    int forked, queried, n_seqs, n_live;
+    size_t max_stop;
+    wk_seq *seqs[WK_MAX_N];
+};
+
+typedef struct {
+    uint64_t id;
+    int index, n_tokens, tok_off, lp_off, finish, prompt_tokens, completion_tokens, cached_tokens;
+    size_t text_off, text_len;
+} out_rec;
+
+struct wk_engine {
+    wk_model *m;
+    wk_engine_opts o;
+    wk_cache *cache;
+    wk_blocks *blocks;
+    wk_sample_ctx sc;
+    int32_t *eog;            /* end-of-generation ids of the vocabulary */
+    int n_eog;
+    /* queues */
+    wk_seq **waiting, **running;
+    int n_waiting, n_running, cap_waiting, cap_running;
+    wk_req **reqs;           /* live requests, unordered */
+    int n_reqs, cap_reqs;
+    uint64_t arrivals, admissions, rng;
+    /* one step */
+    wk_batch_seq *plan;
+    wk_seq **plan_seq;
+    int n_plan;
+    float *logits, *row_copy;
+    int logits_rows;
+    wk_copy copies[1];
+    /* outputs since the last drain */
+    out_rec *outs;
+    int n_outs, cap_outs, drained;
+    int32_t *otok;
+    int n_otok, cap_otok;
+    wk_token_lp *olp;
+    int n_olp, cap_olp;
+    char *otext;
+    size_t n_otext, cap_otext;
+    wk_output *view;
+    int cap_view;
+    wk_engine_stats st;
+};
+
+#define GROW(ptr, cap, need)                                                                       \
+    do {                                                                                           \
+        if ((need) > (cap)) {                                                                      \
+            size_t _c = (cap) ? (size_t)(cap) * 2 : 16;                                            \
+            while (_c < (size_t)(need)) _c *= 2;                                                   \
+            void *_p = realloc((ptr), _c * sizeof *(ptr));                                         \
+            if (!_p) return LLM_ENOMEM;                                                            \
+            (ptr) = _p;                                                                            \
+            (cap) = _c;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+void wk_params_default(wk_params *p) {
+    memset(p, 0, sizeof *p);
+    p->s.temperature = 1;
+    p->s.top_p = 1;
+    p->s.repetition_penalty = 1;
+    p->n = 1;
+    p->logprobs = -1;
+}
+
+void wk_engine_opts_default(wk_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->max_num_seqs = 256;
+    o->max_num_batched_tokens = 512;
+    o->block_size = 16;
+    o->kv_cache_bytes = (size_t)4 << 30;
+    o->kv_type = KN_KV_F16;
+    o->prefix_caching = 1;
+}
+
+const char *wk_finish_name(int f) {
+    return f == WK_FINISH_STOP ? "stop" : f == WK_FINISH_LENGTH ? "length" : f == WK_FINISH_ABORT ? "abort" : NULL;
+}
+
+static size_t mem_total(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), ps = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && ps > 0 ? (size_t)pages * (size_t)ps : 0;
+}
+
+int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, char *err, size_t errlen) {
+    *out = NULL;
+    wk_engine *e = calloc(1, sizeof *e);
+    if (!e) return LLM_ENOMEM;
+    int rc = LLM_EINVAL;
+    e->m = m;
+    e->o = *oi;
+    wk_engine_opts *o = &e->o;
+    const cm_model_config *c = &m->cfg;
+    if (o->max_model_len <= 0) o->max_model_len = (int)c->ctx_len;
+    if (o->max_num_batched_tokens <= 0) o->max_num_batched_tokens = m->max_batch;
+    if (o->max_num_seqs <= 0 || o->max_num_seqs > 65536) {
+        snprintf(err, errlen, "max_num_seqs must be 1..65536, not %d", o->max_num_seqs);
+        goto fail;
+    }
+    if (o->max_model_len > (int)c->ctx_len) {
+        snprintf(err, errlen, "max_model_len %d exceeds the model's context of %u tokens", o->max_model_len, c->ctx_len);
+        goto fail;
+    }
+    if (o->max_num_batched_tokens > m->max_batch) {
+        snprintf(err, errlen, "max_num_batched_tokens %d exceeds the model's batch capacity %d",
+                 o->max_num_batched_tokens, m->max_batch);
+        goto fail;
+    }
+    if (o->block_size <= 0 || o->block_size > 1024 || (o->block_size & (o->block_size - 1))) {
+        snprintf(err, errlen, "block size must be a power of two from 1 to 1024, not %d", o->block_size);
+        goto fail;
+    }
+    if (o->kv_type != KN_KV_F16 && o->kv_type != KN_KV_F32) {
+        snprintf(err, errlen, "unknown KV cache type %d", o->kv_type);
+        goto fail;
+    }
+    size_t per_tok = wk_kv_bytes_per_token(c, o->kv_type), per_block = per_tok * (size_t)o->block_size;
+    int64_t full_seq_blocks = (o->max_model_len + o->block_size - 1) / o->block_size;
+    int64_t nb = o->n_blocks;
+    if (nb <= 0) {
+        nb = (int64_t)(o->kv_cache_bytes / per_block);
+        int64_t useful = full_seq_blocks * o->max_num_seqs; /* more can never be used at once */
+        if (nb > useful) nb = useful;
+    }
+    if (nb > (1 << 30)) nb = 1 << 30;
+    if (nb < full_seq_blocks) {
+        snprintf(err, errlen,
+                 "the KV cache holds %lld tokens (%lld blocks of %d), less than one sequence of max_model_len %d; "
+                 "raise --kv-cache-memory (needs %.1f MiB) or lower --max-model-len",
+                 (long long)(nb * o->block_size), (long long)nb, o->block_size, o->max_model_len,
+                 (double)full_seq_blocks * (double)per_block / 1048576.0);
+        rc = LLM_ERANGE;
+        goto fail;
+    }
+    size_t kv_bytes = (size_t)nb * per_block, weights = m->file->map_size, phys = mem_total();
+    if (phys && kv_bytes + weights > phys) {
+        snprintf(err, errlen, "the KV cache (%.1f GiB) and the weights (%.1f GiB) exceed this machine's memory (%.1f GiB)",
+                 (double)kv_bytes / 1073741824.0, (double)weights / 1073741824.0, (double)phys / 1073741824.0);
+        rc = LLM_ENOMEM;
+        goto fail;
+    }
+    o->n_blocks = (int)nb;
+    if ((rc = wk_cache_create(m, o->kv_type, o->block_size, o->n_blocks, &e->cache))) {
+        snprintf(err, errlen, "cannot allocate the KV cache (%zu bytes): %s", kv_bytes, cm_strerror(rc));
+        goto fail;
+    }
+    if ((rc = wk_blocks_create(o->n_blocks, o->block_size, o->prefix_caching, &e->blocks)) ||
+        (rc = wk_sample_ctx_init(&e->sc, (int)c->vocab))) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    e->eog = malloc(sizeof(int32_t) * 64);
+    e->plan = malloc(sizeof *e->plan * (size_t)o->max_num_batched_tokens);
+    e->plan_seq = malloc(sizeof *e->plan_seq * (size_t)o->max_num_batched_tokens);
+    e->row_copy = malloc(sizeof(float) * c->vocab);
+    if (!e->eog || !e->plan || !e->plan_seq || !e->row_copy) {
+        rc = LLM_ENOMEM;
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (int32_t i = 0; i < (int32_t)c->vocab && e->n_eog < 64; i++)
+        if (cm_tok_is_eog(m->tok, i)) e->eog[e->n_eog++] = i;
+    e->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    e->st.kv_bytes_per_token = per_tok;
+    CM_INFO("KV cache: %zu bytes per token (2 x %u layers x %u kv heads x %u head dim x %zu bytes), %d blocks of %d "
+            "tokens = %.1f MiB, %lld tokens, %lld sequences of %d tokens",
+            per_tok, c->n_layer, c->n_kv_head, c->head_dim, kn_kv_elem_bytes(o->kv_type), o->n_blocks, o->block_size,
+            (double)kv_bytes / 1048576.0, (long long)nb * o->block_size, (long long)(nb / full_seq_blocks),
+            o->max_model_len);
+    *out = e;
+    return 0;
+fail:
+    wk_engine_free(e);
+    return rc;
+}
+
+static void seq_free(wk_engine *e, wk_seq *s) {
+    if (!s) return;
+    wk_blocks_release(e->blocks, &s->bs);
+    wk_bseq_free(&s->bs);
+    free(s->tok);
+    free(s->text);
+    free(s->lp);
+    free(s);
+}
+
+static void req_free(wk_engine *e, wk_req *r) {
+    for (int i = 0; i < r->n_seqs; i++) seq_free(e, r->seqs[i]);
+    free(r->stop_buf);
+    free(r->stop_ids);
+    free(r->end_ids);
+    free(r->bias);
+    free(r);
+}
+
+void wk_engine_free(wk_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_reqs; i++) req_free(e, e->reqs[i]);
+    free(e->reqs);
+    free(e->waiting);
+    free(e->running);
+    wk_blocks_free(e->blocks);
+    wk_cache_free(e->cache);
+    wk_sample_ctx_free(&e->sc);
+    free(e->eog);
+    free(e->plan);
+    free(e->plan_seq);
+    free(e->logits);
+    free(e->row_copy);
+    free(e->outs);
+    free(e->otok);
+    free(e->olp);
+    free(e->otext);
+    free(e->view);
+    free(e);
+}
+
+/* ---- queues ------------------------------------------------------------- */
+
+/* Waiting order: priority (lower first), then arrival. */
+static int waits_before(const wk_seq *a, const wk_seq *b) {
+    if (a->req->p.priority != b->req->p.priority) return a->req->p.priority < b->req->p.priority;
+    if (a->req->arrival != b->req->arrival) return a->req->arrival < b->req->arrival;
+    return a->index < b->index;
+}
+
+static int push_waiting(wk_engine *e, wk_seq *s) {
+    GROW(e->waiting, e->cap_waiting, e->n_waiting + 1);
+    int i = e->n_waiting;
+    while (i > 0 && waits_before(s, e->waiting[i - 1])) {
+        e->waiting[i] = e->waiting[i - 1];
+        i--;
+    }
+    e->waiting[i] = s;
+    e->n_waiting++;
+    s->state = S_WAITING;
+    return 0;
+}
+
+static int push_running(wk_engine *e, wk_seq *s) {
+    GROW(e->running, e->cap_running, e->n_running + 1);
+    e->running[e->n_running++] = s;
+    s->state = S_RUNNING;
+    s->order = ++e->admissions;
+    return 0;
+}
+
+static void remove_from(wk_seq **q, int *n, wk_seq *s) {
+    for (int i = 0; i < *n; i++)
+        if (q[i] == s) {
+            memmove(q + i, q + i + 1, sizeof *q * (size_t)(*n - i - 1));
+            (*n)--;
+            return;
+        }
+}
+
+/* ---- outputs ------------------------------------------------------------ */
+
+static void out_begin(wk_engine *e) {
+    if (!e->drained) return;
+    e->n_outs = e->n_otok = e->n_olp = 0;
+    e->n_otext = 0;
+    e->drained = 0;
+}
+
+static int seq_text_reserve(wk_seq *s, size_t more) {
+    GROW(s->text, s->text_cap, s->text_len + more + 1);
+    return 0;
+}
+
+/* Reports what the sequence produced since the last report. */
+static int emit(wk_engine *e, wk_seq *s) {
+    wk_req *r = s->req;
+    int n_gen = s->n_tok - r->n_prompt, nt = n_gen - s->tok_sent;
+    size_t upto = s->text_len;
+    if (!s->finish && r->max_stop > 1) {
+        /* hold back what could be the start of a stop string, on a character boundary */
+        upto = s->text_len > r->max_stop - 1 ? s->text_len - (r->max_stop - 1) : 0;
+        while (upto > s->text_sent && ((unsigned char)s->text[upto] & 0xC0) == 0x80) upto--;
+        if (upto < s->text_sent) upto = s->text_sent;
+    }
+    size_t tl = upto - s->text_sent;
+    if (!nt && !tl && !s->finish) return 0;
+    GROW(e->outs, e->cap_outs, e->n_outs + 1);
+    GROW(e->otok, e->cap_otok, e->n_otok + nt);
+    GROW(e->otext, e->cap_otext, e->n_otext + tl);
+    if (r->p.logprobs >= 0) GROW(e->olp, e->cap_olp, e->n_olp + nt);
+    out_rec *o = &e->outs[e->n_outs++];
+    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl};
+    memcpy(e->otok + e->n_otok, s->tok + r->n_prompt + s->tok_sent, sizeof(int32_t) * (size_t)nt);
+    e->n_otok += nt;
+    if (r->p.logprobs >= 0) {
+        o->lp_off = e->n_olp;
+        memcpy(e->olp + e->n_olp, s->lp, sizeof(wk_token_lp) * (size_t)nt);
+        e->n_olp += nt;
+        s->n_lp = 0;
+    }
+    memcpy(e->otext + e->n_otext, s->text + s->text_sent, tl);
+    e->n_otext += tl;
+    s->tok_sent = n_gen;
+    s->text_sent = upto;
+    return 0;
+}
+
+int wk_engine_outputs(wk_engine *e, const wk_output **out) {
+    out_begin(e);
+    if (e->n_outs > e->cap_view) {
+        wk_output *v = realloc(e->view, sizeof *v * (size_t)e->n_outs);
+        if (!v) return LLM_ENOMEM;
+        e->view = v;
+        e->cap_view = e->n_outs;
+    }
+    for (int i = 0; i < e->n_outs; i++) {
+        const out_rec *o = &e->outs[i];
+        e->view[i] = (wk_output){o->id, o->index, o->n_tokens, e->otok + o->tok_off,
+                                 o->lp_off >= 0 ? e->olp + o->lp_off : NULL, e->otext + o->text_off, o->text_len,
+                                 o->finish, o->prompt_tokens, o->completion_tokens, o->cached_tokens};
+    }
+    *out = e->view;
+    e->drained = 1;
+    return e->n_outs;
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+static wk_seq *seq_new(wk_req *r, int index, const int32_t *tok, int n) {
+    wk_seq *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->req = r;
+    s->index = index;
+    s->cap = r->n_prompt + (r->p.max_tokens > 0 ? r->p.max_tokens : 16) + 1;
+    s->tok = malloc(sizeof(int32_t) * (size_t)s->cap);
+    if (!s->tok) {
+        free(s);
+        return NULL;
+    }
+    memcpy(s->tok, tok, sizeof(int32_t) * (size_t)n);
+    s->n_tok = n;
+    s->bs.salt = r->p.cache_salt;
+    return s;
+}
+
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        snprintf(err, errlen, __VA_ARGS__);                                                        \
+        return LLM_EINVAL;                                                                         \
+    } while (0)
+
+static int check_params(const wk_engine *e, const wk_params *p, char *err, size_t errlen) {
+    int V = (int)e->m->cfg.vocab;
+    const wk_sample_params *s = &p->s;
+    if (!(s->temperature >= 0) || s->temperature > 100) BAD("temperature must be between 0 and 100");
+    if (!(s->top_p > 0 && s->top_p <= 1)) BAD("top_p must be in (0, 1]");
+    if (!(s->min_p >= 0 && s->min_p <= 1)) BAD("min_p must be in [0, 1]");
+    if (s->top_k < -1) BAD("top_k must be -1 (off) or positive");
+    if (!(fabsf(s->presence_penalty) <= 2)) BAD("presence_penalty must be in [-2, 2]");
+    if (!(fabsf(s->frequency_penalty) <= 2)) BAD("frequency_penalty must be in [-2, 2]");
+    if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 100)) BAD("repetition_penalty must be in (0, 100]");
+    if (s->n_bias < 0 || s->n_bias > WK_MAX_BIAS) BAD("logit_bias has more than %d entries", WK_MAX_BIAS);
+    for (int i = 0; i < s->n_bias; i++) {
+        if (s->bias[i].id < 0 || s->bias[i].id >= V) BAD("logit_bias token %d is not in the vocabulary", s->bias[i].id);
+        if (!(fabsf(s->bias[i].bias) <= 100)) BAD("logit_bias values must be in [-100, 100]");
+    }
+    if (p->n < 1 || p->n > WK_MAX_N) BAD("n must be 1..%d", WK_MAX_N);
+    if (p->max_tokens < 0) BAD("max_tokens must be positive");
+    if (p->min_tokens < 0 || (p->max_tokens && p->min_tokens > p->max_tokens)) BAD("min_tokens must be in [0, max_tokens]");
+    if (p->logprobs < -1 || p->logprobs > WK_MAX_LOGPROBS) BAD("logprobs must be 0..%d", WK_MAX_LOGPROBS);
+    if (p->n_stop < 0 || p->n_stop > WK_MAX_STOP) BAD("at most %d stop strings", WK_MAX_STOP);
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t l = p->stop[i] ? strlen(p->stop[i]) : 0;
+        if (l == 0 || l > WK_MAX_STOP_LEN) BAD("stop strings must be 1..%d bytes", WK_MAX_STOP_LEN);
+    }
+    if (p->n_stop_ids < 0 || p->n_stop_ids > WK_MAX_STOP_IDS) BAD("at most %d stop token ids", WK_MAX_STOP_IDS);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] < 0 || p->stop_ids[i] >= V) BAD("stop token id %d is not in the vocabulary", p->stop_ids[i]);
+    return 0;
+}
+
+static wk_req *find_req(const wk_engine *e, uint64_t id, int *at) {
+    for (int i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->id == id) {
+            if (at) *at = i;
+            return e->reqs[i];
+        }
+    return NULL;
+}
+
+int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt, const wk_params *p, char *err,
+                  size_t errlen) {
+    out_begin(e);
+    int rc;
+    if ((rc = check_params(e, p, err, errlen))) return rc;
+    if (n_prompt <= 0) BAD("the prompt is empty");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || (uint32_t)prompt[i] >= e->m->cfg.vocab)
+            BAD("prompt token %d at position %d is not in the vocabulary of %u", prompt[i], i, e->m->cfg.vocab);
+    int L = e->o.max_model_len;
+    if (n_prompt >= L) {
+        snprintf(err, errlen, "this model's maximum context length is %d tokens; the prompt has %d", L, n_prompt);
+        return LLM_ERANGE;
+    }
+    if (p->max_tokens && (int64_t)n_prompt + p->max_tokens > L) {
+        snprintf(err, errlen,
+                 "this model's maximum context length is %d tokens, but %d were requested (%d in the prompt, %d "
+                 "for the completion)",
+                 L, n_prompt + p->max_tokens, n_prompt, p->max_tokens);
+        return LLM_ERANGE;
+    }
+    if (find_req(e, id, NULL)) {
+        snprintf(err, errlen, "request id %llu is already running", (unsigned long long)id);
+        return LLM_EAGAIN;
+    }
+    GROW(e->reqs, e->cap_reqs, e->n_reqs + 1);
+    wk_req *r = calloc(1, sizeof *r);
+    if (!r) return LLM_ENOMEM;
+    r->id = id;
+    r->arrival = ++e->arrivals;
+    r->p = *p;
+    r->n_prompt = n_prompt;
+    if (!r->p.max_tokens) r->p.max_tokens = L - n_prompt;
+    size_t sl = 0;
+    for (int i = 0; i < p->n_stop; i++) sl += strlen(p->stop[i]) + 1;
+    r->stop_buf = malloc(sl + 1);
+    r->stop_ids = malloc(sizeof(int32_t) * (size_t)(p->n_stop_ids + 1));
+    r->bias = malloc(sizeof(wk_bias) * (size_t)(p->s.n_bias + 1));
+    r->end_ids = malloc(sizeof(int32_t) * (size_t)(p->n_stop_ids + e->n_eog + 1));
+    if (!r->stop_buf || !r->stop_ids || !r->bias || !r->end_ids) goto oom;
+    for (int i = 0; i < p->n_stop_ids; i++) r->end_ids[r->n_end_ids++] = p->stop_ids[i];
+    if (!p->ignore_eos)
+        for (int i = 0; i < e->n_eog; i++) r->end_ids[r->n_end_ids++] = e->eog[i];
+    for (int i = 0, o = 0; i < p->n_stop; i++) {
+        size_t l = strlen(p->stop[i]);
+        memcpy(r->stop_buf + o, p->stop[i], l + 1);
+        r->p.stop[i] = r->stop_buf + o;
+        o += (int)l + 1;
+        if (l > r->max_stop) r->max_stop = l;
+    }
+    if (p->n_stop_ids) memcpy(r->stop_ids, p->stop_ids, sizeof(int32_t) * (size_t)p->n_stop_ids);
+    r->p.stop_ids = r->stop_ids;
+    if (p->s.n_bias) memcpy(r->bias, p->s.bias, sizeof(wk_bias) * (size_t)p->s.n_bias);
+    r->p.s.bias = r->bias;
+    if (!p->has_seed) r->p.seed = wk_rng_next(&e->rng);
+    wk_seq *s = seq_new(r, 0, prompt, n_prompt);
+    if (!s) goto oom;
+    r->seqs[0] = s;
+    r->n_seqs = r->n_live = 1;
+    s->rng = wk_rng_seed(r->p.seed, 0);
+    if (push_waiting(e, s)) goto oom;
+    e->reqs[e->n_reqs++] = r;
+    return 0;
+oom:
+    req_free(e, r);
+    snprintf(err, errlen, "out of memory");
+    return LLM_ENOMEM;
+}
+
+/* Ends a sequence: frees its blocks now; the request goes when its last choice does. */
+static void seq_finish(wk_engine *e, wk_seq *s, int finish) {
+    if (s->state == S_WAITING) remove_from(e->waiting, &e->n_waiting, s);
+    else if (s->state == S_RUNNING) remove_from(e->running, &e->n_running, s);
+    s->state = S_DONE;
+    s->finish = finish;
+    wk_blocks_release(e->blocks, &s->bs);
+    s->req->n_live--;
+}
+
+static void req_drop(wk_engine *e, wk_req *r) {
+    int at = 0;
+    if (find_req(e, r->id, &at) != r) return;
+    e->reqs[at] = e->reqs[--e->n_reqs];
+    req_free(e, r);
+}
+
+int wk_engine_abort(wk_engine *e, uint64_t id) {
+    out_begin(e);
+    wk_req *r = find_req(e, id, NULL);
+    if (!r) return LLM_ENOTFOUND;
+    for (int i = 0; i < r->n_seqs; i++) {
+        wk_seq *s = r->seqs[i];
+        if (s->state == S_DONE) continue;
+        seq_finish(e, s, WK_FINISH_ABORT);
+        s->text_sent = s->text_len; /* nothing more is delivered */
+        s->tok_sent = s->n_tok - r->n_prompt;
+        s->n_lp = 0;
+        emit(e, s);
+    }
+    e->st.requests_aborted++;
+    req_drop(e, r);
+    return 0;
+}
+
+int wk_engine_has_work(const wk_engine *e) {
+    return e->n_waiting + e->n_running > 0;
+}
+
+/* ---- scheduling --------------------------------------------------------- */
+
+static void preempt(wk_engine *e, wk_seq *s) {
+    remove_from(e->running, &e->n_running, s);
+    for (int i = 0; i < e->n_plan; i++)
+        if (e->plan_seq[i] == s) {
+            memmove(e->plan + i, e->plan + i + 1, sizeof *e->plan * (size_t)(e->n_plan - i - 1));
+            memmove(e->plan_seq + i, e->plan_seq + i + 1, sizeof *e->plan_seq * (size_t)(e->n_plan - i - 1));
+            e->n_plan--;
+            break;
+        }
+    wk_blocks_release(e->blocks, &s->bs);
+    s->n_computed = 0;
+    push_waiting(e, s); /* cannot fail: waiting has room for every sequence it ever held */
+    e->st.preemptions++;
+    CM_DEBUG("preempted request %llu choice %d (%d tokens to recompute)", (unsigned long long)s->req->id, s->index,
+             s->n_tok);
+}
+
+/* The running sequence to give up: lowest priority, then the newest admitted. */
+static wk_seq *victim(const wk_engine *e) {
+    wk_seq *v = NULL;
+    for (int i = 0; i < e->n_running; i++) {
+        wk_seq *s = e->running[i];
+        if (!v || s->req->p.priority > v->req->p.priority ||
+            (s->req->p.priority == v->req->p.priority && s->order > v->order))
+            v = s;
+    }
+    return v;
+}
+
+static void plan_add(wk_engine *e, wk_seq *s, int n) {
+    int last = s->n_computed + n == s->n_tok;
+    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, last ? n - 1 : n};
+    e->plan_seq[e->n_plan++] = s;
+}
+
+static int reserve(wk_engine *e, wk_seq *s, int n) {
+    int nc = 0;
+    int rc = wk_blocks_reserve(e->blocks, &s->bs, s->n_computed, s->n_computed + n, e->copies, &nc);
+    for (int i = 0; i < nc; i++) wk_cache_copy(e->cache, e->copies[i].src, e->copies[i].dst);
+    return rc;
+}
+
+static int schedule(wk_engine *e, int *tokens) {
+    int budget = e->o.max_num_batched_tokens, preempted = 0;
+    e->n_plan = 0;
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        wk_seq *s = e->running[i];
+        int n = s->n_tok - s->n_computed;
+        if (n > budget) n = budget;
+        int rc;
+        while ((rc = reserve(e, s, n)) == LLM_EAGAIN) {
+            wk_seq *v = victim(e);
+            int vi = 0;
+            while (e->running[vi] != v) vi++;
+            for (int j = 0; j < e->n_plan; j++)
+                if (e->plan_seq[j] == v) budget += e->plan[j].n;
+            preempt(e, v);
+            preempted = 1;
+            if (v == s) break;
+            if (vi < i) i--; /* the list shifted under us */
+        }
+        if (rc == LLM_EAGAIN) { /* s itself was preempted; running[i] is now the next one */
+            i--;
+            continue;
+        }
+        if (rc) return rc;
+        plan_add(e, s, n);
+        budget -= n;
+    }
+    /* admit waiting requests into what is left; not in a step that had to preempt */
+    while (!preempted && e->n_waiting && budget > 0) {
+        wk_seq *s = e->waiting[0];
+        wk_req *r = s->req;
+        int seats = r->forked ? 1 : r->p.n;
+        if (e->n_running + seats > e->o.max_num_seqs && e->n_running) break;
+        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok);
+        if (hit < 0) return hit;
+        s->n_computed = hit;
+        int n = s->n_tok - hit;
+        if (n > budget) n = budget;
+        int rc = reserve(e, s, n);
+        if (rc == LLM_EAGAIN) {
+            wk_blocks_release(e->blocks, &s->bs);
+            s->n_computed = 0;
+            break;
+        }
+        if (rc) return rc;
+        if (!r->queried) { /* count a request's prompt once, not at every retry or recompute */
+            wk_blocks_count_query(e->blocks, s->n_tok, hit);
+            r->cached = hit;
+            r->queried = 1;
+        }
+        e->n_waiting--;
+        memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)e->n_waiting);
+        if ((rc = push_running(e, s))) return rc;
+        plan_add(e, s, n);
+        budget -= n;
+    }
+    *tokens = e->o.max_num_batched_tokens - budget;
+    return 0;
+}
+
+/* ---- after the forward: sampling and stopping ------------------------- */
+
+static int is_stop_token(const wk_engine *e, const wk_req *r, int32_t t) {
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (r->p.stop_ids[i] == t) return 1;
+    if (r->p.ignore_eos) return 0;
+    for (int i = 0; i < e->n_eog; i++)
+        if (e->eog[i] == t) return 1;
+    return 0;
+}
+
+/* Appends the sampled token, updates the text and decides whether it ends. */
+static int accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp) {
+    wk_req *r = s->req;
+    GROW(s->tok, s->cap, s->n_tok + 1);
+    s->tok[s->n_tok++] = t;
+    if (lp) {
+        GROW(s->lp, s->lp_cap, s->n_lp + 1);
+        s->lp[s->n_lp++] = *lp;
+    }
+    e->st.tokens_generated++;
+    int n_gen = s->n_tok - r->n_prompt;
+    if (is_stop_token(e, r, t)) {
+        s->finish = WK_FINISH_STOP;
+    } else {
+        const char *piece;
+        size_t pl = 0;
+        cm_tok_piece(e->m->tok, t, 0, &piece, &pl);
+        if (seq_text_reserve(s, pl + 64)) return LLM_ENOMEM;
+        size_t before = s->text_len;
+        s->text_len += cm_detok_push(&s->dt, e->m->tok, t, s->text + s->text_len, s->text_cap - s->text_len - 1);
+        if (r->p.n_stop && s->text_len > before) {
+            /* a stop string may begin in text emitted by earlier tokens */
+            size_t from = before > r->max_stop - 1 ? before - (r->max_stop - 1) : 0, best = (size_t)-1;
+            s->text[s->text_len] = 0;
+            for (int i = 0; i < r->p.n_stop; i++) {
+                const char *hit = strstr(s->text + from, r->p.stop[i]);
+                if (hit && (size_t)(hit - s->text) < best) best = (size_t)(hit - s->text);
+            }
+            if (best != (size_t)-1) {
+                s->text_len = best;
+                s->finish = WK_FINISH_STOP;
+            }
+        }
+    }
+    if (!s->finish && (n_gen >= r->p.max_tokens || s->n_tok >= e->o.max_model_len)) s->finish = WK_FINISH_LENGTH;
+    if (s->finish == WK_FINISH_LENGTH) { /* a cut-off character still goes out, as bytes */
+        if (seq_text_reserve(s, 64)) return LLM_ENOMEM;
+        s->text_len += cm_detok_flush(&s->dt, s->text + s->text_len, s->text_cap - s->text_len - 1);
+    }
+    return 0;
+}
+
+static int sample_seq(wk_engine *e, wk_seq *s, float *row) {
+    wk_req *r = s->req;
+    int n_gen = s->n_tok - r->n_prompt;
+    const int32_t *mask = NULL;
+    int n_mask = 0;
+    if (n_gen < r->p.min_tokens) {
+        mask = r->end_ids;
+        n_mask = r->n_end_ids;
+    }
+    wk_token_lp lp;
+    int nlp = r->p.logprobs;
+    int32_t t = wk_sample_next(&e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt, n_gen,
+                               mask, n_mask, nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);
+    return accept(e, s, t, nlp >= 0 ? &lp : NULL);
+}
+
+/* After a prompt's prefill, choices 1..n-1 fork from choice 0: they share
+ * every block (the partial last one is copied when first written). */
+static int fork_choices(wk_engine *e, wk_seq *s0) {
+    wk_req *r = s0->req;
+    r->forked = 1;
+    for (int i = 1; i < r->p.n; i++) {
+        wk_seq *c = seq_new(r, i, s0->tok, s0->n_tok);
+        if (!c) return LLM_ENOMEM;
+        r->seqs[r->n_seqs++] = c;
+        r->n_live++;
+        c->rng = wk_rng_seed(r->p.seed, i);
+        c->n_computed = s0->n_computed;
+        cm_detok_init(&c->dt, e->m->tok);
+        c->dt.first = 0;
+        int rc = wk_blocks_fork(e->blocks, &s0->bs, &c->bs);
+        if (!rc) rc = push_running(e, c);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int wk_engine_step(wk_engine *e) {
+    out_begin(e);
+    if (!wk_engine_has_work(e)) return 0;
+    int tokens = 0, rc = schedule(e, &tokens);
+    if (rc) return rc;
+    if (!e->n_plan) return 0;
+    int rows = 0;
+    for (int i = 0; i < e->n_plan; i++) rows += e->plan[i].n - e->plan[i].logits_from;
+    if (rows > e->logits_rows) {
+        float *l = realloc(e->logits, sizeof(float) * (size_t)rows * e->m->cfg.vocab);
+        if (!l) return LLM_ENOMEM;
+        e->logits = l;
+        e->logits_rows = rows;
+    }
+    if ((rc = wk_forward_batch(e->m, e->cache, e->n_plan, e->plan, e->logits))) return rc;
+    e->st.steps++;
+    e->st.tokens_computed += (uint64_t)tokens;
+    size_t V = e->m->cfg.vocab;
+    float *row = e->logits;
+    int n_plan = e->n_plan;
+    for (int i = 0; i < n_plan; i++) {
+        wk_seq *s = e->plan_seq[i];
+        wk_req *r = s->req;
+        s->n_computed += e->plan[i].n;
+        wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
+        if (e->plan[i].logits_from == e->plan[i].n) continue;
+        if (s->n_tok == r->n_prompt && s->tok_sent == 0 && !r->forked && s->index == 0) {
+            cm_detok_init(&s->dt, e->m->tok);
+            s->dt.first = 0;
+            if (r->p.n > 1) {
+                if ((rc = fork_choices(e, s))) return rc;
+                /* each choice draws from its own copy of the prompt's logits */
+                for (int c = 1; c < r->p.n; c++) {
+                    memcpy(e->row_copy, row, sizeof(float) * V);
+                    if ((rc = sample_seq(e, r->seqs[c], e->row_copy))) return rc;
+                }
+            }
+        }
+        if ((rc = sample_seq(e, s, row))) return rc;
+        row += V;
+    }
+    /* report, and let finished choices go */
+    for (int i = 0; i < e->n_reqs; i++) {
+        wk_req *r = e->reqs[i];
+        for (int k = 0; k < r->n_seqs; k++) {
+            wk_seq *s = r->seqs[k];
+            if (s->state == S_DONE) continue;
+            if (s->finish) seq_finish(e, s, s->finish);
+            if ((rc = emit(e, s))) return rc;
+        }
+        if (!r->n_live) {
+            e->st.requests_finished++;
+            req_drop(e, r);
+            i--;
+        }
+    }
+    return tokens;
+}
+
+void wk_engine_get_stats(const wk_engine *e, wk_engine_stats *st) {
+    *st = e->st;
+    st->waiting = e->n_waiting;
+    st->running = e->n_running;
+    wk_blocks_stats b;
+    wk_blocks_get_stats(e->blocks, &b);
+    st->blocks_total = b.total;
+    st->blocks_free = b.free;
+    st->blocks_cached = b.cached;
+    st->prefix_queries = b.queries;
+    st->prefix_hits = b.hits;
+}
+
+int wk_engine_events(wk_engine *e, wk_kv_event *out, int max) {
+    return wk_blocks_events(e->blocks, out, max);
+}
+
+const wk_model *wk_engine_model(const wk_engine *e) { return e->m; }
+const wk_engine_opts *wk_engine_options(const wk_engine *e) { return &e->o; }

@@ -1,0 +1,116 @@
+/* wk_engine.h - continuous batching over a paged KV cache.
+ *
+ * The engine owns the KV block pool, the prefix cache, the queues and the
+ * sampler. Each wk_engine_step is one iteration: the scheduler picks running
+ * decodes first, then chunks of waiting prompts, within a token budget and a
+ * sequence cap; one batched forward pass runs them all; every sequence that
+ * reached the end of its tokens samples one. Requests join at the next step
+ * and leave as soon as they finish. When blocks run out the newest running
+ * sequence of the lowest priority is preempted: its blocks are freed and it
+ * is recomputed later (its tokens so far are kept, so its output does not
+ * change).
+ *
+ * Single-threaded: one caller drives add / abort / step / outputs (the RPC
+ * server's loop). The model's thread pool does the parallel work. */
+#ifndef WK_ENGINE_H
+#define WK_ENGINE_H
+
+#include "wk_blocks.h"
+#include "wk_model.h"
+#include "wk_sampler.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WK_MAX_N 16       /* choices per request */
+#define WK_MAX_STOP 16    /* stop strings per request */
+#define WK_MAX_STOP_LEN 256
+#define WK_MAX_STOP_IDS 64
+#define WK_MAX_BIAS 1024
+
+typedef struct {
+    wk_sample_params s;       /* temperature, top_p, top_k, min_p, penalties, logit_bias */
+    int max_tokens;           /* 0: up to the model length */
+    int min_tokens;
+    int n;                    /* choices (1..WK_MAX_N), sharing the prompt's blocks */
+    int logprobs;             /* -1: none; else 0..WK_MAX_LOGPROBS alternatives */
+    int ignore_eos;
+    int has_seed;
+    uint64_t seed;
+    int priority;             /* lower runs first */
+    uint64_t cache_salt;      /* cm_salt_of(cache_salt) */
+    int n_stop;
+    const char *stop[WK_MAX_STOP];      /* NUL-terminated, copied by add */
+    int n_stop_ids;
+    const int32_t *stop_ids;
+} wk_params;
+
+void wk_params_default(wk_params *p);
+
+typedef struct wk_engine_opts {
+    int max_num_seqs;             /* default 256 */
+    int max_num_batched_tokens;   /* token budget of a step; <= the model's max_batch */
+    int max_model_len;            /* default: the model's context */
+    int block_size;               /* default 16, a power of two */
+    size_t kv_cache_bytes;        /* default 4 GiB, capped at what max_num_seqs full sequences need */
+    int n_blocks;                 /* overrides kv_cache_bytes when > 0 */
+    int kv_type;                  /* KN_KV_F16 / KN_KV_F32 */
+    int prefix_caching;           /* default 1 */
+    float gpu_memory_utilization; /* CUDA backend; unused on the CPU */
+} wk_engine_opts;
+
+void wk_engine_opts_default(wk_engine_opts *o);
+
+enum { WK_FINISH_NONE = 0, WK_FINISH_STOP, WK_FINISH_LENGTH, WK_FINISH_ABORT };
+const char *wk_finish_name(int finish); /* "stop", "length", "abort", or NULL */
+
+/* What one choice of one request produced since the last outputs call. */
+typedef struct {
+    uint64_t id;
+    int index;                    /* choice */
+    int n_tokens;
+    const int32_t *tokens;
+    const wk_token_lp *logprobs;  /* n_tokens entries when asked, else NULL */
+    const char *text;             /* new text (not NUL-terminated) */
+    size_t text_len;
+    int finish;                   /* WK_FINISH_* */
+    int prompt_tokens, completion_tokens, cached_tokens;
+} wk_output;
+
+typedef struct {
+    int waiting, running;
+    int blocks_total, blocks_free, blocks_cached;
+    uint64_t prefix_queries, prefix_hits;  /* tokens */
+    uint64_t steps, tokens_computed, tokens_generated, preemptions;
+    uint64_t requests_finished, requests_aborted;
+    size_t kv_bytes_per_token;
+} wk_engine_stats;
+
+typedef struct wk_engine wk_engine;
+
+/* m must have been loaded with max_batch >= max_num_batched_tokens. Logs the
+ * KV sizing. err gets the reason on failure. */
+int wk_engine_create(wk_model *m, const wk_engine_opts *o, wk_engine **out, char *err, size_t errlen);
+void wk_engine_free(wk_engine *e);
+
+/* Queues a request. LLM_EINVAL for bad parameters or token ids, LLM_ERANGE
+ * when prompt + max_tokens exceed max_model_len, LLM_EAGAIN for a duplicate
+ * live id; err says which. */
+int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt, const wk_params *p, char *err,
+                  size_t errlen);
+/* Ends a request at once and frees everything it held; its choices report
+ * WK_FINISH_ABORT. LLM_ENOTFOUND for an unknown id. */
+int wk_engine_abort(wk_engine *e, uint64_t id);
+/* One iteration. Returns tokens computed (0: nothing to do) or an error. */
+int wk_engine_step(wk_engine *e);
+/* Everything produced since the last call; valid until the next call of any
+ * engine function. */
+int wk_engine_outputs(wk_engine *e, const wk_output **out);
+int wk_engine_has_work(const wk_engine *e);
+void wk_engine_get_stats(const wk_engine *e, wk_engine_stats *st);
+/* Prefix-cache events (block stored / removed) since the last call. */
+int wk_engine_events(wk_engine *e, wk_kv_event *out, int max);
+const wk_model *wk_engine_model(const wk_engine *e);
+const wk_engine_opts *wk_engine_options(const wk_engine *e);
+
+#endif

@@ -1,0 +1,84 @@
+#include "wk_flags.h"
+#include "cm_error.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int wk_parse_size(const char *s, size_t *out) {
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0)) return LLM_EINVAL;
+    double mul = 1;
+    if (*end) {
+        static const struct { const char *suf; double mul; } sf[] = {
+            {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0}, {"m", 1e6}, {"mb", 1e6}, {"mib", 1048576.0},
+            {"g", 1e9}, {"gb", 1e9}, {"gib", 1073741824.0}, {"t", 1e12}, {"tib", 1099511627776.0}};
+        size_t i = 0;
+        for (; i < sizeof sf / sizeof sf[0]; i++)
+            if (!strcasecmp(end, sf[i].suf)) break;
+        if (i == sizeof sf / sizeof sf[0]) return LLM_EINVAL;
+        mul = sf[i].mul;
+    }
+    double b = v * mul;
+    if (b < 1 || b > 1e18) return LLM_EINVAL;
+    *out = (size_t)b;
+    return 0;
+}
+
+static int parse_int(const char *flag, const char *s, long lo, long hi, int *out) {
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "llmserve: --%s expects an integer from %ld to %ld, not '%s'\n", flag, lo, hi, s);
+        return LLM_EINVAL;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
+    switch (code) {
+    case WK_F_MAX_SEQS: return parse_int("max-num-seqs", arg, 1, 65536, &o->max_num_seqs);
+    case WK_F_MAX_TOKENS: return parse_int("max-num-batched-tokens", arg, 1, 1 << 20, &o->max_num_batched_tokens);
+    case WK_F_MAX_LEN: return parse_int("max-model-len", arg, 2, 1 << 24, &o->max_model_len);
+    case WK_F_BLOCK:
+        if (parse_int("block-size", arg, 1, 1024, &o->block_size)) return LLM_EINVAL;
+        if (o->block_size & (o->block_size - 1)) {
+            fprintf(stderr, "llmserve: --block-size must be a power of two, not %d\n", o->block_size);
+            return LLM_EINVAL;
+        }
+        return 0;
+    case WK_F_KV_MEM:
+        if (wk_parse_size(arg, &o->kv_cache_bytes)) {
+            fprintf(stderr, "llmserve: --kv-cache-memory expects a size such as 2GiB or 512MiB, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
+    case WK_F_GPU_UTIL: {
+        char *end;
+        double v = strtod(arg, &end);
+        if (end == arg || *end || !(v > 0 && v <= 1)) {
+            fprintf(stderr, "llmserve: --gpu-memory-utilization expects a fraction in (0, 1], not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        o->gpu_memory_utilization = (float)v;
+        return 0;
+    }
+    case WK_F_PREFIX_ON: o->prefix_caching = 1; return 0;
+    case WK_F_PREFIX_OFF: o->prefix_caching = 0; return 0;
+    case WK_F_KV_DTYPE:
+        if (!strcmp(arg, "auto") || !strcmp(arg, "f16") || !strcmp(arg, "fp16")) o->kv_type = KN_KV_F16;
+        else if (!strcmp(arg, "f32") || !strcmp(arg, "fp32")) o->kv_type = KN_KV_F32;
+        else {
+            fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|f32, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
+    default: return LLM_EINVAL;
+    }
+}
