@@ -331,15 +331,15 @@ static int emit(wk_engine *e, wk_seq *s) {
     if (r->p.logprobs >= 0) GROW(e->olp, e->cap_olp, e->n_olp + nt);
     out_rec *o = &e->outs[e->n_outs++];
     *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl};
-    memcpy(e->otok + e->n_otok, s->tok + r->n_prompt + s->tok_sent, sizeof(int32_t) * (size_t)nt);
+    if (nt) memcpy(e->otok + e->n_otok, s->tok + r->n_prompt + s->tok_sent, sizeof(int32_t) * (size_t)nt);
     e->n_otok += nt;
     if (r->p.logprobs >= 0) {
         o->lp_off = e->n_olp;
-        memcpy(e->olp + e->n_olp, s->lp, sizeof(wk_token_lp) * (size_t)nt);
+        if (nt) memcpy(e->olp + e->n_olp, s->lp, sizeof(wk_token_lp) * (size_t)nt);
         e->n_olp += nt;
         s->n_lp = 0;
     }
-    memcpy(e->otext + e->n_otext, s->text + s->text_sent, tl);
+    if (tl) memcpy(e->otext + e->n_otext, s->text + s->text_sent, tl);
     e->n_otext += tl;
     s->tok_sent = n_gen;
     s->text_sent = upto;

@@ -1,0 +1,209 @@
+/* llmserve-engine-bench: offline throughput of the batching engine and the
+ * time to first token with and without a cached prefix.
+ *
+ *   llmserve-engine-bench [--model PATH] [--concurrency 1,4,16,32,64]
+ *       [--prompt-len 128] [--gen 128] [--repeats 3] [--system-len 1000]
+ *       [--threads N] [engine flags]
+ *
+ * Throughput: at each concurrency c, c requests (different real-text
+ * prompts, ignore_eos, gen tokens each) are submitted at once and run to
+ * the end; generated tokens / wall time, median of the repeats, and the
+ * ratio to c = 1 measured in the same run. TTFT: a request whose
+ * system-len-token prefix is already cached (an earlier request with the
+ * same prefix finished) against one whose prefix is not (a different
+ * prefix each time), medians. */
+#include "cm_error.h"
+#include "cm_log.h"
+#include "wk_engine.h"
+#include "wk_flags.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const char *para =
+    "Rivers shape the land they cross. Over thousands of years a river cuts valleys, carries silt to the sea and "
+    "builds deltas where cities later grow. Engineers have dammed rivers for power and irrigation, and ecologists "
+    "now study how those dams change fish migration, sediment and the health of wetlands downstream. ";
+
+static int32_t *corpus;
+static size_t n_corpus;
+
+static void make_prompt(uint64_t seed, int len, int32_t *out) {
+    size_t off = (size_t)(seed * 2654435761u) % n_corpus;
+    for (int i = 0; i < len; i++) out[i] = corpus[(off + (size_t)i * (1 + seed % 3)) % n_corpus];
+}
+
+/* Runs until every request finished; returns the first-token time of request `watch` (relative to t0). */
+static double drain(wk_engine *e, uint64_t watch, double t0) {
+    double first = -1;
+    while (wk_engine_has_work(e)) {
+        if (wk_engine_step(e) < 0) {
+            fprintf(stderr, "engine step failed\n");
+            exit(1);
+        }
+        const wk_output *o;
+        int n = wk_engine_outputs(e, &o);
+        for (int i = 0; i < n; i++)
+            if (o[i].id == watch && first < 0 && o[i].n_tokens) first = now() - t0;
+    }
+    return first;
+}
+
+int main(int argc, char **argv) {
+    const char *model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *conc = "1,4,16,32,64";
+    int prompt_len = 128, gen = 128, repeats = 3, sys_len = 1000, threads = 0;
+    wk_engine_opts eo;
+    wk_engine_opts_default(&eo);
+    enum { O_MODEL = 1, O_CONC, O_PL, O_GEN, O_REP, O_SYS, O_THR };
+    static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
+                                       {"concurrency", required_argument, 0, O_CONC},
+                                       {"prompt-len", required_argument, 0, O_PL},
+                                       {"gen", required_argument, 0, O_GEN},
+                                       {"repeats", required_argument, 0, O_REP},
+                                       {"system-len", required_argument, 0, O_SYS},
+                                       {"threads", required_argument, 0, O_THR},
+                                       {"help", no_argument, 0, 'h'},
+                                       WK_ENGINE_LONGOPTS,
+                                       {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: model_path = optarg; break;
+        case O_CONC: conc = optarg; break;
+        case O_PL: prompt_len = atoi(optarg); break;
+        case O_GEN: gen = atoi(optarg); break;
+        case O_REP: repeats = atoi(optarg); break;
+        case O_SYS: sys_len = atoi(optarg); break;
+        case O_THR: threads = atoi(optarg); break;
+        case 'h':
+            printf("usage: llmserve-engine-bench [--model PATH] [--concurrency LIST] [--prompt-len N] [--gen N]\n"
+                   "       [--repeats N] [--system-len N] [--threads N]\n%s", WK_ENGINE_FLAGS_HELP);
+            return 0;
+        default:
+            if (c >= WK_FLAG_BASE && !wk_engine_flag(&eo, c, optarg)) break;
+            return 2;
+        }
+    }
+    if (prompt_len < 1 || gen < 1 || repeats < 1 || sys_len < 1 || repeats > 99) {
+        fprintf(stderr, "bad --prompt-len/--gen/--repeats/--system-len\n");
+        return 2;
+    }
+    char err[512] = "";
+    wk_model *m;
+    wk_model_opts mo = {model_path, NULL, threads, eo.max_num_batched_tokens};
+    if (wk_model_load(&mo, &m, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    size_t n1;
+    int32_t *one;
+    if (cm_tok_encode(m->tok, para, strlen(para), 0, 0, &one, &n1)) return 1;
+    n_corpus = n1 * 64;
+    corpus = malloc(sizeof(int32_t) * n_corpus);
+    for (size_t i = 0; i < n_corpus; i++) corpus[i] = one[(i * 31 + i / n1) % n1];
+    free(one);
+    int maxp = prompt_len > sys_len + 32 ? prompt_len : sys_len + 32;
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)maxp);
+    printf("model %s, %d threads, isa %s, prompt %d tokens, %d generated per request, budget %d tokens/step\n",
+           model_path, kn_pool_size(m->pool), kn_isa_name(), prompt_len, gen, eo.max_num_batched_tokens);
+    printf("%-12s %10s %12s %10s %14s\n", "concurrency", "tok/s", "vs c=1", "wall s", "step ms (med)");
+    double base = 0;
+    uint64_t seed = 1;
+    for (const char *s = conc; *s;) {
+        int cc = atoi(s);
+        if (cc < 1) break;
+        double tps[100], wall[100], stepms[100];
+        for (int r = 0; r < repeats; r++) {
+            wk_engine_opts o = eo;
+            if (o.max_num_seqs < cc) o.max_num_seqs = cc;
+            wk_engine *e;
+            if (wk_engine_create(m, &o, &e, err, sizeof err)) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+            }
+            for (int i = 0; i < cc; i++) {
+                wk_params wp;
+                wk_params_default(&wp);
+                wp.s.temperature = 0;
+                wp.max_tokens = gen;
+                wp.ignore_eos = 1;
+                make_prompt(seed++, prompt_len, p);
+                if (wk_engine_add(e, (uint64_t)i, p, prompt_len, &wp, err, sizeof err)) {
+                    fprintf(stderr, "%s\n", err);
+                    return 1;
+                }
+            }
+            double t0 = now();
+            drain(e, (uint64_t)-1, t0);
+            wall[r] = now() - t0;
+            wk_engine_stats st;
+            wk_engine_get_stats(e, &st);
+            tps[r] = (double)st.tokens_generated / wall[r];
+            stepms[r] = 1e3 * wall[r] / (double)st.steps;
+            wk_engine_free(e);
+        }
+        double t = median(tps, repeats);
+        if (!base) base = t;
+        printf("%-12d %10.1f %11.2fx %10.2f %14.1f\n", cc, t, t / base, median(wall, repeats), median(stepms, repeats));
+        fflush(stdout);
+        s = strchr(s, ',');
+        if (!s) break;
+        s++;
+    }
+    /* TTFT with a cached vs an uncached system prompt of sys_len tokens */
+    double cached[100], uncached[100];
+    wk_engine_opts o = eo;
+    wk_engine *e;
+    if (wk_engine_create(m, &o, &e, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    wk_params wp;
+    wk_params_default(&wp);
+    wp.s.temperature = 0;
+    wp.max_tokens = 1;
+    for (int r = 0; r < repeats + 1; r++) {
+        /* uncached: a system prompt never seen before */
+        make_prompt(1000 + (uint64_t)r, sys_len, p);
+        make_prompt(5000 + (uint64_t)r, 32, p + sys_len);
+        double t0 = now();
+        wk_engine_add(e, 1, p, sys_len + 32, &wp, err, sizeof err);
+        double u = drain(e, 1, t0);
+        /* cached: the same system prompt, another user turn */
+        make_prompt(9000 + (uint64_t)r, 32, p + sys_len);
+        t0 = now();
+        wk_engine_add(e, 2, p, sys_len + 32, &wp, err, sizeof err);
+        double cc = drain(e, 2, t0);
+        if (r) { /* the first round warms up */
+            uncached[r - 1] = u;
+            cached[r - 1] = cc;
+        }
+    }
+    double mu = median(uncached, repeats), mc = median(cached, repeats);
+    printf("TTFT, %d-token system prompt + 32: uncached %.1f ms, cached %.1f ms (%.1fx faster, cached/uncached %.2f)\n",
+           sys_len, mu * 1e3, mc * 1e3, mu / mc, mc / mu);
+    wk_engine_free(e);
+    free(p);
+    free(corpus);
+    wk_model_free(m);
+    return 0;
+}
