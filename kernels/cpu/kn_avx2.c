@@ -139,4 +139,4 @@ static float dot_avx2(const float *a, const float *b, int n) {
 }
 
 const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2,
-                              kn_attn_group_generic, kn_f32_to_f16_scalar};
+                              kn_attn_group_generic, kn_f32_to_f16_scalar, kn_silu_mul_scalar};

@@ -318,8 +318,13 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
     }
 }
 
-void kn_silu_mul(float *a, const float *b, int n) {
+void kn_silu_mul_scalar(float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) a[i] = a[i] / (1.f + expf(-a[i])) * b[i];
+}
+
+void kn_silu_mul(float *a, const float *b, int n) {
+    if (act_f32) kn_silu_mul_scalar(a, b, n); /* reference mode stays libm-exact */
+    else impl->silu_mul(a, b, n);
 }
 
 void kn_softmax(float *x, int n) {
