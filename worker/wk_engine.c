@@ -158,7 +158,7 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         snprintf(err, errlen, "unknown KV cache type %d", o->kv_type);
         goto fail;
     }
-    size_t per_tok = wk_kv_bytes_per_token(c, o->kv_type), per_block = per_tok * (size_t)o->block_size;
+    size_t per_tok = wk_kv_bytes_per_token(m, o->kv_type), per_block = per_tok * (size_t)o->block_size;
     int64_t full_seq_blocks = (o->max_model_len + o->block_size - 1) / o->block_size;
     int64_t nb = o->n_blocks;
     if (nb <= 0) {
@@ -206,9 +206,9 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         if (cm_tok_is_eog(m->tok, i)) e->eog[e->n_eog++] = i;
     e->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     e->st.kv_bytes_per_token = per_tok;
-    CM_INFO("KV cache: %zu bytes per token (2 x %u layers x %u kv heads x %u head dim x %zu bytes), %d blocks of %d "
+    CM_INFO("KV cache: %zu bytes per token (2 x %u layers x %d kv heads x %u head dim x %zu bytes), %d blocks of %d "
             "tokens = %.1f MiB, %lld tokens, %lld sequences of %d tokens",
-            per_tok, c->n_layer, c->n_kv_head, c->head_dim, kn_kv_elem_bytes(o->kv_type), o->n_blocks, o->block_size,
+            per_tok, c->n_layer, m->n_kv_l, c->head_dim, kn_kv_elem_bytes(o->kv_type), o->n_blocks, o->block_size,
             (double)kv_bytes / 1048576.0, (long long)nb * o->block_size, (long long)(nb / full_seq_blocks),
             o->max_model_len);
     *out = e;
@@ -807,5 +807,10 @@ int wk_engine_events(wk_engine *e, wk_kv_event *out, int max) {
     return wk_blocks_events(e->blocks, out, max);
 }
 
+void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key), void *ctx) {
+    wk_blocks_each_key(e->blocks, fn, ctx);
+}
+
 const wk_model *wk_engine_model(const wk_engine *e) { return e->m; }
+wk_cache *wk_engine_cache(wk_engine *e) { return e->cache; }
 const wk_engine_opts *wk_engine_options(const wk_engine *e) { return &e->o; }

@@ -110,7 +110,10 @@ int wk_engine_has_work(const wk_engine *e);
 void wk_engine_get_stats(const wk_engine *e, wk_engine_stats *st);
 /* Prefix-cache events (block stored / removed) since the last call. */
 int wk_engine_events(wk_engine *e, wk_kv_event *out, int max);
+/* Every key in the prefix cache (a router's full resync). */
+void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key), void *ctx);
 const wk_model *wk_engine_model(const wk_engine *e);
+wk_cache *wk_engine_cache(wk_engine *e);
 const wk_engine_opts *wk_engine_options(const wk_engine *e);
 
 #endif

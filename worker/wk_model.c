@@ -9,18 +9,75 @@
 #include <string.h>
 #include <unistd.h>
 
-static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, char *err,
-                       size_t errlen) {
+/* Rows [r0, r1) and columns [c0, c1) of the [n][k] tensor `name`: a row
+ * range is a pointer into the mapping; a column range (a tensor-parallel
+ * shard of a row-parallel weight) is copied out, whole quantization blocks. */
+static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, uint64_t r0,
+                            uint64_t r1, uint64_t c0, uint64_t c1, char *err, size_t errlen) {
     const cm_tensor_ref *t;
     int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
     if (rc) return rc;
-    rc = kn_weight_init(w, t->type, (int64_t)n, (int64_t)k, t->data);
+    size_t blk = cm_dtype_block(t->type), rb = cm_dtype_row_bytes(t->type, k);
+    const char *raw = (const char *)t->data + r0 * rb;
+    if (c0 != 0 || c1 != k) {
+        if (!blk || c0 % blk || c1 % blk) {
+            snprintf(err, errlen, "%s: tensor '%s' cannot be split at column %llu (blocks of %zu)", m->file->path, name,
+                     (unsigned long long)c0, blk);
+            return LLM_EUNSUP;
+        }
+        size_t sb = cm_dtype_row_bytes(t->type, c1 - c0), off = cm_dtype_row_bytes(t->type, c0);
+        char *copy = malloc(sb * (r1 - r0));
+        void **ns = realloc(m->slices, sizeof *ns * (size_t)(m->n_slices + 1));
+        if (!copy || !ns) {
+            free(copy);
+            if (ns) m->slices = ns;
+            return LLM_ENOMEM;
+        }
+        m->slices = ns;
+        m->slices[m->n_slices++] = copy;
+        for (uint64_t r = 0; r < r1 - r0; r++) memcpy(copy + r * sb, raw + r * rb + off, sb);
+        raw = copy;
+        k = c1 - c0;
+    }
+    rc = kn_weight_init(w, t->type, (int64_t)(r1 - r0), (int64_t)k, raw);
     if (rc == LLM_EUNSUP)
         snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0)",
                  m->file->path, name, cm_dtype_name(t->type));
     else if (rc)
         snprintf(err, errlen, "%s: cannot prepare tensor '%s': %s", m->file->path, name, cm_strerror(rc));
     return rc;
+}
+
+static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, char *err,
+                       size_t errlen) {
+    return load_weight_part(m, w, name, k, n, 0, n, 0, k, err, errlen);
+}
+
+/* This rank's share of heads, FFN columns and vocabulary. */
+static int shard(wk_model *m, char *err, size_t errlen) {
+    const cm_model_config *c = &m->cfg;
+    int S = m->tp_size, R = m->tp_rank, nkv = (int)c->n_kv_head, group = (int)(c->n_head / c->n_kv_head);
+    if (S > nkv) {
+        snprintf(err, errlen, "tensor parallel size %d exceeds the model's %d KV heads", S, nkv);
+        return LLM_EUNSUP;
+    }
+    m->kv0 = R * nkv / S;
+    m->n_kv_l = (R + 1) * nkv / S - m->kv0;
+    m->head0 = m->kv0 * group;
+    m->n_head_l = m->n_kv_l * group;
+    int hb = (int)c->hidden / 32;
+    if (S > 1 && c->hidden % 32) {
+        snprintf(err, errlen, "FFN size %u is not a multiple of 32: cannot split it over %d ranks", c->hidden, S);
+        return LLM_EUNSUP;
+    }
+    m->hid0 = S > 1 ? R * hb / S * 32 : 0;
+    m->hidden_l = S > 1 ? (R + 1) * hb / S * 32 - m->hid0 : (int)c->hidden;
+    m->voc0 = (int)((int64_t)R * c->vocab / S);
+    m->vocab_l = (int)((int64_t)(R + 1) * c->vocab / S) - m->voc0;
+    m->voc_width = malloc(sizeof(int) * (size_t)S);
+    if (!m->voc_width) return LLM_ENOMEM;
+    for (int r = 0; r < S; r++) m->voc_width[r] = (int)((int64_t)(r + 1) * c->vocab / S - (int64_t)r * c->vocab / S);
+    return 0;
 }
 
 /* A vector parameter as f32: mapped directly when stored as F32, else converted. */
@@ -87,19 +144,21 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         rc = LLM_EFORMAT;
         goto fail;
     }
+    m->comm = o->comm;
+    m->tp_rank = o->comm ? o->comm->rank : 0;
+    m->tp_size = o->comm ? o->comm->size : 1;
+    if ((rc = shard(m, err, errlen))) goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     if ((rc = kn_pool_create(threads, &m->pool))) goto fail;
     uint64_t D = c->dim, QD = (uint64_t)c->n_head * c->head_dim, KVD = (uint64_t)c->n_kv_head * c->head_dim;
+    uint64_t v0 = (uint64_t)m->voc0, v1 = (uint64_t)(m->voc0 + m->vocab_l);
     if ((rc = load_weight(m, &m->tok_embd, "token_embd.weight", D, c->vocab, err, errlen))) goto fail;
-    if (c->tied) {
-        m->output = m->tok_embd;
-        m->output.packed = NULL;
-        /* the LM head needs its own packed copy; the embedding keeps raw rows */
-        if ((rc = kn_weight_init(&m->output, m->tok_embd.type, m->tok_embd.n, m->tok_embd.k, m->tok_embd.raw))) goto fail;
-    } else if ((rc = load_weight(m, &m->output, "output.weight", D, c->vocab, err, errlen))) {
+    /* the LM head (this rank's vocabulary rows) gets its own packed copy; the
+     * embedding keeps raw rows for lookups */
+    if ((rc = load_weight_part(m, &m->output, c->tied ? "token_embd.weight" : "output.weight", D, c->vocab, v0, v1, 0, D,
+                               err, errlen)))
         goto fail;
-    }
     if ((rc = load_vec(m, &m->output_norm, "output_norm.weight", D, 0, err, errlen))) goto fail;
     m->layers = calloc(c->n_layer, sizeof *m->layers);
     if (!m->layers) { rc = LLM_ENOMEM; goto fail; }
@@ -112,20 +171,32 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
 #define V(field, suffix, n, opt)                                                                   \
     snprintf(nm, sizeof nm, "blk.%u." suffix, l);                                                  \
     if ((rc = load_vec(m, &L->field, nm, n, opt, err, errlen))) goto fail;
-        W(wq, "attn_q.weight", D, QD)
-        W(wk, "attn_k.weight", D, KVD)
-        W(wv, "attn_v.weight", D, KVD)
-        W(wo, "attn_output.weight", QD, D)
-        W(gate, "ffn_gate.weight", D, c->hidden)
-        W(up, "ffn_up.weight", D, c->hidden)
-        W(down, "ffn_down.weight", c->hidden, D)
+#define P(field, suffix, k, n, r0, r1, c0, c1)                                                     \
+    snprintf(nm, sizeof nm, "blk.%u." suffix, l);                                                  \
+    if ((rc = load_weight_part(m, &L->field, nm, k, n, r0, r1, c0, c1, err, errlen))) goto fail;
+        /* Megatron split: Q/K/V and gate/up by output rows (whole heads),
+         * O and down by input columns; with one rank, everything */
+        uint64_t hd = c->head_dim, q0 = (uint64_t)m->head0 * hd, q1 = q0 + (uint64_t)m->n_head_l * hd;
+        uint64_t k0 = (uint64_t)m->kv0 * hd, k1 = k0 + (uint64_t)m->n_kv_l * hd;
+        uint64_t f0 = (uint64_t)m->hid0, f1 = f0 + (uint64_t)m->hidden_l;
+        P(wq, "attn_q.weight", D, QD, q0, q1, 0, D)
+        P(wk, "attn_k.weight", D, KVD, k0, k1, 0, D)
+        P(wv, "attn_v.weight", D, KVD, k0, k1, 0, D)
+        P(wo, "attn_output.weight", QD, D, 0, D, q0, q1)
+        P(gate, "ffn_gate.weight", D, c->hidden, f0, f1, 0, D)
+        P(up, "ffn_up.weight", D, c->hidden, f0, f1, 0, D)
+        P(down, "ffn_down.weight", c->hidden, D, 0, D, f0, f1)
         V(attn_norm, "attn_norm.weight", D, 0)
         V(ffn_norm, "ffn_norm.weight", D, 0)
         V(bq, "attn_q.bias", QD, 1)
         V(bk, "attn_k.bias", KVD, 1)
         V(bv, "attn_v.bias", KVD, 1)
+        if (L->bq) L->bq += q0;
+        if (L->bk) L->bk += k0;
+        if (L->bv) L->bv += k0;
 #undef W
 #undef V
+#undef P
     }
     m->inv_freq = malloc(sizeof(float) * (c->rope_dim / 2 + 1));
     if (!m->inv_freq) { rc = LLM_ENOMEM; goto fail; }
@@ -142,10 +213,12 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     m->tok_pos = malloc(sizeof(int) * b);
     m->tok_blocks = malloc(sizeof(*m->tok_blocks) * b);
     m->attn_seq = malloc(sizeof(kn_attn_seq) * b);
-    if (!m->tok_pos || !m->tok_blocks || !m->attn_seq) { rc = LLM_ENOMEM; goto fail; }
+    m->plan_seqs = malloc(sizeof(wk_batch_seq) * b);
+    if (!m->tok_pos || !m->tok_blocks || !m->attn_seq || !m->plan_seqs) { rc = LLM_ENOMEM; goto fail; }
     if (D % 32 == 0 && (rc = kn_act_init(&m->act_dim, (int64_t)D, B))) goto fail;
-    if (QD % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QD, B))) goto fail;
-    if (c->hidden % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)c->hidden, B))) goto fail;
+    uint64_t QDl = (uint64_t)m->n_head_l * c->head_dim;
+    if (QDl % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QDl, B))) goto fail;
+    if (m->hidden_l % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)m->hidden_l, B))) goto fail;
     *out = m;
     return 0;
 fail:
@@ -172,6 +245,12 @@ void wk_model_free(wk_model *m) {
     free(m->x); free(m->xb); free(m->xb2); free(m->q); free(m->att); free(m->k); free(m->v);
     free(m->hb); free(m->hb2); free(m->attn_scratch);
     free(m->tok_pos); free(m->tok_blocks); free(m->attn_seq);
+    for (int i = 0; i < m->n_slices; i++) free(m->slices[i]);
+    free(m->slices);
+    free(m->voc_width);
+    free(m->lm_local);
+    free(m->plan);
+    free(m->plan_seqs);
     kn_act_free(&m->act_dim);
     kn_act_free(&m->act_q);
     kn_act_free(&m->act_hidden);
@@ -181,8 +260,8 @@ void wk_model_free(wk_model *m) {
     free(m);
 }
 
-size_t wk_kv_bytes_per_token(const cm_model_config *c, int type) {
-    return 2 * (size_t)c->n_layer * c->n_kv_head * c->head_dim * kn_kv_elem_bytes(type);
+size_t wk_kv_bytes_per_token(const wk_model *m, int type) {
+    return 2 * (size_t)m->cfg.n_layer * (size_t)m->n_kv_l * m->cfg.head_dim * kn_kv_elem_bytes(type);
 }
 
 int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, wk_cache **out) {
@@ -196,7 +275,7 @@ int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, w
     while ((1 << c->block_shift) < block_size) c->block_shift++;
     c->n_blocks = n_blocks;
     c->n_layer = (int)m->cfg.n_layer;
-    c->block_stride = (size_t)block_size * m->cfg.n_kv_head * m->cfg.head_dim * kn_kv_elem_bytes(type);
+    c->block_stride = (size_t)block_size * (size_t)m->n_kv_l * m->cfg.head_dim * kn_kv_elem_bytes(type);
     size_t total = c->block_stride * (size_t)n_blocks * (size_t)c->n_layer;
     c->k = malloc(total);
     c->v = malloc(total);
@@ -210,12 +289,28 @@ int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, w
 
 void wk_cache_free(wk_cache *c) {
     if (!c) return;
+    free(c->copies);
     free(c->k);
     free(c->v);
     free(c);
 }
 
 void wk_cache_copy(wk_cache *c, int src, int dst) {
+    if (c->record_copies) {
+        if (c->n_copies == c->cap_copies) {
+            int cap = c->cap_copies ? 2 * c->cap_copies : 16;
+            int32_t *n = realloc(c->copies, sizeof(int32_t) * 2 * (size_t)cap);
+            if (n) {
+                c->copies = n;
+                c->cap_copies = cap;
+            }
+        }
+        if (c->n_copies < c->cap_copies) { /* the other ranks replay it before the next step */
+            c->copies[2 * c->n_copies] = src;
+            c->copies[2 * c->n_copies + 1] = dst;
+            c->n_copies++;
+        }
+    }
     for (int l = 0; l < c->n_layer; l++) {
         size_t base = (size_t)l * (size_t)c->n_blocks * c->block_stride;
         memcpy(c->k + base + (size_t)dst * c->block_stride, c->k + base + (size_t)src * c->block_stride, c->block_stride);
@@ -300,7 +395,7 @@ static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, 
 /* Adds the bias (if any), rotates and stores K/V of every token of the step. */
 static void qkv_post(wk_model *m, const wk_layer *L, wk_cache *c, int l, int T) {
     const cm_model_config *cf = &m->cfg;
-    int hd = (int)cf->head_dim, nh = (int)cf->n_head, nkv = (int)cf->n_kv_head, QD = nh * hd, KVD = nkv * hd;
+    int hd = (int)cf->head_dim, nh = m->n_head_l, nkv = m->n_kv_l, QD = nh * hd, KVD = nkv * hd;
     size_t eb = kn_kv_elem_bytes(c->type), layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
     size_t mask = ((size_t)1 << c->block_shift) - 1;
     for (int t = 0; t < T; t++) {
@@ -318,11 +413,18 @@ static void qkv_post(wk_model *m, const wk_layer *L, wk_cache *c, int l, int T) 
     }
 }
 
-/* One step of T tokens (T <= max_batch) from n_seq sequences. */
-static void forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
-                         float *logits) {
+/* Sums a row-parallel matmul's partial results over the ranks. */
+static int reduce(wk_model *m, float *buf, size_t n) {
+    return m->comm && m->tp_size > 1 ? m->comm->ops->all_reduce_sum(m->comm, buf, n) : 0;
+}
+
+/* One step of T tokens (T <= max_batch) from n_seq sequences. With tensor
+ * parallelism every rank runs this with the same plan on its shard; logits
+ * (vocabulary-parallel) are gathered on rank 0, whose `logits` is used. */
+static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
+                        float *logits) {
     const cm_model_config *cf = &m->cfg;
-    int D = (int)cf->dim, H = (int)cf->hidden;
+    int D = (int)cf->dim, H = m->hidden_l, rc;
     for (int i = 0, t = 0; i < n_seq; i++) {
         m->attn_seq[i] = (kn_attn_seq){s[i].n, s[i].pos0, t, s[i].blocks};
         for (int j = 0; j < s[i].n; j++, t++) {
@@ -339,13 +441,14 @@ static void forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq
         mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
         qkv_post(m, L, c, (int)l, T);
         size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
-        kn_attn_args aa = {n_seq, m->attn_seq, (int)cf->n_head, (int)cf->n_kv_head, (int)cf->head_dim, c->type,
+        kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
                            c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
                            m->attn_scratch};
         kn_attention(m->pool, &aa);
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;
         mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
+        if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->ffn_norm, D, NULL);
         const kn_weight *gu[2] = {&L->gate, &L->up};
@@ -355,19 +458,109 @@ static void forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq
         const kn_weight *dn = &L->down;
         float *d_out = m->xb2;
         mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
+        if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
     }
-    if (!logits) return;
-    /* gather the rows that want logits, then one LM-head GEMM into the caller's buffer */
+    /* gather the rows that want logits, then one LM-head GEMM */
     int n = 0;
     for (int i = 0, t = 0; i < n_seq; t += s[i].n, i++)
         for (int j = s[i].logits_from; j < s[i].n; j++, n++)
             if (n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
-    if (!n) return;
+    if (!n) return 0;
     par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
     const kn_weight *ow = &m->output;
-    float *lo = logits;
+    if (m->tp_size == 1) { /* straight into the caller's buffer */
+        float *lo = logits;
+        mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
+        return 0;
+    }
+    if (n > m->lm_rows) {
+        float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * (size_t)m->vocab_l);
+        if (!nl) return LLM_ENOMEM;
+        m->lm_local = nl;
+        m->lm_rows = n;
+    }
+    float *lo = m->lm_local;
     mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
+    return m->comm->ops->all_gather_cols(m->comm, m->lm_local, n, m->voc_width, m->tp_rank == 0 ? logits : NULL);
+}
+
+/* ---- tensor parallel step plans ----------------------------------------
+ * Rank 0 broadcasts each step: a header {magic, n_seq, n_copies, n_ints},
+ * then n_ints int32: the copy-on-write pairs, then per sequence n, pos0,
+ * logits_from, table length, its tokens and its blocks. */
+#define PLAN_MAGIC 0x4c504c4e
+
+static int plan_grow(wk_model *m, size_t n) {
+    if (n <= m->plan_cap) return 0;
+    size_t cap = m->plan_cap ? m->plan_cap : 4096;
+    while (cap < n) cap *= 2;
+    int32_t *p = realloc(m->plan, sizeof(int32_t) * cap);
+    if (!p) return LLM_ENOMEM;
+    m->plan = p;
+    m->plan_cap = cap;
+    return 0;
+}
+
+static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
+    size_t n = 2 * (size_t)c->n_copies;
+    for (int i = 0; i < n_seq; i++) n += 4 + (size_t)s[i].n + (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
+    int rc = plan_grow(m, n);
+    if (rc) return rc;
+    int32_t *p = m->plan;
+    memcpy(p, c->copies, sizeof(int32_t) * 2 * (size_t)c->n_copies);
+    p += 2 * c->n_copies;
+    for (int i = 0; i < n_seq; i++) {
+        int nb = (s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift;
+        *p++ = s[i].n;
+        *p++ = s[i].pos0;
+        *p++ = s[i].logits_from;
+        *p++ = nb;
+        memcpy(p, s[i].tokens, sizeof(int32_t) * (size_t)s[i].n);
+        p += s[i].n;
+        memcpy(p, s[i].blocks, sizeof(int32_t) * (size_t)nb);
+        p += nb;
+    }
+    int32_t hdr[4] = {PLAN_MAGIC, n_seq, c->n_copies, (int32_t)n};
+    c->n_copies = 0;
+    if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
+    return m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * n, 0);
+}
+
+int wk_forward_shutdown(wk_model *m) {
+    int32_t hdr[4] = {PLAN_MAGIC, 0, 0, 0};
+    return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+}
+
+int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
+    *shutdown = 0;
+    int32_t hdr[4];
+    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    if (rc) return rc;
+    if (hdr[0] != PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
+    if (hdr[1] == 0) {
+        *shutdown = 1;
+        return 0;
+    }
+    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)))
+        return rc;
+    const int32_t *p = m->plan, *end = m->plan + hdr[3];
+    if (2 * (int64_t)hdr[2] > hdr[3]) return LLM_EFORMAT;
+    for (int i = 0; i < hdr[2]; i++, p += 2) {
+        if (p[0] < 0 || p[0] >= c->n_blocks || p[1] < 0 || p[1] >= c->n_blocks) return LLM_EFORMAT;
+        wk_cache_copy(c, p[0], p[1]);
+    }
+    for (int i = 0; i < hdr[1]; i++) {
+        if (end - p < 4) return LLM_EFORMAT;
+        int n = p[0], nb = p[3];
+        if (n <= 0 || nb < 0 || end - p - 4 < (int64_t)n + nb) return LLM_EFORMAT;
+        for (int k = 0; k < nb; k++)
+            if (p[4 + n + k] < 0 || p[4 + n + k] >= c->n_blocks) return LLM_EFORMAT;
+        if (((int64_t)p[1] + n + c->block_size - 1) >> c->block_shift > nb) return LLM_EFORMAT;
+        m->plan_seqs[i] = (wk_batch_seq){p + 4, n, p[1], p + 4 + n, p[2]};
+        p += 4 + n + nb;
+    }
+    return wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
 }
 
 int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
@@ -391,8 +584,11 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         }
         m->attn_scratch_len = max_len;
     }
-    forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
-    return 0;
+    if (m->tp_size > 1 && m->tp_rank == 0) {
+        int rc = plan_send(m, c, n_seq, s);
+        if (rc) return rc;
+    }
+    return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
 }
 
 int wk_forward(wk_model *m, wk_kv *kv, const int32_t *tokens, int T, float *logits, int all_logits) {

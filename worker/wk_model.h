@@ -12,6 +12,7 @@
 #include "cm_model.h"
 #include "cm_tokenizer.h"
 #include "kernels.h"
+#include "wk_comm.h"
 
 typedef struct {
     kn_weight wq, wk, wv, wo, gate, up, down;
@@ -42,6 +43,21 @@ typedef struct wk_model {
     const int32_t **tok_blocks;          /* [B] its sequence's block table */
     kn_attn_seq *attn_seq;               /* [B] */
     kn_act act_dim, act_q, act_hidden;
+    /* tensor parallelism: this rank's share (everything when tp_size is 1).
+     * Query heads [head0, head0+n_head_l) with their KV heads
+     * [kv0, kv0+n_kv_l), FFN columns [hid0, hid0+hidden_l), vocabulary rows
+     * [voc0, voc0+vocab_l) of the LM head. */
+    int tp_rank, tp_size;
+    wk_comm *comm;
+    int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
+    int *voc_width;                      /* [tp_size] vocabulary rows per rank */
+    float *lm_local;                     /* [lm_rows][vocab_l] before the gather */
+    int lm_rows;
+    void **slices;                       /* K-sliced weight copies, owned */
+    int n_slices;
+    int32_t *plan;                       /* step plan buffer (tensor parallel) */
+    size_t plan_cap;
+    struct wk_batch_seq *plan_seqs;      /* [max_batch] */
 } wk_model;
 
 typedef struct {
@@ -49,6 +65,7 @@ typedef struct {
     const char *tokenizer_path;          /* llama2.c models: tokenizer.bin */
     int threads;                         /* 0: all online CPUs */
     int max_batch;                       /* tokens per step (prefill chunk), default 64 */
+    wk_comm *comm;                       /* tensor parallel group, or NULL */
 } wk_model_opts;
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
@@ -64,10 +81,14 @@ typedef struct wk_cache {
     int block_size, block_shift, n_blocks, n_layer;
     size_t block_stride;                 /* bytes of one block of one layer (K or V) */
     char *k, *v;
+    /* tensor parallel rank 0: copies to replay on the other ranks */
+    int record_copies, n_copies, cap_copies;
+    int32_t *copies;                     /* [n_copies][2] src, dst */
 } wk_cache;
 
-/* Bytes of K and V per token: 2 x layers x kv_heads x head_dim x dtype. */
-size_t wk_kv_bytes_per_token(const cm_model_config *c, int type);
+/* Bytes of K and V per token on this rank: 2 x layers x local kv_heads x
+ * head_dim x dtype. */
+size_t wk_kv_bytes_per_token(const wk_model *m, int type);
 /* block_size: a power of two. */
 int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, wk_cache **out);
 void wk_cache_free(wk_cache *c);
@@ -77,7 +98,7 @@ void wk_cache_copy(wk_cache *c, int src, int dst);
 /* One sequence's part of a step: n tokens at positions pos0..pos0+n-1.
  * blocks covers positions 0..pos0+n-1. Logits are produced for tokens
  * logits_from..n-1 (n: none). */
-typedef struct {
+typedef struct wk_batch_seq {
     const int32_t *tokens;
     int n, pos0;
     const int32_t *blocks;
@@ -91,6 +112,14 @@ typedef struct {
  * in the step. LLM_EINVAL for a bad id, LLM_ERANGE past the model context or
  * the batch capacity. */
 int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits);
+
+/* Tensor parallelism. Rank 0's wk_forward_batch first broadcasts the step
+ * (with the cache's recorded copy-on-write copies); the other ranks call
+ * wk_forward_follow in a loop, which receives one step, replays its copies
+ * and runs it on their shard. wk_forward_shutdown (rank 0) ends the loop
+ * (*shutdown = 1). LLM_EIO when a rank died, LLM_EFORMAT for a bad plan. */
+int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown);
+int wk_forward_shutdown(wk_model *m);
 
 /* A single sequence with a private cache of ctx positions (generate,
  * perplexity, tests): blocks 0, 1, 2 ... in order. */

@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     }
     char err[512] = "";
     wk_model *m;
-    wk_model_opts mo = {model_path, NULL, threads, eo.max_num_batched_tokens};
+    wk_model_opts mo = {model_path, NULL, threads, eo.max_num_batched_tokens, NULL};
     if (wk_model_load(&mo, &m, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;

@@ -36,7 +36,7 @@ static void golden(const char *model, const char *path) {
     if (!doc) return;
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts o = {model, NULL, 2, 16}; /* chunk 16: prompts span several prefill chunks */
+    wk_model_opts o = {model, NULL, 2, 16, NULL}; /* chunk 16: prompts span several prefill chunks */
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) { fprintf(stderr, "%s\n", err); json_decref(doc); return; }
     int V = (int)m->cfg.vocab;
@@ -228,7 +228,7 @@ static void tiny(void) {
     write_tiny(bin, tokp, w, &size);
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts o = {bin, tokp, 2, 5};
+    wk_model_opts o = {bin, tokp, 2, 5, NULL};
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) { fprintf(stderr, "%s\n", err); free(w); return; }
     CHECK(!m->cfg.tied);
@@ -291,7 +291,7 @@ static void stories(const char *dir) {
     }
     char err[512];
     wk_model *m = NULL;
-    wk_model_opts o = {bin, tokp, 2, 0};
+    wk_model_opts o = {bin, tokp, 2, 0, NULL};
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) return;
     const char *s = "One day, a clever fox found a shiny key under the old oak tree.";

@@ -1,0 +1,40 @@
+/* pr_wire.h - framing of the protobuf-c messages on NNG sockets.
+ *
+ * Every message is one Envelope carrying PR_VERSION. Decoding checks the
+ * size limit, the protobuf encoding, the version and that a body is present,
+ * so callers only ever see well-formed envelopes of their own version. */
+#ifndef PR_WIRE_H
+#define PR_WIRE_H
+
+#include "llmserve.pb-c.h"
+
+#include <nng/nng.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PR_VERSION 1
+#define PR_MAX_MSG (16u << 20) /* bytes; also the sockets' NNG_OPT_RECVMAXSZ */
+
+typedef Llmserve__Envelope pr_env;
+
+/* buf[0..len) -> *out (free with pr_free). LLM_ETRUNC / LLM_EFORMAT for a
+ * malformed message, LLM_EUNSUP for another version (*peer_version set),
+ * LLM_ERANGE for an oversized one. */
+int pr_decode(const void *buf, size_t len, pr_env **out, uint32_t *peer_version, char *err, size_t errlen);
+void pr_free(pr_env *e);
+
+/* Packs env (its version is set here) and sends it. flags: 0 or
+ * NNG_FLAG_NONBLOCK. Returns 0, LLM_EAGAIN (would block), LLM_ETIMEDOUT,
+ * or LLM_EIO. */
+int pr_send(nng_socket s, pr_env *env, int flags);
+/* Receives one message; same decoding rules as pr_decode. LLM_EAGAIN /
+ * LLM_ETIMEDOUT when nothing came. */
+int pr_recv(nng_socket s, pr_env **out, int flags, uint32_t *peer_version, char *err, size_t errlen);
+
+/* An Envelope with the given body case, for building messages on the stack. */
+void pr_env_init(pr_env *e);
+
+/* Maps an NNG error to LLM_E*. */
+int pr_nng_err(int rv);
+
+#endif

@@ -1,0 +1,53 @@
+/* wk_comm.h - collective operations between the ranks of one worker group.
+ *
+ * Two backends behind one interface: a CPU shared-memory one (ranks on one
+ * machine, no GPU needed) and NCCL (GPU buffers; compiled when CUDA is).
+ * Every operation is deterministic and identical on every rank: sums are
+ * taken in rank order, so all ranks hold bit-identical results and never
+ * diverge. A dead peer makes the operation return LLM_EIO on every rank
+ * (never a hang). */
+#ifndef WK_COMM_H
+#define WK_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct wk_comm wk_comm;
+
+typedef struct {
+    int (*all_reduce_sum)(wk_comm *c, float *buf, size_t n);
+    /* Rows of width[rank] floats from every rank, side by side: out is
+     * [rows][sum of widths], rank k's columns at offset sum(width[0..k)).
+     * out may be NULL on ranks that do not need the result. */
+    int (*all_gather_cols)(wk_comm *c, const float *in, int rows, const int *width, float *out);
+    int (*broadcast)(wk_comm *c, void *buf, size_t bytes, int root);
+    int (*barrier)(wk_comm *c);
+    void (*destroy)(wk_comm *c);
+} wk_comm_ops;
+
+struct wk_comm {
+    int rank, size;
+    const wk_comm_ops *ops;
+    void *impl;
+};
+
+/* CPU shared memory. Rank 0 creates the segment (name written to name_out,
+ * at least 64 bytes); the others attach by that name. pids: the group's
+ * process ids, checked while waiting so a dead rank is noticed. */
+int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out);
+int wk_comm_shm_attach(const char *name, int rank, wk_comm **out);
+/* Records this rank's pid (and, on rank 0, which pids are its children to reap). */
+void wk_comm_shm_set_pid(wk_comm *c, int rank, pid_t pid, int is_child);
+
+/* NCCL (LLMSERVE_CUDA builds): unique id from rank 0, passed over the
+ * group's control channel. Buffers are device pointers. */
+#define WK_NCCL_ID_BYTES 128
+int wk_comm_nccl_unique_id(uint8_t id[WK_NCCL_ID_BYTES]);
+int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, wk_comm **out);
+
+static inline void wk_comm_free(wk_comm *c) {
+    if (c) c->ops->destroy(c);
+}
+
+#endif

@@ -1,0 +1,198 @@
+/* llmserve-worker: one model replica serving gateways over NNG. */
+#include "cm_error.h"
+#include "cm_log.h"
+#include "wk_flags.h"
+#include "wk_server.h"
+#include "wk_tp.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) {
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: llmserve-worker [flags]\n"
+            "  --model PATH              GGUF model (default $LLMSERVE_MODEL or " DEFAULT_MODEL ")\n"
+            "  --listen ADDR             tcp://HOST:PORT or ipc://PATH (default tcp://127.0.0.1:7600)\n"
+            "  --device cpu|cuda         backend (default cpu)\n"
+            "  --tensor-parallel-size N  split the model over N rank processes (default 1)\n"
+            "  --rank R                  (internal / multi-host) join a group as rank R\n"
+            "  --group-address ADDR      the group's control channel (default: ipc in /tmp)\n"
+            "  --threads N               CPU threads per rank (default: all CPUs / N)\n"
+            "  --worker-id ID            name in Health and logs (default: hostname:pid)\n"
+            "  --served-model-name NAME  model name reported to gateways (default: file name)\n"
+            "  --heartbeat-timeout MS    drop a silent gateway after MS (default 5000)\n"
+            "  --max-waiting N           queued requests before refusing new ones (default 1024)\n"
+            "  --log-level L             error|warn|info|debug (default info)\n"
+            "  -h, --help\n" WK_ENGINE_FLAGS_HELP);
+}
+
+static int parse_pos(const char *flag, const char *s, long lo, long hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "llmserve-worker: %s expects an integer from %ld to %ld, not '%s'\n", flag, lo, hi, s);
+        return LLM_EINVAL;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
+    const char *listen = "tcp://127.0.0.1:7600", *device = "cpu", *group = NULL, *worker_id = NULL, *served = NULL;
+    int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024;
+    wk_engine_opts eo;
+    wk_engine_opts_default(&eo);
+    cm_log_set_level(CM_LOG_INFO);
+    enum { O_MODEL = 1, O_LISTEN, O_DEVICE, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG };
+    static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
+                                       {"listen", required_argument, 0, O_LISTEN},
+                                       {"device", required_argument, 0, O_DEVICE},
+                                       {"tensor-parallel-size", required_argument, 0, O_TP},
+                                       {"rank", required_argument, 0, O_RANK},
+                                       {"group-address", required_argument, 0, O_GROUP},
+                                       {"threads", required_argument, 0, O_THREADS},
+                                       {"worker-id", required_argument, 0, O_WID},
+                                       {"served-model-name", required_argument, 0, O_NAME},
+                                       {"heartbeat-timeout", required_argument, 0, O_HB},
+                                       {"max-waiting", required_argument, 0, O_MAXW},
+                                       {"log-level", required_argument, 0, O_LOG},
+                                       {"help", no_argument, 0, 'h'},
+                                       WK_ENGINE_LONGOPTS,
+                                       {0, 0, 0, 0}};
+    int c, lvl;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_LISTEN: listen = optarg; break;
+        case O_DEVICE: device = optarg; break;
+        case O_TP: bad = parse_pos("--tensor-parallel-size", optarg, 1, 64, &tp); break;
+        case O_RANK: bad = parse_pos("--rank", optarg, 0, 63, &rank); break;
+        case O_GROUP: group = optarg; break;
+        case O_THREADS: bad = parse_pos("--threads", optarg, 1, 1024, &threads); break;
+        case O_WID: worker_id = optarg; break;
+        case O_NAME: served = optarg; break;
+        case O_HB: bad = parse_pos("--heartbeat-timeout", optarg, 100, 3600000, &hb); break;
+        case O_MAXW: bad = parse_pos("--max-waiting", optarg, 1, 1 << 20, &max_waiting); break;
+        case O_LOG:
+            if (cm_log_parse_level(optarg, &lvl)) {
+                fprintf(stderr, "llmserve-worker: --log-level expects error|warn|info|debug\n");
+                bad = 1;
+            } else {
+                cm_log_set_level(lvl);
+            }
+            break;
+        case 'h': help(stdout); return 0;
+        default:
+            if (c >= WK_FLAG_BASE) {
+                bad = wk_engine_flag(&eo, c, optarg) != 0;
+                break;
+            }
+            help(stderr);
+            return 2;
+        }
+        if (bad) return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "llmserve-worker: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        fprintf(stderr, "llmserve-worker: --device expects cpu or cuda, not '%s'\n", device);
+        return 2;
+    }
+    if (!strcmp(device, "cuda")) {
+        fprintf(stderr, "llmserve-worker: --device cuda: the CUDA forward pass is not built yet (the CUDA backend "
+                        "issue); use --device cpu\n");
+        return 2;
+    }
+    if (rank >= tp) {
+        fprintf(stderr, "llmserve-worker: --rank %d is outside --tensor-parallel-size %d\n", rank, tp);
+        return 2;
+    }
+    char wid[256], name[256];
+    if (!worker_id) {
+        char host[128] = "worker";
+        gethostname(host, sizeof host - 1);
+        snprintf(wid, sizeof wid, "%s:%d", host, (int)getpid());
+        worker_id = wid;
+    }
+    if (!served) {
+        const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+        snprintf(name, sizeof name, "%s", base);
+        char *dot = strrchr(name, '.');
+        if (dot && !strcmp(dot, ".gguf")) *dot = 0;
+        served = name;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[512] = "";
+    wk_tp *group_h = NULL;
+    int my_rank = rank < 0 ? 0 : rank;
+    if (tp > 1) {
+        /* rank 0 starts ranks 1..tp-1 (unless they join on their own with --rank) */
+        int rc = wk_tp_start(tp, my_rank, group, argc, argv, rank < 0, &group_h, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);
+            return 1;
+        }
+    }
+    int per_rank = threads ? threads : (int)(sysconf(_SC_NPROCESSORS_ONLN) / tp);
+    if (per_rank < 1) per_rank = 1;
+    wk_model_opts mo = {model, NULL, per_rank, eo.max_num_batched_tokens, NULL};
+    wk_model *m = NULL;
+    int rc = wk_model_load_tp(&mo, group_h, &m, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
+        wk_tp_free(group_h);
+        return 1;
+    }
+    CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s, %d threads, rank %d of %d",
+            model, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
+            m->cfg.ctx_len, kn_isa_name(), kn_pool_size(m->pool), my_rank, tp);
+    int ret = 0;
+    if (my_rank > 0) {
+        rc = wk_tp_follow(group_h, m, &eo, &stop_flag, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "llmserve-worker rank %d: %s\n", my_rank, err);
+            ret = 1;
+        }
+    } else {
+        wk_engine *e = NULL;
+        rc = wk_engine_create(m, &eo, &e, err, sizeof err);
+        if (!rc && group_h) rc = wk_tp_attach(group_h, e, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
+            ret = 1;
+        } else {
+            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp};
+            rc = wk_server_run(e, &so, &stop_flag, err, sizeof err);
+            if (rc) {
+                fprintf(stderr, "llmserve-worker: %s\n", err);
+                ret = 1;
+            }
+        }
+        wk_engine_free(e);
+    }
+    wk_tp_free(group_h); /* rank 0: stops the followers */
+    wk_model_free(m);
+    return ret;
+}

@@ -1,0 +1,576 @@
+#include "wk_server.h"
+#include "cm_error.h"
+#include "cm_hash.h"
+#include "cm_log.h"
+#include "pr_wire.h"
+
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_GATEWAYS 256
+#define SLOT_BITS 20
+
+typedef struct {
+    int used;
+    char id[128], reply[256];
+    nng_socket push;
+    int64_t last_heard;
+    int snapshot_due;            /* send every cached key with the next events */
+} gateway;
+
+typedef struct {
+    int used, gw, choices_left, timed_out;
+    uint64_t rid, eid;
+    uint32_t seq;
+    int64_t deadline_ms;
+} slot;
+
+typedef struct {
+    wk_engine *e;
+    const wk_server_opts *o;
+    nng_socket pull;
+    gateway gw[MAX_GATEWAYS];
+    slot *slots;
+    int n_slots, cap_slots, live;
+    uint64_t counter;
+    float step_ms[1024];
+    int n_step, step_at;
+    uint64_t dropped;
+} server;
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static gateway *find_gw(server *s, const char *id) {
+    for (int i = 0; i < MAX_GATEWAYS; i++)
+        if (s->gw[i].used && !strcmp(s->gw[i].id, id)) return &s->gw[i];
+    return NULL;
+}
+
+static slot *find_req(server *s, int gw, uint64_t rid) {
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].used && s->slots[i].gw == gw && s->slots[i].rid == rid) return &s->slots[i];
+    return NULL;
+}
+
+static slot *slot_of(server *s, uint64_t eid) {
+    uint64_t i = eid & ((1u << SLOT_BITS) - 1);
+    if (i >= (uint64_t)s->n_slots || !s->slots[i].used || s->slots[i].eid != eid) return NULL;
+    return &s->slots[i];
+}
+
+static slot *slot_new(server *s) {
+    for (int i = 0; i < s->n_slots; i++)
+        if (!s->slots[i].used) return &s->slots[i];
+    if (s->n_slots == (1 << SLOT_BITS)) return NULL;
+    if (s->n_slots == s->cap_slots) {
+        int cap = s->cap_slots ? 2 * s->cap_slots : 256;
+        slot *n = realloc(s->slots, sizeof *n * (size_t)cap);
+        if (!n) return NULL;
+        s->slots = n;
+        s->cap_slots = cap;
+    }
+    return &s->slots[s->n_slots++];
+}
+
+static void slot_free(server *s, slot *sl) {
+    sl->used = 0;
+    s->live--;
+}
+
+/* Sends to a gateway without blocking the engine. A gateway whose buffer is
+ * full has stopped reading: it loses its requests rather than stalling all. */
+static void send_gw(server *s, int g, pr_env *env);
+
+static void drop_gateway(server *s, int g, const char *why) {
+    gateway *gw = &s->gw[g];
+    if (!gw->used) return;
+    int aborted = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->used || sl->gw != g) continue;
+        wk_engine_abort(s->e, sl->eid);
+        slot_free(s, sl);
+        aborted++;
+    }
+    CM_WARN("gateway %s dropped (%s); %d requests aborted", gw->id, why, aborted);
+    nng_close(gw->push);
+    gw->used = 0;
+    /* the abort outputs of its requests have no slot any more and are ignored */
+}
+
+static void send_gw(server *s, int g, pr_env *env) {
+    gateway *gw = &s->gw[g];
+    if (!gw->used) return;
+    int rc = pr_send(gw->push, env, NNG_FLAG_NONBLOCK);
+    if (rc == LLM_EAGAIN) drop_gateway(s, g, "not reading: send buffer full");
+    else if (rc) CM_WARN("send to gateway %s failed: %s", gw->id, cm_strerror(rc));
+}
+
+static void send_error_chunk(server *s, int g, uint64_t rid, int code, const char *msg, int finish) {
+    Llmserve__TokenChunk ch = LLMSERVE__TOKEN_CHUNK__INIT;
+    ch.request_id = rid;
+    ch.seq = 0;
+    ch.has_finish = 1;
+    ch.finish = finish;
+    ch.error = (char *)msg;
+    ch.has_error_code = 1;
+    ch.error_code = code;
+    pr_env env;
+    pr_env_init(&env);
+    env.body_case = LLMSERVE__ENVELOPE__BODY_CHUNK;
+    env.chunk = &ch;
+    send_gw(s, g, &env);
+}
+
+static void fill_stats(server *s, Llmserve__Stats *st) {
+    wk_engine_stats es;
+    wk_engine_get_stats(s->e, &es);
+    llmserve__stats__init(st);
+#define SET(f, v) st->has_##f = 1, st->f = (v)
+    SET(waiting, es.waiting);
+    SET(running, es.running);
+    SET(blocks_total, es.blocks_total);
+    SET(blocks_free, es.blocks_free);
+    SET(prefix_queries, es.prefix_queries);
+    SET(prefix_hits, es.prefix_hits);
+    SET(steps, es.steps);
+    SET(tokens_generated, es.tokens_generated);
+    SET(preemptions, es.preemptions);
+    SET(requests_finished, es.requests_finished);
+    SET(requests_aborted, es.requests_aborted);
+    SET(kv_bytes, (uint64_t)es.blocks_total * wk_engine_options(s->e)->block_size * es.kv_bytes_per_token);
+    SET(tp_size, (uint32_t)(s->o->tp_size > 0 ? s->o->tp_size : 1));
+    int n = s->n_step < 1024 ? s->n_step : 1024;
+    if (n) {
+        float v[1024];
+        memcpy(v, s->step_ms, sizeof(float) * (size_t)n);
+        /* insertion sort: at most 1024, on request only */
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                float t = v[j];
+                v[j] = v[j - 1];
+                v[j - 1] = t;
+            }
+        SET(step_ms_p50, v[n / 2]);
+        SET(step_ms_p99, v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1]);
+    }
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) == 2) SET(rss_bytes, (uint64_t)rss * (uint64_t)sysconf(_SC_PAGE_SIZE));
+        fclose(f);
+    }
+#undef SET
+}
+
+static void send_health(server *s, int g) {
+    const wk_model *m = wk_engine_model(s->e);
+    Llmserve__Health h = LLMSERVE__HEALTH__INIT;
+    Llmserve__Stats st;
+    fill_stats(s, &st);
+    h.worker_id = (char *)s->o->worker_id;
+    h.model = (char *)s->o->model_name;
+    h.has_max_model_len = h.has_block_size = h.has_vocab = h.has_ready = h.has_tp_size = 1;
+    h.max_model_len = wk_engine_options(s->e)->max_model_len;
+    h.block_size = wk_engine_options(s->e)->block_size;
+    h.vocab = (int32_t)m->cfg.vocab;
+    h.ready = 1;
+    h.tp_size = (uint32_t)(s->o->tp_size > 0 ? s->o->tp_size : 1);
+    h.stats = &st;
+    pr_env env;
+    pr_env_init(&env);
+    env.body_case = LLMSERVE__ENVELOPE__BODY_HEALTH;
+    env.health = &h;
+    send_gw(s, g, &env);
+}
+
+static void on_hello(server *s, const Llmserve__Hello *h) {
+    gateway *gw = find_gw(s, h->gateway_id);
+    if (gw && strcmp(gw->reply, h->reply_address)) { /* restarted on a new address */
+        drop_gateway(s, (int)(gw - s->gw), "reply address changed");
+        gw = NULL;
+    }
+    if (!gw) {
+        if (strlen(h->gateway_id) >= sizeof gw->id || strlen(h->reply_address) >= sizeof gw->reply) {
+            CM_WARN("Hello with an over-long gateway id or address dropped");
+            return;
+        }
+        for (int i = 0; i < MAX_GATEWAYS && !gw; i++)
+            if (!s->gw[i].used) gw = &s->gw[i];
+        if (!gw) {
+            CM_WARN("gateway %s refused: %d gateways already connected", h->gateway_id, MAX_GATEWAYS);
+            return;
+        }
+        memset(gw, 0, sizeof *gw);
+        int rv = nng_push0_open(&gw->push);
+        if (!rv) rv = nng_socket_set_int(gw->push, NNG_OPT_SENDBUF, s->o->send_buffer > 0 ? s->o->send_buffer : 8192);
+        if (!rv) rv = nng_socket_set_ms(gw->push, NNG_OPT_RECONNMINT, 50);
+        if (!rv) rv = nng_socket_set_ms(gw->push, NNG_OPT_RECONNMAXT, 1000);
+        if (!rv) rv = nng_dial(gw->push, h->reply_address, NULL, NNG_FLAG_NONBLOCK);
+        if (rv) {
+            CM_WARN("cannot dial gateway %s at %s: %s", h->gateway_id, h->reply_address, nng_strerror(rv));
+            nng_close(gw->push);
+            return;
+        }
+        snprintf(gw->id, sizeof gw->id, "%s", h->gateway_id);
+        snprintf(gw->reply, sizeof gw->reply, "%s", h->reply_address);
+        gw->used = 1;
+        gw->snapshot_due = 1;
+        CM_INFO("gateway %s connected (replies to %s)", gw->id, gw->reply);
+    }
+    gw->last_heard = now_ms();
+    send_health(s, (int)(gw - s->gw));
+}
+
+static void on_generate(server *s, const Llmserve__Generate *g) {
+    gateway *gw = find_gw(s, g->gateway_id);
+    if (!gw) {
+        s->dropped++;
+        CM_WARN("Generate %llu from unknown gateway '%s' dropped (no Hello yet)", (unsigned long long)g->request_id,
+                g->gateway_id);
+        return;
+    }
+    int gi = (int)(gw - s->gw);
+    gw->last_heard = now_ms();
+    if (find_req(s, gi, g->request_id)) {
+        pr_env env;
+        pr_env_init(&env);
+        Llmserve__Error er = LLMSERVE__ERROR__INIT;
+        char msg[160];
+        snprintf(msg, sizeof msg, "duplicate request id %llu: a request with this id is running",
+                 (unsigned long long)g->request_id);
+        er.message = msg;
+        er.has_code = 1;
+        er.code = LLM_EAGAIN;
+        env.body_case = LLMSERVE__ENVELOPE__BODY_ERROR;
+        env.error = &er;
+        send_gw(s, gi, &env);
+        return;
+    }
+    wk_engine_stats es;
+    wk_engine_get_stats(s->e, &es);
+    int maxw = s->o->max_waiting > 0 ? s->o->max_waiting : 1024;
+    if (es.waiting >= maxw) {
+        send_error_chunk(s, gi, g->request_id, LLM_EAGAIN, "worker overloaded: too many waiting requests", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
+    if (g->deadline_ms && (int64_t)g->deadline_ms <= wall_ms()) {
+        send_error_chunk(s, gi, g->request_id, LLM_ETIMEDOUT, "deadline passed before the request started",
+                         LLMSERVE__FINISH_REASON__FINISH_TIMEOUT);
+        return;
+    }
+    wk_params p;
+    wk_params_default(&p);
+    const Llmserve__SamplingParams *sp = g->params;
+    wk_bias bias[WK_MAX_BIAS];
+    if (sp) {
+        p.s.temperature = sp->has_temperature ? sp->temperature : 1;
+        p.s.top_p = sp->has_top_p ? sp->top_p : 1;
+        p.s.top_k = sp->has_top_k ? sp->top_k : -1;
+        p.s.min_p = sp->min_p;
+        p.s.presence_penalty = sp->presence_penalty;
+        p.s.frequency_penalty = sp->frequency_penalty;
+        p.s.repetition_penalty = sp->has_repetition_penalty ? sp->repetition_penalty : 1;
+        p.max_tokens = sp->max_tokens;
+        p.min_tokens = sp->min_tokens;
+        p.n = sp->has_n ? sp->n : 1;
+        p.logprobs = sp->has_logprobs ? sp->logprobs : -1;
+        p.ignore_eos = sp->ignore_eos;
+        p.has_seed = sp->has_seed;
+        p.seed = sp->seed;
+        if (sp->n_stop > WK_MAX_STOP || sp->n_stop_token_ids > WK_MAX_STOP_IDS || sp->n_logit_bias_ids > WK_MAX_BIAS ||
+            sp->n_logit_bias_ids != sp->n_logit_bias_values) {
+            send_error_chunk(s, gi, g->request_id, LLM_EINVAL, "too many stop strings, stop ids or logit_bias entries",
+                             LLMSERVE__FINISH_REASON__FINISH_ERROR);
+            return;
+        }
+        p.n_stop = (int)sp->n_stop;
+        for (size_t i = 0; i < sp->n_stop; i++) p.stop[i] = sp->stop[i];
+        p.n_stop_ids = (int)sp->n_stop_token_ids;
+        p.stop_ids = sp->stop_token_ids;
+        for (size_t i = 0; i < sp->n_logit_bias_ids; i++) bias[i] = (wk_bias){sp->logit_bias_ids[i], sp->logit_bias_values[i]};
+        p.s.n_bias = (int)sp->n_logit_bias_ids;
+        p.s.bias = bias;
+    }
+    p.priority = g->priority;
+    p.cache_salt = g->cache_salt ? cm_salt_of(g->cache_salt, strlen(g->cache_salt)) : 0;
+    if (g->n_token_ids > (size_t)INT32_MAX) {
+        send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
+    slot *sl = slot_new(s);
+    if (!sl) {
+        send_error_chunk(s, gi, g->request_id, LLM_ENOMEM, "worker out of request slots", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
+    uint64_t eid = (++s->counter << SLOT_BITS) | (uint64_t)(sl - s->slots);
+    char err[512] = "";
+    int rc = wk_engine_add(s->e, eid, g->token_ids, (int)g->n_token_ids, &p, err, sizeof err);
+    if (rc) {
+        send_error_chunk(s, gi, g->request_id, rc, err[0] ? err : cm_strerror(rc), LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
+    *sl = (slot){1, gi, p.n, 0, g->request_id, eid, 0, (int64_t)g->deadline_ms};
+    s->live++;
+}
+
+static void on_cancel(server *s, const Llmserve__Cancel *c) {
+    gateway *gw = find_gw(s, c->gateway_id);
+    slot *sl = gw ? find_req(s, (int)(gw - s->gw), c->request_id) : NULL;
+    if (!sl) {
+        CM_DEBUG("Cancel of unknown request %llu from %s ignored", (unsigned long long)c->request_id, c->gateway_id);
+        return;
+    }
+    wk_engine_abort(s->e, sl->eid); /* its outputs (finish = abort) go out with the next sends */
+}
+
+static void handle(server *s, pr_env *env) {
+    switch (env->body_case) {
+    case LLMSERVE__ENVELOPE__BODY_HELLO: on_hello(s, env->hello); break;
+    case LLMSERVE__ENVELOPE__BODY_GENERATE: on_generate(s, env->generate); break;
+    case LLMSERVE__ENVELOPE__BODY_CANCEL: on_cancel(s, env->cancel); break;
+    case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: {
+        gateway *gw = find_gw(s, env->stats_request->gateway_id);
+        if (!gw) break;
+        Llmserve__Stats st;
+        fill_stats(s, &st);
+        pr_env out;
+        pr_env_init(&out);
+        out.body_case = LLMSERVE__ENVELOPE__BODY_STATS;
+        out.stats = &st;
+        send_gw(s, (int)(gw - s->gw), &out);
+        break;
+    }
+    default:
+        s->dropped++;
+        CM_WARN("unexpected message (body %d) dropped", env->body_case);
+    }
+}
+
+static int finish_code(int f) {
+    switch (f) {
+    case WK_FINISH_STOP: return LLMSERVE__FINISH_REASON__FINISH_STOP;
+    case WK_FINISH_LENGTH: return LLMSERVE__FINISH_REASON__FINISH_LENGTH;
+    case WK_FINISH_ABORT: return LLMSERVE__FINISH_REASON__FINISH_ABORT;
+    default: return LLMSERVE__FINISH_REASON__FINISH_NONE;
+    }
+}
+
+static void send_outputs(server *s) {
+    const wk_output *o;
+    int n = wk_engine_outputs(s->e, &o);
+    for (int i = 0; i < n; i++) {
+        slot *sl = slot_of(s, o[i].id);
+        if (!sl) continue; /* its gateway is gone */
+        Llmserve__TokenChunk ch = LLMSERVE__TOKEN_CHUNK__INIT;
+        ch.request_id = sl->rid;
+        ch.seq = sl->seq++;
+        ch.has_index = 1;
+        ch.index = o[i].index;
+        ch.n_token_ids = (size_t)o[i].n_tokens;
+        ch.token_ids = (int32_t *)o[i].tokens;
+        ch.has_text = 1;
+        ch.text.data = (uint8_t *)o[i].text;
+        ch.text.len = o[i].text_len;
+        Llmserve__TokenLogprob lps[8], *lpp[8];
+        Llmserve__TopLogprob tops[8][WK_MAX_LOGPROBS], *topp[8][WK_MAX_LOGPROBS];
+        if (o[i].logprobs) {
+            int nl = o[i].n_tokens < 8 ? o[i].n_tokens : 8;
+            for (int k = 0; k < nl; k++) {
+                const wk_token_lp *l = &o[i].logprobs[k];
+                llmserve__token_logprob__init(&lps[k]);
+                lps[k].token_id = l->token;
+                lps[k].logprob = l->logprob;
+                for (int t = 0; t < l->n_top; t++) {
+                    llmserve__top_logprob__init(&tops[k][t]);
+                    tops[k][t].token_id = l->top[t].id;
+                    tops[k][t].logprob = l->top[t].logprob;
+                    topp[k][t] = &tops[k][t];
+                }
+                lps[k].n_top = (size_t)l->n_top;
+                lps[k].top = topp[k];
+                lpp[k] = &lps[k];
+            }
+            ch.n_logprobs = (size_t)nl;
+            ch.logprobs = lpp;
+        }
+        Llmserve__Usage us = LLMSERVE__USAGE__INIT;
+        if (o[i].finish) {
+            ch.has_finish = 1;
+            ch.finish = finish_code(o[i].finish);
+            if (sl->timed_out && o[i].finish == WK_FINISH_ABORT) {
+                ch.finish = LLMSERVE__FINISH_REASON__FINISH_TIMEOUT;
+                ch.error = "deadline exceeded";
+            }
+            us.prompt_tokens = o[i].prompt_tokens;
+            us.completion_tokens = o[i].completion_tokens;
+            us.has_cached_tokens = 1;
+            us.cached_tokens = o[i].cached_tokens;
+            ch.usage = &us;
+        }
+        pr_env env;
+        pr_env_init(&env);
+        env.body_case = LLMSERVE__ENVELOPE__BODY_CHUNK;
+        env.chunk = &ch;
+        int g = sl->gw;
+        if (o[i].finish && --sl->choices_left <= 0) slot_free(s, sl);
+        send_gw(s, g, &env);
+    }
+}
+
+typedef struct {
+    Llmserve__KvEvent *ev;
+    Llmserve__KvEvent **evp;
+    size_t n, cap;
+} ev_buf;
+
+static void ev_add(ev_buf *b, int kind, uint64_t key, uint64_t parent) {
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 256;
+        Llmserve__KvEvent *e = realloc(b->ev, sizeof *e * cap);
+        if (!e) return;
+        b->ev = e;
+        b->cap = cap;
+    }
+    llmserve__kv_event__init(&b->ev[b->n]);
+    b->ev[b->n].kind = kind;
+    b->ev[b->n].key = key;
+    b->ev[b->n].has_parent = parent != 0;
+    b->ev[b->n].parent = parent;
+    b->n++;
+}
+
+static void key_cb(void *ctx, uint64_t key) {
+    ev_add(ctx, LLMSERVE__KV_EVENT__KIND__STORED, key, 0);
+}
+
+static void send_events(server *s, ev_buf *b, int snapshot, int only_gw) {
+    Llmserve__KvEvent **evp = malloc(sizeof *evp * (b->n + 1));
+    if (!evp) return;
+    for (size_t i = 0; i < b->n; i++) evp[i] = &b->ev[i];
+    Llmserve__KvEvents kv = LLMSERVE__KV_EVENTS__INIT;
+    kv.n_events = b->n;
+    kv.events = evp;
+    kv.has_full_snapshot = 1;
+    kv.full_snapshot = snapshot;
+    kv.has_block_size = 1;
+    kv.block_size = (uint32_t)wk_engine_options(s->e)->block_size;
+    pr_env env;
+    pr_env_init(&env);
+    env.body_case = LLMSERVE__ENVELOPE__BODY_KV_EVENTS;
+    env.kv_events = &kv;
+    for (int g = 0; g < MAX_GATEWAYS; g++)
+        if (s->gw[g].used && (only_gw < 0 || g == only_gw)) send_gw(s, g, &env);
+    free(evp);
+}
+
+/* New prefix-cache events to every gateway; a full snapshot to new ones. */
+static void publish_events(server *s) {
+    ev_buf b = {0};
+    wk_kv_event ev[512];
+    int n;
+    while ((n = wk_engine_events(s->e, ev, 512)) > 0)
+        for (int i = 0; i < n; i++)
+            ev_add(&b, ev[i].type == WK_EV_STORED ? LLMSERVE__KV_EVENT__KIND__STORED : LLMSERVE__KV_EVENT__KIND__REMOVED,
+                   ev[i].key, ev[i].parent);
+    if (b.n) send_events(s, &b, 0, -1);
+    for (int g = 0; g < MAX_GATEWAYS; g++) {
+        if (!s->gw[g].used || !s->gw[g].snapshot_due) continue;
+        s->gw[g].snapshot_due = 0;
+        b.n = 0;
+        wk_engine_each_key(s->e, key_cb, &b);
+        send_events(s, &b, 1, g);
+    }
+    free(b.ev);
+}
+
+static void check_timeouts(server *s) {
+    int64_t t = now_ms(), w = wall_ms();
+    int hb = s->o->heartbeat_timeout_ms > 0 ? s->o->heartbeat_timeout_ms : 5000;
+    for (int g = 0; g < MAX_GATEWAYS; g++)
+        if (s->gw[g].used && t - s->gw[g].last_heard > hb) drop_gateway(s, g, "no heartbeat");
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->used || sl->timed_out || !sl->deadline_ms || sl->deadline_ms > w) continue;
+        sl->timed_out = 1; /* its abort output goes out as a timeout */
+        wk_engine_abort(s->e, sl->eid);
+    }
+}
+
+int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
+    server *s = calloc(1, sizeof *s);
+    if (!s) return LLM_ENOMEM;
+    s->e = e;
+    s->o = o;
+    int rv = nng_pull0_open(&s->pull);
+    if (!rv) rv = nng_socket_set_size(s->pull, NNG_OPT_RECVMAXSZ, PR_MAX_MSG);
+    if (!rv) rv = nng_socket_set_int(s->pull, NNG_OPT_RECVBUF, 1024);
+    if (!rv) rv = nng_listen(s->pull, o->listen, NULL, 0);
+    if (rv) {
+        snprintf(err, errlen, "cannot listen on %s: %s", o->listen, nng_strerror(rv));
+        if (s->pull.id) nng_close(s->pull);
+        free(s);
+        return LLM_EIO;
+    }
+    CM_INFO("worker %s listening on %s", o->worker_id, o->listen);
+    int64_t last_check = now_ms();
+    while (!*stop) {
+        /* everything that arrived; wait a little only when idle */
+        int idle = !wk_engine_has_work(e);
+        for (int k = 0; k < 4096; k++) {
+            pr_env *env;
+            char e2[256];
+            uint32_t pv = 0;
+            if (idle && k == 0) nng_socket_set_ms(s->pull, NNG_OPT_RECVTIMEO, 50);
+            int rc = pr_recv(s->pull, &env, idle && k == 0 ? 0 : NNG_FLAG_NONBLOCK, &pv, e2, sizeof e2);
+            if (rc == LLM_EAGAIN || rc == LLM_ETIMEDOUT) break;
+            if (rc) {
+                s->dropped++;
+                CM_WARN("bad message dropped: %s", e2);
+                continue;
+            }
+            handle(s, env);
+            pr_free(env);
+        }
+        if (now_ms() - last_check >= 100) {
+            check_timeouts(s);
+            last_check = now_ms();
+        }
+        if (wk_engine_has_work(e)) {
+            struct timespec a, b;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            int rc = wk_engine_step(e);
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            if (rc < 0) {
+                snprintf(err, errlen, "engine step failed: %s", cm_strerror(rc));
+                break;
+            }
+            s->step_ms[s->step_at] = (float)((double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) * 1e-6);
+            s->step_at = (s->step_at + 1) % 1024;
+            s->n_step++;
+        }
+        send_outputs(s);
+        publish_events(s);
+    }
+    for (int g = 0; g < MAX_GATEWAYS; g++)
+        if (s->gw[g].used) nng_close(s->gw[g].push);
+    nng_close(s->pull);
+    free(s->slots);
+    free(s);
+    return *stop ? 0 : LLM_EIO;
+}

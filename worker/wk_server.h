@@ -1,0 +1,36 @@
+/* wk_server.h - the worker's RPC loop: NNG pipelines in front of the engine.
+ *
+ * One PULL socket at --listen takes Hello / Generate / Cancel /
+ * StatsRequest from any number of gateways. Each gateway announces its own
+ * PULL address in Hello; the worker dials it with a PUSH socket and sends
+ * that gateway its TokenChunks, Health answers and KvEvents. One thread runs
+ * everything: receive what arrived, run one engine step, send what it
+ * produced, so a cancel takes effect at the next step.
+ *
+ * Liveness: gateways repeat Hello every second; one silent for
+ * heartbeat_timeout_ms is dropped and its requests are aborted. The worker
+ * answers every Hello with Health, which is how gateways notice a dead
+ * worker. Back-pressure: at most max_waiting requests wait; more are refused
+ * at once (LLM_EAGAIN, "overloaded"). A gateway that stops reading until its
+ * send buffer is full loses its requests (aborted), not the worker's memory. */
+#ifndef WK_SERVER_H
+#define WK_SERVER_H
+
+#include "wk_engine.h"
+
+#include <signal.h>
+
+typedef struct {
+    const char *listen;          /* tcp://HOST:PORT or ipc://PATH */
+    const char *worker_id;
+    const char *model_name;
+    int heartbeat_timeout_ms;    /* default 5000 */
+    int max_waiting;             /* default 1024 */
+    int send_buffer;             /* messages per gateway, default 8192 */
+    int tp_size;
+} wk_server_opts;
+
+/* Serves until *stop becomes non-zero. 0, or an error binding the address. */
+int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen);
+
+#endif

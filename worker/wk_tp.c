@@ -1,0 +1,304 @@
+#include "wk_tp.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TP_MAGIC 0x6c6d7470u
+#define TP_VERSION 1
+#define JOIN_TIMEOUT_MS 120000
+
+enum { BACKEND_SHM = 1 };
+
+typedef struct {
+    uint32_t magic, version, rank, size;
+    int32_t pid;
+} join_req;
+
+typedef struct {
+    uint32_t magic, version, status, backend;
+    char shm_name[64];
+    char err[128];
+} join_rep;
+
+typedef struct {
+    int32_t magic, block_size, n_blocks, kv_type;
+} cache_geom;
+
+struct wk_tp {
+    int size, rank;
+    wk_comm *comm;
+    pid_t child[64];
+    int n_child;
+    char addr[256];
+    int attached;
+    wk_model *m;
+};
+
+wk_comm *wk_tp_comm(wk_tp *t) { return t ? t->comm : NULL; }
+
+static int spawn_rank(wk_tp *t, int r, int argc, char **argv, char *err, size_t errlen) {
+    char **av = calloc((size_t)argc + 5, sizeof *av);
+    char rs[16];
+    if (!av) return LLM_ENOMEM;
+    snprintf(rs, sizeof rs, "%d", r);
+    int n = 0;
+    for (int i = 0; i < argc; i++) av[n++] = argv[i];
+    av[n++] = "--rank";
+    av[n++] = rs;
+    av[n++] = "--group-address";
+    av[n++] = t->addr;
+    av[n] = NULL;
+    pid_t ppid = getpid(), pid = fork();
+    if (pid < 0) {
+        free(av);
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        return LLM_EIO;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* the group dies with its driver */
+        if (getppid() != ppid) _exit(1);
+        execv("/proc/self/exe", av);
+        _exit(127);
+    }
+    free(av);
+    t->child[t->n_child++] = pid;
+    return 0;
+}
+
+static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t errlen) {
+    char shm_name[64];
+    int rc = wk_comm_shm_create(t->size, shm_name, sizeof shm_name, &t->comm);
+    if (rc) {
+        snprintf(err, errlen, "cannot create the shared-memory segment: %s", cm_strerror(rc));
+        return rc;
+    }
+    wk_comm_shm_set_pid(t->comm, 0, getpid(), 0);
+    nng_socket rep;
+    int rv = nng_rep0_open(&rep);
+    if (!rv) rv = nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, 1000);
+    if (!rv) rv = nng_socket_set_size(rep, NNG_OPT_RECVMAXSZ, 4096);
+    if (!rv) rv = nng_listen(rep, t->addr, NULL, 0);
+    if (rv) {
+        snprintf(err, errlen, "cannot listen on %s: %s", t->addr, nng_strerror(rv));
+        return LLM_EIO;
+    }
+    if (spawn)
+        for (int r = 1; r < t->size; r++)
+            if ((rc = spawn_rank(t, r, argc, argv, err, errlen))) goto out;
+    uint8_t joined[64] = {0};
+    int n_joined = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (n_joined < t->size - 1) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if ((t1.tv_sec - t0.tv_sec) * 1000 > JOIN_TIMEOUT_MS) {
+            snprintf(err, errlen, "only %d of %d ranks joined within %d s", n_joined + 1, t->size, JOIN_TIMEOUT_MS / 1000);
+            rc = LLM_ETIMEDOUT;
+            goto out;
+        }
+        for (int i = 0; i < t->n_child; i++) {
+            int st;
+            if (waitpid(t->child[i], &st, WNOHANG) == t->child[i]) {
+                snprintf(err, errlen, "rank process %d exited before joining (status %d)", (int)t->child[i], st);
+                t->child[i] = 0;
+                rc = LLM_EIO;
+                goto out;
+            }
+        }
+        nng_msg *msg;
+        rv = nng_recvmsg(rep, &msg, 0);
+        if (rv == NNG_ETIMEDOUT) continue;
+        if (rv) {
+            snprintf(err, errlen, "control channel: %s", nng_strerror(rv));
+            rc = LLM_EIO;
+            goto out;
+        }
+        join_req q;
+        join_rep a;
+        memset(&a, 0, sizeof a);
+        a.magic = TP_MAGIC;
+        a.version = TP_VERSION;
+        int ok = nng_msg_len(msg) == sizeof q;
+        if (ok) memcpy(&q, nng_msg_body(msg), sizeof q);
+        if (!ok || q.magic != TP_MAGIC) {
+            snprintf(a.err, sizeof a.err, "malformed join message");
+        } else if (q.version != TP_VERSION) {
+            snprintf(a.err, sizeof a.err, "rank speaks group protocol %u, rank 0 speaks %u", q.version, TP_VERSION);
+        } else if (q.size != (uint32_t)t->size || q.rank == 0 || q.rank >= (uint32_t)t->size || joined[q.rank]) {
+            snprintf(a.err, sizeof a.err, "rank %u of %u refused (group of %d, already joined: %d)", q.rank, q.size,
+                     t->size, q.rank < 64 ? joined[q.rank] : 0);
+        } else {
+            a.status = 1;
+            a.backend = BACKEND_SHM;
+            snprintf(a.shm_name, sizeof a.shm_name, "%s", shm_name);
+            joined[q.rank] = 1;
+            n_joined++;
+            int child = 0;
+            for (int i = 0; i < t->n_child; i++) child |= t->child[i] == q.pid;
+            wk_comm_shm_set_pid(t->comm, (int)q.rank, q.pid, child);
+            CM_INFO("rank %u (pid %d) joined the group", q.rank, q.pid);
+        }
+        if (!a.status) CM_WARN("control channel: %s", a.err);
+        nng_msg_clear(msg);
+        nng_msg_append(msg, &a, sizeof a);
+        if (nng_sendmsg(rep, msg, 0)) nng_msg_free(msg);
+    }
+    rc = t->comm->ops->barrier(t->comm);
+    if (rc) snprintf(err, errlen, "a rank died while the group formed");
+out:
+    nng_close(rep);
+    return rc;
+}
+
+static int join(wk_tp *t, char *err, size_t errlen) {
+    nng_socket req;
+    int rv = nng_req0_open(&req);
+    if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, JOIN_TIMEOUT_MS);
+    if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, JOIN_TIMEOUT_MS);
+    if (!rv) rv = nng_socket_set_size(req, NNG_OPT_RECVMAXSZ, 4096);
+    if (!rv) rv = nng_dial(req, t->addr, NULL, NNG_FLAG_NONBLOCK);
+    join_req q = {TP_MAGIC, TP_VERSION, (uint32_t)t->rank, (uint32_t)t->size, (int32_t)getpid()};
+    if (!rv) rv = nng_send(req, &q, sizeof q, 0);
+    void *buf = NULL;
+    size_t len = 0;
+    if (!rv) rv = nng_recv(req, &buf, &len, NNG_FLAG_ALLOC);
+    nng_close(req);
+    if (rv) {
+        snprintf(err, errlen, "cannot join the group at %s: %s", t->addr, nng_strerror(rv));
+        return LLM_EIO;
+    }
+    join_rep a;
+    int ok = len == sizeof a;
+    if (ok) memcpy(&a, buf, sizeof a);
+    nng_free(buf, len);
+    if (!ok || a.magic != TP_MAGIC) {
+        snprintf(err, errlen, "malformed answer from rank 0");
+        return LLM_EFORMAT;
+    }
+    a.err[sizeof a.err - 1] = 0;
+    a.shm_name[sizeof a.shm_name - 1] = 0;
+    if (!a.status) {
+        snprintf(err, errlen, "rank 0 refused: %s", a.err);
+        return LLM_EINVAL;
+    }
+    if (a.backend != BACKEND_SHM) {
+        snprintf(err, errlen, "unknown comm backend %u", a.backend);
+        return LLM_EUNSUP;
+    }
+    int rc = wk_comm_shm_attach(a.shm_name, t->rank, &t->comm);
+    if (rc) {
+        snprintf(err, errlen, "cannot attach to %s: %s", a.shm_name, cm_strerror(rc));
+        return rc;
+    }
+    wk_comm_shm_set_pid(t->comm, t->rank, getpid(), 0);
+    rc = t->comm->ops->barrier(t->comm);
+    if (rc) snprintf(err, errlen, "a rank died while the group formed");
+    return rc;
+}
+
+int wk_tp_start(int size, int rank, const char *group_addr, int argc, char **argv, int spawn, wk_tp **out, char *err,
+                size_t errlen) {
+    *out = NULL;
+    if (size < 2 || size > 64 || rank < 0 || rank >= size) return LLM_EINVAL;
+    wk_tp *t = calloc(1, sizeof *t);
+    if (!t) return LLM_ENOMEM;
+    t->size = size;
+    t->rank = rank;
+    if (group_addr) snprintf(t->addr, sizeof t->addr, "%s", group_addr);
+    else if (rank == 0) snprintf(t->addr, sizeof t->addr, "ipc:///tmp/llmserve-tp-%d.ipc", (int)getpid());
+    else {
+        snprintf(err, errlen, "--rank %d needs --group-address", rank);
+        free(t);
+        return LLM_EINVAL;
+    }
+    int rc = rank == 0 ? lead(t, spawn, argc, argv, err, errlen) : join(t, err, errlen);
+    if (rc) {
+        wk_tp_free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen) {
+    wk_model_opts mo = *o;
+    mo.comm = t ? t->comm : NULL;
+    int rc = wk_model_load(&mo, out, err, errlen);
+    if (!rc && t) t->m = *out;
+    return rc;
+}
+
+int wk_tp_attach(wk_tp *t, wk_engine *e, char *err, size_t errlen) {
+    const wk_engine_opts *o = wk_engine_options(e);
+    cache_geom g = {(int32_t)TP_MAGIC, o->block_size, o->n_blocks, o->kv_type};
+    int rc = t->comm->ops->broadcast(t->comm, &g, sizeof g, 0);
+    if (rc) {
+        snprintf(err, errlen, "a rank died before serving");
+        return rc;
+    }
+    wk_engine_cache(e)->record_copies = 1;
+    t->attached = 1;
+    return 0;
+}
+
+int wk_tp_follow(wk_tp *t, wk_model *m, const wk_engine_opts *eo, volatile sig_atomic_t *stop, char *err,
+                 size_t errlen) {
+    (void)eo;
+    cache_geom g;
+    int rc = t->comm->ops->broadcast(t->comm, &g, sizeof g, 0);
+    if (rc) {
+        snprintf(err, errlen, "rank 0 went away before serving");
+        return rc;
+    }
+    wk_cache *c = NULL;
+    if (g.magic != (int32_t)TP_MAGIC || (rc = wk_cache_create(m, g.kv_type, g.block_size, g.n_blocks, &c))) {
+        snprintf(err, errlen, "cannot create the KV cache rank 0 asked for (%d blocks of %d)", g.n_blocks, g.block_size);
+        return rc ? rc : LLM_EFORMAT;
+    }
+    CM_INFO("rank %d: KV cache %d blocks of %d tokens, %zu bytes per token on this rank", t->rank, g.n_blocks,
+            g.block_size, wk_kv_bytes_per_token(m, g.kv_type));
+    uint64_t steps = 0;
+    for (;;) {
+        int shutdown;
+        rc = wk_forward_follow(m, c, &shutdown);
+        if (rc) {
+            snprintf(err, errlen, "step %llu failed: %s", (unsigned long long)steps, cm_strerror(rc));
+            break;
+        }
+        if (shutdown) break;
+        steps++;
+        (void)stop; /* rank 0 decides when the group stops */
+    }
+    wk_cache_free(c);
+    return rc;
+}
+
+void wk_tp_free(wk_tp *t) {
+    if (!t) return;
+    if (t->rank == 0 && t->comm && t->m && t->attached) wk_forward_shutdown(t->m);
+    for (int i = 0; i < t->n_child; i++) {
+        if (!t->child[i]) continue;
+        int st;
+        for (int k = 0; k < 200 && waitpid(t->child[i], &st, WNOHANG) == 0; k++) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+        if (waitpid(t->child[i], &st, WNOHANG) == 0) {
+            kill(t->child[i], SIGKILL);
+            waitpid(t->child[i], &st, 0);
+        }
+    }
+    wk_comm_free(t->comm);
+    free(t);
+}

@@ -1,0 +1,38 @@
+/* wk_tp.h - a tensor-parallel worker group.
+ *
+ * Rank 0 is the driver: it runs the engine and the RPC server and
+ * broadcasts each step to ranks 1..N-1, which run the same forward on their
+ * shard (wk_model: Megatron split, each rank maps only its slice of the
+ * weights and holds only its KV heads). The group meets over a control
+ * channel (NNG REQ/REP at --group-address): each rank sends its rank and pid,
+ * rank 0 answers with the comm backend and what it needs (the shared-memory
+ * segment's name; an NCCL unique id with --device cuda).
+ *
+ * Lifetime: ranks that rank 0 starts are its children and die with it
+ * (PR_SET_PDEATHSIG); rank 0 notices a dead rank at its next collective and
+ * exits, so a group goes down whole, never half-hung. */
+#ifndef WK_TP_H
+#define WK_TP_H
+
+#include "wk_engine.h"
+
+#include <signal.h>
+
+typedef struct wk_tp wk_tp;
+
+/* spawn: rank 0 starts ranks 1..size-1 itself (argv re-run with --rank R
+ * --group-address ADDR appended); otherwise they join on their own. */
+int wk_tp_start(int size, int rank, const char *group_addr, int argc, char **argv, int spawn, wk_tp **out, char *err,
+                size_t errlen);
+wk_comm *wk_tp_comm(wk_tp *t);
+/* wk_model_load for this rank's shard (t NULL: the whole model). */
+int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen);
+/* Rank 0, after creating the engine: tells the ranks the cache geometry. */
+int wk_tp_attach(wk_tp *t, wk_engine *e, char *err, size_t errlen);
+/* Ranks 1..N-1: run steps until rank 0 shuts the group down. */
+int wk_tp_follow(wk_tp *t, wk_model *m, const wk_engine_opts *eo, volatile sig_atomic_t *stop, char *err,
+                 size_t errlen);
+/* Rank 0: ends the followers' loops and reaps them. Then frees. */
+void wk_tp_free(wk_tp *t);
+
+#endif
