@@ -423,6 +423,10 @@ static void send_outputs(server *s) {
             us.cached_tokens = o[i].cached_tokens;
             ch.usage = &us;
         }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ch.has_sent_unix_ns = 1;
+        ch.sent_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
         pr_env env;
         pr_env_init(&env);
         env.body_case = LLMSERVE__ENVELOPE__BODY_CHUNK;

@@ -44,6 +44,8 @@ int kn_set_isa(const char *name) {
 
 void kn_init(void) {
     if (initialised) return;
+    const char *f32 = getenv("LLMSERVE_ACT_F32"); /* reference mode for a whole process (exactness checks) */
+    if (f32 && !strcmp(f32, "1")) act_f32 = 1;
     const char *env = getenv("LLMSERVE_ISA");
     if (env && kn_set_isa(env) == 0) return;
     if (kn_set_isa("avx512") && kn_set_isa("avx2")) kn_set_isa("scalar");
