@@ -40,11 +40,14 @@ int wk_comm_shm_attach(const char *name, int rank, wk_comm **out);
 /* Records this rank's pid (and, on rank 0, which pids are its children to reap). */
 void wk_comm_shm_set_pid(wk_comm *c, int rank, pid_t pid, int is_child);
 
-/* NCCL (LLMSERVE_CUDA builds): unique id from rank 0, passed over the
- * group's control channel. Buffers are device pointers. */
+/* NCCL (builds with CUDA and NCCL: LLMSERVE_HAVE_NCCL): unique id from
+ * rank 0, passed over the group's control channel. Buffers are device
+ * pointers (broadcast also takes host memory). */
 #define WK_NCCL_ID_BYTES 128
+#ifdef LLMSERVE_HAVE_NCCL
 int wk_comm_nccl_unique_id(uint8_t id[WK_NCCL_ID_BYTES]);
 int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, wk_comm **out);
+#endif
 
 static inline void wk_comm_free(wk_comm *c) {
     if (c) c->ops->destroy(c);

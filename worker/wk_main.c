@@ -149,7 +149,8 @@ int main(int argc, char **argv) {
     int my_rank = rank < 0 ? 0 : rank;
     if (tp > 1) {
         /* rank 0 starts ranks 1..tp-1 (unless they join on their own with --rank) */
-        int rc = wk_tp_start(tp, my_rank, group, argc, argv, rank < 0, &group_h, err, sizeof err);
+        int rc = wk_tp_start(tp, my_rank, group, !strcmp(device, "cuda"), my_rank, argc, argv, rank < 0, &group_h, err,
+                             sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);
             return 1;

@@ -18,7 +18,7 @@
 #define TP_VERSION 1
 #define JOIN_TIMEOUT_MS 120000
 
-enum { BACKEND_SHM = 1 };
+enum { BACKEND_SHM = 1, BACKEND_NCCL = 2 };
 
 typedef struct {
     uint32_t magic, version, rank, size;
@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
     uint32_t magic, version, status, backend;
     char shm_name[64];
+    uint8_t nccl_id[WK_NCCL_ID_BYTES];
     char err[128];
 } join_rep;
 
@@ -36,7 +37,7 @@ typedef struct {
 } cache_geom;
 
 struct wk_tp {
-    int size, rank;
+    int size, rank, backend, device;
     wk_comm *comm;
     pid_t child[64];
     int n_child;
@@ -77,13 +78,27 @@ static int spawn_rank(wk_tp *t, int r, int argc, char **argv, char *err, size_t 
 }
 
 static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t errlen) {
-    char shm_name[64];
-    int rc = wk_comm_shm_create(t->size, shm_name, sizeof shm_name, &t->comm);
-    if (rc) {
-        snprintf(err, errlen, "cannot create the shared-memory segment: %s", cm_strerror(rc));
-        return rc;
+    char shm_name[64] = "";
+    uint8_t nccl_id[WK_NCCL_ID_BYTES] = {0};
+    int rc;
+    if (t->backend == BACKEND_SHM) {
+        rc = wk_comm_shm_create(t->size, shm_name, sizeof shm_name, &t->comm);
+        if (rc) {
+            snprintf(err, errlen, "cannot create the shared-memory segment: %s", cm_strerror(rc));
+            return rc;
+        }
+        wk_comm_shm_set_pid(t->comm, 0, getpid(), 0);
+    } else {
+#ifdef LLMSERVE_HAVE_NCCL
+        if ((rc = wk_comm_nccl_unique_id(nccl_id))) {
+            snprintf(err, errlen, "ncclGetUniqueId failed");
+            return rc;
+        }
+#else
+        snprintf(err, errlen, "this build has no NCCL");
+        return LLM_EUNSUP;
+#endif
     }
-    wk_comm_shm_set_pid(t->comm, 0, getpid(), 0);
     nng_socket rep;
     int rv = nng_rep0_open(&rep);
     if (!rv) rv = nng_socket_set_ms(rep, NNG_OPT_RECVTIMEO, 1000);
@@ -140,13 +155,14 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
                      t->size, q.rank < 64 ? joined[q.rank] : 0);
         } else {
             a.status = 1;
-            a.backend = BACKEND_SHM;
+            a.backend = (uint32_t)t->backend;
             snprintf(a.shm_name, sizeof a.shm_name, "%s", shm_name);
+            memcpy(a.nccl_id, nccl_id, sizeof nccl_id);
             joined[q.rank] = 1;
             n_joined++;
             int child = 0;
             for (int i = 0; i < t->n_child; i++) child |= t->child[i] == q.pid;
-            wk_comm_shm_set_pid(t->comm, (int)q.rank, q.pid, child);
+            if (t->comm) wk_comm_shm_set_pid(t->comm, (int)q.rank, q.pid, child);
             CM_INFO("rank %u (pid %d) joined the group", q.rank, q.pid);
         }
         if (!a.status) CM_WARN("control channel: %s", a.err);
@@ -154,6 +170,12 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
         nng_msg_append(msg, &a, sizeof a);
         if (nng_sendmsg(rep, msg, 0)) nng_msg_free(msg);
     }
+#ifdef LLMSERVE_HAVE_NCCL
+    if (t->backend == BACKEND_NCCL && (rc = wk_comm_nccl_create(nccl_id, 0, t->size, 0, &t->comm))) {
+        snprintf(err, errlen, "NCCL communicator: %s", cm_strerror(rc));
+        goto out;
+    }
+#endif
     rc = t->comm->ops->barrier(t->comm);
     if (rc) snprintf(err, errlen, "a rank died while the group formed");
 out:
@@ -192,29 +214,45 @@ static int join(wk_tp *t, char *err, size_t errlen) {
         snprintf(err, errlen, "rank 0 refused: %s", a.err);
         return LLM_EINVAL;
     }
-    if (a.backend != BACKEND_SHM) {
-        snprintf(err, errlen, "unknown comm backend %u", a.backend);
+    if (a.backend != (uint32_t)t->backend) {
+        snprintf(err, errlen, "rank 0 uses comm backend %u, this rank was started for %d", a.backend, t->backend);
         return LLM_EUNSUP;
     }
-    int rc = wk_comm_shm_attach(a.shm_name, t->rank, &t->comm);
-    if (rc) {
-        snprintf(err, errlen, "cannot attach to %s: %s", a.shm_name, cm_strerror(rc));
-        return rc;
+    int rc;
+    if (a.backend == BACKEND_SHM) {
+        rc = wk_comm_shm_attach(a.shm_name, t->rank, &t->comm);
+        if (rc) {
+            snprintf(err, errlen, "cannot attach to %s: %s", a.shm_name, cm_strerror(rc));
+            return rc;
+        }
+        wk_comm_shm_set_pid(t->comm, t->rank, getpid(), 0);
+    } else {
+#ifdef LLMSERVE_HAVE_NCCL
+        rc = wk_comm_nccl_create(a.nccl_id, t->rank, t->size, t->device, &t->comm);
+        if (rc) {
+            snprintf(err, errlen, "NCCL communicator: %s", cm_strerror(rc));
+            return rc;
+        }
+#else
+        snprintf(err, errlen, "this build has no NCCL");
+        return LLM_EUNSUP;
+#endif
     }
-    wk_comm_shm_set_pid(t->comm, t->rank, getpid(), 0);
     rc = t->comm->ops->barrier(t->comm);
     if (rc) snprintf(err, errlen, "a rank died while the group formed");
     return rc;
 }
 
-int wk_tp_start(int size, int rank, const char *group_addr, int argc, char **argv, int spawn, wk_tp **out, char *err,
-                size_t errlen) {
+int wk_tp_start(int size, int rank, const char *group_addr, int use_nccl, int device, int argc, char **argv, int spawn,
+                wk_tp **out, char *err, size_t errlen) {
     *out = NULL;
     if (size < 2 || size > 64 || rank < 0 || rank >= size) return LLM_EINVAL;
     wk_tp *t = calloc(1, sizeof *t);
     if (!t) return LLM_ENOMEM;
     t->size = size;
     t->rank = rank;
+    t->backend = use_nccl ? BACKEND_NCCL : BACKEND_SHM;
+    t->device = device;
     if (group_addr) snprintf(t->addr, sizeof t->addr, "%s", group_addr);
     else if (rank == 0) snprintf(t->addr, sizeof t->addr, "ipc:///tmp/llmserve-tp-%d.ipc", (int)getpid());
     else {

@@ -21,9 +21,11 @@
 typedef struct wk_tp wk_tp;
 
 /* spawn: rank 0 starts ranks 1..size-1 itself (argv re-run with --rank R
- * --group-address ADDR appended); otherwise they join on their own. */
-int wk_tp_start(int size, int rank, const char *group_addr, int argc, char **argv, int spawn, wk_tp **out, char *err,
-                size_t errlen);
+ * --group-address ADDR appended); otherwise they join on their own.
+ * use_nccl: the NCCL backend on CUDA device `device` (builds with NCCL),
+ * else the CPU shared-memory one. */
+int wk_tp_start(int size, int rank, const char *group_addr, int use_nccl, int device, int argc, char **argv, int spawn,
+                wk_tp **out, char *err, size_t errlen);
 wk_comm *wk_tp_comm(wk_tp *t);
 /* wk_model_load for this rank's shard (t NULL: the whole model). */
 int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen);

@@ -10,6 +10,7 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 cmake -S "$ROOT" -B "$ROOT/build-gpu" -DLLMSERVE_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$ROOT/build-gpu" -j "$(nproc)" --target cuda_test kernels_test
+cmake --build "$ROOT/build-gpu" -j "$(nproc)" --target cuda_test kernels_test nccl_test
 "$ROOT/build-gpu/tests/cuda_test"
+"$ROOT/build-gpu/tests/nccl_test"
 "$ROOT/build-gpu/tests/kernels_test"
