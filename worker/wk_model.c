@@ -508,7 +508,7 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s)
     int rc = plan_grow(m, n);
     if (rc) return rc;
     int32_t *p = m->plan;
-    memcpy(p, c->copies, sizeof(int32_t) * 2 * (size_t)c->n_copies);
+    if (c->n_copies) memcpy(p, c->copies, sizeof(int32_t) * 2 * (size_t)c->n_copies);
     p += 2 * c->n_copies;
     for (int i = 0; i < n_seq; i++) {
         int nb = (s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift;

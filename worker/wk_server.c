@@ -237,8 +237,17 @@ static void on_hello(server *s, const Llmserve__Hello *h) {
     send_health(s, (int)(gw - s->gw));
 }
 
+static void on_hello(server *s, const Llmserve__Hello *h);
+
 static void on_generate(server *s, const Llmserve__Generate *g) {
     gateway *gw = find_gw(s, g->gateway_id);
+    if (!gw && g->reply_address && g->reply_address[0]) { /* dropped earlier, or its Hello was lost: register it */
+        Llmserve__Hello h = LLMSERVE__HELLO__INIT;
+        h.gateway_id = g->gateway_id;
+        h.reply_address = g->reply_address;
+        on_hello(s, &h);
+        gw = find_gw(s, g->gateway_id);
+    }
     if (!gw) {
         s->dropped++;
         CM_WARN("Generate %llu from unknown gateway '%s' dropped (no Hello yet)", (unsigned long long)g->request_id,

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,6 +74,7 @@ int main(int argc, char **argv) {
     snprintf(tps, sizeof tps, "%d", tp);
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         char *av[20];
         int n = 0;
         av[n++] = (char *)worker;

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,8 +51,10 @@ typedef struct {
     stream st[MAX_STREAMS];
     int n_streams;
     int errors_dup, stats, events;
-    uint64_t stats_steps, stats_tokens;
+    uint64_t stats_steps, stats_tokens, stats_aborted;
 } client;
+
+static client *open_clients[8];
 
 static int client_open(client *c, const char *worker_addr, const char *id) {
     memset(c, 0, sizeof *c);
@@ -69,10 +72,18 @@ static int client_open(client *c, const char *worker_addr, const char *id) {
     if (!rv) rv = nng_socket_set_ms(c->push, NNG_OPT_RECONNMINT, 20);
     if (!rv) rv = nng_socket_set_ms(c->push, NNG_OPT_RECONNMAXT, 200);
     if (!rv) rv = nng_dial(c->push, worker_addr, NULL, NNG_FLAG_NONBLOCK);
-    return rv ? LLM_EIO : 0;
+    if (rv) return LLM_EIO;
+    for (int i = 0; i < 8; i++)
+        if (!open_clients[i]) {
+            open_clients[i] = c;
+            break;
+        }
+    return 0;
 }
 
 static void client_close(client *c) {
+    for (int i = 0; i < 8; i++)
+        if (open_clients[i] == c) open_clients[i] = NULL;
     nng_close(c->pull);
     nng_close(c->push);
 }
@@ -102,11 +113,25 @@ static int send_generate(client *c, uint64_t rid, const int32_t *tok, int n, int
     g.token_ids = (int32_t *)tok;
     g.params = &sp;
     g.gateway_id = c->id;
+    g.reply_address = c->reply;
     pr_env e;
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
     e.generate = &g;
     return pr_send(c->push, &e, 0);
+}
+
+/* Every open client heartbeats whenever any of them waits, as a gateway's
+ * event loop would. */
+
+static void heartbeat_all(void) {
+    for (int i = 0; i < 8; i++) {
+        client *c = open_clients[i];
+        if (c && now() - c->last_hello > 0.5) {
+            send_hello(c);
+            c->last_hello = now();
+        }
+    }
 }
 
 static stream *stream_of(client *c, uint64_t rid) {
@@ -123,10 +148,7 @@ static stream *stream_of(client *c, uint64_t rid) {
 static void pump(client *c, int timeout_ms) {
     double end = now() + timeout_ms / 1000.0;
     do {
-        if (now() - c->last_hello > 0.5) {
-            send_hello(c);
-            c->last_hello = now();
-        }
+        heartbeat_all();
         nng_socket_set_ms(c->pull, NNG_OPT_RECVTIMEO, 50);
         pr_env *e;
         char err[128];
@@ -138,6 +160,7 @@ static void pump(client *c, int timeout_ms) {
             c->stats++;
             c->stats_steps = e->stats->steps;
             c->stats_tokens = e->stats->tokens_generated;
+            c->stats_aborted = e->stats->requests_aborted;
             CHECK(e->stats->blocks_total > 0);
             CHECK(e->stats->has_step_ms_p50 && e->stats->step_ms_p50 > 0);
             CHECK(e->stats->rss_bytes > 0);
@@ -150,7 +173,7 @@ static void pump(client *c, int timeout_ms) {
             if (ch->seq != (uint32_t)s->chunks) s->gap = 1;
             s->chunks++;
             for (size_t i = 0; i < ch->n_token_ids && s->n < 600; i++) s->tok[s->n++] = ch->token_ids[i];
-            if (ch->has_text && s->tlen + ch->text.len < sizeof s->text) {
+            if (ch->has_text && ch->text.len && s->tlen + ch->text.len < sizeof s->text) {
                 memcpy(s->text + s->tlen, ch->text.data, ch->text.len);
                 s->tlen += ch->text.len;
             }
@@ -192,9 +215,19 @@ static int wait_health(client *c, int timeout_s) {
 
 static int exact_mode; /* workers run float activations and an F32 cache */
 
+/* float activations are slow; under the sanitizers, slower still */
+#if defined(__SANITIZE_ADDRESS__)
+#define TP_PROMPTS 2
+#define TP_GEN 6
+#else
+#define TP_PROMPTS 4
+#define TP_GEN 16
+#endif
+
 static pid_t start_worker(const char *addr, const char *extra1, const char *extra2, const char *extra3) {
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a crashed test leaves no worker behind */
         if (exact_mode) setenv("LLMSERVE_ACT_F32", "1", 1);
         char *av[24];
         int n = 0;
@@ -280,14 +313,15 @@ static void make_prompts(void) {
 }
 
 static void test_serving(const char *addr) {
+    /* references first: the client below must not go quiet while they run */
+    int32_t ref[4][24];
+    for (int i = 0; i < 4; i++) reference(prompts[i], plen[i], 24, ref[i]);
     pid_t pid = start_worker(addr, NULL, NULL, NULL);
     client c;
     CHECK_RC(client_open(&c, addr, "gw-test"), 0);
-    CHECK_RC(wait_health(&c, 60), 0);
+    CHECK_RC(wait_health(&c, 120), 0);
 
     /* generate + stream: same tokens as the engine in-process, chunks in order */
-    int32_t ref[4][24];
-    for (int i = 0; i < 4; i++) reference(prompts[i], plen[i], 24, ref[i]);
     for (int i = 0; i < 4; i++) CHECK_RC(send_generate(&c, 100 + (uint64_t)i, prompts[i], plen[i], 24, 1), 0);
     for (int i = 0; i < 4; i++) {
         stream s;
@@ -365,6 +399,28 @@ static void test_serving(const char *addr) {
     CHECK_INT(s.finish, LLMSERVE__FINISH_REASON__FINISH_LENGTH);
     CHECK(!memcmp(s.tok, ref[2], sizeof(int32_t) * 24));
 
+    /* many gateways on one worker: a second gateway streams alongside the
+     * first, then vanishes without a word; the worker drops it after the
+     * heartbeat timeout and the first gateway's long request goes on */
+    client c2;
+    CHECK_RC(client_open(&c2, addr, "gw-other"), 0);
+    CHECK_RC(wait_health(&c2, 30), 0);
+    CHECK_RC(send_generate(&c, 400, prompts[3], plen[3], 200, 1), 0);
+    CHECK_RC(send_generate(&c2, 400, prompts[3], plen[3], 24, 1), 0); /* same request id, other gateway: fine */
+    CHECK_RC(send_generate(&c2, 401, prompts[0], plen[0], 900, 0), 0);
+    stream o2;
+    CHECK_RC(collect(&c2, 400, &o2, 30000, 0), 0);
+    CHECK_INT(o2.n, 24);
+    CHECK(!o2.gap);
+    client_close(&c2); /* gone mid-request 401 */
+    stream o1;
+    CHECK_RC(collect(&c, 400, &o1, 60000, 0), 0);
+    CHECK_INT(o1.n, 200);
+    CHECK(!o1.gap);
+    CHECK_INT(o1.finish, LLMSERVE__FINISH_REASON__FINISH_LENGTH);
+    CHECK(!memcmp(o1.tok, o2.tok, sizeof(int32_t) * 24)); /* same prompt, same greedy start */
+    pump(&c, 3500); /* past the 3 s heartbeat timeout: gw-other is dropped, its request 401 aborted */
+
     /* stats */
     Llmserve__StatsRequest sr = LLMSERVE__STATS_REQUEST__INIT;
     sr.gateway_id = c.id;
@@ -377,6 +433,7 @@ static void test_serving(const char *addr) {
     CHECK_INT(c.stats, 1);
     CHECK(c.stats_steps > 0);
     CHECK(c.stats_tokens >= 4 * 24);
+    CHECK(c.stats_aborted >= 3); /* 200 and 302 cancelled, 401 of the vanished gateway */
     CHECK(c.events > 0); /* prefix-cache events reach the gateway */
     client_close(&c);
     CHECK_INT(stop_worker(pid), 0);
@@ -393,16 +450,16 @@ static void test_tp(const char *addr1, const char *addr2) {
     client c1, c2;
     CHECK_RC(client_open(&c1, addr1, "gw-tp1"), 0);
     CHECK_RC(client_open(&c2, addr2, "gw-tp2"), 0);
-    CHECK_RC(wait_health(&c1, 60), 0);
-    CHECK_RC(wait_health(&c2, 60), 0);
+    CHECK_RC(wait_health(&c1, 120), 0);
+    CHECK_RC(wait_health(&c2, 120), 0);
     int same = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < TP_PROMPTS; i++) {
         stream a, b;
-        CHECK_RC(send_generate(&c1, 10 + (uint64_t)i, prompts[i], plen[i], 16, 1), 0);
-        CHECK_RC(send_generate(&c2, 10 + (uint64_t)i, prompts[i], plen[i], 16, 1), 0);
-        CHECK_RC(collect(&c1, 10 + (uint64_t)i, &a, 60000, 0), 0);
-        CHECK_RC(collect(&c2, 10 + (uint64_t)i, &b, 60000, 0), 0);
-        CHECK_INT(b.n, 16);
+        CHECK_RC(send_generate(&c1, 10 + (uint64_t)i, prompts[i], plen[i], TP_GEN, 1), 0);
+        CHECK_RC(send_generate(&c2, 10 + (uint64_t)i, prompts[i], plen[i], TP_GEN, 1), 0);
+        CHECK_RC(collect(&c1, 10 + (uint64_t)i, &a, 300000, 0), 0);
+        CHECK_RC(collect(&c2, 10 + (uint64_t)i, &b, 300000, 0), 0);
+        CHECK_INT(b.n, TP_GEN);
         int eq = a.n == b.n && !memcmp(a.tok, b.tok, sizeof(int32_t) * (size_t)a.n);
         if (!eq) {
             fprintf(stderr, "  TP=2 differs from TP=1 on prompt %d:\n   ", i);
@@ -413,8 +470,8 @@ static void test_tp(const char *addr1, const char *addr2) {
         }
         same += eq;
     }
-    CHECK_INT(same, 4);
-    fprintf(stderr, "  TP=2 == TP=1 greedy on %d/4 prompts\n", same);
+    CHECK_INT(same, TP_PROMPTS);
+    fprintf(stderr, "  TP=2 == TP=1 greedy on %d/%d prompts (%d tokens each)\n", same, TP_PROMPTS, TP_GEN);
     client_close(&c1);
     CHECK_INT(stop_worker(p1), 0);
     exact_mode = 0;
@@ -469,6 +526,7 @@ static void tp_logits(int act_f32, int32_t *greedy_out, float *logits_out, int n
     wk_comm_shm_set_pid(comm, 0, getpid(), 0);
     pid_t child = fork();
     if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         wk_comm *c1;
         if (wk_comm_shm_attach(name, 1, &c1)) _exit(2);
         wk_comm_shm_set_pid(c1, 1, getpid(), 0);
