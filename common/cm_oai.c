@@ -77,8 +77,7 @@ static int get_str(json_t *o, const char *name, size_t max, char **out, char *er
     return *out ? 0 : LLM_ENOMEM;
 }
 
-int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, char *err, size_t errlen,
-                            const char **param) {
+static void defaults(cm_oai_completion *c) {
     memset(c, 0, sizeof *c);
     c->temperature = 1;
     c->top_p = 1;
@@ -86,51 +85,40 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     c->repetition_penalty = 1;
     c->n = 1;
     c->logprobs = -1;
-    *param = NULL;
-    int rc = 0;
-    json_error_t je;
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o) {
-        snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-        return LLM_EINVAL;
-    }
-    if (!json_is_object(o)) BAD(NULL, "the body must be a JSON object");
-    json_t *p = json_object_get(o, "prompt");
-    if (!p) BAD("prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-        p = json_array_get(p, 0); /* a batch of one */
-    if (json_is_string(p)) {
-        c->prompt_len = json_string_length(p);
-        c->prompt = malloc(c->prompt_len + 1);
-        if (!c->prompt) { rc = LLM_ENOMEM; goto fail; }
-        memcpy(c->prompt, json_string_value(p), c->prompt_len + 1);
-    } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
-        size_t n = json_array_size(p);
-        if (n > CM_OAI_MAX_PROMPT_IDS) BAD("prompt", "the prompt has more than %d token ids", CM_OAI_MAX_PROMPT_IDS);
-        c->prompt_ids = malloc(sizeof(int32_t) * n);
-        if (!c->prompt_ids) { rc = LLM_ENOMEM; goto fail; }
-        for (size_t i = 0; i < n; i++) {
-            json_t *t = json_array_get(p, i);
-            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
-                BAD("prompt", "prompt token %zu is not a non-negative integer", i);
-            c->prompt_ids[i] = (int32_t)json_integer_value(t);
+    c->add_generation_prompt = 1;
+}
+
+int cm_utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = u[i];
+        size_t l = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!l || i + l > n) return 0;
+        uint32_t cp = l == 1 ? c : l == 2 ? c & 0x1f : l == 3 ? c & 0x0f : c & 0x07;
+        for (size_t k = 1; k < l; k++) {
+            if ((u[i + k] & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (u[i + k] & 0x3f);
         }
-        c->n_prompt_ids = (int)n;
-    } else if (json_is_array(p)) {
-        BAD("prompt", "'prompt' must be a string, an array of one string, or an array of token ids "
-                      "(batches of several prompts are not supported)");
-    } else {
-        BAD("prompt", "'prompt' must be a string or an array of token ids");
+        if ((l == 2 && cp < 0x80) || (l == 3 && cp < 0x800) || (l == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += l;
     }
+    return 1;
+}
+
+/* The fields completions and chat share. */
+static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t errlen, const char **param) {
+    int rc = 0;
     long long v;
     double d;
 #define NUM(name, lo, hi, field)                                                                   \
     d = c->field;                                                                                  \
-    if ((rc = get_num(o, name, lo, hi, &d, err, errlen))) FAILED(name);                    \
+    if ((rc = get_num(o, name, lo, hi, &d, err, errlen))) FAILED(name);                            \
     c->field = d;
 #define INT(name, lo, hi, field)                                                                   \
     v = c->field;                                                                                  \
-    if ((rc = get_int(o, name, lo, hi, &v, err, errlen))) FAILED(name);                    \
+    if ((rc = get_int(o, name, lo, hi, &v, err, errlen))) FAILED(name);                            \
     c->field = (int)v;
 #define BOOL(name, field)                                                                          \
     if ((rc = get_bool(o, name, &c->field, err, errlen))) FAILED(name);
@@ -144,9 +132,7 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     INT("min_tokens", 0, INT32_MAX / 2, min_tokens)
     INT("top_k", -1, INT32_MAX, top_k)
     INT("n", 1, CM_OAI_MAX_N, n)
-    INT("logprobs", 0, CM_OAI_MAX_LOGPROBS, logprobs)
     INT("priority", -1000000, 1000000, priority)
-    BOOL("echo", echo)
     BOOL("stream", stream)
     BOOL("ignore_eos", ignore_eos)
 #undef NUM
@@ -161,8 +147,6 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     json_t *bo = json_object_get(o, "best_of");
     if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == c->n))
         BAD("best_of", "'best_of' other than n is not supported");
-    json_t *sf = json_object_get(o, "suffix");
-    if (sf && !json_is_null(sf)) BAD("suffix", "'suffix' is not supported");
     json_t *sd = json_object_get(o, "seed");
     if (sd && !json_is_null(sd)) {
         if (!json_is_integer(sd)) BAD("seed", "'seed' must be an integer");
@@ -215,6 +199,68 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     if ((rc = get_str(o, "cache_salt", 256, &c->cache_salt, err, errlen))) FAILED("cache_salt");
     if ((rc = get_str(o, "user", 256, &c->user, err, errlen))) FAILED("user");
     if (c->max_tokens && c->min_tokens > c->max_tokens) BAD("min_tokens", "'min_tokens' must not exceed max_tokens");
+    return 0;
+fail:
+    if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+    return rc ? rc : LLM_EINVAL;
+}
+
+static json_t *load_object(const char *body, size_t len, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        snprintf(err, errlen, "the body must be a JSON object");
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, char *err, size_t errlen,
+                            const char **param) {
+    defaults(c);
+    *param = NULL;
+    int rc = 0;
+    json_t *o = load_object(body, len, err, errlen);
+    if (!o) return LLM_EINVAL;
+    json_t *p = json_object_get(o, "prompt");
+    if (!p) BAD("prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0); /* a batch of one */
+    if (json_is_string(p)) {
+        c->prompt_len = json_string_length(p);
+        c->prompt = malloc(c->prompt_len + 1);
+        if (!c->prompt) { rc = LLM_ENOMEM; goto fail; }
+        memcpy(c->prompt, json_string_value(p), c->prompt_len + 1);
+    } else if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
+        size_t n = json_array_size(p);
+        if (n > CM_OAI_MAX_PROMPT_IDS) BAD("prompt", "the prompt has more than %d token ids", CM_OAI_MAX_PROMPT_IDS);
+        c->prompt_ids = malloc(sizeof(int32_t) * n);
+        if (!c->prompt_ids) { rc = LLM_ENOMEM; goto fail; }
+        for (size_t i = 0; i < n; i++) {
+            json_t *t = json_array_get(p, i);
+            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+                BAD("prompt", "prompt token %zu is not a non-negative integer", i);
+            c->prompt_ids[i] = (int32_t)json_integer_value(t);
+        }
+        c->n_prompt_ids = (int)n;
+    } else if (json_is_array(p)) {
+        BAD("prompt", "'prompt' must be a string, an array of one string, or an array of token ids "
+                      "(batches of several prompts are not supported)");
+    } else {
+        BAD("prompt", "'prompt' must be a string or an array of token ids");
+    }
+    if ((rc = parse_sampling(o, c, err, errlen, param))) goto fail;
+    long long v = -1;
+    if ((rc = get_int(o, "logprobs", 0, CM_OAI_MAX_LOGPROBS, &v, err, errlen))) FAILED("logprobs");
+    c->logprobs = (int)v;
+    if ((rc = get_bool(o, "echo", &c->echo, err, errlen))) FAILED("echo");
+    json_t *sf = json_object_get(o, "suffix");
+    if (sf && !json_is_null(sf)) BAD("suffix", "'suffix' is not supported");
     if (c->echo && c->logprobs >= 0) BAD("echo", "'echo' together with 'logprobs' is not supported");
     json_decref(o);
     return 0;
@@ -225,7 +271,92 @@ fail:
     return rc ? rc : LLM_EINVAL;
 }
 
+#define MAX_MESSAGES 4096
+
+int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *err, size_t errlen,
+                      const char **param) {
+    defaults(c);
+    c->is_chat = 1;
+    *param = NULL;
+    int rc = 0;
+    json_t *o = load_object(body, len, err, errlen);
+    if (!o) return LLM_EINVAL;
+    json_t *ms = json_object_get(o, "messages");
+    if (!ms) BAD("messages", "'messages' is required");
+    if (!json_is_array(ms) || json_array_size(ms) == 0) BAD("messages", "'messages' must be a non-empty array");
+    if (json_array_size(ms) > MAX_MESSAGES) BAD("messages", "at most %d messages", MAX_MESSAGES);
+    c->messages = calloc(json_array_size(ms), sizeof *c->messages);
+    if (!c->messages) { rc = LLM_ENOMEM; goto fail; }
+    for (size_t i = 0; i < json_array_size(ms); i++) {
+        json_t *m = json_array_get(ms, i), *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!json_is_object(m)) BAD("messages", "messages[%zu] must be an object", i);
+        if (!json_is_string(role)) BAD("messages", "messages[%zu].role must be a string", i);
+        const char *r = json_string_value(role);
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))
+            BAD("messages", "messages[%zu].role '%.32s' is not one of system, developer, user, assistant", i, r);
+        char *text = NULL;
+        if (json_is_string(content)) {
+            text = strndup(json_string_value(content), json_string_length(content));
+        } else if (json_is_array(content)) {
+            /* text parts, joined */
+            size_t tot = 0;
+            for (size_t k = 0; k < json_array_size(content); k++) {
+                json_t *part = json_array_get(content, k), *ty = json_object_get(part, "type");
+                if (!json_is_string(ty) || strcmp(json_string_value(ty), "text"))
+                    BAD("messages", "messages[%zu].content[%zu]: only text parts are supported", i, k);
+                json_t *tx = json_object_get(part, "text");
+                if (!json_is_string(tx)) BAD("messages", "messages[%zu].content[%zu].text must be a string", i, k);
+                tot += json_string_length(tx);
+            }
+            text = malloc(tot + 1);
+            if (text) {
+                size_t o2 = 0;
+                for (size_t k = 0; k < json_array_size(content); k++) {
+                    json_t *tx = json_object_get(json_array_get(content, k), "text");
+                    memcpy(text + o2, json_string_value(tx), json_string_length(tx));
+                    o2 += json_string_length(tx);
+                }
+                text[o2] = 0;
+            }
+        } else if (json_is_null(content) && !strcmp(r, "assistant")) {
+            text = strdup("");
+        } else {
+            BAD("messages", "messages[%zu].content must be a string or an array of text parts", i);
+        }
+        if (!text) { rc = LLM_ENOMEM; goto fail; }
+        c->messages[c->n_messages].content = text;
+        c->messages[c->n_messages].role = strdup(!strcmp(r, "developer") ? "system" : r);
+        c->n_messages++;
+        if (!c->messages[c->n_messages - 1].role) { rc = LLM_ENOMEM; goto fail; }
+    }
+    if ((rc = parse_sampling(o, c, err, errlen, param))) goto fail;
+    long long v = 0;
+    if ((rc = get_int(o, "max_completion_tokens", 1, INT32_MAX / 2, &v, err, errlen))) FAILED("max_completion_tokens");
+    if (v) c->max_tokens = (int)v;
+    int lp = 0;
+    if ((rc = get_bool(o, "logprobs", &lp, err, errlen))) FAILED("logprobs");
+    v = 0;
+    if ((rc = get_int(o, "top_logprobs", 0, CM_OAI_MAX_LOGPROBS, &v, err, errlen))) FAILED("top_logprobs");
+    if (v && !lp) BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    c->logprobs = lp ? (int)v : -1;
+    if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
+    json_t *tools = json_object_get(o, "tools");
+    if (tools && !json_is_null(tools) && json_array_size(tools)) BAD("tools", "tool calling is not supported");
+    json_decref(o);
+    return 0;
+fail:
+    if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+    json_decref(o);
+    cm_oai_completion_free(c);
+    return rc ? rc : LLM_EINVAL;
+}
+
 void cm_oai_completion_free(cm_oai_completion *c) {
+    for (int i = 0; i < c->n_messages; i++) {
+        free(c->messages[i].role);
+        free(c->messages[i].content);
+    }
+    free(c->messages);
     free(c->model);
     free(c->prompt);
     free(c->prompt_ids);

@@ -52,12 +52,24 @@ typedef struct {
     int n_bias;
     char *cache_salt;
     char *user;
+    /* chat completions */
+    int is_chat;
+    struct cm_oai_msg { char *role, *content; } *messages;
+    int n_messages;
+    int add_generation_prompt;
 } cm_oai_completion;
 
 /* Parses a /v1/completions body. On error returns LLM_EINVAL with a message
  * in err and the parameter's name in *param (NULL when it is the body). */
 int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *out, char *err, size_t errlen,
                             const char **param);
+/* Parses a /v1/chat/completions body: messages (content a string or an
+ * array of text parts), max_completion_tokens / max_tokens, logprobs (bool)
+ * + top_logprobs, and the same sampling fields. */
+int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *out, char *err, size_t errlen,
+                      const char **param);
 void cm_oai_completion_free(cm_oai_completion *c);
+/* Whether s[0..n) is valid UTF-8. */
+int cm_utf8_valid(const char *s, size_t n);
 
 #endif

@@ -17,7 +17,7 @@
 
 typedef struct {
     int used;
-    char id[128], reply[256];
+    char id[128], reply[256], tag[64];
     nng_socket push;
     int64_t last_heard;
     int snapshot_due;            /* send every cached key with the next events */
@@ -192,6 +192,7 @@ static void send_health(server *s, int g) {
     h.ready = 1;
     h.tp_size = (uint32_t)(s->o->tp_size > 0 ? s->o->tp_size : 1);
     h.stats = &st;
+    h.worker_tag = s->gw[g].tag[0] ? s->gw[g].tag : NULL;
     pr_env env;
     pr_env_init(&env);
     env.body_case = LLMSERVE__ENVELOPE__BODY_HEALTH;
@@ -234,6 +235,7 @@ static void on_hello(server *s, const Llmserve__Hello *h) {
         CM_INFO("gateway %s connected (replies to %s)", gw->id, gw->reply);
     }
     gw->last_heard = now_ms();
+    if (h->worker_tag) snprintf(gw->tag, sizeof gw->tag, "%s", h->worker_tag);
     send_health(s, (int)(gw - s->gw));
 }
 
@@ -488,7 +490,10 @@ static void send_events(server *s, ev_buf *b, int snapshot, int only_gw) {
     env.body_case = LLMSERVE__ENVELOPE__BODY_KV_EVENTS;
     env.kv_events = &kv;
     for (int g = 0; g < MAX_GATEWAYS; g++)
-        if (s->gw[g].used && (only_gw < 0 || g == only_gw)) send_gw(s, g, &env);
+        if (s->gw[g].used && (only_gw < 0 || g == only_gw)) {
+            kv.worker_tag = s->gw[g].tag[0] ? s->gw[g].tag : NULL;
+            send_gw(s, g, &env);
+        }
     free(evp);
 }
 

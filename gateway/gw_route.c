@@ -1,0 +1,122 @@
+/* Routing: the prompt's full blocks are keyed exactly as the workers key
+ * them (cm_block_key chain), each worker's cached keys are kept from its
+ * KvEvents, and the score is cached prefix tokens - lambda * load. */
+#include "cm_hash.h"
+#include "gw.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t slot(uint64_t k, uint32_t cap) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return (uint32_t)k & (cap - 1);
+}
+
+static void rehash(gw_keyset *s, uint32_t cap) {
+    uint64_t *old = s->k;
+    uint32_t oc = s->cap;
+    s->k = calloc(cap, sizeof *s->k);
+    if (!s->k) {
+        s->k = old;
+        return;
+    }
+    s->cap = cap;
+    s->n = 0;
+    for (uint32_t i = 0; i < oc; i++)
+        if (old[i]) gw_keyset_add(s, old[i]);
+    free(old);
+}
+
+void gw_keyset_add(gw_keyset *s, uint64_t k) {
+    if (!k) k = 1;
+    if (!s->cap || 2 * (s->n + 1) > s->cap) rehash(s, s->cap ? 2 * s->cap : 1024);
+    if (!s->cap) return;
+    for (uint32_t i = slot(k, s->cap);; i = (i + 1) & (s->cap - 1)) {
+        if (s->k[i] == k) return;
+        if (!s->k[i]) {
+            s->k[i] = k;
+            s->n++;
+            return;
+        }
+    }
+}
+
+int gw_keyset_has(const gw_keyset *s, uint64_t k) {
+    if (!k) k = 1;
+    if (!s->cap) return 0;
+    for (uint32_t i = slot(k, s->cap);; i = (i + 1) & (s->cap - 1)) {
+        if (s->k[i] == k) return 1;
+        if (!s->k[i]) return 0;
+    }
+}
+
+void gw_keyset_del(gw_keyset *s, uint64_t k) {
+    if (!k) k = 1;
+    if (!s->cap) return;
+    uint32_t i = slot(k, s->cap);
+    for (;; i = (i + 1) & (s->cap - 1)) {
+        if (!s->k[i]) return;
+        if (s->k[i] == k) break;
+    }
+    /* backward-shift deletion keeps probe chains intact */
+    s->k[i] = 0;
+    s->n--;
+    for (uint32_t j = (i + 1) & (s->cap - 1); s->k[j]; j = (j + 1) & (s->cap - 1)) {
+        uint64_t v = s->k[j];
+        s->k[j] = 0;
+        s->n--;
+        gw_keyset_add(s, v);
+    }
+}
+
+void gw_keyset_clear(gw_keyset *s) {
+    if (s->k) memset(s->k, 0, sizeof *s->k * s->cap);
+    s->n = 0;
+}
+
+int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *hit_tokens) {
+    *hit_tokens = 0;
+    int best = -1;
+    double best_score = 0;
+    int up = 0;
+    for (int i = 0; i < g->n_workers; i++) up += g->w[i].up && i != exclude;
+    if (!up) return -1;
+    if (g->routing == GW_ROUTE_ROUND_ROBIN) {
+        for (int k = 0; k < g->n_workers; k++) {
+            int i = (g->rr + k) % g->n_workers;
+            if (g->w[i].up && i != exclude) {
+                g->rr = i + 1;
+                return i;
+            }
+        }
+        return -1;
+    }
+    /* the prompt's block keys, computed once (block size from the workers) */
+    int bs = 0;
+    for (int i = 0; i < g->n_workers; i++)
+        if (g->w[i].up && g->w[i].block_size > 0) bs = g->w[i].block_size;
+    int nb = g->routing == GW_ROUTE_PREFIX && bs > 0 ? (n - 1) / bs : 0;
+    uint64_t *keys = nb ? malloc(sizeof *keys * (size_t)nb) : NULL;
+    if (!keys) nb = 0;
+    uint64_t parent = CM_BLOCK_ROOT;
+    for (int b = 0; b < nb; b++) keys[b] = parent = cm_block_key(parent, salt, tok + (size_t)b * bs, bs);
+    for (int k = 0; k < g->n_workers; k++) {
+        int i = (g->rr + k) % g->n_workers; /* ties go round the ring */
+        gw_worker *w = &g->w[i];
+        if (!w->up || i == exclude) continue;
+        int hit = 0;
+        while (hit < nb && gw_keyset_has(&w->cached, keys[hit])) hit++;
+        double load = (double)(w->inflight + w->waiting);
+        double score = (double)(hit * bs) - g->lambda * load;
+        if (best < 0 || score > best_score) {
+            best = i;
+            best_score = score;
+            *hit_tokens = hit * bs;
+        }
+    }
+    free(keys);
+    if (best >= 0) g->rr = best + 1;
+    return best;
+}
