@@ -1,0 +1,286 @@
+"""End to end: the real `openai` client against llmserve-gateway in front of a
+real llmserve-worker (both started by run_gateway_e2e.sh). Checks the API
+shapes, streaming, errors, concurrency, cancellation, deadlines, rate limits,
+routing and metrics. Environment: GW (base URL), GW_TIMEOUT, GW_RATE (base
+URLs of gateways started with a short --request-timeout and --rate-limit-rps),
+GW2 (a gateway over two worker groups), W2PIDS (their pids), KEY."""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+
+import openai
+
+GW = os.environ["GW"]
+KEY = os.environ["KEY"]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def raw(base, method, path, body=None, headers=None):
+    u = urllib.parse.urlparse(base)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    h = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+    h.update(headers or {})
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read()
+    return r.status, dict(r.getheaders()), data
+
+
+def error_shape(data):
+    j = json.loads(data)
+    e = j.get("error", {})
+    return all(k in e for k in ("message", "type", "param", "code"))
+
+
+client = openai.OpenAI(base_url=GW + "/v1", api_key=KEY, max_retries=0, timeout=120)
+model = client.models.list().data[0].id
+
+# ---- chat and completions ---------------------------------------------------
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2+2?"}],
+                                   max_tokens=16, temperature=0)
+check(r.object == "chat.completion" and r.choices[0].message.role == "assistant", "chat shape")
+check(len(r.choices[0].message.content) > 0, "chat has content")
+check(r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0, "chat usage")
+check(r.choices[0].finish_reason in ("stop", "length"), "chat finish_reason")
+
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+check(c.object == "text_completion" and c.choices[0].text.startswith(" Paris"), "completion text: %r" % c.choices[0].text)
+check(c.usage.completion_tokens == 8 and c.choices[0].finish_reason == "length", "completion usage/finish")
+
+# streaming chat: deltas add up to the non-streamed text
+s = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=16,
+                                   temperature=0, stream=True, stream_options={"include_usage": True})
+text, usage, finishes = "", None, []
+for ch in s:
+    if ch.usage:
+        usage = ch.usage
+    for cc in ch.choices:
+        text += cc.delta.content or ""
+        if cc.finish_reason:
+            finishes.append(cc.finish_reason)
+check(text == r.choices[0].message.content, "streamed text equals non-streamed")
+check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, "stream usage")
+check(len(finishes) == 1, "one finish_reason in the stream")
+
+# n > 1, seeds, stop, logprobs
+n3 = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=0.9, n=3, seed=7)
+check(len(n3.choices) == 3 and sorted(c.index for c in n3.choices) == [0, 1, 2], "n=3 choices")
+check(n3.usage.completion_tokens == sum(1 for _ in range(3)) * 12 or n3.usage.completion_tokens <= 36, "n=3 usage")
+again = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=0.9, n=3, seed=7)
+check([c.text for c in n3.choices] == [c.text for c in again.choices], "seeded n=3 reproduces")
+full = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0)
+st = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"])
+check(st.choices[0].finish_reason == "stop" and full.choices[0].text.startswith(st.choices[0].text)
+      and " 7" not in st.choices[0].text, "stop string: %r" % st.choices[0].text)
+lp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                    temperature=0, logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+check(len(content) == lp.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in content), "chat logprobs")
+check(all(t.logprob <= 0 and abs(t.logprob - t.top_logprobs[0].logprob) < 1e-4 for t in content), "greedy = top logprob")
+clp = client.completions.create(model=model, prompt="Hello", max_tokens=4, temperature=0, logprobs=2)
+check(len(clp.choices[0].logprobs.tokens) == 4 and len(clp.choices[0].logprobs.top_logprobs[0]) >= 1, "completion logprobs")
+
+# ---- errors: OpenAI's shape, right status, nothing else affected -----------
+def expect(exc_type, fn, what):
+    try:
+        fn()
+        check(False, what + ": no error")
+    except exc_type as e:
+        check(True, what)
+        body = getattr(e, "body", None)
+        check(isinstance(body, dict) and "message" in body, what + ": error body")
+    except Exception as e:  # noqa
+        check(False, "%s: %r" % (what, e))
+
+
+bad = openai.OpenAI(base_url=GW + "/v1", api_key="wrong", max_retries=0)
+expect(openai.AuthenticationError, lambda: bad.models.list(), "wrong key 401")
+expect(openai.NotFoundError, lambda: client.completions.create(model="nope", prompt="x", max_tokens=2), "unknown model 404")
+expect(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=0), "max_tokens 0")
+expect(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=100000),
+       "max_tokens beyond the context")
+expect(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=2, n=99), "n too large")
+expect(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="word " * 3000, max_tokens=2),
+       "prompt longer than max-model-len")
+expect(openai.BadRequestError, lambda: client.chat.completions.create(model=model, messages=[], max_tokens=2),
+       "empty messages")
+expect(openai.BadRequestError, lambda: client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+    max_tokens=2), "unsupported content part")
+st_, _, d = raw(GW, "POST", "/v1/completions", b"{not json")
+check(st_ == 400 and error_shape(d), "malformed JSON")
+st_, _, d = raw(GW, "POST", "/v1/completions", b'{"prompt": 5, "max_tokens": 2}')
+check(st_ == 400 and error_shape(d) and json.loads(d)["error"]["param"] == "prompt", "wrong type")
+st_, _, d = raw(GW, "POST", "/v1/chat/completions", b'{"max_tokens": 2}')
+check(st_ == 400 and error_shape(d), "missing messages")
+st_, _, d = raw(GW, "POST", "/v1/completions", b'{"prompt": "\xff\xfe", "max_tokens": 2}')
+check(st_ == 400 and error_shape(d), "invalid UTF-8")
+# body too large: answered from Content-Length, before the body is read
+bs = socket.create_connection((urllib.parse.urlparse(GW).hostname, urllib.parse.urlparse(GW).port), timeout=30)
+bs.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+           b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (9 << 20))
+try:
+    bs.sendall(b"a" * 65536)
+except OSError:
+    pass
+head = bs.recv(200)
+bs.close()
+check(head.startswith(b"HTTP/1.1 413"), "body too large: %r" % head[:40])
+st_, _, d = raw(GW, "POST", "/v1/completions", b'{"prompt":"x"}', {"Authorization": ""})
+check(st_ == 401 and error_shape(d), "missing key")
+
+# slow loris: a client that sends half a header and stalls does not hold the server
+sl = socket.create_connection((urllib.parse.urlparse(GW).hostname, urllib.parse.urlparse(GW).port))
+sl.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+t0 = time.time()
+c2 = client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=0)
+check(c2.usage.completion_tokens == 2 and time.time() - t0 < 30, "served while a slow client stalls")
+sl.settimeout(10)
+try:
+    closed = sl.recv(100) == b"" or True  # the server answers or closes after --header-timeout
+except socket.timeout:
+    closed = False
+check(closed, "slow client cut off after the header timeout")
+sl.close()
+
+# raw SSE framing
+u = urllib.parse.urlparse(GW)
+conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+conn.request("POST", "/v1/completions", body=json.dumps({"model": model, "prompt": "Hi", "max_tokens": 5,
+                                                            "stream": True}),
+             headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+resp = conn.getresponse()
+check(resp.getheader("Content-Type", "").startswith("text/event-stream"), "SSE content type")
+body = resp.read().decode()
+events = [e for e in body.split("\n\n") if e]
+check(all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]", "SSE framing")
+
+# ---- 100 concurrent streams, exact usage ----------------------------------
+results = []
+
+
+def one_stream(i):
+    try:
+        s = client.completions.create(model=model, prompt="Story %d:" % i, max_tokens=8, temperature=0.7, seed=i,
+                                      stream=True, stream_options={"include_usage": True},
+                                      extra_body={"ignore_eos": True})
+        n_text, usage = 0, None
+        for ch in s:
+            if ch.usage:
+                usage = ch.usage
+            n_text += sum(1 for c in ch.choices if c.text)
+        results.append(usage.completion_tokens if usage else -1)
+    except Exception as e:  # noqa
+        results.append(repr(e))
+
+
+th = [threading.Thread(target=one_stream, args=(i,)) for i in range(100)]
+t0 = time.time()
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+check(len(results) == 100 and all(r == 8 for r in results), "100 concurrent streams: %r" % results[:5])
+print("100 concurrent streams of 8 tokens in %.1f s" % (time.time() - t0))
+
+
+def metric(base, name):
+    _, _, d = raw(base, "GET", "/metrics")
+    tot = 0.0
+    for line in d.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            tot += float(line.split()[-1])
+    return tot
+
+
+# ---- disconnect cancels on the worker ---------------------------------------
+conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+conn.request("POST", "/v1/completions", body=json.dumps({"model": model, "prompt": "Tell me everything", "max_tokens": 1500,
+                                                            "stream": True, "ignore_eos": True}),
+             headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+resp = conn.getresponse()
+resp.fp.readline()
+time.sleep(1.5)
+check(metric(GW, "llmserve:num_requests_running") >= 1, "a request is running")
+conn.sock.shutdown(socket.SHUT_RDWR)
+conn.close()
+gone = False
+for _ in range(50):
+    time.sleep(0.2)
+    if metric(GW, "llmserve:num_requests_running") == 0 and metric(GW, "llmserve:client_cancelled_total") >= 1:
+        gone = True
+        break
+check(gone, "disconnect cancels the request on the worker")
+
+# ---- deadline -------------------------------------------------------------------
+st_, _, d = raw(os.environ["GW_TIMEOUT"], "POST", "/v1/completions",
+                json.dumps({"prompt": "x", "max_tokens": 1500, "ignore_eos": True}).encode())
+check(st_ == 504 and error_shape(d), "request timeout answers 504: %d" % st_)
+
+# ---- rate limit -------------------------------------------------------------------
+codes, retry = [], None
+for _ in range(4):
+    st_, h, d = raw(os.environ["GW_RATE"], "POST", "/v1/completions", b'{"prompt": "x", "max_tokens": 1}')
+    codes.append(st_)
+    if st_ == 429:
+        retry = h.get("Retry-After")
+check(429 in codes and retry is not None and int(retry) >= 1, "rate limit 429 + Retry-After: %r" % codes)
+
+# ---- two worker groups: prefix routing, then one group killed ---------------
+gw2 = os.environ["GW2"]
+c2 = openai.OpenAI(base_url=gw2 + "/v1", api_key=KEY, max_retries=0, timeout=120)
+system = " ".join("rule %d: be precise and kind." % i for i in range(60))
+for i in range(8):
+    c2.chat.completions.create(model=model, messages=[{"role": "system", "content": system},
+                                                      {"role": "user", "content": "question %d" % i}],
+                               max_tokens=2, temperature=0)
+_, _, d = raw(gw2, "GET", "/metrics")
+routed = [float(x) for x in re.findall(r'llmserve:routed_total\{worker="[^"]+"\} (\S+)', d.decode())]
+hits = metric(gw2, "llmserve:prefix_cache_hits_total")
+queries = metric(gw2, "llmserve:prefix_cache_queries_total")
+check(len(routed) == 2 and max(routed) >= 7, "shared prefix goes to one group: %r" % routed)
+check(queries > 0 and hits / queries > 0.6, "prefix hit rate %.2f" % (hits / queries if queries else 0))
+print("prefix routing: routed %r, worker hit rate %.2f" % (routed, hits / queries if queries else 0))
+pids = [int(p) for p in os.environ["W2PIDS"].split(",")]
+os.kill(pids[0], signal.SIGKILL)
+time.sleep(4)
+ok = 0
+for i in range(4):
+    try:
+        rr = c2.completions.create(model=model, prompt="after the kill %d" % i, max_tokens=2, temperature=0)
+        ok += rr.usage.completion_tokens == 2
+    except Exception as e:  # noqa
+        print("after kill:", e, file=sys.stderr)
+check(ok == 4, "requests succeed on the surviving group (%d/4)" % ok)
+
+# ---- metrics exposition ----------------------------------------------------------
+_, h, d = raw(GW, "GET", "/metrics")
+text = d.decode()
+names = set()
+for line in text.splitlines():
+    if line.startswith("# TYPE"):
+        names.add(line.split()[2])
+    elif line and not line.startswith("#"):
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        check(m is not None, "metric line: %r" % line)
+        if m:
+            float(m.group(3))
+            base = re.sub(r"_(bucket|sum|count)$", "", m.group(1))
+            check(m.group(1) in names or base in names, "metric has a TYPE: %s" % m.group(1))
+check(metric(GW, "llmserve:time_to_first_token_seconds_count") > 100, "TTFT histogram counts")
+
+print("gateway e2e: %d failures" % len(failures))
+sys.exit(1 if failures else 0)
