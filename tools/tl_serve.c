@@ -1,0 +1,204 @@
+/* llmserve serve [MODEL]: one gateway and one worker group on this machine,
+ * supervised. A child that dies is restarted (with backoff); SIGINT or
+ * SIGTERM stops both. Flags follow vLLM's `vllm serve`. */
+#include "tl_common.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int s) {
+    (void)s;
+    stop_flag = 1;
+}
+
+typedef struct {
+    const char *name;
+    char *argv[64];
+    int argc;
+    pid_t pid;
+    double started, backoff;
+    int restarts;
+} child;
+
+static void arg(child *c, const char *a) {
+    if (c->argc < 62) c->argv[c->argc++] = (char *)a;
+    c->argv[c->argc] = NULL;
+}
+
+static pid_t spawn(child *c) {
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the supervisor */
+        execv(c->argv[0], c->argv);
+        fprintf(stderr, "llmserve serve: cannot run %s: %s\n", c->argv[0], strerror(errno));
+        _exit(127);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c->started = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    c->pid = p;
+    return p;
+}
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: llmserve serve [MODEL] [flags]\n"
+            "Starts an OpenAI-compatible server: one llmserve-gateway and one llmserve-worker group,\n"
+            "restarting either if it dies, stopping both on Ctrl-C / SIGTERM.\n"
+            "  MODEL                        GGUF file (default " DEFAULT_MODEL ")\n"
+            "  --host H / --port N          HTTP address (default 127.0.0.1:8000)\n"
+            "  --api-key KEY                require this key\n"
+            "  --served-model-name NAME\n"
+            "  --device cpu|cuda            (default cpu)\n"
+            "  --tensor-parallel-size N     rank processes per replica (default 1)\n"
+            "  --threads N                  CPU threads per rank\n"
+            "  --max-model-len N, --max-num-seqs N, --max-num-batched-tokens N, --block-size N,\n"
+            "  --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T,\n"
+            "  --enable-prefix-caching / --no-enable-prefix-caching    engine flags, as in vLLM\n"
+            "  --rate-limit-rps R, --rate-limit-tpm T, --max-queue N, --request-timeout S,\n"
+            "  --ttft-timeout S, --routing R, --chat-template NAME      gateway flags\n"
+            "  --log-level L\n");
+}
+
+int tl_serve_main(int argc, char **argv) {
+    char exe[PATH_MAX], dir[PATH_MAX], wbin[PATH_MAX + 32], gbin[PATH_MAX + 32], ipc[128];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return 1;
+    exe[n] = 0;
+    snprintf(dir, sizeof dir, "%s", exe);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    snprintf(wbin, sizeof wbin, "%s/llmserve-worker", dir);
+    snprintf(gbin, sizeof gbin, "%s/llmserve-gateway", dir);
+    snprintf(ipc, sizeof ipc, "ipc:///tmp/llmserve-serve-%d.ipc", (int)getpid());
+    child w = {.name = "worker"}, g = {.name = "gateway"};
+    arg(&w, wbin);
+    arg(&g, gbin);
+    arg(&w, "--listen");
+    arg(&w, ipc);
+    arg(&g, "--workers");
+    arg(&g, ipc);
+    const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
+    /* worker-only, gateway-only and shared flags, all with a value except the two switches */
+    static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
+                                   "max-num-batched-tokens", "block-size", "kv-cache-memory", "gpu-memory-utilization",
+                                   "kv-cache-dtype", NULL};
+    static const char *gflags[] = {"host", "port", "api-key", "rate-limit-rps", "rate-limit-tpm", "max-queue",
+                                   "request-timeout", "ttft-timeout", "idle-timeout", "routing", "chat-template", NULL};
+    static const char *both[] = {"served-model-name", "log-level", NULL};
+    static struct option lo[40];
+    int k = 0;
+    for (const char **f = wflags; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 1000 + (int)(f - wflags)};
+    for (const char **f = gflags; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 2000 + (int)(f - gflags)};
+    for (const char **f = both; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 3000 + (int)(f - both)};
+    lo[k++] = (struct option){"enable-prefix-caching", no_argument, 0, 4000};
+    lo[k++] = (struct option){"no-enable-prefix-caching", no_argument, 0, 4001};
+    lo[k++] = (struct option){"help", no_argument, 0, 'h'};
+    lo[k] = (struct option){0, 0, 0, 0};
+    static char flagbuf[40][48];
+    int c, nf = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        if (c == 'h') {
+            help(stdout);
+            return 0;
+        }
+        if (c == '?') {
+            help(stderr);
+            return 2;
+        }
+        const char *name = c >= 4000 ? (c == 4000 ? "enable-prefix-caching" : "no-enable-prefix-caching")
+                           : c >= 3000 ? both[c - 3000]
+                           : c >= 2000 ? gflags[c - 2000]
+                                       : wflags[c - 1000];
+        if (nf == 40) return 2;
+        snprintf(flagbuf[nf], sizeof flagbuf[nf], "--%s", name);
+        if (c >= 4000 || c < 2000 || c >= 3000) {
+            arg(&w, flagbuf[nf]);
+            if (c < 4000) arg(&w, optarg);
+        }
+        if ((c >= 2000 && c < 3000) || (c >= 3000 && c < 4000)) {
+            arg(&g, flagbuf[nf]);
+            arg(&g, optarg);
+        }
+        nf++;
+    }
+    if (optind < argc) model = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "llmserve serve: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (access(model, R_OK)) {
+        fprintf(stderr, "llmserve serve: cannot read model %s (tools/setup.sh fetches the default one)\n", model);
+        return 1;
+    }
+    arg(&w, "--model");
+    arg(&w, model);
+    arg(&g, "--model");
+    arg(&g, model);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    fprintf(stderr, "llmserve serve: %s; worker group on %s, gateway for the OpenAI API\n", model, ipc);
+    spawn(&w);
+    spawn(&g);
+    child *kids[2] = {&w, &g};
+    while (!stop_flag) {
+        int st;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = 0; i < 2; i++) {
+            child *ch = kids[i];
+            if (ch->pid != p || stop_flag) continue;
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            double up = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - ch->started;
+            ch->backoff = up > 30 ? 0.5 : ch->backoff ? (ch->backoff * 2 > 30 ? 30 : ch->backoff * 2) : 0.5;
+            if (WIFEXITED(st) && (WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 127) && up < 5) {
+                fprintf(stderr, "llmserve serve: the %s refused its arguments (exit %d); stopping\n", ch->name,
+                        WEXITSTATUS(st));
+                stop_flag = 1;
+                break;
+            }
+            fprintf(stderr, "llmserve serve: the %s (pid %d) %s %d; restarting in %.1f s\n", ch->name, (int)p,
+                    WIFSIGNALED(st) ? "was killed by signal" : "exited with", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st),
+                    ch->backoff);
+            struct timespec d = {(time_t)ch->backoff, (long)((ch->backoff - (double)(time_t)ch->backoff) * 1e9)};
+            nanosleep(&d, NULL);
+            if (!stop_flag) {
+                ch->restarts++;
+                spawn(ch);
+            }
+        }
+    }
+    fprintf(stderr, "llmserve serve: stopping\n");
+    for (int i = 0; i < 2; i++)
+        if (kids[i]->pid > 0) kill(kids[i]->pid, SIGTERM);
+    for (int i = 0; i < 2; i++) {
+        if (kids[i]->pid <= 0) continue;
+        int st;
+        for (int t = 0; t < 100 && waitpid(kids[i]->pid, &st, WNOHANG) == 0; t++) usleep(50000);
+        if (waitpid(kids[i]->pid, &st, WNOHANG) == 0) {
+            kill(kids[i]->pid, SIGKILL);
+            waitpid(kids[i]->pid, &st, 0);
+        }
+    }
+    return 0;
+}
