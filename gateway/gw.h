@@ -27,6 +27,7 @@ typedef struct {
     char addr[256];
     nng_socket push;
     int up;                       /* Health seen within the liveness window */
+    int gone;                     /* no longer in --workers-dns: never routed to again */
     double last_health, down_until, backoff;
     char model[128];
     int max_model_len, block_size, vocab;
@@ -73,6 +74,8 @@ struct gw {
     /* workers */
     gw_worker w[GW_MAX_WORKERS];
     int n_workers, rr;
+    char dns_name[256], dns_port[16];   /* --workers-dns NAME:PORT, re-resolved every 10 s */
+    int tick;
     nng_socket pull;
     char reply[256], id[64];
     struct event *recv_ev, *tick_ev;

@@ -422,7 +422,7 @@ static void on_chunk(gw *g, const Llmserve__TokenChunk *c) {
 
 static void on_health(gw *g, const Llmserve__Health *h, int from) {
     gw_worker *w = from >= 0 ? &g->w[from] : NULL;
-    if (!w) return;
+    if (!w || w->gone) return;
     if (!w->up) CM_INFO("worker %s (%s) is up: model %s, max_model_len %d", w->addr, h->worker_id, h->model ? h->model : "?",
                         h->max_model_len);
     w->up = 1;
@@ -501,6 +501,7 @@ static void hello_all(gw *g) {
     e.body_case = LLMSERVE__ENVELOPE__BODY_HELLO;
     e.hello = &h;
     for (int i = 0; i < g->n_workers; i++) {
+        if (g->w[i].gone) continue;
         char tag[16];
         snprintf(tag, sizeof tag, "w%d", i);
         h.worker_tag = tag;
@@ -508,10 +509,53 @@ static void hello_all(gw *g) {
     }
 }
 
+static int add_worker(gw *g, const char *addr);
+
+/* Kubernetes headless services: every address NAME resolves to is a group. */
+static void resolve_workers(gw *g) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(g->dns_name, g->dns_port, &hints, &res);
+    if (rc) {
+        CM_WARN("--workers-dns %s: %s", g->dns_name, gai_strerror(rc));
+        return;
+    }
+    char seen[GW_MAX_WORKERS] = {0};
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        char ip[64], addr[256];
+        inet_ntop(AF_INET, &((struct sockaddr_in *)a->ai_addr)->sin_addr, ip, sizeof ip);
+        snprintf(addr, sizeof addr, "tcp://%s:%s", ip, g->dns_port);
+        int found = -1;
+        for (int i = 0; i < g->n_workers; i++)
+            if (!strcmp(g->w[i].addr, addr)) found = i;
+        if (found >= 0 && g->w[found].gone) { /* back again */
+            g->w[found].gone = 0;
+            nng_push0_open(&g->w[found].push);
+            nng_dial(g->w[found].push, addr, NULL, NNG_FLAG_NONBLOCK);
+        }
+        if (found < 0 && !add_worker(g, addr)) {
+            found = g->n_workers - 1;
+            CM_INFO("worker group %s added (from %s)", addr, g->dns_name);
+        }
+        if (found >= 0) seen[found] = 1;
+    }
+    freeaddrinfo(res);
+    for (int i = 0; i < g->n_workers; i++)
+        if (!seen[i] && !g->w[i].gone) {
+            CM_INFO("worker group %s left %s", g->w[i].addr, g->dns_name);
+            g->w[i].gone = 1;
+            g->w[i].up = 0;
+            gw_keyset_clear(&g->w[i].cached);
+            nng_close(g->w[i].push);
+        }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
     gw *g = arg;
     (void)fd;
     (void)what;
+    if (g->dns_name[0] && g->tick++ % 10 == 0) resolve_workers(g);
     hello_all(g);
     double t = now_s();
     for (int i = 0; i < g->n_workers; i++) {
@@ -920,6 +964,8 @@ static void help(FILE *f) {
             "  --host H                  address to bind (default 127.0.0.1)\n"
             "  --port N                  HTTP port (default 8000)\n"
             "  --workers ADDR,...        worker groups (tcp://HOST:PORT or ipc://PATH; default tcp://127.0.0.1:7600)\n"
+            "  --workers-dns NAME:PORT   every address NAME resolves to is a group, re-resolved every 10 s\n"
+            "                            (a Kubernetes headless service)\n"
             "  --reply-address ADDR      where workers send replies (default tcp://127.0.0.1:0, an ephemeral port)\n"
             "  --model PATH              GGUF whose tokenizer and chat template to use (default " DEFAULT_MODEL ")\n"
             "  --served-model-name NAME  the model's name in the API (default: file name)\n"
@@ -955,9 +1001,10 @@ int main(int argc, char **argv) {
     if (getenv("LLMSERVE_MODEL")) model = getenv("LLMSERVE_MODEL");
     cm_log_set_level(CM_LOG_INFO);
     enum { O_HOST = 1, O_PORT, O_WORKERS, O_REPLY, O_MODEL, O_NAME, O_TMPL, O_KEY, O_KEYS, O_RPS, O_TPM, O_MAXQ, O_BODY,
-           O_HDR, O_TTFT, O_REQ, O_IDLE, O_ROUTE, O_LAMBDA, O_LOGR, O_LOGP, O_LOG, O_NOLOGR };
+           O_HDR, O_TTFT, O_REQ, O_IDLE, O_ROUTE, O_LAMBDA, O_LOGR, O_LOGP, O_LOG, O_NOLOGR, O_DNS };
     static const struct option lo[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"workers", 1, 0, O_WORKERS}, {"reply-address", 1, 0, O_REPLY},
+        {"workers-dns", 1, 0, O_DNS},
         {"model", 1, 0, O_MODEL}, {"served-model-name", 1, 0, O_NAME}, {"chat-template", 1, 0, O_TMPL},
         {"api-key", 1, 0, O_KEY}, {"api-keys-file", 1, 0, O_KEYS}, {"rate-limit-rps", 1, 0, O_RPS},
         {"rate-limit-tpm", 1, 0, O_TPM}, {"max-queue", 1, 0, O_MAXQ}, {"max-body-bytes", 1, 0, O_BODY},
@@ -974,6 +1021,16 @@ int main(int argc, char **argv) {
         case O_HOST: host = optarg; break;
         case O_PORT: if (!num_ok || v < 1 || v > 65535) goto bad; port = (int)v; break;
         case O_WORKERS: workers = optarg; break;
+        case O_DNS: {
+            const char *colon = strrchr(optarg, ':');
+            if (!colon || colon == optarg || strlen(colon + 1) >= sizeof g->dns_port ||
+                (size_t)(colon - optarg) >= sizeof g->dns_name)
+                goto bad;
+            memcpy(g->dns_name, optarg, (size_t)(colon - optarg));
+            snprintf(g->dns_port, sizeof g->dns_port, "%s", colon + 1);
+            workers = "";
+            break;
+        }
         case O_REPLY: reply_listen = optarg; break;
         case O_MODEL: model = optarg; break;
         case O_NAME: served = optarg; break;
@@ -1098,6 +1155,7 @@ int main(int argc, char **argv) {
         if (!e) break;
         p = e + 1;
     }
+    if (g->dns_name[0]) resolve_workers(g);
     static const double tb[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
     static const double ib[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
     gw_hist_init(&g->m.ttft, tb, 12);

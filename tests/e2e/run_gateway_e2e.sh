@@ -25,9 +25,10 @@ G="--model $MODEL --api-key k-test --log-level warn --header-timeout 5"
 "$BUILD/llmserve-gateway" $G --port $((BASE + 10)) --workers tcp://127.0.0.1:$BASE & PIDS+=($!)
 "$BUILD/llmserve-gateway" $G --port $((BASE + 11)) --workers tcp://127.0.0.1:$BASE --request-timeout 1 & PIDS+=($!)
 "$BUILD/llmserve-gateway" $G --port $((BASE + 12)) --workers tcp://127.0.0.1:$BASE --rate-limit-rps 0.5 & PIDS+=($!)
+"$BUILD/llmserve-gateway" $G --port $((BASE + 14)) --workers tcp://127.0.0.1:$BASE --max-queue 4 & GS=$!; PIDS+=($GS)
 "$BUILD/llmserve-gateway" $G --port $((BASE + 13)) --workers tcp://127.0.0.1:$((BASE + 1)),tcp://127.0.0.1:$((BASE + 2)) \
     --route-lambda 4 & PIDS+=($!)
-for port in $((BASE + 10)) $((BASE + 11)) $((BASE + 12)) $((BASE + 13)); do
+for port in $((BASE + 10)) $((BASE + 11)) $((BASE + 12)) $((BASE + 13)) $((BASE + 14)); do
     for _ in $(seq 1 300); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
         sleep 0.2
@@ -39,4 +40,4 @@ for _ in $(seq 1 300); do
     sleep 0.2
 done
 GW=http://127.0.0.1:$((BASE + 10)) GW_TIMEOUT=http://127.0.0.1:$((BASE + 11)) GW_RATE=http://127.0.0.1:$((BASE + 12)) \
-GW2=http://127.0.0.1:$((BASE + 13)) W2PIDS=$WA,$WB KEY=k-test "$VENV/bin/python" "$HERE/test_gateway.py"
+GW2=http://127.0.0.1:$((BASE + 13)) W2PIDS=$WA,$WB GW_SMALL=http://127.0.0.1:$((BASE + 14)) GW_SMALL_PID=$GS KEY=k-test "$VENV/bin/python" "$HERE/test_gateway.py"

@@ -239,6 +239,40 @@ for _ in range(4):
         retry = h.get("Retry-After")
 check(429 in codes and retry is not None and int(retry) >= 1, "rate limit 429 + Retry-After: %r" % codes)
 
+# ---- overload: a gateway with --max-queue 4 refuses the rest at once, memory bounded
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+small, spid = os.environ["GW_SMALL"], int(os.environ["GW_SMALL_PID"])
+rss0 = rss_kb(spid)
+over = []
+
+
+def long_req(i):
+    t0 = time.time()
+    st_, h, d = raw(small, "POST", "/v1/completions",
+                    json.dumps({"prompt": "x %d" % i, "max_tokens": 64, "ignore_eos": True}).encode())
+    over.append((st_, time.time() - t0, h.get("Retry-After")))
+
+
+th = [threading.Thread(target=long_req, args=(i,)) for i in range(60)]
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+refused = [o for o in over if o[0] == 429]
+served = [o for o in over if o[0] == 200]
+check(len(served) >= 4 and len(refused) >= 30, "overload: %d served, %d refused" % (len(served), len(refused)))
+check(all(o[1] < 1.0 and o[2] for o in refused), "refusals are fast and carry Retry-After")
+check(rss_kb(spid) - rss0 < 50 * 1024, "gateway memory bounded under overload (%d kB -> %d kB)" % (rss0, rss_kb(spid)))
+print("overload: %d served, %d refused in < %.3f s each" % (len(served), len(refused),
+                                                            max(o[1] for o in refused) if refused else 0))
+
 # ---- two worker groups: prefix routing, then one group killed ---------------
 gw2 = os.environ["GW2"]
 c2 = openai.OpenAI(base_url=gw2 + "/v1", api_key=KEY, max_retries=0, timeout=120)
