@@ -324,6 +324,10 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
             BAD("messages", "messages[%zu].content must be a string or an array of text parts", i);
         }
         if (!text) { rc = LLM_ENOMEM; goto fail; }
+        if (!text[0] && strcmp(r, "assistant")) {
+            free(text);
+            BAD("messages", "messages[%zu].content is empty", i);
+        }
         c->messages[c->n_messages].content = text;
         c->messages[c->n_messages].role = strdup(!strcmp(r, "developer") ? "system" : r);
         c->n_messages++;

@@ -500,8 +500,15 @@ static void hello_all(gw *g) {
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_HELLO;
     e.hello = &h;
+    double t = now_s();
     for (int i = 0; i < g->n_workers; i++) {
-        if (g->w[i].gone) continue;
+        gw_worker *w = &g->w[i];
+        if (w->gone) continue;
+        if (!w->up && w->last_health > 0) { /* a failed group is probed with backoff: 1, 2, 4 ... 30 s */
+            if (t < w->down_until) continue;
+            w->backoff = w->backoff ? (w->backoff * 2 > 30 ? 30 : w->backoff * 2) : 1;
+            w->down_until = t + w->backoff;
+        }
         char tag[16];
         snprintf(tag, sizeof tag, "w%d", i);
         h.worker_tag = tag;

@@ -26,18 +26,29 @@ G="--model $MODEL --api-key k-test --log-level warn --header-timeout 5"
 "$BUILD/llmserve-gateway" $G --port $((BASE + 11)) --workers tcp://127.0.0.1:$BASE --request-timeout 1 & PIDS+=($!)
 "$BUILD/llmserve-gateway" $G --port $((BASE + 12)) --workers tcp://127.0.0.1:$BASE --rate-limit-rps 0.5 & PIDS+=($!)
 "$BUILD/llmserve-gateway" $G --port $((BASE + 14)) --workers tcp://127.0.0.1:$BASE --max-queue 4 & GS=$!; PIDS+=($GS)
+"$BUILD/llmserve-gateway" $G --port $((BASE + 15)) --workers tcp://127.0.0.1:$((BASE + 1)),tcp://127.0.0.1:$((BASE + 2)) \
+    --routing round-robin & PIDS+=($!)
 "$BUILD/llmserve-gateway" $G --port $((BASE + 13)) --workers tcp://127.0.0.1:$((BASE + 1)),tcp://127.0.0.1:$((BASE + 2)) \
     --route-lambda 4 & PIDS+=($!)
-for port in $((BASE + 10)) $((BASE + 11)) $((BASE + 12)) $((BASE + 13)) $((BASE + 14)); do
+for port in $((BASE + 10)) $((BASE + 11)) $((BASE + 12)) $((BASE + 13)) $((BASE + 14)) $((BASE + 15)); do
     for _ in $(seq 1 300); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
         sleep 0.2
     done
 done
-# the two-group gateway needs both groups up
-for _ in $(seq 1 300); do
-    [ "$(curl -s "http://127.0.0.1:$((BASE + 13))/health" | grep -o '"workers_up":2')" ] && break
-    sleep 0.2
+# the two-group gateways need both groups up
+for port in $((BASE + 13)) $((BASE + 15)); do
+    for _ in $(seq 1 300); do
+        [ "$(curl -s "http://127.0.0.1:$port/health" | grep -o '"workers_up":2')" ] && break
+        sleep 0.2
+    done
 done
+# curl sees the raw SSE framing: data: lines, a blank line after each, [DONE] last
+SSE=$(curl -sN -H "Authorization: Bearer k-test" "http://127.0.0.1:$((BASE + 10))/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"stream":true}')
+echo "$SSE" | grep -v '^$' | grep -qv '^data: ' && { echo "FAIL: SSE line not data:"; exit 1; }
+[ "$(echo "$SSE" | grep -v '^$' | tail -n 1)" = "data: [DONE]" ] || { echo "FAIL: SSE does not end with [DONE]"; exit 1; }
+[ "$(echo "$SSE" | grep -c '^data: ')" -ge 3 ] || { echo "FAIL: too few SSE events"; exit 1; }
+echo "curl: SSE framing ok"
 GW=http://127.0.0.1:$((BASE + 10)) GW_TIMEOUT=http://127.0.0.1:$((BASE + 11)) GW_RATE=http://127.0.0.1:$((BASE + 12)) \
-GW2=http://127.0.0.1:$((BASE + 13)) W2PIDS=$WA,$WB GW_SMALL=http://127.0.0.1:$((BASE + 14)) GW_SMALL_PID=$GS KEY=k-test "$VENV/bin/python" "$HERE/test_gateway.py"
+GW2=http://127.0.0.1:$((BASE + 13)) GW_RR=http://127.0.0.1:$((BASE + 15)) W2PIDS=$WA,$WB GW_SMALL=http://127.0.0.1:$((BASE + 14)) GW_SMALL_PID=$GS KEY=k-test "$VENV/bin/python" "$HERE/test_gateway.py"

@@ -118,6 +118,8 @@ expect(openai.BadRequestError, lambda: client.completions.create(model=model, pr
 expect(openai.BadRequestError, lambda: client.chat.completions.create(model=model, messages=[], max_tokens=2),
        "empty messages")
 expect(openai.BadRequestError, lambda: client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": ""}], max_tokens=2), "empty content")
+expect(openai.BadRequestError, lambda: client.chat.completions.create(
     model=model, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
     max_tokens=2), "unsupported content part")
 st_, _, d = raw(GW, "POST", "/v1/completions", b"{not json")
@@ -276,22 +278,41 @@ print("overload: %d served, %d refused in < %.3f s each" % (len(served), len(ref
 # ---- two worker groups: prefix routing, then one group killed ---------------
 gw2 = os.environ["GW2"]
 c2 = openai.OpenAI(base_url=gw2 + "/v1", api_key=KEY, max_retries=0, timeout=120)
+crr = openai.OpenAI(base_url=os.environ["GW_RR"] + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def worker_counters():
+    time.sleep(1.5)  # the next heartbeat carries fresh worker stats
+    return metric(gw2, "llmserve:prefix_cache_hits_total"), metric(gw2, "llmserve:prefix_cache_queries_total")
+
+
+def hit_rate(cl, tag):
+    """4 long system prompts x 3 questions each; the workers' hit rate over them."""
+    h0, q0 = worker_counters()
+    for p_ in range(4):
+        system_ = " ".join("%s rule %d.%d: be precise and kind." % (tag, p_, i) for i in range(40))
+        for k in range(3):
+            cl.chat.completions.create(model=model, messages=[{"role": "system", "content": system_},
+                                                              {"role": "user", "content": "question %d" % k}],
+                                       max_tokens=1, temperature=0)
+    h1, q1 = worker_counters()
+    return (h1 - h0) / max(q1 - q0, 1)
+
+
+hr_rr = hit_rate(crr, "rr")
+hr_px = hit_rate(c2, "px")
+check(hr_px > hr_rr + 0.2, "prefix routing hit rate %.2f vs round-robin %.2f" % (hr_px, hr_rr))
+print("prefix cache hit rate: %.2f with prefix routing, %.2f with round-robin" % (hr_px, hr_rr))
 system = " ".join("rule %d: be precise and kind." % i for i in range(60))
+r0 = [float(x) for x in re.findall(r'llmserve:routed_total\{worker="[^"]+"\} (\S+)', raw(gw2, "GET", "/metrics")[2].decode())]
 for i in range(8):
     c2.chat.completions.create(model=model, messages=[{"role": "system", "content": system},
                                                       {"role": "user", "content": "question %d" % i}],
                                max_tokens=2, temperature=0)
-# worker stats reach the gateway with the next heartbeat (1 s)
-for _ in range(30):
-    time.sleep(0.2)
-    hits = metric(gw2, "llmserve:prefix_cache_hits_total")
-    queries = metric(gw2, "llmserve:prefix_cache_queries_total")
-    if queries >= 8 * 600:
-        break
+hits, queries = worker_counters()
 _, _, d = raw(gw2, "GET", "/metrics")
-routed = [float(x) for x in re.findall(r'llmserve:routed_total\{worker="[^"]+"\} (\S+)', d.decode())]
+routed = [float(x) - y for x, y in zip(re.findall(r'llmserve:routed_total\{worker="[^"]+"\} (\S+)', d.decode()), r0)]
 check(len(routed) == 2 and max(routed) >= 7, "shared prefix goes to one group: %r" % routed)
-check(queries > 0 and hits / queries > 0.6, "prefix hit rate %.2f" % (hits / queries if queries else 0))
 print("prefix routing: routed %r, worker hit rate %.2f" % (routed, hits / queries if queries else 0))
 pids = [int(p) for p in os.environ["W2PIDS"].split(",")]
 os.kill(pids[0], signal.SIGKILL)
