@@ -6,6 +6,7 @@
 
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,14 @@ typedef struct {
     float step_ms[1024];
     int n_step, step_at;
     uint64_t dropped;
+    /* The heartbeat thread sends Health to every gateway each second, so a
+     * long step never looks like a dead worker. Everything that touches the
+     * gateway table holds mu; the thread reads stats from snap, which the
+     * loop refreshes between steps. */
+    pthread_mutex_t mu;
+    Llmserve__Stats snap;
+    int64_t last_progress;
+    volatile int hb_stop;
 } server;
 
 static int64_t now_ms(void) {
@@ -178,11 +187,18 @@ static void fill_stats(server *s, Llmserve__Stats *st) {
 #undef SET
 }
 
+static void send_health_with(server *s, int g, Llmserve__Stats *stp);
+
 static void send_health(server *s, int g) {
-    const wk_model *m = wk_engine_model(s->e);
-    Llmserve__Health h = LLMSERVE__HEALTH__INIT;
     Llmserve__Stats st;
     fill_stats(s, &st);
+    send_health_with(s, g, &st);
+}
+
+static void send_health_with(server *s, int g, Llmserve__Stats *stp) {
+    const wk_model *m = wk_engine_model(s->e);
+    Llmserve__Health h = LLMSERVE__HEALTH__INIT;
+    Llmserve__Stats st = *stp;
     h.worker_id = (char *)s->o->worker_id;
     h.model = (char *)s->o->model_name;
     h.has_max_model_len = h.has_block_size = h.has_vocab = h.has_ready = h.has_tp_size = 1;
@@ -530,6 +546,21 @@ static void check_timeouts(server *s) {
     }
 }
 
+static void *heartbeat(void *arg) {
+    server *s = arg;
+    while (!s->hb_stop) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&s->mu);
+        /* a loop stuck in one step for 30 s is not ready, whatever it says */
+        Llmserve__Stats st = s->snap;
+        for (int g = 0; g < MAX_GATEWAYS && now_ms() - s->last_progress < 30000; g++)
+            if (s->gw[g].used) send_health_with(s, g, &st);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
 int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
     server *s = calloc(1, sizeof *s);
     if (!s) return LLM_ENOMEM;
@@ -546,10 +577,16 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         return LLM_EIO;
     }
     CM_INFO("worker %s listening on %s", o->worker_id, o->listen);
+    pthread_mutex_init(&s->mu, NULL);
+    fill_stats(s, &s->snap);
+    s->last_progress = now_ms();
+    pthread_t hb;
+    int have_hb = pthread_create(&hb, NULL, heartbeat, s) == 0;
     int64_t last_check = now_ms();
     while (!*stop) {
         /* everything that arrived; wait a little only when idle */
         int idle = !wk_engine_has_work(e);
+        pthread_mutex_lock(&s->mu);
         for (int k = 0; k < 4096; k++) {
             pr_env *env;
             char e2[256];
@@ -569,6 +606,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
             check_timeouts(s);
             last_check = now_ms();
         }
+        pthread_mutex_unlock(&s->mu);
         if (wk_engine_has_work(e)) {
             struct timespec a, b;
             clock_gettime(CLOCK_MONOTONIC, &a);
@@ -582,9 +620,16 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
             s->step_at = (s->step_at + 1) % 1024;
             s->n_step++;
         }
+        pthread_mutex_lock(&s->mu);
         send_outputs(s);
         publish_events(s);
+        fill_stats(s, &s->snap);
+        s->last_progress = now_ms();
+        pthread_mutex_unlock(&s->mu);
     }
+    s->hb_stop = 1;
+    if (have_hb) pthread_join(hb, NULL);
+    pthread_mutex_destroy(&s->mu);
     for (int g = 0; g < MAX_GATEWAYS; g++)
         if (s->gw[g].used) nng_close(s->gw[g].push);
     nng_close(s->pull);
