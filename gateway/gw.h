@@ -65,7 +65,7 @@ struct gw {
     char **api_keys;
     int n_api_keys;
     int routing, max_queue, chat_kind, log_requests, log_prompts;
-    double lambda, rps, tpm, ttft_timeout, request_timeout, idle_timeout;
+    double lambda, rps, tpm, ttft_timeout, request_timeout, idle_timeout, header_timeout;
     size_t max_body;
     /* model (tokenizer and template) */
     cm_tokenizer *tok;

@@ -117,7 +117,12 @@ static void req_free(gw_req *q) {
             *p = q->next;
             break;
         }
-    if (q->conn) evhttp_connection_set_closecb(q->conn, NULL, NULL);
+    if (q->conn) {
+        evhttp_connection_set_closecb(q->conn, NULL, NULL);
+        /* the next request on a kept-alive connection is read under the header timeout again */
+        struct timeval ht = {(time_t)g->header_timeout, 0};
+        evhttp_connection_set_timeout_tv(q->conn, &ht);
+    }
     if (q->timer) event_free(q->timer);
     for (int i = 0; i < CM_OAI_MAX_N; i++) {
         if (q->ch[i].text) evbuffer_free(q->ch[i].text);
@@ -864,6 +869,11 @@ static void handle_generate(gw *g, struct evhttp_request *r, int chat) {
     q->next = g->reqs;
     g->reqs = q;
     evhttp_connection_set_closecb(q->conn, on_client_close, q);
+    /* admitted: from here our own deadlines govern, not libevent's read/write timeout
+     * (a stream can wait for its first token longer than a header may take) */
+    double lim = g->request_timeout > 0 ? g->request_timeout + 10 : 86400;
+    struct timeval lt = {(time_t)lim, 0};
+    evhttp_connection_set_timeout_tv(q->conn, &lt);
     q->timer = evtimer_new(g->base, on_timer, q);
     struct timeval tv = {0, 200000};
     evtimer_add(q->timer, &tv);
@@ -999,6 +1009,7 @@ int main(int argc, char **argv) {
                *tmpl = NULL, *reply_listen = "tcp://127.0.0.1:0";
     int port = 8000;
     double header_timeout = 30;
+    g->header_timeout = 30;
     g->max_queue = 512;
     g->max_body = 8u << 20;
     g->request_timeout = 600;
@@ -1071,7 +1082,7 @@ int main(int argc, char **argv) {
         case O_TPM: if (!num_ok) goto bad; g->tpm = v; break;
         case O_MAXQ: if (!num_ok) goto bad; g->max_queue = (int)v; break;
         case O_BODY: if (!num_ok || v < 1024) goto bad; g->max_body = (size_t)v; break;
-        case O_HDR: if (!num_ok || v <= 0) goto bad; header_timeout = v; break;
+        case O_HDR: if (!num_ok || v <= 0) goto bad; header_timeout = g->header_timeout = v; break;
         case O_TTFT: if (!num_ok) goto bad; g->ttft_timeout = v; break;
         case O_REQ: if (!num_ok) goto bad; g->request_timeout = v; break;
         case O_IDLE: if (!num_ok) goto bad; g->idle_timeout = v; break;
