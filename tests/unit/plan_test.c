@@ -1,0 +1,56 @@
+/* plan_test: the capacity formulas and cost arithmetic against worked
+ * examples computed by hand. argv[1]: the default model (optional). */
+#include "cm_error.h"
+#include "tl_plan.h"
+#include "tst.h"
+
+#include <math.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    tl_model_shape m;
+    /* a 32-layer model with 32 KV heads of 128 in fp16: 2 x 32 x 32 x 128 x 2 */
+    CHECK_RC(tl_model_preset("llama-2-7b", &m), 0);
+    CHECK_NEAR(tl_kv_bytes_per_token(&m, 2), 524288, 0);
+    CHECK_NEAR(m.params / 1e9, 6.74, 0.01); /* Llama-2-7B: 6.74B */
+    /* Llama-3-70B: 80 layers, 8 KV heads x 128, fp16 */
+    CHECK_RC(tl_model_preset("llama-3-70b", &m), 0);
+    CHECK_NEAR(tl_kv_bytes_per_token(&m, 2), 327680, 0);
+    CHECK_NEAR(m.params / 1e9, 70.55, 0.1);
+    CHECK_NEAR(tl_kv_bytes_per_token(&m, 1), 163840, 0); /* fp8 cache halves it */
+    /* 70B fp16 does not fit one 80 GiB GPU; over 4 it does: weights 32.85 GiB each */
+    tl_plan_in in = {80 * 1073741824.0, 0.9, 8192, 1, 2, 2, 256, 2048};
+    tl_plan_out o;
+    tl_plan(&m, &in, &o);
+    CHECK_INT(o.fits, 0);
+    CHECK(o.why[0] != 0);
+    in.tp = 4;
+    tl_plan(&m, &in, &o);
+    CHECK_INT(o.fits, 1);
+    CHECK_NEAR(o.weight_bytes_per_gpu / 1073741824.0, 70.55e9 * 2 / 4 / 1073741824.0, 0.1);
+    CHECK_NEAR(o.kv_bytes_per_token_per_gpu, 327680 / 4.0, 0);
+    CHECK_NEAR(o.max_tokens, floor(o.kv_pool_bytes_per_gpu / (327680 / 4.0)), 0);
+    CHECK_NEAR(o.max_full_seqs, floor(o.max_tokens / 8192), 0);
+    /* TP 16 over 8 KV heads: each rank holds a replica of one head */
+    in.tp = 16;
+    tl_plan(&m, &in, &o);
+    CHECK_NEAR(o.kv_bytes_per_token_per_gpu, 2.0 * 80 * 1 * 128 * 2, 0);
+    CHECK_RC(tl_model_preset("no-such-model", &m), LLM_ENOTFOUND);
+    char err[256];
+    CHECK(tl_model_from_config("/nonexistent/config.json", &m, err, sizeof err) != 0);
+    /* the default model from its GGUF: SmolLM2-135M, 23040 bytes per token in fp16 */
+    if (argc > 1 && access(argv[1], R_OK) == 0) {
+        CHECK_RC(tl_model_from_gguf(argv[1], &m, err, sizeof err), 0);
+        CHECK_NEAR(tl_kv_bytes_per_token(&m, 2), 23040, 0);
+        CHECK_NEAR(m.params / 1e6, 134.5, 1.0);
+        CHECK(m.weight_bytes > 80e6 && m.weight_bytes < 110e6);
+    }
+    /* cost: 1000 requests of 500 in + 200 out at 3 / 15 per million = 1.5 + 3.0 */
+    CHECK_NEAR(tl_cost_per_1k_requests(500, 200, 3, 15), 4.5, 1e-9);
+    /* one GPU at 2.0/hour making 1000 tok/s: 2 / 3.6M tokens = 0.5556 per million */
+    CHECK_NEAR(tl_selfhost_per_million(1, 2.0, 1000), 2.0 / 3.6, 1e-9);
+    /* break-even: 48/day GPU + 3000/month fixed (98.63/day) over 0.0045 per request */
+    CHECK_NEAR(tl_break_even_requests_per_day(1, 2.0, 3000, 0.0045), (48 + 3000 * 12.0 / 365) / 0.0045, 1e-6);
+    CHECK(isinf(tl_selfhost_per_million(1, 2, 0)));
+    return tst_done("plan_test");
+}

@@ -1,0 +1,173 @@
+#include "tl_plan.h"
+#include "cm_error.h"
+#include "cm_model.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+static const struct {
+    const char *name;
+    int layers, heads, kv, hd, dim, hidden, vocab, ctx, tied;
+} presets[] = {
+    {"llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 4096, 0},
+    {"llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8192, 0},
+    {"llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 8192, 0},
+    {"mistral-7b", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0},
+    {"qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0},
+    {"smollm2-135m", 30, 9, 3, 64, 576, 1536, 49152, 8192, 1},
+};
+
+double tl_params_estimate(const tl_model_shape *m) {
+    double D = m->dim, QD = (double)m->n_head * m->head_dim, KVD = (double)m->n_kv_head * m->head_dim;
+    double per_layer = D * QD + 2 * D * KVD + QD * D + 3 * D * m->hidden + 2 * D;
+    return (double)m->vocab * D * (m->tied ? 1 : 2) + m->n_layer * per_layer + D;
+}
+
+int tl_model_preset(const char *name, tl_model_shape *out) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcasecmp(name, presets[i].name)) {
+            memset(out, 0, sizeof *out);
+            snprintf(out->name, sizeof out->name, "%s", presets[i].name);
+            out->n_layer = presets[i].layers;
+            out->n_head = presets[i].heads;
+            out->n_kv_head = presets[i].kv;
+            out->head_dim = presets[i].hd;
+            out->dim = presets[i].dim;
+            out->hidden = presets[i].hidden;
+            out->vocab = presets[i].vocab;
+            out->ctx = presets[i].ctx;
+            out->tied = presets[i].tied;
+            out->params = tl_params_estimate(out);
+            return 0;
+        }
+    return LLM_ENOTFOUND;
+}
+
+static int jint(json_t *o, const char *k, int def) {
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30) ? (int)json_integer_value(v) : def;
+}
+
+int tl_model_from_config(const char *path, tl_model_shape *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    json_error_t je;
+    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!o || !json_is_object(o)) {
+        snprintf(err, errlen, "%s: not a JSON object (%s)", path, o ? "" : je.text);
+        json_decref(o);
+        return LLM_EFORMAT;
+    }
+    out->n_layer = jint(o, "num_hidden_layers", 0);
+    out->dim = jint(o, "hidden_size", 0);
+    out->n_head = jint(o, "num_attention_heads", 0);
+    out->n_kv_head = jint(o, "num_key_value_heads", out->n_head);
+    out->head_dim = jint(o, "head_dim", out->n_head ? out->dim / out->n_head : 0);
+    out->hidden = jint(o, "intermediate_size", 0);
+    out->vocab = jint(o, "vocab_size", 0);
+    out->ctx = jint(o, "max_position_embeddings", 0);
+    out->tied = json_is_true(json_object_get(o, "tie_word_embeddings"));
+    snprintf(out->name, sizeof out->name, "%s", path);
+    json_decref(o);
+    if (!out->n_layer || !out->dim || !out->n_head || !out->head_dim || !out->hidden || !out->vocab) {
+        snprintf(err, errlen, "%s: needs num_hidden_layers, hidden_size, num_attention_heads, intermediate_size, vocab_size",
+                 path);
+        return LLM_EFORMAT;
+    }
+    out->params = tl_params_estimate(out);
+    return 0;
+}
+
+int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    cm_model_file *f;
+    int rc = cm_model_open(path, &f, err, errlen);
+    if (rc) return rc;
+    const cm_model_config *c = &f->cfg;
+    snprintf(out->name, sizeof out->name, "%s", c->name[0] ? c->name : path);
+    out->n_layer = (int)c->n_layer;
+    out->n_head = (int)c->n_head;
+    out->n_kv_head = (int)c->n_kv_head;
+    out->head_dim = (int)c->head_dim;
+    out->dim = (int)c->dim;
+    out->hidden = (int)c->hidden;
+    out->vocab = (int)c->vocab;
+    out->ctx = (int)c->ctx_len;
+    out->tied = c->tied;
+    double bytes = 0, params = 0;
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        bytes += (double)f->tensors[i].nbytes;
+        double n = 1;
+        for (uint32_t d = 0; d < f->tensors[i].n_dims; d++) n *= (double)f->tensors[i].ne[d];
+        params += n;
+    }
+    out->weight_bytes = bytes;
+    out->params = params;
+    cm_model_close(f);
+    return 0;
+}
+
+double tl_kv_bytes_per_token(const tl_model_shape *m, double kv_elem_bytes) {
+    return 2.0 * m->n_layer * m->n_kv_head * m->head_dim * kv_elem_bytes;
+}
+
+void tl_plan(const tl_model_shape *m, const tl_plan_in *in, tl_plan_out *o) {
+    memset(o, 0, sizeof *o);
+    int tp = in->tp > 0 ? in->tp : 1, L = in->max_model_len > 0 ? in->max_model_len : m->ctx;
+    double weights = m->weight_bytes > 0 ? m->weight_bytes : m->params * in->weight_elem_bytes;
+    o->weight_bytes_per_gpu = weights / tp;
+    o->kv_bytes_per_token = tl_kv_bytes_per_token(m, in->kv_elem_bytes);
+    /* KV heads split over the ranks (replicated when there are fewer heads than ranks) */
+    int kv_per_gpu = m->n_kv_head >= tp ? (m->n_kv_head + tp - 1) / tp : 1;
+    o->kv_bytes_per_token_per_gpu = 2.0 * m->n_layer * kv_per_gpu * m->head_dim * in->kv_elem_bytes;
+    /* activations of one step (fp32 on the way, a few buffers of the widest
+     * layer per batched token) and the logits of the running sequences */
+    int bt = in->max_batched_tokens > 0 ? in->max_batched_tokens : 2048, seqs = in->max_num_seqs > 0 ? in->max_num_seqs : 256;
+    double widest = fmax(m->dim, fmax((double)m->hidden / tp, (double)m->n_head * m->head_dim / tp));
+    o->activation_bytes_per_gpu = (double)bt * widest * 4 * 6 + (double)seqs * m->vocab * 4;
+    double budget = in->gpu_memory * (in->utilization > 0 ? in->utilization : 0.9);
+    o->kv_pool_bytes_per_gpu = budget - o->weight_bytes_per_gpu - o->activation_bytes_per_gpu;
+    if (m->n_kv_head < tp && m->n_kv_head > 0 && tp % m->n_kv_head) {
+        o->fits = 0;
+        snprintf(o->why, sizeof o->why, "%d KV heads cannot be spread evenly over %d GPUs", m->n_kv_head, tp);
+        return;
+    }
+    if (o->kv_pool_bytes_per_gpu <= 0) {
+        o->fits = 0;
+        snprintf(o->why, sizeof o->why,
+                 "the weights (%.1f GiB per GPU) and activations (%.1f GiB) leave no room for the KV cache in %.1f GiB "
+                 "(%.0f%% of %.1f GiB): use more GPUs, a smaller dtype or quantization",
+                 o->weight_bytes_per_gpu / 1073741824.0, o->activation_bytes_per_gpu / 1073741824.0, budget / 1073741824.0,
+                 100 * (in->utilization > 0 ? in->utilization : 0.9), in->gpu_memory / 1073741824.0);
+        o->kv_pool_bytes_per_gpu = 0;
+        return;
+    }
+    o->max_tokens = floor(o->kv_pool_bytes_per_gpu / o->kv_bytes_per_token_per_gpu);
+    o->max_full_seqs = L > 0 ? floor(o->max_tokens / L) : 0;
+    if (o->max_tokens < L) {
+        o->fits = 0;
+        snprintf(o->why, sizeof o->why,
+                 "the KV cache holds %.0f tokens, less than one sequence of max_model_len %d: lower --max-model-len or add "
+                 "memory",
+                 o->max_tokens, L);
+        return;
+    }
+    o->fits = 1;
+}
+
+double tl_cost_per_1k_requests(double prompt_tokens, double output_tokens, double in_price, double out_price) {
+    return 1000.0 * (prompt_tokens * in_price + output_tokens * out_price) / 1e6;
+}
+
+double tl_selfhost_per_million(double gpus, double gpu_hourly, double output_tokens_per_s) {
+    if (!(output_tokens_per_s > 0)) return INFINITY;
+    return gpus * gpu_hourly / 3600.0 / output_tokens_per_s * 1e6;
+}
+
+double tl_break_even_requests_per_day(double gpus, double gpu_hourly, double fixed_monthly, double api_cost_per_request) {
+    if (!(api_cost_per_request > 0)) return INFINITY;
+    double per_day = gpus * gpu_hourly * 24.0 + fixed_monthly * 12.0 / 365.0;
+    return per_day / api_cost_per_request;
+}

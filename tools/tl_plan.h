@@ -1,0 +1,57 @@
+/* tl_plan.h - capacity planning (llmserve plan) and cost arithmetic
+ * (llmserve cost): pure functions, so the tests check them against worked
+ * examples. */
+#ifndef TL_PLAN_H
+#define TL_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char name[128];
+    int n_layer, n_head, n_kv_head, head_dim, dim, hidden, vocab, ctx, tied;
+    double params;              /* parameter count */
+    double weight_bytes;        /* as stored (GGUF: the tensors' bytes); 0: from params x dtype */
+} tl_model_shape;
+
+typedef struct {
+    double gpu_memory;          /* bytes per GPU */
+    double utilization;         /* share of it for weights + activations + KV */
+    int max_model_len;          /* 0: the model's */
+    int tp;                     /* tensor-parallel size */
+    double weight_elem_bytes;   /* dtype / quantization of the weights when weight_bytes is 0 */
+    double kv_elem_bytes;       /* 2 fp16/bf16, 1 fp8/int8, 4 fp32 */
+    int max_num_seqs;           /* for the activation estimate */
+    int max_batched_tokens;
+} tl_plan_in;
+
+typedef struct {
+    double weight_bytes_per_gpu, activation_bytes_per_gpu, kv_pool_bytes_per_gpu;
+    double kv_bytes_per_token;          /* whole model (all GPUs) */
+    double kv_bytes_per_token_per_gpu;
+    double max_tokens, max_full_seqs;
+    int fits;
+    char why[256];                      /* when it does not fit */
+} tl_plan_out;
+
+/* Built-in shapes: llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2-7b, smollm2-135m. 0 or LLM_ENOTFOUND. */
+int tl_model_preset(const char *name, tl_model_shape *out);
+/* From a Hugging Face config.json. */
+int tl_model_from_config(const char *path, tl_model_shape *out, char *err, size_t errlen);
+/* From a GGUF (metadata and tensor sizes). */
+int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t errlen);
+/* Parameters of a llama-family shape (embeddings, attention, SwiGLU, norms). */
+double tl_params_estimate(const tl_model_shape *m);
+
+double tl_kv_bytes_per_token(const tl_model_shape *m, double kv_elem_bytes);
+void tl_plan(const tl_model_shape *m, const tl_plan_in *in, tl_plan_out *out);
+
+/* Cost arithmetic. Prices in currency units per million tokens. */
+double tl_cost_per_1k_requests(double prompt_tokens, double output_tokens, double in_price, double out_price);
+/* Self-hosting cost per million generated tokens at a sustained output rate. */
+double tl_selfhost_per_million(double gpus, double gpu_hourly, double output_tokens_per_s);
+/* Requests per day at which self-hosting (GPUs all day + fixed monthly costs)
+ * costs what the API does. */
+double tl_break_even_requests_per_day(double gpus, double gpu_hourly, double fixed_monthly, double api_cost_per_request);
+
+#endif
