@@ -56,6 +56,7 @@ static void usage(FILE *f) {
                "  serve        OpenAI-compatible server: a gateway and a worker group, supervised\n"
                "  generate     generate text from a prompt or a chat (streams to stdout)\n"
                "  perplexity   negative log-likelihood and perplexity of a text file\n"
+               "  bench serve  load any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, throughput\n"
                "  plan         KV-cache capacity: weights and KV per GPU, max tokens and sequences\n"
                "  cost         cost per 1k requests, self-hosting per million tokens, break-even\n\n"
                "'llmserve COMMAND --help' lists a command's flags.\n");
@@ -78,6 +79,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return tl_generate_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "perplexity") == 0) return tl_perplexity_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "plan") == 0) return tl_plan_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "bench") == 0) return tl_bench_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "cost") == 0) return tl_cost_main(argc - 1, argv + 1);
     fprintf(stderr, "llmserve: unknown command '%s'\n", argv[1]);
     usage(stderr);

@@ -54,4 +54,10 @@ double tl_selfhost_per_million(double gpus, double gpu_hourly, double output_tok
  * costs what the API does. */
 double tl_break_even_requests_per_day(double gpus, double gpu_hourly, double fixed_monthly, double api_cost_per_request);
 
+/* bench serve: vLLM's percentile (linear between order statistics) of a
+ * sorted array, and one inter-arrival gap of a gamma process with mean
+ * 1/rate (burstiness 1: Poisson; rate inf: 0). */
+double tl_bench_percentile(const double *sorted, int n, double p);
+double tl_bench_gap(double rate, double burstiness);
+
 #endif

@@ -52,5 +52,26 @@ int main(int argc, char **argv) {
     /* break-even: 48/day GPU + 3000/month fixed (98.63/day) over 0.0045 per request */
     CHECK_NEAR(tl_break_even_requests_per_day(1, 2.0, 3000, 0.0045), (48 + 3000 * 12.0 / 365) / 0.0045, 1e-6);
     CHECK(isinf(tl_selfhost_per_million(1, 2, 0)));
+    /* bench: percentiles as numpy/vLLM compute them */
+    double v[5] = {1, 2, 3, 4, 10};
+    CHECK_NEAR(tl_bench_percentile(v, 5, 50), 3, 1e-12);
+    CHECK_NEAR(tl_bench_percentile(v, 5, 90), 7.6, 1e-12);
+    CHECK_NEAR(tl_bench_percentile(v, 5, 99), 9.76, 1e-12);
+    CHECK_NEAR(tl_bench_percentile(v, 1, 99), 1, 1e-12);
+    /* Poisson arrivals at 4 req/s: mean gap 0.25 s, coefficient of variation 1;
+     * burstiness 4: same mean, CV 0.5; rate inf: all at once */
+    for (int k = 0; k < 2; k++) {
+        double burst = k ? 4 : 1, sum = 0, sq = 0;
+        int n = 200000;
+        for (int i = 0; i < n; i++) {
+            double g = tl_bench_gap(4, burst);
+            sum += g;
+            sq += g * g;
+        }
+        double mean = sum / n, cv = sqrt(sq / n - mean * mean) / mean;
+        CHECK_NEAR(mean, 0.25, 0.005);
+        CHECK_NEAR(cv, 1 / sqrt(burst), 0.02);
+    }
+    CHECK_NEAR(tl_bench_gap(INFINITY, 1), 0, 0);
     return tst_done("plan_test");
 }
