@@ -3,7 +3,9 @@
 #include "gw.h"
 
 #include <event2/buffer.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 void gw_hist_init(gw_hist *h, const double *bounds, int nb) {
     memset(h, 0, sizeof *h);
@@ -36,6 +38,15 @@ static void counter(struct evbuffer *o, const char *name, const char *help, uint
 }
 
 void gw_metrics_write(gw *g, struct evbuffer *o) {
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+        fclose(f);
+    }
+    evbuffer_add_printf(o, "# HELP process_resident_memory_bytes Resident memory of the gateway.\n"
+                           "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %ld\n",
+                        rss * sysconf(_SC_PAGE_SIZE));
     static const char *cls[6] = {"2xx", "4xx", "401", "429", "5xx", "504"};
     evbuffer_add_printf(o, "# HELP llmserve:gateway_requests_total HTTP requests by status.\n"
                            "# TYPE llmserve:gateway_requests_total counter\n");
@@ -69,6 +80,7 @@ void gw_metrics_write(gw *g, struct evbuffer *o) {
     GAUGE("gateway_inflight", "Requests this gateway has in flight on the group.", g->w[i].inflight)
     GAUGE("kv_cache_usage_perc", "KV cache usage, 0 to 1.",
           g->w[i].blocks_total ? 1.0 - (double)g->w[i].blocks_free / (double)g->w[i].blocks_total : 0.0)
+    GAUGE("worker_rss_bytes", "Resident memory of the worker group's driver process.", g->w[i].rss_bytes)
     GAUGE("cached_blocks", "Prefix-cache blocks the router knows the group holds.", g->w[i].cached.n)
     WCOUNTER("prefix_cache_queries_total", "Prefix cache queries, in tokens.", g->w[i].prefix_queries)
     WCOUNTER("prefix_cache_hits_total", "Prefix cache hits, in tokens.", g->w[i].prefix_hits)

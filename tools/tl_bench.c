@@ -238,6 +238,108 @@ static void stats(json_t *res, const char *name, double *v, int n, const double 
     if (print) printf("\n");
 }
 
+/* Peak memory as the server reports it on /metrics while the run lasts:
+ * KV cache usage (llmserve: and vllm: names) and resident memory (the
+ * server process, plus our worker groups). */
+typedef struct {
+    bench *b;
+    volatile int stop;
+    double peak_kv, peak_rss;
+    int seen;
+} mem_poll;
+
+static int http_get(const bench *b, const char *path, char **out) {
+    int fd = connect_to(b);
+    if (fd < 0) return -1;
+    char req[512];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n", path, b->host, b->auth);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while (buf && (r = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)r;
+        if (cap - len < 4096) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) break;
+            buf = nb;
+        }
+    }
+    close(fd);
+    if (!buf) return -1;
+    buf[len] = 0;
+    *out = buf;
+    return strncmp(buf, "HTTP/1.1 200", 12) ? -1 : 0;
+}
+
+static void *poll_metrics(void *arg) {
+    mem_poll *m = arg;
+    while (!m->stop) {
+        char *t = NULL, *save = NULL;
+        if (!http_get(m->b, "/metrics", &t)) {
+            double kv = 0, rss = 0;
+            for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                if (line[0] == '#') continue;
+                char *sp = strrchr(line, ' ');
+                if (!sp) continue;
+                double v = atof(sp + 1);
+                if (strstr(line, "kv_cache_usage_perc") || strstr(line, "gpu_cache_usage_perc")) kv = v > kv ? v : kv;
+                else if (!strncmp(line, "process_resident_memory_bytes", 29) || strstr(line, "worker_rss_bytes")) rss += v;
+            }
+            m->seen = 1;
+            if (kv > m->peak_kv) m->peak_kv = kv;
+            if (rss > m->peak_rss) m->peak_rss = rss;
+        }
+        free(t);
+        struct timespec ts = {0, 250000000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* ShareGPT: [{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}, ...].
+ * The first human turn is the prompt; the reply's length (4 bytes a token,
+ * without a tokenizer) is the output length. */
+static int load_sharegpt(const char *path, int want, char ***prompts, int **outs, int *n, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *a = json_load_file(path, 0, &je);
+    if (!a) {
+        snprintf(err, errlen, "%s: not valid JSON: %s (line %d)", path, je.text, je.line);
+        return LLM_EFORMAT;
+    }
+    if (!json_is_array(a)) {
+        snprintf(err, errlen, "%s: a ShareGPT file is a JSON array of {\"conversations\": [...]}", path);
+        json_decref(a);
+        return LLM_EFORMAT;
+    }
+    *prompts = calloc(json_array_size(a) + 1, sizeof **prompts);
+    *outs = calloc(json_array_size(a) + 1, sizeof **outs);
+    *n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(a, i, e) {
+        json_t *cv = json_object_get(e, "conversations");
+        json_t *h = json_array_get(cv, 0), *g = json_array_get(cv, 1);
+        const char *hf = json_string_value(json_object_get(h, "from")), *gf = json_string_value(json_object_get(g, "from"));
+        const char *hv = json_string_value(json_object_get(h, "value")), *gv = json_string_value(json_object_get(g, "value"));
+        if (!hf || !gf || !hv || !gv || strcmp(hf, "human") || strcmp(gf, "gpt") || strlen(hv) < 4) continue;
+        (*prompts)[*n] = strdup(hv);
+        int ol = (int)(strlen(gv) / 4);
+        (*outs)[*n] = ol < 4 ? 4 : ol > 2048 ? 2048 : ol;
+        (*n)++;
+        if (*n >= want) break;
+    }
+    json_decref(a);
+    if (!*n) {
+        snprintf(err, errlen, "%s: no conversation starts with a human turn followed by a gpt turn", path);
+        return LLM_EFORMAT;
+    }
+    return 0;
+}
+
 static volatile sig_atomic_t bench_stop;
 static void on_int(int s) {
     (void)s;
@@ -252,7 +354,7 @@ int tl_bench_main(int argc, char **argv) {
     argc--;
     argv++;
     const char *base = "http://127.0.0.1:8000", *endpoint = "/v1/completions", *model = NULL, *dataset = "random",
-               *save = NULL, *api_key = NULL, *pcts_s = "50,90,99", *goodput = NULL;
+               *save = NULL, *api_key = NULL, *pcts_s = "50,90,99", *goodput = NULL, *dataset_path = NULL;
     double rate = INFINITY, burst = 1, range = 0;
     int num = 100, in_len = 256, out_len = 128, max_conc = 0, seed = 0, ignore_eos = 0, warm = 0;
     int px_len = 256, sx_len = 256, n_px = 10, px_out = 128;
@@ -266,7 +368,8 @@ int tl_bench_main(int argc, char **argv) {
                                        {"save-result", 0, 0, 'S'}, {"result-filename", 1, 0, 'f'},
                                        {"api-key", 1, 0, 'k'}, {"prefix-repetition-prefix-len", 1, 0, 1},
                                        {"prefix-repetition-suffix-len", 1, 0, 2}, {"prefix-repetition-num-prefixes", 1, 0, 3},
-                                       {"prefix-repetition-output-len", 1, 0, 4}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                                       {"prefix-repetition-output-len", 1, 0, 4}, {"dataset-path", 1, 0, 5},
+                                       {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, do_save = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -294,9 +397,10 @@ int tl_bench_main(int argc, char **argv) {
         case 2: sx_len = atoi(optarg); break;
         case 3: n_px = atoi(optarg); break;
         case 4: px_out = atoi(optarg); break;
+        case 5: dataset_path = optarg; break;
         case 'h':
             printf("usage: llmserve bench serve [--base-url URL] [--endpoint /v1/completions|/v1/chat/completions]\n"
-                   "  [--model NAME] [--dataset-name random|prefix-repetition] [--num-prompts N]\n"
+                   "  [--model NAME] [--dataset-name random|prefix-repetition|sharegpt] [--dataset-path FILE] [--num-prompts N]\n"
                    "  [--random-input-len N] [--random-output-len N] [--random-range-ratio F]\n"
                    "  [--prefix-repetition-prefix-len N --prefix-repetition-suffix-len N\n"
                    "   --prefix-repetition-num-prefixes N --prefix-repetition-output-len N]\n"
@@ -324,6 +428,23 @@ int tl_bench_main(int argc, char **argv) {
     snprintf(b.path, sizeof b.path, "%s", endpoint);
     if (api_key) snprintf(b.auth, sizeof b.auth, "Authorization: Bearer %.250s\r\n", api_key);
     int chat = strstr(endpoint, "chat") != NULL;
+    if (strcmp(dataset, "random") && strcmp(dataset, "prefix-repetition") && strcmp(dataset, "sharegpt")) {
+        fprintf(stderr, "llmserve bench: --dataset-name must be random, prefix-repetition or sharegpt\n");
+        return 2;
+    }
+    char **sg = NULL;
+    int *sg_out = NULL, n_sg = 0;
+    if (!strcmp(dataset, "sharegpt")) {
+        char err[512];
+        if (!dataset_path) {
+            fprintf(stderr, "llmserve bench: --dataset-name sharegpt needs --dataset-path FILE\n");
+            return 2;
+        }
+        if (load_sharegpt(dataset_path, num + warm, &sg, &sg_out, &n_sg, err, sizeof err)) {
+            fprintf(stderr, "llmserve bench: %s\n", err);
+            return 2;
+        }
+    }
     rng_state = (uint64_t)seed * 2654435761u + 1;
     int total = num + warm;
     b.r = calloc((size_t)total, sizeof *b.r);
@@ -345,11 +466,17 @@ int tl_bench_main(int argc, char **argv) {
         int ol = prefix ? px_out : (int)(out_len * (1 - range + 2 * range * urand()));
         if (il < 1) il = 1;
         if (ol < 1) ol = 1;
-        char *text = malloc((size_t)il * 8 + (prefix ? strlen(prefixes[0]) : 0) + 1);
-        size_t o = 0;
-        if (prefix) o += (size_t)sprintf(text, "%s", prefixes[i % n_px]);
-        for (int w = 0; w < il; w++) o += (size_t)sprintf(text + o, "%s ", words[(size_t)(urand() * 16)]);
-        text[o] = 0;
+        char *text;
+        if (sg) {
+            text = strdup(sg[i % n_sg]);
+            ol = sg_out[i % n_sg];
+        } else {
+            text = malloc((size_t)il * 8 + (prefix ? strlen(prefixes[0]) : 0) + 1);
+            size_t o = 0;
+            if (prefix) o += (size_t)sprintf(text, "%s", prefixes[i % n_px]);
+            for (int w = 0; w < il; w++) o += (size_t)sprintf(text + o, "%s ", words[(size_t)(urand() * 16)]);
+            text[o] = 0;
+        }
         json_t *j = chat ? json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", text)
                          : json_pack("{s:s}", "prompt", text);
         json_object_set_new(j, "max_tokens", json_integer(ol));
@@ -365,6 +492,9 @@ int tl_bench_main(int argc, char **argv) {
     }
     for (int p = 0; p < n_px; p++) free(prefixes[p]);
     free(prefixes);
+    for (int i = 0; i < n_sg; i++) free(sg[i]);
+    free(sg);
+    free(sg_out);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_int;
@@ -382,11 +512,15 @@ int tl_bench_main(int argc, char **argv) {
     }
     int slots = max_conc > 0 ? max_conc : num;
     if (slots > 1024) slots = 1024;
-    pthread_t *th = malloc(sizeof *th * (size_t)slots);
+    pthread_t *th = malloc(sizeof *th * (size_t)slots), mth;
+    mem_poll mp = {&b, 0, 0, 0, 0};
+    int polling = pthread_create(&mth, NULL, poll_metrics, &mp) == 0;
     b.t0 = now();
     for (int i = 0; i < slots; i++) pthread_create(&th[i], NULL, slot_thread, &b);
     for (int i = 0; i < slots; i++) pthread_join(th[i], NULL);
     double dur = now() - b.t0;
+    mp.stop = 1;
+    if (polling) pthread_join(mth, NULL);
     fprintf(stderr, "\n");
     /* results */
     double pcts[16];
@@ -442,6 +576,12 @@ int tl_bench_main(int argc, char **argv) {
     printf("Total input tokens: %ld   output tokens: %ld\n", in_tok, out_tok);
     printf("Request throughput: %.2f req/s   output: %.2f tok/s   total: %.2f tok/s   peak concurrency: %d\n",
            done / dur, out_tok / dur, (in_tok + out_tok) / dur, b.peak_active);
+    if (mp.seen) {
+        json_object_set_new(res, "peak_kv_cache_usage_perc", json_real(mp.peak_kv));
+        json_object_set_new(res, "peak_server_memory_bytes", json_real(mp.peak_rss));
+        printf("Peak memory (server /metrics): KV cache %.1f%%, resident %.1f MiB\n", mp.peak_kv * 100,
+               mp.peak_rss / 1048576.0);
+    }
     if (goodput) printf("Request goodput: %.2f req/s (%d of %d met the SLOs)\n", good / dur, good, done);
     stats(res, "ttft", ttft, nt, pcts, np, 1);
     stats(res, "tpot", tpot, nt, pcts, np, 1);

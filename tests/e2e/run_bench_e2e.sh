@@ -32,6 +32,26 @@ assert abs(r["output_throughput"] - r["total_output_tokens"] / r["duration"]) < 
 assert r["request_goodput"] <= r["request_throughput"] + 1e-9
 assert 1 <= r["max_concurrent_requests"] <= 4
 assert 0 < r["median_ttft_ms"] <= r["p99_ttft_ms"] and r["mean_e2el_ms"] >= r["mean_ttft_ms"]
+assert r["peak_server_memory_bytes"] > 50e6 and 0 < r["peak_kv_cache_usage_perc"] <= 1, r
 print("bench e2e %s: ok (%.1f output tok/s)" % (r["endpoint"], r["output_throughput"]))
 PY
 done
+# ShareGPT: a good file runs its human turns; malformed ones get a clear error
+cat > "$OUT/sg.json" <<'JSON'
+[{"conversations": [{"from": "human", "value": "Explain how rivers shape valleys."},
+                    {"from": "gpt", "value": "Rivers erode rock over long periods and carry sediment downstream."}]},
+ {"conversations": [{"from": "gpt", "value": "a reply without a question"}]},
+ {"conversations": [{"from": "human", "value": "Write a haiku about C."}, {"from": "gpt", "value": "Segfault at dawn."}]}]
+JSON
+"$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --dataset-name sharegpt --dataset-path "$OUT/sg.json" \
+    --num-prompts 4 --result-filename "$OUT/sg-r.json" >/dev/null 2>&1 || { echo "FAIL: sharegpt run"; exit 1; }
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['completed'] == 4 and r['failed'] == 0, r" "$OUT/sg-r.json" \
+    || exit 1
+for bad in '{"not": "an array"}' '[{"conversations": 5}]' 'not json'; do
+    echo "$bad" > "$OUT/bad.json"
+    msg=$("$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --dataset-name sharegpt \
+        --dataset-path "$OUT/bad.json" 2>&1 >/dev/null)
+    rc=$?
+    [ $rc = 2 ] && echo "$msg" | grep -q "bad.json" || { echo "FAIL: malformed ShareGPT '$bad': rc $rc, '$msg'"; exit 1; }
+done
+echo "bench e2e: sharegpt ok, malformed files refused"
