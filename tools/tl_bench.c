@@ -335,6 +335,10 @@ static int load_sharegpt(const char *path, int want, char ***prompts, int **outs
     json_decref(a);
     if (!*n) {
         snprintf(err, errlen, "%s: no conversation starts with a human turn followed by a gpt turn", path);
+        free(*prompts);
+        free(*outs);
+        *prompts = NULL;
+        *outs = NULL;
         return LLM_EFORMAT;
     }
     return 0;
