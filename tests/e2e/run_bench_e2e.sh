@@ -32,7 +32,8 @@ assert abs(r["output_throughput"] - r["total_output_tokens"] / r["duration"]) < 
 assert r["request_goodput"] <= r["request_throughput"] + 1e-9
 assert 1 <= r["max_concurrent_requests"] <= 4
 assert 0 < r["median_ttft_ms"] <= r["p99_ttft_ms"] and r["mean_e2el_ms"] >= r["mean_ttft_ms"]
-assert r["peak_server_memory_bytes"] > 50e6 and 0 < r["peak_kv_cache_usage_perc"] <= 1, r
+# KV usage reaches /metrics with the next heartbeat: a short run may see 0
+assert r["peak_server_memory_bytes"] > 50e6 and 0 <= r["peak_kv_cache_usage_perc"] <= 1, r
 print("bench e2e %s: ok (%.1f output tok/s)" % (r["endpoint"], r["output_throughput"]))
 PY
 done
