@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct {
     char name[128];
@@ -59,5 +60,18 @@ double tl_break_even_requests_per_day(double gpus, double gpu_hourly, double fix
  * 1/rate (burstiness 1: Poisson; rate inf: 0). */
 double tl_bench_percentile(const double *sorted, int n, double p);
 double tl_bench_gap(double rate, double burstiness);
+/* The request RNG (prompts and arrivals share it, so a seed fixes a run). */
+void tl_bench_seed(uint64_t seed);
+double tl_bench_urand(void);
+/* The capacity knee of a sweep, points in increasing load. With slo > 0: the
+ * largest point whose latency meets it (-1 when none does). Otherwise: the
+ * first point past which the next gains less than min_gain (a fraction) of
+ * throughput while latency rises; n - 1 when no point does. *reached is 1
+ * when the sweep went past the knee (0: the knee may lie beyond the sweep). */
+int tl_bench_knee(const double *thr, const double *lat, int n, double min_gain, double slo, int *reached);
+/* Throughput (x) against p99 latency (y) as a self-contained SVG, the
+ * points labelled param=value, the knee marked, the SLO drawn when > 0. */
+int tl_bench_svg(FILE *f, const char *title, const char *param, const double *value, const double *thr,
+                 const double *lat, int n, const char *lat_name, int knee, double slo);
 
 #endif

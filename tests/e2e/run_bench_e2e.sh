@@ -56,3 +56,50 @@ for bad in '{"not": "an array"}' '[{"conversations": 5}]' 'not json'; do
     [ $rc = 2 ] && echo "$msg" | grep -q "bad.json" || { echo "FAIL: malformed ShareGPT '$bad': rc $rc, '$msg'"; exit 1; }
 done
 echo "bench e2e: sharegpt ok, malformed files refused"
+# --sweep: one run per point, a table with the knee, the sweep JSON and an SVG plot
+"$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 6 --random-input-len 32 \
+    --random-output-len 8 --ignore-eos --sweep max-concurrency=1,3 --result-dir "$OUT/sweep" >"$OUT/sw.txt" 2>/dev/null \
+    || { echo "FAIL: sweep exited non-zero"; cat "$OUT/sw.txt"; exit 1; }
+grep -q "^Knee: " "$OUT/sw.txt" || { echo "FAIL: sweep printed no knee"; cat "$OUT/sw.txt"; exit 1; }
+python3 - "$OUT/sweep" <<'PY' || exit 1
+import json, sys, xml.etree.ElementTree as ET
+d = sys.argv[1]
+s = json.load(open(d + "/sweep-max-concurrency.json"))
+pts = s["points"]
+assert s["sweep"] == "max-concurrency" and len(pts) == 2, s
+assert [p["sweep_value"] for p in pts] == [1, 3] and [p["max_concurrency"] for p in pts] == [1, 3]
+assert all(p["completed"] == 6 and p["failed"] == 0 and p["total_output_tokens"] == 48 for p in pts), pts
+assert pts[0]["max_concurrent_requests"] == 1 and pts[1]["max_concurrent_requests"] <= 3
+assert s["knee_index"] in (0, 1) and s["knee_value"] == pts[s["knee_index"]]["sweep_value"], s
+# the knee rule, checked from the points themselves
+gain = pts[1]["output_throughput"] / pts[0]["output_throughput"] - 1
+want = 0 if gain < s["min_gain"] and pts[1]["p99_e2el_ms"] > pts[0]["p99_e2el_ms"] else 1
+assert s["knee_index"] == want and s["knee_reached"] == (want == 0), (s["knee_index"], gain)
+svg = ET.parse(d + "/sweep-max-concurrency.svg").getroot()
+assert svg.tag.endswith("svg")
+assert len([e for e in svg.iter() if e.tag.endswith("circle")]) == 2
+print("bench e2e: sweep ok (knee at max-concurrency=%g, gain %.0f%%)" % (s["knee_value"], gain * 100))
+PY
+for bad in "max-concurrency=4,2" "max-concurrency=1" "request-rate=x" "batch-size=1,2"; do
+    msg=$("$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --sweep "$bad" 2>&1 >/dev/null)
+    rc=$?
+    [ $rc = 2 ] && echo "$msg" | grep -q -- "--sweep" || { echo "FAIL: --sweep '$bad': rc $rc, '$msg'"; exit 1; }
+done
+# Ctrl-C: stops at once, still reports and saves what finished, exit 130
+"$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 200 --random-input-len 32 \
+    --random-output-len 64 --ignore-eos --max-concurrency 2 --result-filename "$OUT/int.json" >"$OUT/int.txt" 2>"$OUT/int.err" &
+BP=$!
+for _ in $(seq 1 600); do grep -qE ' [1-9][0-9]*/200 requests' "$OUT/int.err" && break; sleep 0.1; done
+sleep 0.3
+kill -INT $BP
+wait $BP
+rc=$?
+[ $rc = 130 ] || { echo "FAIL: Ctrl-C exit $rc, want 130"; cat "$OUT/int.txt" "$OUT/int.err"; exit 1; }
+python3 - "$OUT/int.json" <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["completed"] >= 1 and r["failed"] == 0, r
+assert r["completed"] + r["interrupted"] == 200, r
+assert r["total_output_tokens"] == 64 * r["completed"], r
+print("bench e2e: Ctrl-C ok (%d finished, %d interrupted)" % (r["completed"], r["interrupted"]))
+PY

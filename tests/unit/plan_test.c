@@ -5,6 +5,9 @@
 #include "tst.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 int main(int argc, char **argv) {
@@ -73,5 +76,39 @@ int main(int argc, char **argv) {
         CHECK_NEAR(cv, 1 / sqrt(burst), 0.02);
     }
     CHECK_NEAR(tl_bench_gap(INFINITY, 1), 0, 0);
+    /* knee: throughput 100 -> 190 (+90%) -> 350 (+84%) -> 380 (+8.6%) -> 385;
+     * while p99 rises: the knee is point 2 (past it, < 10% more for more latency) */
+    double thr[5] = {100, 190, 350, 380, 385}, lat[5] = {50, 55, 70, 140, 300};
+    int reached;
+    CHECK_RC(tl_bench_knee(thr, lat, 5, 0.10, 0, &reached), 2);
+    CHECK_RC(reached, 1);
+    /* a flat step whose latency does not rise is not the knee */
+    double lat_flat[5] = {50, 55, 70, 70, 300};
+    CHECK_RC(tl_bench_knee(thr, lat_flat, 5, 0.10, 0, &reached), 3);
+    /* still gaining everywhere: the last point, and not reached */
+    double thr_up[3] = {100, 200, 400};
+    CHECK_RC(tl_bench_knee(thr_up, lat, 3, 0.10, 0, &reached), 2);
+    CHECK_RC(reached, 0);
+    /* SLO: the largest point with p99 within it; none meets it: -1 */
+    CHECK_RC(tl_bench_knee(thr, lat, 5, 0.10, 100, &reached), 2);
+    CHECK_RC(reached, 1);
+    CHECK_RC(tl_bench_knee(thr, lat, 5, 0.10, 1000, &reached), 4);
+    CHECK_RC(reached, 0);
+    CHECK_RC(tl_bench_knee(thr, lat, 5, 0.10, 10, &reached), -1);
+    /* the plot: one circle per point, the knee marked, the title escaped */
+    double val[5] = {1, 2, 4, 8, 16};
+    char *svg = NULL;
+    size_t svg_len = 0;
+    FILE *mf = open_memstream(&svg, &svg_len);
+    CHECK_RC(tl_bench_svg(mf, "a<b>&\"c\"", "max-concurrency", val, thr, lat, 5, "e2el", 2, 100), 0);
+    fclose(mf);
+    int circles = 0;
+    for (const char *q = svg; (q = strstr(q, "<circle")); q++) circles++;
+    CHECK_RC(circles, 5);
+    CHECK(strstr(svg, "max-concurrency=4 (knee)") != NULL);
+    CHECK(strstr(svg, "a&lt;b&gt;&amp;&quot;c&quot;") != NULL);
+    CHECK(strstr(svg, "SLO 100 ms") != NULL);
+    CHECK(strstr(svg, "</svg>") != NULL);
+    free(svg);
     return tst_done("plan_test");
 }
