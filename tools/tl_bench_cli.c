@@ -31,7 +31,8 @@ static const char *const metric_names[N_METRICS] = {"ttft", "tpot", "itl", "e2el
 typedef struct {
     char *body;                  /* request JSON */
     /* results */
-    int ok, cancelled, out_tokens, in_tokens, chunks;
+    int ok, cancelled, out_tokens, in_tokens, chunks, status;
+    char err[240];               /* the start of an error response's body */
     double start, ttft, e2el;
     double *itl;
     int n_itl, cap_itl;
@@ -165,8 +166,15 @@ static void run_one(const bench_target *t, bench_req *q) {
             char *e = strstr(buf, "\r\n\r\n");
             if (!e) continue;
             sscanf(buf, "HTTP/1.%*d %d", &status);
+            q->status = status;
             headers_done = 1;
             p = e + 4;
+        }
+        if (status != 200) { /* an error body, not a stream: keep its start for the report */
+            size_t l = strlen(q->err);
+            snprintf(q->err + l, sizeof q->err - l, "%s", p);
+            have = 0;
+            continue;
         }
         /* SSE events: "data: ...\n\n" (inside chunked framing, whose size lines we skip) */
         char *ev, *end;
@@ -544,6 +552,16 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     printf("============ Serving Benchmark Result ============\n");
     printf("Successful requests: %d   failed: %d   duration: %.2f s\n", done, failed, dur);
     if (cancelled) printf("Interrupted: %d requests did not finish and are not counted\n", cancelled);
+    for (int i = 0; i < num; i++) { /* the first failure says why, so a wrong flag is found at once */
+        const bench_req *q = &b.r[i];
+        if (q->ok || q->cancelled || q->e2el == 0) continue;
+        char msg[240];
+        snprintf(msg, sizeof msg, "%s", q->err);
+        msg[strcspn(msg, "\r\n")] = 0;
+        if (!q->status) printf("First failure: no response from %s:%s\n", o->tg.host, o->tg.port);
+        else printf("First failure: HTTP %d %s\n", q->status, msg[0] ? msg : "(an empty or cut stream)");
+        break;
+    }
     printf("Total input tokens: %ld   output tokens: %ld\n", in_tok, out_tok);
     printf("Request throughput: %.2f req/s   output: %.2f tok/s   total: %.2f tok/s   peak output: %.0f tok/s   "
            "peak concurrency: %d\n",
