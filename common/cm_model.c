@@ -16,7 +16,7 @@
 #define MAX_DIM 65536
 #define MAX_VOCAB (1u << 22)
 
-static int validate_config(const cm_model_config *c, char *err, size_t errlen) {
+int cm_model_validate_config(const cm_model_config *c, char *err, size_t errlen) {
     if (!c->n_layer || c->n_layer > MAX_LAYERS || !c->dim || c->dim > MAX_DIM || !c->n_head ||
         !c->n_kv_head || !c->hidden || c->hidden > 8 * MAX_DIM || !c->vocab || c->vocab > MAX_VOCAB ||
         !c->head_dim || c->head_dim % 2 || c->head_dim > 1024) {
@@ -170,7 +170,7 @@ static int open_llama2c(cm_model_file *m, char *err, size_t errlen) {
     c->rope_type = CM_ROPE_NORM;
     c->rope_theta = 10000.f;
     c->norm_eps = 1e-5f;
-    int rc = validate_config(c, err, errlen);
+    int rc = cm_model_validate_config(c, err, errlen);
     if (rc) return rc;
     if (c->head_dim * c->n_head != c->dim || c->ctx_len > (1u << 20)) {
         snprintf(err, errlen, "llama2.c header is inconsistent (dim %u, heads %u, seq_len %u)", c->dim,
@@ -272,7 +272,7 @@ int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errle
         m->map_size = (size_t)st.st_size;
         if ((rc = open_llama2c(m, e, sizeof e))) goto fail;
     }
-    if ((rc = validate_config(&m->cfg, e, sizeof e))) goto fail;
+    if ((rc = cm_model_validate_config(&m->cfg, e, sizeof e))) goto fail;
     *out = m;
     return 0;
 fail:
@@ -285,6 +285,7 @@ void cm_model_close(cm_model_file *m) {
     if (!m) return;
     cm_gguf_close(m->gguf);
     if (m->map) munmap(m->map, m->map_size);
+    free(m->owned);
     free(m->tensors);
     free(m);
 }

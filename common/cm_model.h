@@ -15,7 +15,7 @@
 enum { CM_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama in GGUF, llama2.c */
        CM_ROPE_NEOX = 1  /* rotate halves (x[i], x[i+d/2]): qwen2, gpt-neox */ };
 
-enum { CM_FMT_GGUF = 1, CM_FMT_LLAMA2C = 2 };
+enum { CM_FMT_GGUF = 1, CM_FMT_LLAMA2C = 2, CM_FMT_DUMMY = 3 };
 
 typedef struct {
     char arch[32];
@@ -43,6 +43,8 @@ typedef struct cm_model_file {
     cm_gguf *gguf;       /* CM_FMT_GGUF */
     void *map;           /* CM_FMT_LLAMA2C mapping */
     size_t map_size;
+    void *owned;         /* CM_FMT_DUMMY: the tensors' memory */
+    size_t owned_size;
     cm_model_config cfg;
     cm_tensor_ref *tensors;
     size_t n_tensors;
@@ -57,5 +59,24 @@ const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name);
 /* Checks a tensor exists with shape [ne0, ne1] (ne1 = 1 for vectors). */
 int cm_model_tensor_expect(const cm_model_file *m, const char *name, uint64_t ne0, uint64_t ne1,
                            const cm_tensor_ref **out, char *err, size_t errlen);
+
+/* Checks hyper-parameters are plausible (sizes, divisibility, rope, eps). */
+int cm_model_validate_config(const cm_model_config *c, char *err, size_t errlen);
+
+/* ---- shapes without a checkpoint (cm_model_dummy.c) --------------------- */
+/* Built-in shapes: llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2-7b,
+ * qwen2.5-7b, smollm2-135m (case-insensitive). 0 or LLM_ENOTFOUND. */
+int cm_model_preset(const char *name, cm_model_config *out);
+const char *cm_model_preset_names(void);
+/* From a Hugging Face config.json (llama / mistral / qwen2 keys). */
+int cm_model_config_json(const char *path, cm_model_config *out, char *err, size_t errlen);
+/* A preset name, else a config.json path. */
+int cm_model_config_resolve(const char *spec, cm_model_config *out, char *err, size_t errlen);
+/* Random weights of cfg's real shape, matrices in wtype (F32, F16, BF16,
+ * Q8_0, Q4_0, Q4_1), norms 1, uniform in +-1/sqrt(row length); the same
+ * seed gives the same weights. A model file like any other (CM_FMT_DUMMY),
+ * freed by cm_model_close. */
+int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, cm_model_file **out, char *err,
+                   size_t errlen);
 
 #endif

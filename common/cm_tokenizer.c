@@ -318,6 +318,42 @@ fail:
     return rc;
 }
 
+/* For models without a tokenizer (dummy weights): SentencePiece-style,
+ * <unk> <s> </s>, the 256 byte tokens (any text encodes, byte by byte), the
+ * word boundary U+2581, then placeholder pieces "<tok_N>" up to the
+ * vocabulary size. */
+int cm_tok_synthetic(uint32_t vocab, cm_tokenizer **out) {
+    *out = NULL;
+    if (vocab < 260 || vocab > MAX_VOCAB) return LLM_EINVAL;
+    cm_tokenizer *t = tok_new();
+    int rc = t ? alloc_vocab(t, (int32_t)vocab) : LLM_ENOMEM;
+    static const char *ctl[3] = {"<unk>", "<s>", "</s>"};
+    for (uint32_t i = 0; i < vocab && !rc; i++) {
+        char buf[32];
+        if (i < 3) snprintf(buf, sizeof buf, "%s", ctl[i]);
+        else if (i < 259) snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
+        else if (i == 259) snprintf(buf, sizeof buf, "%s", SPM_SPACE); /* the word boundary, so spaces decode */
+        else snprintf(buf, sizeof buf, "<tok_%u>", i);
+        rc = set_entry(t, (int32_t)i, buf, strlen(buf));
+        t->type[i] = i == 0 ? CM_TT_UNKNOWN : i < 3 ? CM_TT_CONTROL : i < 259 ? CM_TT_BYTE : CM_TT_NORMAL;
+        t->score[i] = -(float)i;
+    }
+    if (!rc) {
+        t->kind = CM_TOK_SPM;
+        t->unk = 0;
+        t->bos = 1;
+        t->eos = 2;
+        t->add_bos = 1;
+        rc = finish(t);
+    }
+    if (rc) {
+        cm_tok_free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
 int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, char *err, size_t errlen) {
     *out = NULL;
     int rc = LLM_EFORMAT;

@@ -25,6 +25,9 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
 /* llama2.c tokenizer.bin (SentencePiece pieces with scores); vocab from the model. */
 int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, char *err,
                         size_t errlen);
+/* A stand-in for models without one (dummy weights): <unk> <s> </s>, 256
+ * byte tokens, the SentencePiece space, placeholders to vocab (>= 260). */
+int cm_tok_synthetic(uint32_t vocab, cm_tokenizer **out);
 void cm_tok_free(cm_tokenizer *t);
 
 /* Encodes text[0..len) into a malloc'd array (*ids, *n). add_bos follows the

@@ -121,11 +121,14 @@ int tl_bench_svg(FILE *f, const char *title, const char *param, const double *va
     fprintf(f, "<polyline fill=\"none\" stroke=\"#1f5fa8\" stroke-width=\"2\" points=\"");
     for (int i = 0; i < n; i++) fprintf(f, "%s%.1f,%.1f", i ? " " : "", PX(thr[i]), PY(lat[i]));
     fprintf(f, "\"/>\n");
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) { /* labels left of points in the right half, so they stay inside */
+        int left = PX(thr[i]) > L + 0.6 * (W - L - R);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\"/>"
-                   "<text x=\"%.1f\" y=\"%.1f\">%s=%g%s</text>\n",
-                PX(thr[i]), PY(lat[i]), i == knee ? 7 : 4, i == knee ? "#c33" : "#1f5fa8", PX(thr[i]) + 8,
-                PY(lat[i]) - 8, param, value[i], i == knee ? " (knee)" : "");
+                   "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">%s=%g%s</text>\n",
+                PX(thr[i]), PY(lat[i]), i == knee ? 7 : 4, i == knee ? "#c33" : "#1f5fa8",
+                PX(thr[i]) + (left ? -10 : 8), PY(lat[i]) - 8, left ? "end" : "start", param, value[i],
+                i == knee ? " (knee)" : "");
+    }
     fprintf(f, "</svg>\n");
 #undef PX
 #undef PY

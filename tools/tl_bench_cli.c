@@ -832,9 +832,50 @@ static void usage(void) {
            "Ctrl-C stops: what finished is reported, the rest is not counted (exit 130).\n");
 }
 
+/* llmserve bench plot SWEEP.json OUT.svg: redraws a saved sweep. */
+static int plot_main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: llmserve bench plot SWEEP.json OUT.svg\n");
+        return 2;
+    }
+    json_error_t je;
+    json_t *sw = json_load_file(argv[2], 0, &je), *pts = json_object_get(sw, "points");
+    const char *param = json_string_value(json_object_get(sw, "sweep")),
+               *mn = json_string_value(json_object_get(sw, "latency_metric"));
+    size_t n = json_array_size(pts);
+    if (!sw || !param || !mn || n == 0 || n > 64 || strlen(mn) > 8) {
+        fprintf(stderr, "llmserve bench plot: %s is not a sweep result of llmserve bench serve --sweep\n", argv[2]);
+        json_decref(sw);
+        return 2;
+    }
+    double val[64], thr[64], lat[64];
+    char key[32];
+    snprintf(key, sizeof key, "p99_%s_ms", mn);
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_array_get(pts, i);
+        val[i] = num_of(p, "sweep_value");
+        thr[i] = num_of(p, "output_throughput");
+        lat[i] = num_of(p, key);
+    }
+    int knee = json_is_true(json_object_get(sw, "knee_reached")) || num_of(sw, "slo_ms") > 0
+                   ? (int)json_integer_value(json_object_get(sw, "knee_index"))
+                   : -1;
+    const char *model = json_string_value(json_object_get(json_array_get(pts, 0), "model_id"));
+    char title[200];
+    snprintf(title, sizeof title, "%.120s: throughput vs p99 %s, sweep of %s", model ? model : "server", mn, param);
+    FILE *f = fopen(argv[3], "w");
+    int bad = !f || tl_bench_svg(f, title, param, val, thr, lat, (int)n, mn, knee, num_of(sw, "slo_ms"));
+    if (f && fclose(f)) bad = 1;
+    json_decref(sw);
+    if (bad) fprintf(stderr, "llmserve bench plot: cannot write %s\n", argv[3]);
+    return bad;
+}
+
 int tl_bench_main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "plot")) return plot_main(argc, argv);
     if (argc < 2 || strcmp(argv[1], "serve")) {
-        fprintf(stderr, "usage: llmserve bench serve [flags]   (--help for the flags)\n");
+        fprintf(stderr, "usage: llmserve bench serve [flags]   (--help for the flags)\n"
+                        "       llmserve bench plot SWEEP.json OUT.svg\n");
         return 2;
     }
     argc--;

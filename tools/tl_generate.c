@@ -191,7 +191,7 @@ int tl_generate_main(int argc, char **argv) {
     }
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts mo = {o.model, o.tokenizer, (int)o.threads, o.batch ? eo.max_num_batched_tokens : 0, NULL};
+    wk_model_opts mo = {.model_path = o.model, .tokenizer_path = o.tokenizer, .threads = (int)o.threads, .max_batch = o.batch ? eo.max_num_batched_tokens : 0};
     int rc = wk_model_load(&mo, &m, err, sizeof err);
     if (rc) {
         fprintf(stderr, "llmserve: %s\n", err[0] ? err : cm_strerror(rc));

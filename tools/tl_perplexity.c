@@ -69,7 +69,7 @@ int tl_perplexity_main(int argc, char **argv) {
     if (!text) return 1;
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts mo = {model, tokp, (int)threads, 0, NULL};
+    wk_model_opts mo = {.model_path = model, .tokenizer_path = tokp, .threads = (int)threads};
     int rc = wk_model_load(&mo, &m, err, sizeof err), ret = 1;
     int32_t *toks = NULL;
     size_t nt = 0;

@@ -2,23 +2,9 @@
 #include "cm_error.h"
 #include "cm_model.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
-
-static const struct {
-    const char *name;
-    int layers, heads, kv, hd, dim, hidden, vocab, ctx, tied;
-} presets[] = {
-    {"llama-2-7b", 32, 32, 32, 128, 4096, 11008, 32000, 4096, 0},
-    {"llama-3-8b", 32, 32, 8, 128, 4096, 14336, 128256, 8192, 0},
-    {"llama-3-70b", 80, 64, 8, 128, 8192, 28672, 128256, 8192, 0},
-    {"mistral-7b", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0},
-    {"qwen2-7b", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0},
-    {"smollm2-135m", 30, 9, 3, 64, 576, 1536, 49152, 8192, 1},
-};
 
 double tl_params_estimate(const tl_model_shape *m) {
     double D = m->dim, QD = (double)m->n_head * m->head_dim, KVD = (double)m->n_kv_head * m->head_dim;
@@ -26,67 +12,9 @@ double tl_params_estimate(const tl_model_shape *m) {
     return (double)m->vocab * D * (m->tied ? 1 : 2) + m->n_layer * per_layer + D;
 }
 
-int tl_model_preset(const char *name, tl_model_shape *out) {
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-        if (!strcasecmp(name, presets[i].name)) {
-            memset(out, 0, sizeof *out);
-            snprintf(out->name, sizeof out->name, "%s", presets[i].name);
-            out->n_layer = presets[i].layers;
-            out->n_head = presets[i].heads;
-            out->n_kv_head = presets[i].kv;
-            out->head_dim = presets[i].hd;
-            out->dim = presets[i].dim;
-            out->hidden = presets[i].hidden;
-            out->vocab = presets[i].vocab;
-            out->ctx = presets[i].ctx;
-            out->tied = presets[i].tied;
-            out->params = tl_params_estimate(out);
-            return 0;
-        }
-    return LLM_ENOTFOUND;
-}
-
-static int jint(json_t *o, const char *k, int def) {
-    json_t *v = json_object_get(o, k);
-    return json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30) ? (int)json_integer_value(v) : def;
-}
-
-int tl_model_from_config(const char *path, tl_model_shape *out, char *err, size_t errlen) {
+static void shape_from_cfg(const cm_model_config *c, const char *name, tl_model_shape *out) {
     memset(out, 0, sizeof *out);
-    json_error_t je;
-    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!o || !json_is_object(o)) {
-        snprintf(err, errlen, "%s: not a JSON object (%s)", path, o ? "" : je.text);
-        json_decref(o);
-        return LLM_EFORMAT;
-    }
-    out->n_layer = jint(o, "num_hidden_layers", 0);
-    out->dim = jint(o, "hidden_size", 0);
-    out->n_head = jint(o, "num_attention_heads", 0);
-    out->n_kv_head = jint(o, "num_key_value_heads", out->n_head);
-    out->head_dim = jint(o, "head_dim", out->n_head ? out->dim / out->n_head : 0);
-    out->hidden = jint(o, "intermediate_size", 0);
-    out->vocab = jint(o, "vocab_size", 0);
-    out->ctx = jint(o, "max_position_embeddings", 0);
-    out->tied = json_is_true(json_object_get(o, "tie_word_embeddings"));
-    snprintf(out->name, sizeof out->name, "%s", path);
-    json_decref(o);
-    if (!out->n_layer || !out->dim || !out->n_head || !out->head_dim || !out->hidden || !out->vocab) {
-        snprintf(err, errlen, "%s: needs num_hidden_layers, hidden_size, num_attention_heads, intermediate_size, vocab_size",
-                 path);
-        return LLM_EFORMAT;
-    }
-    out->params = tl_params_estimate(out);
-    return 0;
-}
-
-int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
-    cm_model_file *f;
-    int rc = cm_model_open(path, &f, err, errlen);
-    if (rc) return rc;
-    const cm_model_config *c = &f->cfg;
-    snprintf(out->name, sizeof out->name, "%s", c->name[0] ? c->name : path);
+    snprintf(out->name, sizeof out->name, "%s", name);
     out->n_layer = (int)c->n_layer;
     out->n_head = (int)c->n_head;
     out->n_kv_head = (int)c->n_kv_head;
@@ -96,6 +24,31 @@ int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t 
     out->vocab = (int)c->vocab;
     out->ctx = (int)c->ctx_len;
     out->tied = c->tied;
+    out->params = tl_params_estimate(out);
+}
+
+int tl_model_preset(const char *name, tl_model_shape *out) {
+    cm_model_config c;
+    int rc = cm_model_preset(name, &c);
+    if (!rc) shape_from_cfg(&c, c.name, out);
+    return rc;
+}
+
+int tl_model_from_config(const char *path, tl_model_shape *out, char *err, size_t errlen) {
+    cm_model_config c;
+    memset(out, 0, sizeof *out);
+    int rc = cm_model_config_json(path, &c, err, errlen);
+    if (!rc) shape_from_cfg(&c, path, out);
+    return rc;
+}
+
+int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    cm_model_file *f;
+    int rc = cm_model_open(path, &f, err, errlen);
+    if (rc) return rc;
+    const cm_model_config *c = &f->cfg;
+    shape_from_cfg(c, c->name[0] ? c->name : path, out);
     double bytes = 0, params = 0;
     for (size_t i = 0; i < f->n_tensors; i++) {
         bytes += (double)f->tensors[i].nbytes;

@@ -35,7 +35,7 @@ typedef struct {
     char why[256];                      /* when it does not fit */
 } tl_plan_out;
 
-/* Built-in shapes: llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2-7b, smollm2-135m. 0 or LLM_ENOTFOUND. */
+/* Built-in shapes (cm_model_preset). 0 or LLM_ENOTFOUND. */
 int tl_model_preset(const char *name, tl_model_shape *out);
 /* From a Hugging Face config.json. */
 int tl_model_from_config(const char *path, tl_model_shape *out, char *err, size_t errlen);

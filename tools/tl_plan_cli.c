@@ -1,4 +1,5 @@
 /* llmserve plan / llmserve cost: the command-line faces of tl_plan.c. */
+#include "cm_model.h"
 #include "cm_error.h"
 #include "tl_common.h"
 #include "tl_plan.h"
@@ -60,7 +61,7 @@ int tl_plan_main(int argc, char **argv) {
             printf("usage: llmserve plan --model GGUF|config.json|PRESET [--gpu-memory GiB] [--gpu-memory-utilization F]\n"
                    "       [--max-model-len N] [--tensor-parallel-size N] [--dtype fp16|bf16|fp32] [--kv-cache-dtype fp16|fp8|fp32]\n"
                    "       [--quantization int8|int4|fp8] [--max-num-seqs N] [--max-num-batched-tokens N] [--json]\n"
-                   "presets: llama-2-7b llama-3-8b llama-3-70b mistral-7b qwen2-7b smollm2-135m\n");
+                   "presets: %s\n", cm_model_preset_names());
             return 0;
         default: return 2;
         }

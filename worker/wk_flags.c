@@ -1,4 +1,5 @@
 #include "wk_flags.h"
+#include "cm_dtype.h"
 #include "cm_error.h"
 
 #include <errno.h>
@@ -81,4 +82,58 @@ int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
         return 0;
     default: return LLM_EINVAL;
     }
+}
+
+int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
+    switch (code) {
+    case WK_M_LOAD_FORMAT:
+        if (!strcmp(arg, "auto") || !strcmp(arg, "gguf")) f->dummy = 0;
+        else if (!strcmp(arg, "dummy")) f->dummy = 1;
+        else {
+            fprintf(stderr, "llmserve: --load-format expects auto or dummy, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
+    case WK_M_CONFIG: f->config = arg; return 0;
+    case WK_M_DTYPE: {
+        static const struct { const char *name; int type; } t[] = {
+            {"auto", 0},         {"f16", CM_F16},     {"float16", CM_F16}, {"half", CM_F16},    {"bf16", CM_BF16},
+            {"bfloat16", CM_BF16}, {"f32", CM_F32},   {"float32", CM_F32}, {"float", CM_F32},   {"q8_0", CM_Q8_0},
+            {"q4_0", CM_Q4_0},   {"q4_1", CM_Q4_1}};
+        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+            if (!strcasecmp(arg, t[i].name)) {
+                f->dtype = t[i].type;
+                return 0;
+            }
+        fprintf(stderr, "llmserve: --dtype expects auto, f16, bf16, f32, q8_0, q4_0 or q4_1, not '%s'\n", arg);
+        return LLM_EINVAL;
+    }
+    case WK_M_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(arg, &end, 10);
+        if (errno || end == arg || *end || arg[0] == '-') {
+            fprintf(stderr, "llmserve: --dummy-seed expects a non-negative integer, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        f->seed = v;
+        return 0;
+    }
+    }
+    return LLM_EINVAL;
+}
+
+int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
+    if (f->dummy && !f->config) {
+        fprintf(stderr, "llmserve: --load-format dummy needs --model-config PRESET|config.json\n");
+        return LLM_EINVAL;
+    }
+    if (!f->dummy && f->config) {
+        fprintf(stderr, "llmserve: --model-config gives the shape of dummy weights: add --load-format dummy\n");
+        return LLM_EINVAL;
+    }
+    mo->model_config = f->dummy ? f->config : NULL;
+    mo->dummy_type = f->dtype;
+    mo->seed = f->seed;
+    return 0;
 }

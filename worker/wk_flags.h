@@ -47,6 +47,39 @@ enum {
     "  --no-enable-prefix-caching\n"                                                             \
     "  --kv-cache-dtype T          auto|f16|f32 (default auto = f16)\n"
 
+/* Weights without a checkpoint, spelled as vLLM does: --load-format dummy
+ * --model-config PRESET|config.json [--dtype T]. Codes from
+ * WK_MODEL_FLAG_BASE go to wk_model_flag (check them before engine flags),
+ * then wk_model_flags_apply fills the model options. */
+enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED };
+
+#define WK_MODEL_LONGOPTS                                                                          \
+    {"load-format", required_argument, 0, WK_M_LOAD_FORMAT},                                       \
+    {"model-config", required_argument, 0, WK_M_CONFIG},                                          \
+    {"dtype", required_argument, 0, WK_M_DTYPE},                                                   \
+    {"dummy-seed", required_argument, 0, WK_M_SEED}
+
+#define WK_MODEL_FLAGS_HELP                                                                        \
+    "weights without a checkpoint (benchmarks):\n"                                                 \
+    "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
+    "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, llama-2-7b,\n"     \
+    "                              mistral-7b, qwen2-7b, smollm2-135m) or a config.json path\n"      \
+    "  --dtype T                   dummy weight type: f16 (default), bf16, f32, q8_0, q4_0, q4_1\n" \
+    "  --dummy-seed N              seed of the dummy weights (default 0)\n"
+
+typedef struct {
+    int dummy;
+    const char *config;
+    int dtype;                           /* cm_dtype, 0: default */
+    uint64_t seed;
+} wk_load_flags;
+
+/* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */
+int wk_model_flag(wk_load_flags *f, int code, const char *arg);
+/* Checks the combination (dummy needs a config, a config needs dummy) and
+ * sets mo's dummy fields. LLM_EINVAL with a message. */
+int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo);
+
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */
 int wk_engine_flag(wk_engine_opts *o, int code, const char *arg);
 /* "4GiB", "512M", "1073741824" -> bytes. */

@@ -35,7 +35,7 @@ static void help(FILE *f) {
             "  --heartbeat-timeout MS    drop a silent gateway after MS (default 5000)\n"
             "  --max-waiting N           queued requests before refusing new ones (default 1024)\n"
             "  --log-level L             error|warn|info|debug (default info)\n"
-            "  -h, --help\n" WK_ENGINE_FLAGS_HELP);
+            "  -h, --help\n" WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
 
 static int parse_pos(const char *flag, const char *s, long lo, long hi, int *out) {
@@ -71,7 +71,9 @@ int main(int argc, char **argv) {
                                        {"log-level", required_argument, 0, O_LOG},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
+                                       WK_MODEL_LONGOPTS,
                                        {0, 0, 0, 0}};
+    wk_load_flags lf = {0};
     int c, lvl;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         int bad = 0;
@@ -97,6 +99,10 @@ int main(int argc, char **argv) {
             break;
         case 'h': help(stdout); return 0;
         default:
+            if (c >= WK_MODEL_FLAG_BASE) {
+                bad = wk_model_flag(&lf, c, optarg) != 0;
+                break;
+            }
             if (c >= WK_FLAG_BASE) {
                 bad = wk_engine_flag(&eo, c, optarg) != 0;
                 break;
@@ -130,6 +136,13 @@ int main(int argc, char **argv) {
         snprintf(wid, sizeof wid, "%s:%d", host, (int)getpid());
         worker_id = wid;
     }
+    wk_model_opts mo = {.model_path = model, .max_batch = eo.max_num_batched_tokens};
+    if (wk_model_flags_apply(&lf, &mo)) return 2;
+    if (!served && mo.model_config) {
+        const char *base = strrchr(mo.model_config, '/') ? strrchr(mo.model_config, '/') + 1 : mo.model_config;
+        snprintf(name, sizeof name, "dummy-%s", base);
+        served = name;
+    }
     if (!served) {
         const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
         snprintf(name, sizeof name, "%s", base);
@@ -158,7 +171,7 @@ int main(int argc, char **argv) {
     }
     int per_rank = threads ? threads : (int)(sysconf(_SC_NPROCESSORS_ONLN) / tp);
     if (per_rank < 1) per_rank = 1;
-    wk_model_opts mo = {model, NULL, per_rank, eo.max_num_batched_tokens, NULL};
+    mo.threads = per_rank;
     wk_model *m = NULL;
     int rc = wk_model_load_tp(&mo, group_h, &m, err, sizeof err);
     if (rc) {
@@ -167,7 +180,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s, %d threads, rank %d of %d",
-            model, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
+            m->file->path, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
             m->cfg.ctx_len, kn_isa_name(), kn_pool_size(m->pool), my_rank, tp);
     int ret = 0;
     if (my_rank > 0) {

@@ -122,10 +122,21 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     int rc;
     wk_model *m = calloc(1, sizeof *m);
     if (!m) return LLM_ENOMEM;
-    if ((rc = cm_model_open(o->model_path, &m->file, err, errlen))) goto fail;
+    if (o->model_config) { /* --load-format dummy: random weights of a preset's or config.json's shape */
+        cm_model_config dc;
+        if ((rc = cm_model_config_resolve(o->model_config, &dc, err, errlen)) ||
+            (rc = cm_model_dummy(&dc, o->dummy_type ? o->dummy_type : CM_F16, o->seed, &m->file, err, errlen)))
+            goto fail;
+    } else if ((rc = cm_model_open(o->model_path, &m->file, err, errlen)))
+        goto fail;
     m->cfg = m->file->cfg;
     const cm_model_config *c = &m->cfg;
-    if (m->file->format == CM_FMT_GGUF) {
+    if (m->file->format == CM_FMT_DUMMY) {
+        if ((rc = cm_tok_synthetic(c->vocab, &m->tok))) {
+            snprintf(err, errlen, "%s: cannot make a stand-in tokenizer of %u tokens", m->file->path, c->vocab);
+            goto fail;
+        }
+    } else if (m->file->format == CM_FMT_GGUF) {
         char e[256];
         if ((rc = cm_tok_from_gguf(m->file->gguf, &m->tok, e, sizeof e))) {
             snprintf(err, errlen, "%s: %s", o->model_path, e);
@@ -222,7 +233,8 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     *out = m;
     return 0;
 fail:
-    if (rc == LLM_ENOMEM && err && !err[0]) snprintf(err, errlen, "%s: out of memory", o->model_path);
+    if (rc == LLM_ENOMEM && err && !err[0])
+        snprintf(err, errlen, "%s: out of memory", o->model_config ? o->model_config : o->model_path);
     wk_model_free(m);
     return rc;
 }

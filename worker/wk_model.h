@@ -66,6 +66,9 @@ typedef struct {
     int threads;                         /* 0: all online CPUs */
     int max_batch;                       /* tokens per step (prefill chunk), default 64 */
     wk_comm *comm;                       /* tensor parallel group, or NULL */
+    const char *model_config;            /* set: dummy weights of this preset / config.json shape */
+    int dummy_type;                      /* their cm_dtype (0: F16) */
+    uint64_t seed;                       /* their seed */
 } wk_model_opts;
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);

@@ -2,6 +2,7 @@
 // matmul. These are correctness-first reference kernels for the GPU path;
 // the tuned GEMMs (cuBLAS/cuBLASLt, paged attention) build on them.
 #include "kn_cuda.h"
+#include "kn_cuda_int.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -12,16 +13,6 @@ extern "C" {
 #include "cm_error.h"
 }
 
-#define KN_CUDA_CHECK(call)                                                                        \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, cudaGetErrorName(e_), \
-                    cudaGetErrorString(e_));                                                       \
-            return LLM_EDEVICE;                                                                    \
-        }                                                                                          \
-    } while (0)
-#define KN_CUDA_LAUNCHED() KN_CUDA_CHECK(cudaGetLastError())
 
 // grid: rows blocks, 256 threads; sum of squares in fp32, tree-reduced in shared memory
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps) {
@@ -156,5 +147,102 @@ extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, c
     dim3 grid((unsigned)((n + 7) / 8), (unsigned)B);
     matmul_kernel<<<grid, 256>>>(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y);
     KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_sm_count(int *n) {
+    int dev;
+    KN_CUDA_CHECK(cudaGetDevice(&dev));
+    KN_CUDA_CHECK(cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev));
+    return 0;
+}
+
+extern "C" int kn_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    KN_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return 0;
+}
+
+// grid: rows blocks of 256; row r of out = row ids[r] of w dequantized (an
+// id outside the vocabulary gives zeros: the host checks ids first)
+__global__ void embed_kernel(int type, const uint8_t *w, int64_t vocab, int64_t dim, size_t row_bytes,
+                             const int32_t *ids, float *out) {
+    int32_t id = ids[blockIdx.x];
+    float *o = out + (size_t)blockIdx.x * dim;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+        o[i] = id >= 0 && id < vocab ? weight_at(type, w + (size_t)id * row_bytes, i) : 0.f;
+}
+
+// grid: (ceil(k/256), n): one element per thread, out [n][k] fp16
+__global__ void dequant_f16_kernel(int type, const uint8_t *w, int64_t k, size_t row_bytes, __half *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (i < k) out[(size_t)r * k + i] = __float2half_rn(weight_at(type, w + (size_t)r * row_bytes, i));
+}
+
+__global__ void add_kernel(float *a, const float *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] += b[i];
+}
+
+static int gguf_type_ok(int type) {
+    return type == CM_F32 || type == CM_F16 || type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q8_0;
+}
+
+extern "C" int kn_cuda_embed(int type, const void *d_w, int64_t vocab, int64_t dim, const int32_t *d_ids, int rows,
+                             float *d_out) {
+    if (!gguf_type_ok(type)) return LLM_EUNSUP;
+    size_t rb = cm_dtype_row_bytes(type, (uint64_t)dim);
+    if (!rb || rows <= 0 || vocab <= 0) return LLM_EINVAL;
+    embed_kernel<<<rows, 256>>>(type, (const uint8_t *)d_w, vocab, dim, rb, d_ids, d_out);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_dequant_f16(int type, const void *d_w, int64_t n, int64_t k, void *d_out) {
+    if (!gguf_type_ok(type)) return LLM_EUNSUP;
+    size_t rb = cm_dtype_row_bytes(type, (uint64_t)k);
+    if (!rb || n <= 0 || n > 65535 * 64) return LLM_EINVAL;
+    for (int64_t r0 = 0; r0 < n; r0 += 65535) { // grid.y is at most 65535 rows a launch
+        int64_t nr = n - r0 < 65535 ? n - r0 : 65535;
+        dim3 grid((unsigned)((k + 255) / 256), (unsigned)nr);
+        dequant_f16_kernel<<<grid, 256>>>(type, (const uint8_t *)d_w + (size_t)r0 * rb, k, rb,
+                                          (__half *)d_out + (size_t)r0 * k);
+        KN_CUDA_LAUNCHED();
+    }
+    return 0;
+}
+
+extern "C" int kn_cuda_add(float *d_a, const float *d_b, size_t n) {
+    if (!n) return 0;
+    add_kernel<<<(unsigned)((n + 255) / 256), 256>>>(d_a, d_b, n);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+// grid: ceil(n/256) blocks of 256: uniform in [-a, a) from a hash of (seed, i),
+// so benchmark weights are made on the device (no host copy of 16 GB)
+__global__ void fill_kernel(uint16_t *p, size_t n, unsigned long long seed, float a, int bf16) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned long long z = seed * 0x9e3779b97f4a7c15ull + i;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    float v = ((float)(z >> 40) / 16777216.f * 2.f - 1.f) * a;
+    if (bf16) {
+        uint32_t u = __float_as_uint(v);
+        p[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    } else {
+        __half h = __float2half_rn(v);
+        p[i] = *(uint16_t *)&h;
+    }
+}
+
+extern "C" int kn_cuda_fill_random(void *d, int type, size_t n, unsigned long long seed, float a) {
+    if (type != CM_F16 && type != CM_BF16) return LLM_EUNSUP;
+    for (size_t off = 0; off < n; off += (size_t)1 << 30) { // grid.x limits: a billion elements a launch
+        size_t m = n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30);
+        fill_kernel<<<(unsigned)((m + 255) / 256), 256>>>((uint16_t *)d + off, m, seed + off, a, type == CM_BF16);
+        KN_CUDA_LAUNCHED();
+    }
     return 0;
 }

@@ -32,6 +32,70 @@ int kn_cuda_silu_mul(float *d_a, const float *d_b, int n);
  * F16): one warp per (row, batch) dot product, weights dequantized in registers. */
 int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B);
 
+/* SMs of the current device, and its memory (bytes) as cudaMemGetInfo says. */
+int kn_cuda_sm_count(int *n);
+int kn_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+
+/* ---- paged attention (kn_cuda_attn.cu) ---------------------------------- */
+/* K and V rows of `rows` new tokens ([rows][width], width = n_kv*hd) into
+ * the layer's block pool (kc/vc: block 0, block_stride bytes apart, blocks of
+ * 2^block_shift rows of width elements of kv_type): row r goes to slot[r] =
+ * block * block_size + offset; slot < 0 skips the row. */
+int kn_cuda_kv_store(int kv_type, void *d_kc, void *d_vc, size_t block_stride, const float *d_k, const float *d_v,
+                     const int32_t *d_slot, int rows, int width, int block_shift);
+
+/* Causal attention of n_rows query tokens over their sequences' blocks, as
+ * kn_attention does on the CPU. Row r belongs to sequence row_seq[r] and sits
+ * at position row_pos[r] (it attends 0..row_pos[r]); sequence s's block table
+ * starts at blocks[seq_off[s]]. q, out: [n_rows][n_head][hd]. The split-K
+ * workspace must hold kn_cuda_attn_plan's workspace_bytes for these sizes. */
+typedef struct {
+    int n_rows, n_head, n_kv, hd, kv_type, block_shift, max_len, n_sm;
+    const float *d_q;
+    float *d_out;
+    const void *d_kc, *d_vc;
+    size_t block_stride;
+    const int32_t *d_row_seq, *d_row_pos, *d_seq_off, *d_blocks;
+    float *d_ws;
+    size_t ws_bytes;
+} kn_cuda_attn_args;
+int kn_cuda_paged_attention(const kn_cuda_attn_args *a);
+
+/* ---- dense GEMMs through cuBLAS (kn_cuda_gemm.cu) ------------------------ */
+typedef struct kn_cuda_blas kn_cuda_blas;
+int kn_cuda_blas_create(kn_cuda_blas **out);
+void kn_cuda_blas_destroy(kn_cuda_blas *b);
+/* y[B][N] (f32) = x[B][K] . W[N][K]^T for W in F16 or BF16 (row-major, as
+ * GGUF and safetensors store it): x is rounded to W's type into the handle's
+ * workspace, the product accumulates in fp32 (cublasGemmEx, tensor cores). */
+int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y,
+                 int B);
+/* GGUF Q8_0 / Q4_0 / Q4_1 (or F16) rows -> F16 rows, for prefill-sized
+ * batches where one dequantization and a tensor-core GEMM beat per-row dots. */
+int kn_cuda_dequant_f16(int type, const void *d_w, int64_t n, int64_t k, void *d_out);
+/* out[rows][dim] = embedding rows ids[r] of W (any GGUF type kn_cuda_matmul takes). */
+int kn_cuda_embed(int type, const void *d_w, int64_t vocab, int64_t dim, const int32_t *d_ids, int rows, float *d_out);
+/* n F16 or BF16 elements uniform in [-a, a), made on the device from seed
+ * (dummy weights for benchmarks). */
+int kn_cuda_fill_random(void *d, int type, size_t n, unsigned long long seed, float a);
+/* a[i] += b[i] */
+int kn_cuda_add(float *d_a, const float *d_b, size_t n);
+
+/* ---- sampling on the device (kn_cuda_sample.cu) -------------------------- */
+/* Per row of logits [rows][vocab]: penalties over its previous tokens, then
+ * temperature, top-k, top-p, min-p, and a draw with a counter-based RNG from
+ * (seed, step); temperature 0 is greedy. Only the token ids come back. The
+ * logits are modified in place. */
+typedef struct {
+    float temperature, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty;
+    int top_k;                 /* 0: off */
+    unsigned long long seed;
+    int step;                  /* tokens generated so far: the draw's counter */
+    int hist_off, hist_len;    /* its previous tokens in the history array */
+} kn_cuda_sample_params;
+int kn_cuda_sample(float *d_logits, int rows, int vocab, const kn_cuda_sample_params *d_params,
+                   const int32_t *d_hist, int32_t *d_out);
+
 #ifdef __cplusplus
 }
 #endif

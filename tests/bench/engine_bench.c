@@ -83,7 +83,9 @@ int main(int argc, char **argv) {
                                        {"threads", required_argument, 0, O_THR},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
+                                       WK_MODEL_LONGOPTS,
                                        {0, 0, 0, 0}};
+    wk_load_flags lf = {0};
     int c;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
@@ -96,10 +98,12 @@ int main(int argc, char **argv) {
         case O_THR: threads = atoi(optarg); break;
         case 'h':
             printf("usage: llmserve-engine-bench [--model PATH] [--concurrency LIST] [--prompt-len N] [--gen N]\n"
-                   "       [--repeats N] [--system-len N] [--threads N]\n%s", WK_ENGINE_FLAGS_HELP);
+                   "       [--repeats N] [--system-len N] [--threads N]\n%s%s", WK_ENGINE_FLAGS_HELP,
+                   WK_MODEL_FLAGS_HELP);
             return 0;
         default:
-            if (c >= WK_FLAG_BASE && !wk_engine_flag(&eo, c, optarg)) break;
+            if (c >= WK_MODEL_FLAG_BASE && !wk_model_flag(&lf, c, optarg)) break;
+            if (c >= WK_FLAG_BASE && c < WK_MODEL_FLAG_BASE && !wk_engine_flag(&eo, c, optarg)) break;
             return 2;
         }
     }
@@ -109,7 +113,8 @@ int main(int argc, char **argv) {
     }
     char err[512] = "";
     wk_model *m;
-    wk_model_opts mo = {model_path, NULL, threads, eo.max_num_batched_tokens, NULL};
+    wk_model_opts mo = {.model_path = model_path, .threads = threads, .max_batch = eo.max_num_batched_tokens};
+    if (wk_model_flags_apply(&lf, &mo)) return 2;
     if (wk_model_load(&mo, &m, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
@@ -124,7 +129,7 @@ int main(int argc, char **argv) {
     int maxp = prompt_len > sys_len + 32 ? prompt_len : sys_len + 32;
     int32_t *p = malloc(sizeof(int32_t) * (size_t)maxp);
     printf("model %s, %d threads, isa %s, prompt %d tokens, %d generated per request, budget %d tokens/step\n",
-           model_path, kn_pool_size(m->pool), kn_isa_name(), prompt_len, gen, eo.max_num_batched_tokens);
+           m->file->path, kn_pool_size(m->pool), kn_isa_name(), prompt_len, gen, eo.max_num_batched_tokens);
     printf("%-12s %10s %12s %10s %14s\n", "concurrency", "tok/s", "vs c=1", "wall s", "step ms (med)");
     double base = 0;
     uint64_t seed = 1;

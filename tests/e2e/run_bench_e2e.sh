@@ -80,6 +80,13 @@ assert svg.tag.endswith("svg")
 assert len([e for e in svg.iter() if e.tag.endswith("circle")]) == 2
 print("bench e2e: sweep ok (knee at max-concurrency=%g, gain %.0f%%)" % (s["knee_value"], gain * 100))
 PY
+# a saved sweep redraws; a file that is not one is refused
+"$BUILD/llmserve" bench plot "$OUT/sweep/sweep-max-concurrency.json" "$OUT/re.svg" \
+    && python3 -c "import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
+assert len([e for e in r.iter() if e.tag.endswith('circle')]) == 2" "$OUT/re.svg" \
+    || { echo "FAIL: bench plot"; exit 1; }
+"$BUILD/llmserve" bench plot "$OUT/r.json" "$OUT/no.svg" 2>/dev/null
+[ $? = 2 ] || { echo "FAIL: bench plot accepted a non-sweep file"; exit 1; }
 for bad in "max-concurrency=4,2" "max-concurrency=1" "request-rate=x" "batch-size=1,2"; do
     msg=$("$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --sweep "$bad" 2>&1 >/dev/null)
     rc=$?

@@ -4,8 +4,11 @@
 #include "cm_error.h"
 #include "kernels.h"
 #include "kn_cuda.h"
+#include "kn_cuda_plan.h"
 #include "tst.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +22,270 @@ static double rel(const float *a, const float *b, size_t n) {
         s += (double)b[i] * b[i];
     }
     return sqrt(d / (s > 0 ? s : 1));
+}
+
+/* Paged attention: K/V written by the GPU into a NaN-poisoned pool through
+ * shuffled block tables must equal the CPU's store bit for bit, and the
+ * attention over them (decodes, a prefill chunk over a cached prefix, a long
+ * context that splits) must match kn_attention. */
+static void attention(int kv_type) {
+    enum { NH = 6, NKV = 2, HD = 64, SHIFT = 4, BS = 16, NBLK = 256, NSEQ = 4 };
+    const int W = NKV * HD;
+    const int T[NSEQ] = {1, 7, 1, 1}, P0[NSEQ] = {2999, 40, 0, 500};
+    size_t es = kn_kv_elem_bytes(kv_type), stride = (size_t)BS * W * es, bytes = stride * NBLK;
+    char *kc = malloc(bytes), *vc = malloc(bytes), *kg = malloc(bytes), *vg = malloc(bytes);
+    float nanv = NAN;
+    for (size_t i = 0; i < bytes / es; i++) { /* poison: every slot not written stays NaN */
+        if (es == 4) memcpy(kc + i * 4, &nanv, 4);
+        else { uint16_t hn = 0x7e00; memcpy(kc + i * 2, &hn, 2); }
+    }
+    memcpy(vc, kc, bytes);
+    int perm[NBLK];
+    for (int i = 0; i < NBLK; i++) perm[i] = i;
+    for (int i = NBLK - 1; i > 0; i--) { int j = rand() % (i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    int32_t blocks[NBLK], seq_off[NSEQ];
+    int nb = 0, rows = 0, total = 0, max_len = 0;
+    for (int s = 0; s < NSEQ; s++) {
+        int len = P0[s] + T[s];
+        seq_off[s] = nb;
+        for (int b = 0; b < (len + BS - 1) / BS; b++, nb++) blocks[nb] = perm[nb];
+        rows += T[s];
+        total += len;
+        if (len > max_len) max_len = len;
+    }
+    /* every position's K/V row, with its slot */
+    float *k = malloc(sizeof(float) * (size_t)total * W), *v = malloc(sizeof(float) * (size_t)total * W);
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)total);
+    int p = 0;
+    for (int s = 0; s < NSEQ; s++)
+        for (int j = 0; j < P0[s] + T[s]; j++, p++) {
+            slot[p] = blocks[seq_off[s] + (j >> SHIFT)] * BS + (j & (BS - 1));
+            for (int i = 0; i < W; i++) { k[(size_t)p * W + i] = frand(); v[(size_t)p * W + i] = frand(); }
+            size_t off = (size_t)(slot[p] >> SHIFT) * stride + (size_t)(slot[p] & (BS - 1)) * W * es;
+            kn_kv_store(kv_type, kc + off, k + (size_t)p * W, W);
+            kn_kv_store(kv_type, vc + off, v + (size_t)p * W, W);
+        }
+    void *dk, *dv;
+    float *dkr, *dvr;
+    int32_t *dslot;
+    kn_cuda_malloc(&dk, bytes);
+    kn_cuda_malloc(&dv, bytes);
+    kn_cuda_malloc((void **)&dkr, sizeof(float) * (size_t)total * W);
+    kn_cuda_malloc((void **)&dvr, sizeof(float) * (size_t)total * W);
+    kn_cuda_malloc((void **)&dslot, sizeof(int32_t) * (size_t)total);
+    /* the device pool starts all NaN too */
+    for (size_t i = 0; i < bytes / es; i++) {
+        if (es == 4) memcpy(kg + i * 4, &nanv, 4);
+        else { uint16_t hn = 0x7e00; memcpy(kg + i * 2, &hn, 2); }
+    }
+    kn_cuda_upload(dk, kg, bytes);
+    kn_cuda_upload(dv, kg, bytes);
+    kn_cuda_upload(dkr, k, sizeof(float) * (size_t)total * W);
+    kn_cuda_upload(dvr, v, sizeof(float) * (size_t)total * W);
+    kn_cuda_upload(dslot, slot, sizeof(int32_t) * (size_t)total);
+    CHECK_RC(kn_cuda_kv_store(kv_type, dk, dv, stride, dkr, dvr, dslot, total, W, SHIFT), 0);
+    kn_cuda_download(kg, dk, bytes);
+    kn_cuda_download(vg, dv, bytes);
+    CHECK(memcmp(kg, kc, bytes) == 0 && memcmp(vg, vc, bytes) == 0);
+    /* queries: the last T positions of each sequence */
+    float *q = malloc(sizeof(float) * (size_t)rows * NH * HD), *ref = malloc(sizeof(float) * (size_t)rows * NH * HD),
+          *got = malloc(sizeof(float) * (size_t)rows * NH * HD);
+    for (int i = 0; i < rows * NH * HD; i++) q[i] = frand();
+    kn_attn_seq seqs[NSEQ];
+    int32_t row_seq[16], row_pos[16];
+    int r = 0;
+    for (int s = 0; s < NSEQ; s++) {
+        seqs[s] = (kn_attn_seq){T[s], P0[s], r, blocks + seq_off[s]};
+        for (int t = 0; t < T[s]; t++, r++) { row_seq[r] = s; row_pos[r] = P0[s] + t; }
+    }
+    kn_pool *pool;
+    kn_pool_create(1, &pool);
+    float *scratch = malloc(sizeof(float) * kn_attention_scratch(max_len));
+    kn_attn_args ca = {NSEQ, seqs, NH, NKV, HD, kv_type, SHIFT, max_len, q, ref, kc, vc, stride, scratch};
+    kn_attention(pool, &ca);
+    int n_sm = 0;
+    CHECK_RC(kn_cuda_sm_count(&n_sm), 0);
+    for (int force_rows = 0; force_rows < 2; force_rows++) {
+        /* as planned for this GPU, then as if it had 100000 SMs (the most splits this length allows) */
+        float *dq, *dout, *dws = NULL;
+        int32_t *drs, *drp, *dso, *dbl;
+        kn_cuda_malloc((void **)&dq, sizeof(float) * (size_t)rows * NH * HD);
+        kn_cuda_malloc((void **)&dout, sizeof(float) * (size_t)rows * NH * HD);
+        kn_cuda_malloc((void **)&drs, sizeof row_seq);
+        kn_cuda_malloc((void **)&drp, sizeof row_pos);
+        kn_cuda_malloc((void **)&dso, sizeof seq_off);
+        kn_cuda_malloc((void **)&dbl, sizeof blocks);
+        size_t wsb = (size_t)rows * NH * KN_CUDA_ATTN_MAX_SPLITS * (HD + 2) * sizeof(float);
+        kn_cuda_malloc((void **)&dws, wsb);
+        kn_cuda_upload(dq, q, sizeof(float) * (size_t)rows * NH * HD);
+        kn_cuda_upload(drs, row_seq, sizeof row_seq);
+        kn_cuda_upload(drp, row_pos, sizeof row_pos);
+        kn_cuda_upload(dso, seq_off, sizeof seq_off);
+        kn_cuda_upload(dbl, blocks, sizeof blocks);
+        kn_cuda_attn_args ga = {rows, NH, NKV, HD, kv_type, SHIFT, max_len, force_rows ? 100000 : n_sm,
+                                dq, dout, dk, dv, stride, drs, drp, dso, dbl, dws, wsb};
+        CHECK_RC(kn_cuda_paged_attention(&ga), 0);
+        CHECK_RC(kn_cuda_sync(), 0);
+        kn_cuda_download(got, dout, sizeof(float) * (size_t)rows * NH * HD);
+        double e = rel(got, ref, (size_t)rows * NH * HD);
+        printf("cuda paged attention kv %s, %s: rel %.2e\n", kv_type == KN_KV_F16 ? "f16" : "f32",
+               force_rows ? "more splits" : "as planned", e);
+        CHECK(e < 1e-5);
+        kn_cuda_free(dq); kn_cuda_free(dout); kn_cuda_free(drs); kn_cuda_free(drp);
+        kn_cuda_free(dso); kn_cuda_free(dbl); kn_cuda_free(dws);
+    }
+    kn_pool_destroy(pool);
+    kn_cuda_free(dk); kn_cuda_free(dv); kn_cuda_free(dkr); kn_cuda_free(dvr); kn_cuda_free(dslot);
+    free(kc); free(vc); free(kg); free(vg); free(k); free(v); free(slot); free(q); free(ref); free(got); free(scratch);
+}
+
+/* cuBLAS GEMM (F16, BF16), dequantization to F16 and the embedding gather. */
+static void dense(void) {
+    int64_t N = 300, K = 512;
+    int B = 5;
+    kn_cuda_blas *blas;
+    CHECK_RC(kn_cuda_blas_create(&blas), 0);
+    float *x = malloc(sizeof(float) * (size_t)(B * K)), *yr = malloc(sizeof(float) * (size_t)(B * N)),
+          *yg = malloc(sizeof(float) * (size_t)(B * N));
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)(N * K));
+    for (int i = 0; i < B * K; i++) x[i] = frand();
+    int types[2] = {CM_F16, CM_BF16};
+    for (int t = 0; t < 2; t++) {
+        for (int64_t i = 0; i < N * K; i++) w[i] = types[t] == CM_F16 ? cm_f32_to_f16(frand()) : cm_f32_to_bf16(frand());
+        kn_weight wt = {types[t], N, K, w, 0, NULL};
+        kn_ref_matmul(&wt, yr, x, B);
+        void *dw;
+        float *dx, *dy;
+        kn_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)(N * K));
+        kn_cuda_malloc((void **)&dx, sizeof(float) * (size_t)(B * K));
+        kn_cuda_malloc((void **)&dy, sizeof(float) * (size_t)(B * N));
+        kn_cuda_upload(dw, w, sizeof(uint16_t) * (size_t)(N * K));
+        kn_cuda_upload(dx, x, sizeof(float) * (size_t)(B * K));
+        CHECK_RC(kn_cuda_gemm(blas, types[t], dw, N, K, dx, dy, B), 0);
+        kn_cuda_download(yg, dy, sizeof(float) * (size_t)(B * N));
+        double e = rel(yg, yr, (size_t)(B * N));
+        printf("cuda cuBLAS gemm %s: rel %.2e\n", cm_dtype_name(types[t]), e);
+        CHECK(e < (types[t] == CM_F16 ? 2e-3 : 1e-2)); /* x rounded to the weight type */
+        kn_cuda_free(dw); kn_cuda_free(dx); kn_cuda_free(dy);
+    }
+    /* Q4_1 rows -> f16, and the embedding of a few ids */
+    size_t rb = cm_dtype_row_bytes(CM_Q4_1, (uint64_t)K), bytes = rb * (size_t)N;
+    uint8_t *raw = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)rand();
+    for (size_t i = 0; i < bytes / 20; i++) {
+        uint16_t d = cm_f32_to_f16(0.01f), m = cm_f32_to_f16(-0.05f);
+        memcpy(raw + i * 20, &d, 2);
+        memcpy(raw + i * 20 + 2, &m, 2);
+    }
+    void *dw, *dh;
+    float *de;
+    int32_t ids[4] = {0, 299, 17, 17}, *dids;
+    kn_cuda_malloc(&dw, bytes);
+    kn_cuda_malloc(&dh, sizeof(uint16_t) * (size_t)(N * K));
+    kn_cuda_malloc((void **)&de, sizeof(float) * 4 * (size_t)K);
+    kn_cuda_malloc((void **)&dids, sizeof ids);
+    kn_cuda_upload(dw, raw, bytes);
+    kn_cuda_upload(dids, ids, sizeof ids);
+    CHECK_RC(kn_cuda_dequant_f16(CM_Q4_1, dw, N, K, dh), 0);
+    kn_cuda_download(w, dh, sizeof(uint16_t) * (size_t)(N * K));
+    int bad = 0;
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t i = 0; i < K; i++) bad += w[r * K + i] != cm_f32_to_f16(kn_ref_dequant(CM_Q4_1, raw + r * rb, i));
+    CHECK_RC(bad, 0);
+    CHECK_RC(kn_cuda_embed(CM_Q4_1, dw, N, K, dids, 4, de), 0);
+    kn_cuda_download(yg, de, sizeof(float) * 4 * (size_t)K);
+    kn_weight wq = {CM_Q4_1, N, K, raw, 0, NULL};
+    for (int r = 0; r < 4; r++) {
+        kn_get_row(&wq, ids[r], yr);
+        CHECK(rel(yg + (size_t)r * K, yr, (size_t)K) < 1e-6);
+    }
+    kn_cuda_free(dw); kn_cuda_free(dh); kn_cuda_free(de); kn_cuda_free(dids);
+    kn_cuda_blas_destroy(blas);
+    free(raw); free(x); free(yr); free(yg); free(w);
+}
+
+/* Device sampling: greedy is the CPU's argmax; a stochastic draw always
+ * lands in the set top-k / top-p / min-p allow; penalties move the choice. */
+static int sample_one(float *dl, const float *logits, int vocab, kn_cuda_sample_params *pp, const int32_t *hist,
+                      int n_hist) {
+    kn_cuda_sample_params *dp;
+    int32_t *dh, *dout, out = -1;
+    kn_cuda_malloc((void **)&dp, sizeof *pp);
+    kn_cuda_malloc((void **)&dh, sizeof(int32_t) * (size_t)(n_hist + 1));
+    kn_cuda_malloc((void **)&dout, sizeof(int32_t));
+    pp->hist_off = 0;
+    pp->hist_len = n_hist;
+    kn_cuda_upload(dp, pp, sizeof *pp);
+    if (n_hist) kn_cuda_upload(dh, hist, sizeof(int32_t) * (size_t)n_hist);
+    kn_cuda_upload(dl, logits, sizeof(float) * (size_t)vocab);
+    CHECK_RC(kn_cuda_sample(dl, 1, vocab, dp, dh, dout), 0);
+    kn_cuda_download(&out, dout, sizeof out);
+    kn_cuda_free(dp); kn_cuda_free(dh); kn_cuda_free(dout);
+    return out;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+static void sampling(void) {
+    int V = 5000;
+    float *l = malloc(sizeof(float) * (size_t)V), *sorted = malloc(sizeof(float) * (size_t)V), *dl;
+    for (int i = 0; i < V; i++) l[i] = frand() * 6;
+    kn_cuda_malloc((void **)&dl, sizeof(float) * (size_t)V);
+    int best = 0, second = -1;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    for (int i = 0; i < V; i++)
+        if (i != best && (second < 0 || l[i] > l[second])) second = i;
+    kn_cuda_sample_params p = {0};
+    p.repetition_penalty = 1.f;
+    CHECK_RC(sample_one(dl, l, V, &p, NULL, 0), best);
+    p.temperature = 1.f;
+    p.top_k = 1;
+    CHECK_RC(sample_one(dl, l, V, &p, NULL, 0), best);
+    /* presence / frequency / repetition penalties on the best token hand the choice to the second */
+    p.temperature = 0;
+    p.top_k = 0;
+    int32_t hist[3] = {best, best, 7};
+    p.presence_penalty = 100.f;
+    CHECK_RC(sample_one(dl, l, V, &p, hist, 3), second);
+    p.presence_penalty = 0;
+    p.frequency_penalty = 50.f;
+    CHECK_RC(sample_one(dl, l, V, &p, hist, 3), second);
+    p.frequency_penalty = 0;
+    /* stochastic: 64 seeds with top-k 5, top-p 0.5, min-p 0.3 each; every draw allowed, not all the same */
+    memcpy(sorted, l, sizeof(float) * (size_t)V);
+    qsort(sorted, (size_t)V, sizeof(float), cmp_desc);
+    double z = 0, acc = 0, T = 0.7;
+    for (int i = 0; i < V; i++) z += exp((sorted[i] - sorted[0]) / T);
+    float kth = sorted[4], pth = sorted[0];
+    for (int i = 0; i < V && acc < 0.5 * z; i++) { acc += exp((sorted[i] - sorted[0]) / T); pth = sorted[i]; }
+    for (int mode = 0; mode < 3; mode++) {
+        kn_cuda_sample_params q = {0};
+        q.temperature = (float)T;
+        q.repetition_penalty = 1.f;
+        if (mode == 0) q.top_k = 5;
+        if (mode == 1) q.top_p = 0.5f;
+        if (mode == 2) q.min_p = 0.3f;
+        int distinct = 0, prev = -1, ok = 1;
+        for (int s = 0; s < 64; s++) {
+            q.seed = 1234;
+            q.step = s;
+            int id = sample_one(dl, l, V, &q, NULL, 0);
+            float cut = mode == 0 ? kth : mode == 1 ? pth : sorted[0] + (float)(T * log(0.3));
+            ok &= id >= 0 && id < V && l[id] >= cut - 1e-4f;
+            distinct += id != prev;
+            prev = id;
+        }
+        printf("cuda sampling mode %d: %d changes over 64 draws\n", mode, distinct);
+        CHECK(ok);
+        CHECK(distinct > 1);
+    }
+    kn_cuda_free(dl);
+    free(l);
+    free(sorted);
 }
 
 int main(void) {
@@ -93,6 +360,10 @@ int main(void) {
         kn_cuda_free(dwt); kn_cuda_free(dxs); kn_cuda_free(dys);
         free(raw); free(xs); free(yr); free(yg);
     }
+    attention(KN_KV_F16);
+    attention(KN_KV_F32);
+    dense();
+    sampling();
     CHECK_RC(kn_cuda_sync(), 0);
     kn_cuda_free(dx); kn_cuda_free(dw); kn_cuda_free(dy);
     free(x); free(w); free(ref); free(got);

@@ -436,7 +436,7 @@ int main(int argc, char **argv) {
     }
     cm_log_set_level(CM_LOG_WARN);
     char err[512];
-    wk_model_opts mo = {argv[1], NULL, 0, 512, NULL};
+    wk_model_opts mo = {.model_path = argv[1], .max_batch = 512};
     if (wk_model_load(&mo, &model, err, sizeof err)) {
         fprintf(stderr, "engine_test: %s\n", err);
         return 1;

@@ -5,13 +5,18 @@
  *  2. A tiny llama2.c checkpoint generated here (random weights) loads and runs,
  *     and its logits match a float64 forward written in this file; batched
  *     prefill equals token-by-token decode; truncated checkpoints are refused.
- *  3. With ../shared present: stories260K's reference perplexity. */
+ *  3. With ../shared present: stories260K's reference perplexity.
+ *  4. Dummy weights (--load-format dummy) of presets and config.json shapes. */
 #include "cm_error.h"
 #include "tst.h"
 #include "wk_model.h"
 #include "wk_sampler.h"
 
+#include "cm_dtype.h"
+
 #include <jansson.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -36,7 +41,7 @@ static void golden(const char *model, const char *path) {
     if (!doc) return;
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts o = {model, NULL, 2, 16, NULL}; /* chunk 16: prompts span several prefill chunks */
+    wk_model_opts o = {.model_path = model, .threads = 2, .max_batch = 16}; /* chunk 16: prompts span several prefill chunks */
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) { fprintf(stderr, "%s\n", err); json_decref(doc); return; }
     int V = (int)m->cfg.vocab;
@@ -228,7 +233,7 @@ static void tiny(void) {
     write_tiny(bin, tokp, w, &size);
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts o = {bin, tokp, 2, 5, NULL};
+    wk_model_opts o = {.model_path = bin, .tokenizer_path = tokp, .threads = 2, .max_batch = 5};
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) { fprintf(stderr, "%s\n", err); free(w); return; }
     CHECK(!m->cfg.tied);
@@ -291,7 +296,7 @@ static void stories(const char *dir) {
     }
     char err[512];
     wk_model *m = NULL;
-    wk_model_opts o = {bin, tokp, 2, 0, NULL};
+    wk_model_opts o = {.model_path = bin, .tokenizer_path = tokp, .threads = 2};
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) return;
     const char *s = "One day, a clever fox found a shiny key under the old oak tree.";
@@ -333,12 +338,119 @@ static void stories(const char *dir) {
     wk_model_free(m);
 }
 
+/* Runs T tokens of a dummy model of config `spec`; logits of the last one into out[vocab]. */
+static int dummy_logits(const char *spec, int type, uint64_t seed, float *out, int *n_tensors) {
+    wk_model_opts o = {.threads = 2, .max_batch = 16, .model_config = spec, .dummy_type = type, .seed = seed};
+    wk_model *m = NULL;
+    char err[512] = "";
+    int rc = wk_model_load(&o, &m, err, sizeof err);
+    if (rc) {
+        printf("dummy %s: %s\n", spec, err);
+        return rc;
+    }
+    *n_tensors = (int)m->file->n_tensors;
+    wk_kv *kv = NULL;
+    int32_t toks[5] = {1, 40, 77, 3, 299};
+    CHECK_RC(wk_kv_create(m, 64, KN_KV_F16, &kv), 0);
+    if (kv) CHECK_RC(wk_forward(m, kv, toks, 5, out, 0), 0);
+    wk_kv_free(kv);
+    wk_model_free(m);
+    return 0;
+}
+
+/* 4. --load-format dummy: presets and config.json give the real shape; random
+ *    weights of every supported type load and run, finite, seeded. */
+static void dummy(void) {
+    cm_model_config c;
+    char err[512] = "";
+    CHECK_RC(cm_model_preset("llama-3-8b", &c), 0);
+    CHECK(c.n_layer == 32 && c.n_kv_head == 8 && c.head_dim == 128 && c.hidden == 14336 && c.vocab == 128256);
+    CHECK_NEAR(c.rope_theta, 500000, 0);
+    CHECK_RC(cm_model_preset("Qwen2.5-7B", &c), 0);
+    CHECK(c.qkv_bias == 1 && c.rope_type == CM_ROPE_NEOX && c.n_kv_head == 4 && c.vocab == 152064);
+    CHECK_RC(cm_model_preset("llama-3-70b", &c), 0);
+    CHECK(c.n_layer == 80 && c.dim == 8192 && c.n_head == 64);
+    CHECK_RC(cm_model_config_resolve("llama-9-1t", &c, err, sizeof err), LLM_ENOTFOUND);
+    CHECK(strstr(err, "llama-3-8b") != NULL);
+    char dir[] = "/tmp/llmserve_dummyXXXXXX", llama[96], qwen[96], bad[96], notjson[96];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(llama, sizeof llama, "%s/llama.json", dir);
+    snprintf(qwen, sizeof qwen, "%s/qwen.json", dir);
+    snprintf(bad, sizeof bad, "%s/bad.json", dir);
+    snprintf(notjson, sizeof notjson, "%s/not.json", dir);
+    FILE *f = fopen(llama, "w");
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+               "\"vocab_size\": 300, \"max_position_embeddings\": 256, \"rope_theta\": 10000.0}");
+    fclose(f);
+    f = fopen(qwen, "w");
+    fprintf(f, "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1, \"hidden_size\": 64, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"intermediate_size\": 96, "
+               "\"vocab_size\": 320, \"tie_word_embeddings\": true}");
+    fclose(f);
+    f = fopen(bad, "w");
+    fprintf(f, "{\"hidden_size\": 64}");
+    fclose(f);
+    f = fopen(notjson, "w");
+    fprintf(f, "hidden_size = 64");
+    fclose(f);
+    CHECK_RC(cm_model_config_resolve(llama, &c, err, sizeof err), 0);
+    CHECK(c.n_layer == 2 && c.head_dim == 16 && c.n_kv_head == 2 && c.vocab == 300 && !c.qkv_bias);
+    CHECK_RC(cm_model_config_json(bad, &c, err, sizeof err), LLM_EFORMAT);
+    CHECK(strstr(err, "num_hidden_layers") != NULL);
+    CHECK_RC(cm_model_config_json(notjson, &c, err, sizeof err), LLM_EFORMAT);
+    static const int types[] = {CM_F32, CM_F16, CM_BF16, CM_Q8_0, CM_Q4_0, CM_Q4_1};
+    float a[300], b[300];
+    int nt = 0;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        CHECK_RC(dummy_logits(llama, types[t], 7, a, &nt), 0);
+        CHECK_RC(nt, 3 + 9 * 2); /* embeddings, final norm, LM head; 9 tensors a layer */
+        double mean = 0, sd = 0;
+        int finite = 1;
+        for (int i = 0; i < 300; i++) {
+            finite &= isfinite(a[i]) != 0;
+            mean += a[i] / 300.0;
+        }
+        for (int i = 0; i < 300; i++) sd += (a[i] - mean) * (a[i] - mean) / 300.0;
+        CHECK(finite);
+        CHECK(sqrt(sd) > 1e-3); /* the logits carry signal, not a constant */
+        CHECK_RC(dummy_logits(llama, types[t], 7, b, &nt), 0);
+        CHECK(memcmp(a, b, sizeof a) == 0); /* same seed, same weights */
+        CHECK_RC(dummy_logits(llama, types[t], 8, b, &nt), 0);
+        CHECK(memcmp(a, b, sizeof a) != 0);
+    }
+    float q[320];
+    CHECK_RC(dummy_logits(qwen, CM_F16, 1, q, &nt), 0);
+    CHECK_RC(nt, 2 + 12); /* tied: no LM head; q/k/v biases */
+    CHECK(isfinite(q[0]) && isfinite(q[319]));
+    /* the stand-in tokenizer: any text encodes to byte tokens and decodes back */
+    cm_tokenizer *tk;
+    CHECK_RC(cm_tok_synthetic(300, &tk), 0);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *text = "h\xc3\xa9llo <s> w";
+    CHECK_RC(cm_tok_encode(tk, text, strlen(text), 1, 0, &ids, &n), 0);
+    CHECK(n >= strlen(text) && ids[0] == 1);
+    char *back = cm_tok_decode(tk, ids + 1, n - 1, 0);
+    CHECK(back && strcmp(back, text) == 0);
+    free(back);
+    free(ids);
+    cm_tok_free(tk);
+    CHECK_RC(cm_tok_synthetic(100, &tk), LLM_EINVAL);
+    unlink(llama);
+    unlink(qwen);
+    unlink(bad);
+    unlink(notjson);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: model_test MODEL GOLDEN [STORIES_DIR]\n");
         return 2;
     }
     tiny();
+    dummy();
     golden(argv[1], argv[2]);
     if (argc > 3) stories(argv[3]);
     return tst_done("model_test");

@@ -532,7 +532,7 @@ static void tp_logits(int act_f32, int32_t *greedy_out, float *logits_out, int n
         wk_comm_shm_set_pid(c1, 1, getpid(), 0);
         wk_model *m1;
         char e1[256];
-        wk_model_opts o1 = {model_path, NULL, 1, 64, c1};
+        wk_model_opts o1 = {.model_path = model_path, .threads = 1, .max_batch = 64, .comm = c1};
         if (wk_model_load(&o1, &m1, e1, sizeof e1)) _exit(3);
         wk_cache *cache;
         if (wk_cache_create(m1, act_f32 ? KN_KV_F32 : KN_KV_F16, 16, CTX / 16, &cache)) _exit(4);
@@ -546,7 +546,7 @@ static void tp_logits(int act_f32, int32_t *greedy_out, float *logits_out, int n
     wk_comm_shm_set_pid(comm, 1, child, 1);
     wk_model *m0;
     char err[256];
-    wk_model_opts o0 = {model_path, NULL, 1, 64, comm};
+    wk_model_opts o0 = {.model_path = model_path, .threads = 1, .max_batch = 64, .comm = comm};
     CHECK_RC(wk_model_load(&o0, &m0, err, sizeof err), 0);
     wk_kv *kv;
     CHECK_RC(wk_kv_create(m0, CTX, act_f32 ? KN_KV_F32 : KN_KV_F16, &kv), 0);
@@ -656,7 +656,7 @@ int main(int argc, char **argv) {
     cm_log_set_level(CM_LOG_WARN);
     signal(SIGPIPE, SIG_IGN);
     char err[256];
-    wk_model_opts mo = {model_path, NULL, 1, 512, NULL};
+    wk_model_opts mo = {.model_path = model_path, .threads = 1, .max_batch = 512};
     if (wk_model_load(&mo, &model, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;

@@ -1,0 +1,257 @@
+/* cm_model_dummy.c - model shapes without weights: the built-in presets, a
+ * Hugging Face config.json, and random weights of that shape
+ * (`--load-format dummy`), so a machine with no checkpoint can run and
+ * benchmark the real computation. */
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "cm_model.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const struct {
+    const char *name, *arch;
+    uint32_t layers, heads, kv, hd, dim, hidden, vocab, ctx;
+    int tied, bias;
+    float theta, eps;
+} presets[] = {
+    {"llama-2-7b", "llama", 32, 32, 32, 128, 4096, 11008, 32000, 4096, 0, 0, 10000.f, 1e-5f},
+    {"llama-3-8b", "llama", 32, 32, 8, 128, 4096, 14336, 128256, 8192, 0, 0, 500000.f, 1e-5f},
+    {"llama-3-70b", "llama", 80, 64, 8, 128, 8192, 28672, 128256, 8192, 0, 0, 500000.f, 1e-5f},
+    {"mistral-7b", "llama", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0, 0, 1000000.f, 1e-5f},
+    {"qwen2-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f},
+    {"qwen2.5-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f},
+    {"smollm2-135m", "llama", 30, 9, 3, 64, 576, 1536, 49152, 8192, 1, 0, 100000.f, 1e-5f},
+};
+
+const char *cm_model_preset_names(void) {
+    return "llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2-7b, qwen2.5-7b, smollm2-135m";
+}
+
+int cm_model_preset(const char *name, cm_model_config *c) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcasecmp(name, presets[i].name)) continue;
+        memset(c, 0, sizeof *c);
+        snprintf(c->arch, sizeof c->arch, "%s", presets[i].arch);
+        snprintf(c->name, sizeof c->name, "%s", presets[i].name);
+        c->n_layer = presets[i].layers;
+        c->n_head = presets[i].heads;
+        c->n_kv_head = presets[i].kv;
+        c->head_dim = c->rope_dim = presets[i].hd;
+        c->dim = presets[i].dim;
+        c->hidden = presets[i].hidden;
+        c->vocab = presets[i].vocab;
+        c->ctx_len = presets[i].ctx;
+        c->tied = presets[i].tied;
+        c->qkv_bias = presets[i].bias;
+        c->rope_theta = presets[i].theta;
+        c->norm_eps = presets[i].eps;
+        c->rope_type = c->qkv_bias ? CM_ROPE_NEOX : CM_ROPE_NORM;
+        return 0;
+    }
+    return LLM_ENOTFOUND;
+}
+
+static uint32_t jint(json_t *o, const char *k, uint32_t def) {
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30)
+               ? (uint32_t)json_integer_value(v)
+               : def;
+}
+
+static double jnum(json_t *o, const char *k, double def) {
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) && json_number_value(v) > 0 ? json_number_value(v) : def;
+}
+
+int cm_model_config_json(const char *path, cm_model_config *c, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!o || !json_is_object(o)) {
+        snprintf(err, errlen, "%s: not a JSON object%s%s", path, o ? "" : ": ", o ? "" : je.text);
+        json_decref(o);
+        return LLM_EFORMAT;
+    }
+    const char *mt = json_string_value(json_object_get(o, "model_type"));
+    snprintf(c->arch, sizeof c->arch, "%s", mt && !strcmp(mt, "qwen2") ? "qwen2" : "llama");
+    snprintf(c->name, sizeof c->name, "%s", path);
+    c->n_layer = jint(o, "num_hidden_layers", 0);
+    c->dim = jint(o, "hidden_size", 0);
+    c->n_head = jint(o, "num_attention_heads", 0);
+    c->n_kv_head = jint(o, "num_key_value_heads", c->n_head);
+    c->head_dim = jint(o, "head_dim", c->n_head ? c->dim / c->n_head : 0);
+    c->rope_dim = c->head_dim;
+    c->hidden = jint(o, "intermediate_size", 0);
+    c->vocab = jint(o, "vocab_size", 0);
+    c->ctx_len = jint(o, "max_position_embeddings", 4096);
+    c->tied = json_is_true(json_object_get(o, "tie_word_embeddings"));
+    c->qkv_bias = !strcmp(c->arch, "qwen2") || json_is_true(json_object_get(o, "attention_bias"));
+    c->rope_theta = (float)jnum(o, "rope_theta", 10000);
+    c->norm_eps = (float)jnum(o, "rms_norm_eps", 1e-5);
+    c->rope_type = c->qkv_bias ? CM_ROPE_NEOX : CM_ROPE_NORM;
+    json_decref(o);
+    if (!c->n_layer || !c->dim || !c->n_head || !c->head_dim || !c->hidden || !c->vocab) {
+        snprintf(err, errlen,
+                 "%s: needs num_hidden_layers, hidden_size, num_attention_heads, intermediate_size and vocab_size", path);
+        return LLM_EFORMAT;
+    }
+    return 0;
+}
+
+int cm_model_config_resolve(const char *spec, cm_model_config *c, char *err, size_t errlen) {
+    if (cm_model_preset(spec, c) == 0) return 0;
+    if (!strchr(spec, '/') && !strstr(spec, ".json")) {
+        snprintf(err, errlen, "unknown model preset '%s' (presets: %s; or a config.json path)", spec,
+                 cm_model_preset_names());
+        return LLM_ENOTFOUND;
+    }
+    return cm_model_config_json(spec, c, err, errlen);
+}
+
+/* splitmix64, so a seed fixes the weights */
+static uint64_t mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a) like vLLM's dummy loader; quantized types get random
+ * codes with a scale that gives the same range. Vectors (norms) are 1. */
+static void fill(void *dst, int type, uint64_t n, float a, uint64_t *s) {
+    if (type == CM_F32) {
+        float *p = dst;
+        for (uint64_t i = 0; i < n; i++) p[i] = a < 0 ? 1.f : ((float)(mix(s) >> 40) / 16777216.f * 2 - 1) * a;
+        return;
+    }
+    if (type == CM_F16 || type == CM_BF16) {
+        uint16_t *p = dst;
+        for (uint64_t i = 0; i < n; i++) {
+            float v = ((float)(mix(s) >> 40) / 16777216.f * 2 - 1) * a;
+            p[i] = type == CM_F16 ? cm_f32_to_f16(v) : cm_f32_to_bf16(v);
+        }
+        return;
+    }
+    /* Q8_0: w = d*q, q in [-128, 127]; Q4_0: w = d*(q-8); Q4_1: w = d*q + m, q in [0, 15] */
+    size_t bb = cm_dtype_block_bytes(type), nb = (size_t)(n / 32), hd = type == CM_Q4_1 ? 4 : 2;
+    uint8_t *p = dst;
+    float d = type == CM_Q8_0 ? a / 127 : type == CM_Q4_0 ? a / 8 : 2 * a / 15;
+    uint16_t dh = cm_f32_to_f16(d), mh = cm_f32_to_f16(-a);
+    for (size_t b = 0; b < nb; b++, p += bb) {
+        memcpy(p, &dh, 2);
+        if (type == CM_Q4_1) memcpy(p + 2, &mh, 2);
+        for (size_t i = hd; i < bb; i += 8) {
+            uint64_t r = mix(s);
+            memcpy(p + i, &r, bb - i < 8 ? bb - i : 8);
+        }
+    }
+}
+
+int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, cm_model_file **out, char *err,
+                   size_t errlen) {
+    *out = NULL;
+    if (wtype != CM_F32 && wtype != CM_F16 && wtype != CM_BF16 && wtype != CM_Q8_0 && wtype != CM_Q4_0 &&
+        wtype != CM_Q4_1) {
+        snprintf(err, errlen, "dummy weights: type %s is not one of f32, f16, bf16, q8_0, q4_0, q4_1",
+                 cm_dtype_name(wtype));
+        return LLM_EUNSUP;
+    }
+    cm_model_config c = *cfg;
+    if (!c.rope_dim) c.rope_dim = c.head_dim;
+    int rc = cm_model_validate_config(&c, err, errlen);
+    if (rc) return rc;
+    uint64_t D = c.dim, QD = (uint64_t)c.n_head * c.head_dim, KVD = (uint64_t)c.n_kv_head * c.head_dim, H = c.hidden;
+    if (cm_dtype_block(wtype) > 1 && (D % 32 || QD % 32 || H % 32)) {
+        snprintf(err, errlen, "dummy weights: %s needs dim, heads x head_dim and FFN size in multiples of 32",
+                 cm_dtype_name(wtype));
+        return LLM_EUNSUP;
+    }
+    /* name, [ne0 (row length), ne1 (rows)], type: matrices in wtype, vectors in F32 */
+    struct spec {
+        char name[64];
+        uint64_t k, n;
+        int type;
+    };
+    size_t per_layer = 9 + (c.qkv_bias ? 3 : 0), nt = 3 + per_layer * c.n_layer;
+    struct spec *sp = calloc(nt, sizeof *sp);
+    cm_model_file *f = calloc(1, sizeof *f);
+    size_t k = 0;
+    if (!sp || !f) goto oom;
+#define ADD(nm, K, N, T)                                                                                               \
+    do {                                                                                                               \
+        snprintf(sp[k].name, sizeof sp[k].name, "%s", nm);                                                             \
+        sp[k].k = (K);                                                                                                 \
+        sp[k].n = (N);                                                                                                 \
+        sp[k++].type = (T);                                                                                            \
+    } while (0)
+    ADD("token_embd.weight", D, c.vocab, wtype);
+    ADD("output_norm.weight", D, 1, CM_F32);
+    if (!c.tied) ADD("output.weight", D, c.vocab, wtype);
+    for (uint32_t l = 0; l < c.n_layer; l++) {
+        char nm[64];
+#define LAYER(suffix, K, N, T)                                                                                         \
+    do {                                                                                                               \
+        snprintf(nm, sizeof nm, "blk.%u.%s", l, suffix);                                                               \
+        ADD(nm, K, N, T);                                                                                              \
+    } while (0)
+        LAYER("attn_norm.weight", D, 1, CM_F32);
+        LAYER("attn_q.weight", D, QD, wtype);
+        LAYER("attn_k.weight", D, KVD, wtype);
+        LAYER("attn_v.weight", D, KVD, wtype);
+        LAYER("attn_output.weight", QD, D, wtype);
+        LAYER("ffn_norm.weight", D, 1, CM_F32);
+        LAYER("ffn_gate.weight", D, H, wtype);
+        LAYER("ffn_up.weight", D, H, wtype);
+        LAYER("ffn_down.weight", H, D, wtype);
+        if (c.qkv_bias) {
+            LAYER("attn_q.bias", QD, 1, CM_F32);
+            LAYER("attn_k.bias", KVD, 1, CM_F32);
+            LAYER("attn_v.bias", KVD, 1, CM_F32);
+        }
+    }
+#undef LAYER
+#undef ADD
+    nt = k;
+    size_t total = 0;
+    for (size_t i = 0; i < nt; i++) total += (cm_dtype_row_bytes(sp[i].type, sp[i].k) * sp[i].n + 63) / 64 * 64;
+    f->tensors = calloc(nt, sizeof *f->tensors);
+    f->owned = aligned_alloc(64, total);
+    if (!f->tensors || !f->owned) goto oom;
+    f->format = CM_FMT_DUMMY;
+    f->cfg = c;
+    f->n_tensors = nt;
+    f->owned_size = total;
+    snprintf(f->path, sizeof f->path, "dummy:%s", c.name);
+    uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
+    char *p = f->owned;
+    for (size_t i = 0; i < nt; i++) {
+        cm_tensor_ref *t = &f->tensors[i];
+        snprintf(t->name, sizeof t->name, "%s", sp[i].name);
+        t->type = sp[i].type;
+        t->n_dims = sp[i].n > 1 ? 2 : 1;
+        t->ne[0] = sp[i].k;
+        t->ne[1] = sp[i].n;
+        t->ne[2] = t->ne[3] = 1;
+        t->data = p;
+        t->nbytes = cm_dtype_row_bytes(t->type, t->ne[0]) * t->ne[1];
+        /* weights uniform in +-1/sqrt(row length) keep activations O(1) through the layers */
+        fill(p, t->type, t->ne[0] * t->ne[1], t->ne[1] == 1 && !strstr(t->name, "bias") ? -1.f
+                                                  : strstr(t->name, "bias")              ? 0.02f
+                                                                                         : 1.f / sqrtf((float)t->ne[0]),
+             &s);
+        p += (t->nbytes + 63) / 64 * 64;
+    }
+    free(sp);
+    *out = f;
+    return 0;
+oom:
+    snprintf(err, errlen, "dummy weights: out of memory for the %s shape", c.name);
+    free(sp);
+    cm_model_close(f);
+    return LLM_ENOMEM;
+}

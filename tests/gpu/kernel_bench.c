@@ -1,0 +1,163 @@
+/* llmserve-cuda-kernel-bench: what the CUDA kernels reach on the real
+ * shapes, before the CUDA forward pass exists. Weights are random BF16 made
+ * on the device (--load-format dummy's idea), all layers allocated so no
+ * cache can hold them.
+ *
+ *   llmserve-cuda-kernel-bench [--preset llama-3-8b] [--batches 1,64,256] [--ctx 1152] [--hbm-tbps 4.8]
+ *
+ * Prints one row per batch: the time of a decode step's GEMMs (every layer's
+ * q, k, v, o, gate, up, down and the LM head, cuBLAS BF16), the weight
+ * bandwidth that implies against the HBM bound, paged attention over the
+ * batch's KV (f16 cache, blocks of 16, split-K as planned), and the
+ * tokens/s upper bound of GEMMs + attention. Median of 5 after a warm-up. */
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "cm_model.h"
+#include "kernels.h"
+#include "kn_cuda.h"
+#include "kn_cuda_plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_) {                                                                                 \
+            fprintf(stderr, "kernel bench: %s failed: %s\n", #call, cm_strerror(rc_));              \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+int main(int argc, char **argv) {
+    const char *preset = "llama-3-8b", *batches = "1,64,256";
+    int ctx = 1152;
+    double hbm = 4.8e12;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
+        else if (!strcmp(argv[i], "--batches")) batches = argv[i + 1];
+        else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--hbm-tbps")) hbm = atof(argv[i + 1]) * 1e12;
+        else {
+            fprintf(stderr, "usage: %s [--preset NAME] [--batches 1,64,256] [--ctx N] [--hbm-tbps F]\n", argv[0]);
+            return 2;
+        }
+    }
+    int ndev = 0;
+    kn_cuda_device_count(&ndev);
+    if (!ndev) {
+        printf("kernel bench: no CUDA device; skipped\n");
+        return 77;
+    }
+    cm_model_config c;
+    if (cm_model_preset(preset, &c) || ctx < 1 || ctx > 1 << 20) {
+        fprintf(stderr, "kernel bench: unknown preset '%s' or bad --ctx\n", preset);
+        return 2;
+    }
+    int64_t D = c.dim, QD = (int64_t)c.n_head * c.head_dim, KVD = (int64_t)c.n_kv_head * c.head_dim, H = c.hidden;
+    int64_t shapes[7][2] = {{QD, D}, {KVD, D}, {KVD, D}, {D, QD}, {H, D}, {H, D}, {D, H}}; /* [n][k] */
+    int L = (int)c.n_layer;
+    void **w = calloc((size_t)L * 7 + 1, sizeof *w);
+    double bytes = 0;
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < 7; j++) {
+            size_t n = (size_t)(shapes[j][0] * shapes[j][1]);
+            TRY(kn_cuda_malloc(&w[l * 7 + j], n * 2));
+            TRY(kn_cuda_fill_random(w[l * 7 + j], CM_BF16, n, (unsigned long long)(l * 7 + j), 0.02f));
+            bytes += (double)n * 2;
+        }
+    TRY(kn_cuda_malloc(&w[L * 7], (size_t)c.vocab * (size_t)D * 2));
+    TRY(kn_cuda_fill_random(w[L * 7], CM_BF16, (size_t)c.vocab * (size_t)D, 999, 0.02f));
+    bytes += (double)c.vocab * (double)D * 2;
+    kn_cuda_blas *blas;
+    TRY(kn_cuda_blas_create(&blas));
+    int n_sm;
+    TRY(kn_cuda_sm_count(&n_sm));
+    printf("%s BF16 dummy weights: %.2f GB of GEMM weights, %d SMs, HBM bound %.2f TB/s -> %.2f ms a step at B=1\n",
+           preset, bytes / 1e9, n_sm, hbm / 1e12, bytes / hbm * 1e3);
+    printf("%6s %12s %10s %8s %14s %12s\n", "batch", "GEMMs ms", "weight TB/s", "of HBM", "attention ms", "tok/s bound");
+    for (const char *p = batches; *p;) {
+        int B = atoi(p);
+        if (B < 1 || B > 4096) break;
+        float *x, *y;
+        int64_t maxk = H > QD ? H : QD, maxn = c.vocab > H ? c.vocab : H;
+        TRY(kn_cuda_malloc((void **)&x, sizeof(float) * (size_t)B * (size_t)maxk));
+        TRY(kn_cuda_malloc((void **)&y, sizeof(float) * (size_t)B * (size_t)maxn));
+        TRY(kn_cuda_fill_random(x, CM_F16, (size_t)B * (size_t)maxk * 2, 5, 0.5f)); /* any bits: only time matters */
+        /* the batch's KV: B sequences of ctx positions, f16, blocks of 16 */
+        int bs = 16, nb_seq = (ctx + bs - 1) / bs, nblk = B * nb_seq;
+        size_t stride = (size_t)bs * (size_t)KVD * 2;
+        void *kc, *vc;
+        float *q, *out, *ws;
+        int32_t *row_seq, *row_pos, *seq_off, *blocks;
+        kn_cuda_attn_geom g;
+        TRY(kn_cuda_attn_plan(B, (int)c.n_head, (int)c.head_dim, ctx, n_sm, &g));
+        TRY(kn_cuda_malloc(&kc, stride * (size_t)nblk));
+        TRY(kn_cuda_malloc(&vc, stride * (size_t)nblk));
+        TRY(kn_cuda_fill_random(kc, CM_F16, stride * (size_t)nblk / 2, 11, 1.f));
+        TRY(kn_cuda_fill_random(vc, CM_F16, stride * (size_t)nblk / 2, 12, 1.f));
+        TRY(kn_cuda_malloc((void **)&q, sizeof(float) * (size_t)B * (size_t)QD));
+        TRY(kn_cuda_malloc((void **)&out, sizeof(float) * (size_t)B * (size_t)QD));
+        TRY(kn_cuda_malloc((void **)&ws, g.workspace_bytes + 4));
+        TRY(kn_cuda_fill_random(q, CM_F16, (size_t)B * (size_t)QD * 2, 13, 0.5f));
+        int32_t *h_rs = malloc(sizeof(int32_t) * (size_t)B), *h_rp = malloc(sizeof(int32_t) * (size_t)B),
+                *h_so = malloc(sizeof(int32_t) * (size_t)B), *h_bl = malloc(sizeof(int32_t) * (size_t)nblk);
+        for (int s = 0; s < B; s++) {
+            h_rs[s] = s;
+            h_rp[s] = ctx - 1;
+            h_so[s] = s * nb_seq;
+        }
+        for (int i = 0; i < nblk; i++) h_bl[i] = (int32_t)(((int64_t)i * 7919) % nblk); /* scattered blocks */
+        TRY(kn_cuda_malloc((void **)&row_seq, sizeof(int32_t) * (size_t)B));
+        TRY(kn_cuda_malloc((void **)&row_pos, sizeof(int32_t) * (size_t)B));
+        TRY(kn_cuda_malloc((void **)&seq_off, sizeof(int32_t) * (size_t)B));
+        TRY(kn_cuda_malloc((void **)&blocks, sizeof(int32_t) * (size_t)nblk));
+        TRY(kn_cuda_upload(row_seq, h_rs, sizeof(int32_t) * (size_t)B));
+        TRY(kn_cuda_upload(row_pos, h_rp, sizeof(int32_t) * (size_t)B));
+        TRY(kn_cuda_upload(seq_off, h_so, sizeof(int32_t) * (size_t)B));
+        TRY(kn_cuda_upload(blocks, h_bl, sizeof(int32_t) * (size_t)nblk));
+        kn_cuda_attn_args aa = {B, (int)c.n_head, (int)c.n_kv_head, (int)c.head_dim, KN_KV_F16, 4, ctx, n_sm,
+                                q, out, kc, vc, stride, row_seq, row_pos, seq_off, blocks, ws, g.workspace_bytes};
+        double tg[6], ta[6];
+        for (int rep = 0; rep < 6; rep++) { /* rep 0 warms up */
+            double t0 = now();
+            for (int l = 0; l < L; l++)
+                for (int j = 0; j < 7; j++) TRY(kn_cuda_gemm(blas, CM_BF16, w[l * 7 + j], shapes[j][0], shapes[j][1], x, y, B));
+            TRY(kn_cuda_gemm(blas, CM_BF16, w[L * 7], c.vocab, D, x, y, B));
+            TRY(kn_cuda_sync());
+            double t1 = now();
+            for (int l = 0; l < L; l++) TRY(kn_cuda_paged_attention(&aa));
+            TRY(kn_cuda_sync());
+            tg[rep] = t1 - t0;
+            ta[rep] = now() - t1;
+        }
+        qsort(tg + 1, 5, sizeof(double), cmp_d);
+        qsort(ta + 1, 5, sizeof(double), cmp_d);
+        double g_ms = tg[3] * 1e3, a_ms = ta[3] * 1e3;
+        printf("%6d %12.3f %10.2f %7.1f%% %14.3f %12.0f\n", B, g_ms, bytes / tg[3] / 1e12, bytes / tg[3] / hbm * 100,
+               a_ms, B / (tg[3] + ta[3]));
+        kn_cuda_free(x); kn_cuda_free(y); kn_cuda_free(kc); kn_cuda_free(vc); kn_cuda_free(q); kn_cuda_free(out);
+        kn_cuda_free(ws); kn_cuda_free(row_seq); kn_cuda_free(row_pos); kn_cuda_free(seq_off); kn_cuda_free(blocks);
+        free(h_rs); free(h_rp); free(h_so); free(h_bl);
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    for (int i = 0; i <= L * 7; i++) kn_cuda_free(w[i]);
+    free(w);
+    kn_cuda_blas_destroy(blas);
+    return 0;
+}
