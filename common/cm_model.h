@@ -75,8 +75,10 @@ int cm_model_config_resolve(const char *spec, cm_model_config *out, char *err, s
 /* Random weights of cfg's real shape, matrices in wtype (F32, F16, BF16,
  * Q8_0, Q4_0, Q4_1), norms 1, uniform in +-1/sqrt(row length); the same
  * seed gives the same weights. A model file like any other (CM_FMT_DUMMY),
- * freed by cm_model_close. */
-int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, cm_model_file **out, char *err,
-                   size_t errlen);
+ * freed by cm_model_close. With CM_DUMMY_DEVICE_MATRICES, matrices other
+ * than F32 have data NULL: a GPU backend fills them where they live. */
+enum { CM_DUMMY_DEVICE_MATRICES = 1 };
+int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigned flags, cm_model_file **out,
+                   char *err, size_t errlen);
 
 #endif

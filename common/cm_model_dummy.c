@@ -152,8 +152,8 @@ static void fill(void *dst, int type, uint64_t n, float a, uint64_t *s) {
     }
 }
 
-int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, cm_model_file **out, char *err,
-                   size_t errlen) {
+int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigned flags, cm_model_file **out,
+                   char *err, size_t errlen) {
     *out = NULL;
     if (wtype != CM_F32 && wtype != CM_F16 && wtype != CM_BF16 && wtype != CM_Q8_0 && wtype != CM_Q4_0 &&
         wtype != CM_Q4_1) {
@@ -217,8 +217,11 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, cm_mode
 #undef LAYER
 #undef ADD
     nt = k;
-    size_t total = 0;
-    for (size_t i = 0; i < nt; i++) total += (cm_dtype_row_bytes(sp[i].type, sp[i].k) * sp[i].n + 63) / 64 * 64;
+    /* matrices the device makes itself (CM_DUMMY_DEVICE_MATRICES) get no host memory */
+    int skip = (flags & CM_DUMMY_DEVICE_MATRICES) && wtype != CM_F32;
+    size_t total = 64;
+    for (size_t i = 0; i < nt; i++)
+        if (!(skip && sp[i].n > 1)) total += (cm_dtype_row_bytes(sp[i].type, sp[i].k) * sp[i].n + 63) / 64 * 64;
     f->tensors = calloc(nt, sizeof *f->tensors);
     f->owned = aligned_alloc(64, total);
     if (!f->tensors || !f->owned) goto oom;
@@ -239,6 +242,10 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, cm_mode
         t->ne[2] = t->ne[3] = 1;
         t->data = p;
         t->nbytes = cm_dtype_row_bytes(t->type, t->ne[0]) * t->ne[1];
+        if (skip && t->ne[1] > 1) {
+            t->data = NULL;
+            continue;
+        }
         /* weights uniform in +-1/sqrt(row length) keep activations O(1) through the layers */
         fill(p, t->type, t->ne[0] * t->ne[1], t->ne[1] == 1 && !strstr(t->name, "bias") ? -1.f
                                                   : strstr(t->name, "bias")              ? 0.02f

@@ -610,18 +610,18 @@ static int run_sweep(const bench_opts *o) {
     int conc = eq && !strncmp(o->sweep, "max-concurrency", (size_t)(eq - o->sweep)) && eq - o->sweep == 15;
     int rate = eq && !strncmp(o->sweep, "request-rate", (size_t)(eq - o->sweep)) && eq - o->sweep == 12;
     double val[64];
-    int n = 0;
-    for (const char *p = eq ? eq + 1 : NULL; p && *p && n < 64;) {
+    int n = 0, ok = (conc || rate) && eq[1];
+    for (const char *p = ok ? eq + 1 : ""; ok && *p;) {
         char *end;
-        val[n] = strtod(p, &end);
-        if (end == p || (*end && *end != ',') || !(val[n] > 0) || (conc && val[n] != floor(val[n])) ||
-            (n && val[n] <= val[n - 1]))
-            break;
-        n++;
+        double x = strtod(p, &end);
+        if (n == 64 || end == p || (*end && *end != ',') || !(x > 0) || (conc && x != floor(x)) ||
+            (n && x <= val[n - 1]))
+            ok = 0;
+        else
+            val[n++] = x;
         p = *end ? end + 1 : end;
-        if (!*p) eq = NULL; /* parsed to the end */
     }
-    if ((!conc && !rate) || eq || n < 2) {
+    if (!ok || n < 2) {
         fprintf(stderr, "llmserve bench: --sweep expects max-concurrency=V1,V2,... or request-rate=V1,V2,..., "
                         "at least two positive values in increasing order, got '%s'\n",
                 o->sweep);

@@ -46,7 +46,7 @@ static void help(FILE *f) {
             "                        stdin) through the batching engine; prints one completion response\n"
             "                        per line, in input order\n"
             "  --log-level L         error|warn|info|debug (default warn)\n"
-            WK_ENGINE_FLAGS_HELP);
+            WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
 
 typedef struct {
@@ -135,7 +135,8 @@ int tl_generate_main(int argc, char **argv) {
         {"threads", required_argument, 0, O_THREADS}, {"ctx", required_argument, 0, O_CTX},
         {"ignore-eos", no_argument, 0, O_IGN}, {"print-ids", no_argument, 0, O_IDS},
         {"batch", required_argument, 0, O_BATCH}, {"log-level", required_argument, 0, O_LOG},
-        {"help", no_argument, 0, 'h'}, WK_ENGINE_LONGOPTS, {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'}, WK_ENGINE_LONGOPTS, WK_MODEL_LONGOPTS, {0, 0, 0, 0}};
+    wk_load_flags lf = {0};
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     int c, lvl;
@@ -170,6 +171,10 @@ int tl_generate_main(int argc, char **argv) {
             break;
         case 'h': help(stdout); return 0;
         default:
+            if (c >= WK_MODEL_FLAG_BASE) {
+                bad = wk_model_flag(&lf, c, optarg) != 0;
+                break;
+            }
             if (c >= WK_FLAG_BASE) {
                 bad = wk_engine_flag(&eo, c, optarg) != 0;
                 o.kv_type = eo.kv_type;
@@ -192,6 +197,7 @@ int tl_generate_main(int argc, char **argv) {
     char err[512] = "";
     wk_model *m = NULL;
     wk_model_opts mo = {.model_path = o.model, .tokenizer_path = o.tokenizer, .threads = (int)o.threads, .max_batch = o.batch ? eo.max_num_batched_tokens : 0};
+    if (wk_model_flags_apply(&lf, &mo)) return 2;
     int rc = wk_model_load(&mo, &m, err, sizeof err);
     if (rc) {
         fprintf(stderr, "llmserve: %s\n", err[0] ? err : cm_strerror(rc));

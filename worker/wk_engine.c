@@ -1,4 +1,5 @@
 #include "wk_engine.h"
+#include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_log.h"
 
@@ -115,6 +116,7 @@ void wk_engine_opts_default(wk_engine_opts *o) {
     o->kv_cache_bytes = (size_t)4 << 30;
     o->kv_type = KN_KV_F16;
     o->prefix_caching = 1;
+    o->gpu_memory_utilization = 0.9f; /* vLLM's default */
 }
 
 const char *wk_finish_name(int f) {
@@ -161,7 +163,13 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     size_t per_tok = wk_kv_bytes_per_token(m, o->kv_type), per_block = per_tok * (size_t)o->block_size;
     int64_t full_seq_blocks = (o->max_model_len + o->block_size - 1) / o->block_size;
     int64_t nb = o->n_blocks;
-    if (nb <= 0) {
+    if (nb <= 0 && m->device == WK_DEV_CUDA) { /* what --gpu-memory-utilization leaves after weights and activations */
+        long gb = 0;
+        if ((rc = wk_cuda_kv_blocks(m, o->gpu_memory_utilization, per_block, &gb, err, errlen))) goto fail;
+        nb = gb;
+        int64_t useful = full_seq_blocks * o->max_num_seqs;
+        if (nb > useful) nb = useful;
+    } else if (nb <= 0) {
         nb = (int64_t)(o->kv_cache_bytes / per_block);
         int64_t useful = full_seq_blocks * o->max_num_seqs; /* more can never be used at once */
         if (nb > useful) nb = useful;
@@ -177,7 +185,7 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         goto fail;
     }
     size_t kv_bytes = (size_t)nb * per_block, weights = m->file->map_size, phys = mem_total();
-    if (phys && kv_bytes + weights > phys) {
+    if (m->device == WK_DEV_CPU && phys && kv_bytes + weights > phys) {
         snprintf(err, errlen, "the KV cache (%.1f GiB) and the weights (%.1f GiB) exceed this machine's memory (%.1f GiB)",
                  (double)kv_bytes / 1073741824.0, (double)weights / 1073741824.0, (double)phys / 1073741824.0);
         rc = LLM_ENOMEM;

@@ -108,6 +108,14 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
         fprintf(stderr, "llmserve: --dtype expects auto, f16, bf16, f32, q8_0, q4_0 or q4_1, not '%s'\n", arg);
         return LLM_EINVAL;
     }
+    case WK_M_DEVICE:
+        if (!strcmp(arg, "cpu")) f->device = WK_DEV_CPU;
+        else if (!strcmp(arg, "cuda")) f->device = WK_DEV_CUDA;
+        else {
+            fprintf(stderr, "llmserve: --device expects cpu or cuda, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
     case WK_M_SEED: {
         char *end;
         errno = 0;
@@ -135,5 +143,6 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
     mo->model_config = f->dummy ? f->config : NULL;
     mo->dummy_type = f->dtype;
     mo->seed = f->seed;
+    mo->device = f->device;
     return 0;
 }

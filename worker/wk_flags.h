@@ -47,19 +47,23 @@ enum {
     "  --no-enable-prefix-caching\n"                                                             \
     "  --kv-cache-dtype T          auto|f16|f32 (default auto = f16)\n"
 
-/* Weights without a checkpoint, spelled as vLLM does: --load-format dummy
- * --model-config PRESET|config.json [--dtype T]. Codes from
+/* The model's device (--device cpu|cuda) and weights without a checkpoint,
+ * spelled as vLLM does: --load-format dummy --model-config
+ * PRESET|config.json [--dtype T]. Codes from
  * WK_MODEL_FLAG_BASE go to wk_model_flag (check them before engine flags),
  * then wk_model_flags_apply fills the model options. */
-enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED };
+enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE };
 
 #define WK_MODEL_LONGOPTS                                                                          \
     {"load-format", required_argument, 0, WK_M_LOAD_FORMAT},                                       \
     {"model-config", required_argument, 0, WK_M_CONFIG},                                          \
     {"dtype", required_argument, 0, WK_M_DTYPE},                                                   \
-    {"dummy-seed", required_argument, 0, WK_M_SEED}
+    {"dummy-seed", required_argument, 0, WK_M_SEED},                                               \
+    {"device", required_argument, 0, WK_M_DEVICE}
 
 #define WK_MODEL_FLAGS_HELP                                                                        \
+    "model:\n"                                                                                     \
+    "  --device cpu|cuda           where the forward pass runs (default cpu)\n"                     \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
     "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, llama-2-7b,\n"     \
@@ -72,6 +76,7 @@ typedef struct {
     const char *config;
     int dtype;                           /* cm_dtype, 0: default */
     uint64_t seed;
+    int device;                          /* WK_DEV_* */
 } wk_load_flags;
 
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */

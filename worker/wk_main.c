@@ -25,7 +25,6 @@ static void help(FILE *f) {
             "usage: llmserve-worker [flags]\n"
             "  --model PATH              GGUF model (default $LLMSERVE_MODEL or " DEFAULT_MODEL ")\n"
             "  --listen ADDR             tcp://HOST:PORT or ipc://PATH (default tcp://127.0.0.1:7600)\n"
-            "  --device cpu|cuda         backend (default cpu)\n"
             "  --tensor-parallel-size N  split the model over N rank processes (default 1)\n"
             "  --rank R                  (internal / multi-host) join a group as rank R\n"
             "  --group-address ADDR      the group's control channel (default: ipc in /tmp)\n"
@@ -51,15 +50,14 @@ static int parse_pos(const char *flag, const char *s, long lo, long hi, int *out
 
 int main(int argc, char **argv) {
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
-    const char *listen = "tcp://127.0.0.1:7600", *device = "cpu", *group = NULL, *worker_id = NULL, *served = NULL;
+    const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
     int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024;
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
-    enum { O_MODEL = 1, O_LISTEN, O_DEVICE, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG };
+    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
-                                       {"device", required_argument, 0, O_DEVICE},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
                                        {"rank", required_argument, 0, O_RANK},
                                        {"group-address", required_argument, 0, O_GROUP},
@@ -80,7 +78,6 @@ int main(int argc, char **argv) {
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_LISTEN: listen = optarg; break;
-        case O_DEVICE: device = optarg; break;
         case O_TP: bad = parse_pos("--tensor-parallel-size", optarg, 1, 64, &tp); break;
         case O_RANK: bad = parse_pos("--rank", optarg, 0, 63, &rank); break;
         case O_GROUP: group = optarg; break;
@@ -114,15 +111,6 @@ int main(int argc, char **argv) {
     }
     if (optind < argc) {
         fprintf(stderr, "llmserve-worker: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        fprintf(stderr, "llmserve-worker: --device expects cpu or cuda, not '%s'\n", device);
-        return 2;
-    }
-    if (!strcmp(device, "cuda")) {
-        fprintf(stderr, "llmserve-worker: --device cuda: the CUDA forward pass is not built yet (the CUDA backend "
-                        "issue); use --device cpu\n");
         return 2;
     }
     if (rank >= tp) {
@@ -162,7 +150,7 @@ int main(int argc, char **argv) {
     int my_rank = rank < 0 ? 0 : rank;
     if (tp > 1) {
         /* rank 0 starts ranks 1..tp-1 (unless they join on their own with --rank) */
-        int rc = wk_tp_start(tp, my_rank, group, !strcmp(device, "cuda"), my_rank, argc, argv, rank < 0, &group_h, err,
+        int rc = wk_tp_start(tp, my_rank, group, lf.device == WK_DEV_CUDA, my_rank, argc, argv, rank < 0, &group_h, err,
                              sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);

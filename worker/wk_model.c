@@ -1,4 +1,5 @@
 #include "wk_model.h"
+#include "wk_cuda.h"
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -18,7 +19,7 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
     int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
     if (rc) return rc;
     size_t blk = cm_dtype_block(t->type), rb = cm_dtype_row_bytes(t->type, k);
-    const char *raw = (const char *)t->data + r0 * rb;
+    const char *raw = t->data ? (const char *)t->data + r0 * rb : NULL; /* NULL: dummy weights made on the GPU */
     if (c0 != 0 || c1 != k) {
         if (!blk || c0 % blk || c1 % blk) {
             snprintf(err, errlen, "%s: tensor '%s' cannot be split at column %llu (blocks of %zu)", m->file->path, name,
@@ -39,7 +40,13 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
         raw = copy;
         k = c1 - c0;
     }
-    rc = kn_weight_init(w, t->type, (int64_t)(r1 - r0), (int64_t)k, raw);
+    if (m->device == WK_DEV_CUDA && t->type != CM_Q4_0 && t->type != CM_Q4_1 && t->type != CM_Q8_0 &&
+        t->type != CM_F16 && t->type != CM_BF16 && t->type != CM_F32)
+        rc = LLM_EUNSUP;
+    else if (m->device == WK_DEV_CUDA) /* the GPU reads GGUF blocks as they are: no CPU repacking */
+        *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)k, raw, KN_PACK_NONE, NULL};
+    else
+        rc = kn_weight_init(w, t->type, (int64_t)(r1 - r0), (int64_t)k, raw);
     if (rc == LLM_EUNSUP)
         snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0)",
                  m->file->path, name, cm_dtype_name(t->type));
@@ -122,10 +129,12 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     int rc;
     wk_model *m = calloc(1, sizeof *m);
     if (!m) return LLM_ENOMEM;
+    m->device = o->device;
     if (o->model_config) { /* --load-format dummy: random weights of a preset's or config.json's shape */
         cm_model_config dc;
         if ((rc = cm_model_config_resolve(o->model_config, &dc, err, errlen)) ||
-            (rc = cm_model_dummy(&dc, o->dummy_type ? o->dummy_type : CM_F16, o->seed, &m->file, err, errlen)))
+            (rc = cm_model_dummy(&dc, o->dummy_type ? o->dummy_type : CM_F16, o->seed,
+                                 o->device == WK_DEV_CUDA && !o->dummy_on_host ? CM_DUMMY_DEVICE_MATRICES : 0, &m->file, err, errlen)))
             goto fail;
     } else if ((rc = cm_model_open(o->model_path, &m->file, err, errlen)))
         goto fail;
@@ -230,6 +239,15 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     uint64_t QDl = (uint64_t)m->n_head_l * c->head_dim;
     if (QDl % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QDl, B))) goto fail;
     if (m->hidden_l % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)m->hidden_l, B))) goto fail;
+    if (m->device == WK_DEV_CUDA) {
+        if (m->tp_size > 1) {
+            snprintf(err, errlen, "--device cuda with tensor parallelism is not built yet (NCCL is; the sharded "
+                                  "CUDA forward is not)");
+            rc = LLM_EUNSUP;
+            goto fail;
+        }
+        if ((rc = wk_cuda_load(m, err, errlen))) goto fail;
+    }
     *out = m;
     return 0;
 fail:
@@ -241,6 +259,7 @@ fail:
 
 void wk_model_free(wk_model *m) {
     if (!m) return;
+    wk_cuda_free(m);
     if (m->layers) {
         for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
             wk_layer *L = &m->layers[l];
@@ -289,11 +308,19 @@ int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, w
     c->n_layer = (int)m->cfg.n_layer;
     c->block_stride = (size_t)block_size * (size_t)m->n_kv_l * m->cfg.head_dim * kn_kv_elem_bytes(type);
     size_t total = c->block_stride * (size_t)n_blocks * (size_t)c->n_layer;
-    c->k = malloc(total);
-    c->v = malloc(total);
-    if (!c->k || !c->v) {
+    c->device = m->device == WK_DEV_CUDA;
+    int rc = 0;
+    if (c->device) {
+        rc = wk_cuda_alloc((void **)&c->k, total);
+        if (!rc) rc = wk_cuda_alloc((void **)&c->v, total);
+    } else {
+        c->k = malloc(total);
+        c->v = malloc(total);
+        rc = c->k && c->v ? 0 : LLM_ENOMEM;
+    }
+    if (rc) {
         wk_cache_free(c);
-        return LLM_ENOMEM;
+        return rc;
     }
     *out = c;
     return 0;
@@ -302,8 +329,13 @@ int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, w
 void wk_cache_free(wk_cache *c) {
     if (!c) return;
     free(c->copies);
-    free(c->k);
-    free(c->v);
+    if (c->device) {
+        wk_cuda_release(c->k);
+        wk_cuda_release(c->v);
+    } else {
+        free(c->k);
+        free(c->v);
+    }
     free(c);
 }
 
@@ -322,6 +354,10 @@ void wk_cache_copy(wk_cache *c, int src, int dst) {
             c->copies[2 * c->n_copies + 1] = dst;
             c->n_copies++;
         }
+    }
+    if (c->device) {
+        wk_cuda_cache_copy(c, src, dst);
+        return;
     }
     for (int l = 0; l < c->n_layer; l++) {
         size_t base = (size_t)l * (size_t)c->n_blocks * c->block_stride;
@@ -587,6 +623,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         T += s[i].n;
         if (T > m->max_batch) return LLM_ERANGE;
     }
+    if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
     if (m->attn_scratch_len < max_len) { /* grows with the longest sequence seen, not per step */
         free(m->attn_scratch);
         m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));

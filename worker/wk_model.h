@@ -20,8 +20,12 @@ typedef struct {
     const float *bq, *bk, *bv;           /* [n_head*hd], [n_kv*hd], or NULL */
 } wk_layer;
 
+enum { WK_DEV_CPU = 0, WK_DEV_CUDA = 1 };
+
 typedef struct wk_model {
     cm_model_file *file;
+    int device;                          /* WK_DEV_*: where the weights, activations and KV cache live */
+    struct wk_cuda *cu;                  /* the CUDA backend's state (wk_cuda.c), or NULL */
     cm_model_config cfg;
     cm_tokenizer *tok;
     kn_pool *pool;
@@ -69,6 +73,9 @@ typedef struct {
     const char *model_config;            /* set: dummy weights of this preset / config.json shape */
     int dummy_type;                      /* their cm_dtype (0: F16) */
     uint64_t seed;                       /* their seed */
+    int device;                          /* WK_DEV_CPU (default) or WK_DEV_CUDA */
+    int dummy_on_host;                   /* CUDA: make dummy weights on the host as the CPU does (tests
+                                          * comparing devices), not on the GPU (fast, the default) */
 } wk_model_opts;
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
@@ -81,6 +88,7 @@ void wk_model_free(wk_model *m);
  * (wk_blocks.h); the forward pass only follows block tables. */
 typedef struct wk_cache {
     int type;                            /* KN_KV_F16 (default) or KN_KV_F32 */
+    int device;                          /* k and v are device memory (the model's WK_DEV_CUDA) */
     int block_size, block_shift, n_blocks, n_layer;
     size_t block_stride;                 /* bytes of one block of one layer (K or V) */
     char *k, *v;

@@ -54,6 +54,7 @@ __device__ __forceinline__ float weight_at(int type, const uint8_t *row, int64_t
     switch (type) {
     case CM_F32: return ((const float *)row)[i];
     case CM_F16: return __half2float(((const __half *)row)[i]);
+    case CM_BF16: return __uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
     case CM_Q8_0: {
         const uint8_t *b = row + (i / 32) * 34;
         return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + i % 32];
@@ -140,7 +141,7 @@ extern "C" int kn_cuda_silu_mul(float *d_a, const float *d_b, int n) {
 }
 
 extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B) {
-    if (type != CM_F32 && type != CM_F16 && type != CM_Q4_0 && type != CM_Q4_1 && type != CM_Q8_0)
+    if (type != CM_F32 && type != CM_F16 && type != CM_BF16 && type != CM_Q4_0 && type != CM_Q4_1 && type != CM_Q8_0)
         return LLM_EUNSUP;
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k);
     if (!rb || n <= 0 || B <= 0 || B > 65535) return LLM_EINVAL;
@@ -184,7 +185,7 @@ __global__ void add_kernel(float *a, const float *b, size_t n) {
 }
 
 static int gguf_type_ok(int type) {
-    return type == CM_F32 || type == CM_F16 || type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q8_0;
+    return type == CM_F32 || type == CM_F16 || type == CM_BF16 || type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q8_0;
 }
 
 extern "C" int kn_cuda_embed(int type, const void *d_w, int64_t vocab, int64_t dim, const int32_t *d_ids, int rows,
@@ -237,12 +238,106 @@ __global__ void fill_kernel(uint16_t *p, size_t n, unsigned long long seed, floa
     }
 }
 
+// grid: ceil(blocks/256) of 256: GGUF blocks of 32 with the scale that puts
+// weights in [-a, a) (as cm_model_dummy does on the host) and random codes
+__global__ void fill_blocks_kernel(uint8_t *p, size_t nblocks, int type, unsigned long long seed, float a) {
+    size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblocks) return;
+    int bb = type == CM_Q8_0 ? 34 : type == CM_Q4_0 ? 18 : 20, hd = type == CM_Q4_1 ? 4 : 2;
+    uint8_t *blk = p + b * (size_t)bb;
+    float d = type == CM_Q8_0 ? a / 127.f : type == CM_Q4_0 ? a / 8.f : 2.f * a / 15.f;
+    __half dh = __float2half_rn(d), mh = __float2half_rn(-a);
+    memcpy(blk, &dh, 2);
+    if (type == CM_Q4_1) memcpy(blk + 2, &mh, 2);
+    unsigned long long z = seed * 0x9e3779b97f4a7c15ull + b;
+    for (int i = hd; i < bb; i++) {
+        if ((i - hd) % 8 == 0) {
+            z += 0x9e3779b97f4a7c15ull;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+            z ^= z >> 31;
+        }
+        blk[i] = (uint8_t)(z >> (8 * ((i - hd) % 8)));
+    }
+}
+
 extern "C" int kn_cuda_fill_random(void *d, int type, size_t n, unsigned long long seed, float a) {
+    if (type == CM_Q8_0 || type == CM_Q4_0 || type == CM_Q4_1) {
+        size_t nb = n / 32;
+        for (size_t off = 0; off < nb; off += (size_t)1 << 30) {
+            size_t m = nb - off < ((size_t)1 << 30) ? nb - off : ((size_t)1 << 30);
+            fill_blocks_kernel<<<(unsigned)((m + 255) / 256), 256>>>(
+                (uint8_t *)d + off * cm_dtype_block_bytes(type), m, type, seed + off, a);
+            KN_CUDA_LAUNCHED();
+        }
+        return 0;
+    }
     if (type != CM_F16 && type != CM_BF16) return LLM_EUNSUP;
     for (size_t off = 0; off < n; off += (size_t)1 << 30) { // grid.x limits: a billion elements a launch
         size_t m = n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30);
         fill_kernel<<<(unsigned)((m + 255) / 256), 256>>>((uint16_t *)d + off, m, seed + off, a, type == CM_BF16);
         KN_CUDA_LAUNCHED();
     }
+    return 0;
+}
+
+// grid: (rows, n_heads), rope_dim/2 threads: head h of row r rotated at pos[r]
+// with the host's inv_freq table (so CPU and GPU use the same frequencies)
+__global__ void rope_rows_kernel(float *x, int n_heads, int head_dim, int rope_dim, int type, const int32_t *pos,
+                                 const float *inv_freq) {
+    int i = threadIdx.x, half = rope_dim / 2;
+    if (i >= half) return;
+    float *v = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * head_dim, c, s;
+    sincosf((float)pos[blockIdx.x] * inv_freq[i], &s, &c);
+    int i0 = type == 1 ? i : 2 * i, i1 = type == 1 ? i + half : 2 * i + 1;
+    float a = v[i0], b = v[i1];
+    v[i0] = a * c - b * s;
+    v[i1] = a * s + b * c;
+}
+
+// grid: ceil(rows*n/256) blocks of 256
+__global__ void add_bias_kernel(float *x, const float *b, size_t total, int n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] += b[i % n];
+}
+
+// grid: rows blocks of 256: dst[r] = src[idx[r]]
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n) {
+    const float *s = src + (size_t)idx[blockIdx.x] * n;
+    float *d = dst + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+}
+
+extern "C" int kn_cuda_rope_rows(float *d_x, int rows, int n_heads, int head_dim, int rope_dim, int type,
+                                 const int32_t *d_pos, const float *d_inv_freq) {
+    if (rows <= 0 || n_heads <= 0 || rope_dim <= 0 || rope_dim > head_dim || rope_dim / 2 > 1024) return LLM_EINVAL;
+    rope_rows_kernel<<<dim3((unsigned)rows, (unsigned)n_heads), (unsigned)(rope_dim / 2)>>>(
+        d_x, n_heads, head_dim, rope_dim, type, d_pos, d_inv_freq);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_add_bias(float *d_x, const float *d_b, int rows, int n) {
+    if (rows <= 0 || n <= 0) return LLM_EINVAL;
+    size_t total = (size_t)rows * (size_t)n;
+    add_bias_kernel<<<(unsigned)((total + 255) / 256), 256>>>(d_x, d_b, total, n);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_gather_rows(float *d_dst, const float *d_src, const int32_t *d_idx, int rows, int n) {
+    if (rows <= 0 || n <= 0) return LLM_EINVAL;
+    gather_rows_kernel<<<rows, 256>>>(d_dst, d_src, d_idx, n);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_copy(void *d_dst, const void *d_src, size_t bytes) {
+    KN_CUDA_CHECK(cudaMemcpy(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice));
+    return 0;
+}
+
+extern "C" int kn_cuda_set_device(int dev) {
+    KN_CUDA_CHECK(cudaSetDevice(dev));
     return 0;
 }

@@ -29,7 +29,8 @@ int kn_cuda_rope(float *d_x, int n_heads, int head_dim, int rope_dim, int type, 
 /* a = silu(a) * b over n elements. */
 int kn_cuda_silu_mul(float *d_a, const float *d_b, int n);
 /* y[B][N] = x[B][K] . W[N][K]^T with W in GGUF layout (Q4_0, Q4_1, Q8_0, F32,
- * F16): one warp per (row, batch) dot product, weights dequantized in registers. */
+ * F16, BF16): one warp per (row, batch) dot product, weights dequantized in
+ * registers. The decode path for quantized weights; fp32 throughout. */
 int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B);
 
 /* SMs of the current device, and its memory (bytes) as cudaMemGetInfo says. */
@@ -75,9 +76,20 @@ int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t 
 int kn_cuda_dequant_f16(int type, const void *d_w, int64_t n, int64_t k, void *d_out);
 /* out[rows][dim] = embedding rows ids[r] of W (any GGUF type kn_cuda_matmul takes). */
 int kn_cuda_embed(int type, const void *d_w, int64_t vocab, int64_t dim, const int32_t *d_ids, int rows, float *d_out);
-/* n F16 or BF16 elements uniform in [-a, a), made on the device from seed
- * (dummy weights for benchmarks). */
+/* n elements of F16 or BF16 uniform in [-a, a), or of Q8_0 / Q4_0 / Q4_1
+ * blocks spanning [-a, a), made on the device from seed (dummy weights). */
 int kn_cuda_fill_random(void *d, int type, size_t n, unsigned long long seed, float a);
+/* Rotates head h of row r of x [rows][n_heads][head_dim] at position pos[r]
+ * with frequencies inv_freq [rope_dim/2]; type 0 adjacent pairs, 1 halves. */
+int kn_cuda_rope_rows(float *d_x, int rows, int n_heads, int head_dim, int rope_dim, int type, const int32_t *d_pos,
+                      const float *d_inv_freq);
+/* x[r][i] += b[i] for rows x n. */
+int kn_cuda_add_bias(float *d_x, const float *d_b, int rows, int n);
+/* dst[r] = src[idx[r]], rows of n floats. */
+int kn_cuda_gather_rows(float *d_dst, const float *d_src, const int32_t *d_idx, int rows, int n);
+/* Device to device. */
+int kn_cuda_copy(void *d_dst, const void *d_src, size_t bytes);
+int kn_cuda_set_device(int dev);
 /* a[i] += b[i] */
 int kn_cuda_add(float *d_a, const float *d_b, size_t n);
 

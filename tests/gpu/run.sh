@@ -6,13 +6,17 @@
 #       embedding, K/V stores into a NaN-poisoned paged pool through shuffled
 #       block tables, paged attention with and without split-K, sampling);
 #       the NCCL comm backend on a one-rank communicator;
-#   (b) the host-side plans and the CPU kernels they are checked against;
-#   (c) llmserve-cuda-kernel-bench: a llama-3-8b-shaped decode step (dummy
-#       BF16 weights made on the device) at batch 1, 64 and 256: cuBLAS GEMMs
-#       against the HBM bound, paged attention, tokens/s bound.
-# Not here yet: the CUDA forward pass (GPU-vs-CPU greedy tokens of a real
-# model, engine throughput), FP8 / INT4 GEMMs, CUDA graphs: the CUDA issue
-# lists them. Without a GPU it says so and exits 0.
+#   (b) end to end (tests/unit/cuda_model_test.c): the CUDA forward pass
+#       against the CPU's on generated random models (F32, Q8_0, Q4_0, a
+#       qwen2 shape) and on stories260K (STORIES_DIR, default
+#       ../shared/models/stories260K, carry it along), greedy tokens
+#       identical; the batching engine on the GPU against the CPU engine;
+#   (c) benchmarks: llmserve-cuda-kernel-bench (a llama-3-8b decode step's
+#       cuBLAS GEMMs against the HBM bound, paged attention), then the engine
+#       on dummy llama-3-8b BF16 (single stream; 64 and 256 concurrent,
+#       1024 in / 128 out) and dummy llama-3-70b Q4_0 on one GPU.
+# Not built yet: FP8 (cuBLASLt) and AWQ/GPTQ INT4 GEMMs, CUDA graphs, the
+# tensor-parallel CUDA forward. Without a GPU it says so and exits 0.
 #   tests/gpu/run.sh [BUILD_DIR]      (default build-gpu)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,17 +29,31 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 HBM=${HBM_TBPS:-4.8}   # H200; H100 SXM: 3.35
 cmake -S "$ROOT" -B "$BUILD" -DLLMSERVE_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" \
     >/dev/null || exit 1
-cmake --build "$BUILD" -j "$(nproc)" --target cuda_test cuda_plan_test kernels_test nccl_test llmserve-cuda-kernel-bench \
+STORIES=${STORIES_DIR:-$ROOT/../shared/models/stories260K}
+cmake --build "$BUILD" -j "$(nproc)" --target cuda_test cuda_plan_test cuda_model_test kernels_test nccl_test \
+    llmserve-cuda-kernel-bench llmserve-engine-bench \
     2>&1 | grep -E "error|warning" ; true
 fail=0
-for t in cuda_test cuda_plan_test nccl_test kernels_test; do
+for t in cuda_test cuda_plan_test cuda_model_test nccl_test kernels_test; do
     [ -x "$BUILD/tests/$t" ] || { echo "== $t: not built"; fail=1; continue; }
     echo "== $t"
-    timeout 300 "$BUILD/tests/$t" 2>&1 | grep -v "^ok" | tail -40
+    arg=""
+    [ $t = cuda_model_test ] && arg=$STORIES
+    timeout 300 "$BUILD/tests/$t" $arg 2>&1 | grep -v "^ok" | tail -40
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || { echo "== $t FAILED (exit $rc)"; fail=1; }
 done
 echo "== kernel bench (llama-3-8b shape, BF16, HBM bound $HBM TB/s)"
 timeout 240 "$BUILD/llmserve-cuda-kernel-bench" --preset llama-3-8b --batches 1,64,256 --ctx 1152 --hbm-tbps "$HBM" \
     || { echo "== kernel bench FAILED"; fail=1; }
+EB="$BUILD/llmserve-engine-bench --device cuda --load-format dummy --max-model-len 2048 --max-num-seqs 256"
+echo "== engine, dummy llama-3-8b BF16: single stream (HBM bound: 16.06 GB / $HBM TB/s)"
+timeout 150 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1 --prompt-len 1024 --gen 128 --repeats 3 \
+    --max-num-batched-tokens 2048 --system-len 1000 || { echo "== engine 8B single FAILED"; fail=1; }
+echo "== engine, dummy llama-3-8b BF16: 64 and 256 concurrent, 1024 in / 128 out"
+timeout 200 $EB --model-config llama-3-8b --dtype bf16 --concurrency 64,256 --prompt-len 1024 --gen 128 --repeats 1 \
+    --max-num-batched-tokens 8192 --system-len 1000 || { echo "== engine 8B concurrent FAILED"; fail=1; }
+echo "== engine, dummy llama-3-70b Q4_0 on one GPU"
+timeout 150 $EB --model-config llama-3-70b --dtype q4_0 --concurrency 1,64 --prompt-len 1024 --gen 64 --repeats 1 \
+    --max-num-batched-tokens 4096 --system-len 1000 || { echo "== engine 70B FAILED"; fail=1; }
 exit $fail

@@ -6,9 +6,11 @@
  *     and its logits match a float64 forward written in this file; batched
  *     prefill equals token-by-token decode; truncated checkpoints are refused.
  *  3. With ../shared present: stories260K's reference perplexity.
- *  4. Dummy weights (--load-format dummy) of presets and config.json shapes. */
+ *  4. Dummy weights (--load-format dummy) of presets and config.json shapes.
+ *  5. The CUDA step metadata (host code). */
 #include "cm_error.h"
 #include "tst.h"
+#include "wk_cuda.h"
 #include "wk_model.h"
 #include "wk_sampler.h"
 
@@ -444,6 +446,29 @@ static void dummy(void) {
     rmdir(dir);
 }
 
+/* 5. The GPU step's metadata, built on the host: slots, positions, rows that
+ *    want logits and the cut block tables of a mixed step (a decode, a
+ *    prefill chunk over a cached prefix, a fresh prompt), block size 4. */
+static void step_meta(void) {
+    wk_cache c = {.block_size = 4, .block_shift = 2};
+    int32_t t0[1] = {11}, t1[3] = {21, 22, 23}, t2[2] = {31, 32};
+    int32_t b0[3] = {7, 2, 9}, b1[4] = {5, 6, 1, 8}, b2[1] = {4};
+    wk_batch_seq s[3] = {{t0, 1, 9, b0, 0}, {t1, 3, 5, b1, 2}, {t2, 2, 0, b2, 2}};
+    size_t n = wk_step_meta_size(&c, 3, s, 6);
+    CHECK_RC((int)n, 5 * 6 + 3 + 3 + 2 + 1); /* seq 0: positions 0..9 -> 3 blocks; seq 1: 0..7 -> 2; seq 2: 1 */
+    int32_t m[64];
+    memset(m, 0x55, sizeof m);
+    CHECK_RC(wk_step_meta(&c, 3, s, 6, m), 2); /* seq 0's token and seq 1's last want logits; seq 2 none */
+    int32_t ids[6] = {11, 21, 22, 23, 31, 32}, pos[6] = {9, 5, 6, 7, 0, 1}, rseq[6] = {0, 1, 1, 1, 2, 2};
+    /* slot = block of the position * 4 + offset: 9 -> b0[2]=9 -> 37; 5,6,7 -> b1[1]=6 -> 25,26,27; 0,1 -> b2[0]=4 -> 16,17 */
+    int32_t slot[6] = {37, 25, 26, 27, 16, 17}, lrows[2] = {0, 3}, soff[3] = {0, 3, 5}, blk[6] = {7, 2, 9, 5, 6, 4};
+    CHECK(memcmp(m, ids, sizeof ids) == 0 && memcmp(m + 6, pos, sizeof pos) == 0);
+    CHECK(memcmp(m + 12, rseq, sizeof rseq) == 0 && memcmp(m + 18, slot, sizeof slot) == 0);
+    CHECK(memcmp(m + 24, lrows, sizeof lrows) == 0 && memcmp(m + 30, soff, sizeof soff) == 0);
+    CHECK(memcmp(m + 33, blk, sizeof blk) == 0);
+    CHECK(m[39] == 0x55555555); /* nothing written past the size */
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: model_test MODEL GOLDEN [STORIES_DIR]\n");
@@ -451,6 +476,7 @@ int main(int argc, char **argv) {
     }
     tiny();
     dummy();
+    step_meta();
     golden(argv[1], argv[2]);
     if (argc > 3) stories(argv[3]);
     return tst_done("model_test");

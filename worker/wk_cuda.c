@@ -1,0 +1,324 @@
+/* wk_cuda.c - the forward pass on the GPU. Same step as forward_step in
+ * wk_model.c (which stays the reference), with every op a CUDA kernel:
+ *
+ *   embed -> per layer: RMSNorm, Q/K/V GEMMs (+bias), RoPE at each row's
+ *   position, K/V into the paged pool, paged attention over block tables,
+ *   O GEMM, residual, RMSNorm, gate/up GEMMs, SiLU-mul, down GEMM, residual
+ *   -> the rows that want logits: RMSNorm, LM head, logits to the host.
+ *
+ * GEMMs: F16 / BF16 weights through cuBLAS; GGUF-quantized and F32 weights
+ * through the warp-per-row kernel for decode-sized batches, and from
+ * DEQ_MIN_ROWS rows dequantized to F16 once and multiplied by cuBLAS.
+ * Everything is allocated at load except the step metadata, which grows to
+ * the largest step seen; the KV pool is sized from what is left. */
+#include "wk_cuda.h"
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+size_t wk_step_meta_size(const wk_cache *c, int n_seq, const wk_batch_seq *s, int T) {
+    size_t nb = 0;
+    for (int i = 0; i < n_seq; i++) nb += (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
+    return 5 * (size_t)T + (size_t)n_seq + nb;
+}
+
+int wk_step_meta(const wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int32_t *out) {
+    int32_t *ids = out, *pos = ids + T, *rseq = pos + T, *slot = rseq + T, *lrows = slot + T, *soff = lrows + T,
+            *blk = soff + n_seq;
+    int nl = 0, mask = (1 << c->block_shift) - 1;
+    size_t ob = 0;
+    for (int i = 0, t = 0; i < n_seq; i++) {
+        int nb = (s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift;
+        soff[i] = (int32_t)ob;
+        memcpy(blk + ob, s[i].blocks, sizeof(int32_t) * (size_t)nb);
+        ob += (size_t)nb;
+        for (int j = 0; j < s[i].n; j++, t++) {
+            int p = s[i].pos0 + j;
+            ids[t] = s[i].tokens[j];
+            pos[t] = p;
+            rseq[t] = i;
+            slot[t] = s[i].blocks[p >> c->block_shift] * c->block_size + (p & mask);
+            if (j >= s[i].logits_from) lrows[nl++] = t;
+        }
+    }
+    return nl;
+}
+
+#ifdef LLMSERVE_HAVE_CUDA
+#include "kn_cuda.h"
+#include "kn_cuda_plan.h"
+
+#define DEQ_MIN_ROWS 16
+#define N_MAT 7 /* q k v o gate up down */
+#define N_VEC 5 /* attn_norm ffn_norm bq bk bv */
+
+typedef struct {
+    void *d;
+    int type;
+    int64_t n, k;
+} dweight;
+
+typedef struct wk_cuda {
+    kn_cuda_blas *blas;
+    int n_sm;
+    dweight *w;                   /* [n_layer][N_MAT] */
+    dweight embd, out;            /* out.d == embd.d when tied */
+    float **vec;                  /* [n_layer][N_VEC], NULL where absent */
+    float *out_norm, *inv_freq;
+    void *deq;                    /* F16 copy of one quantized weight, for prefill-sized batches */
+    size_t deq_bytes;
+    float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2; /* [B][dim | q | kv | hidden] */
+    float *logits;                /* [B][vocab] */
+    int32_t *meta, *hmeta;        /* step metadata: device and host staging */
+    size_t meta_cap;              /* int32s */
+    float *ws;                    /* split-K attention workspace */
+    size_t ws_bytes;
+} wk_cuda;
+
+int wk_cuda_alloc(void **d, size_t bytes) { return kn_cuda_malloc(d, bytes); }
+void wk_cuda_release(void *d) { kn_cuda_free(d); }
+
+void wk_cuda_cache_copy(wk_cache *c, int src, int dst) {
+    for (int l = 0; l < c->n_layer; l++) {
+        size_t base = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        kn_cuda_copy(c->k + base + (size_t)dst * c->block_stride, c->k + base + (size_t)src * c->block_stride,
+                     c->block_stride);
+        kn_cuda_copy(c->v + base + (size_t)dst * c->block_stride, c->v + base + (size_t)src * c->block_stride,
+                     c->block_stride);
+    }
+}
+
+static int up_weight(wk_cuda *g, const kn_weight *w, dweight *d, uint64_t seed) {
+    size_t bytes = cm_dtype_row_bytes(w->type, (uint64_t)w->k) * (size_t)w->n;
+    int rc = kn_cuda_malloc(&d->d, bytes);
+    if (rc) return rc;
+    d->type = w->type;
+    d->n = w->n;
+    d->k = w->k;
+    if (w->type == CM_Q4_0 || w->type == CM_Q4_1 || w->type == CM_Q8_0) {
+        size_t deq = (size_t)w->n * (size_t)w->k * 2;
+        if (deq > g->deq_bytes) g->deq_bytes = deq;
+    }
+    if (w->raw) return kn_cuda_upload(d->d, w->raw, bytes);
+    /* dummy weights made here, uniform in +-1/sqrt(row length) as on the host */
+    return kn_cuda_fill_random(d->d, w->type, (size_t)w->n * (size_t)w->k, seed, 1.f / sqrtf((float)w->k));
+}
+
+static int up_vec(const float *h, size_t n, float **d) {
+    *d = NULL;
+    if (!h) return 0;
+    int rc = kn_cuda_malloc((void **)d, sizeof(float) * n);
+    return rc ? rc : kn_cuda_upload(*d, h, sizeof(float) * n);
+}
+
+int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
+    int n_dev = 0, rc;
+    kn_cuda_device_count(&n_dev);
+    if (!n_dev) {
+        snprintf(err, errlen, "--device cuda: no CUDA device is visible (driver, CUDA_VISIBLE_DEVICES)");
+        return LLM_EDEVICE;
+    }
+    const cm_model_config *c = &m->cfg;
+    wk_cuda *g = calloc(1, sizeof *g);
+    if (!g) return LLM_ENOMEM;
+    m->cu = g;
+    size_t L = c->n_layer, B = (size_t)m->max_batch, D = c->dim, QD = (size_t)c->n_head * c->head_dim,
+           KVD = (size_t)c->n_kv_head * c->head_dim, H = c->hidden;
+    g->w = calloc(L * N_MAT, sizeof *g->w);
+    g->vec = calloc(L * N_VEC, sizeof *g->vec);
+    if (!g->w || !g->vec) return LLM_ENOMEM;
+    if ((rc = kn_cuda_blas_create(&g->blas)) || (rc = kn_cuda_sm_count(&g->n_sm))) goto fail;
+    if ((rc = up_weight(g, &m->tok_embd, &g->embd, 1u << 20))) goto fail;
+    if (c->tied && m->output.raw == m->tok_embd.raw) g->out = g->embd;
+    else if ((rc = up_weight(g, &m->output, &g->out, (1u << 20) + 1))) goto fail;
+    for (size_t l = 0; l < L; l++) {
+        const wk_layer *Ly = &m->layers[l];
+        const kn_weight *mats[N_MAT] = {&Ly->wq, &Ly->wk, &Ly->wv, &Ly->wo, &Ly->gate, &Ly->up, &Ly->down};
+        for (int j = 0; j < N_MAT; j++)
+            if ((rc = up_weight(g, mats[j], &g->w[l * N_MAT + j], l * N_MAT + (size_t)j))) goto fail;
+        const float *vecs[N_VEC] = {Ly->attn_norm, Ly->ffn_norm, Ly->bq, Ly->bk, Ly->bv};
+        size_t lens[N_VEC] = {D, D, QD, KVD, KVD};
+        for (int j = 0; j < N_VEC; j++)
+            if ((rc = up_vec(vecs[j], lens[j], &g->vec[l * N_VEC + j]))) goto fail;
+    }
+    if ((rc = up_vec(m->output_norm, D, &g->out_norm)) || (rc = up_vec(m->inv_freq, c->rope_dim / 2, &g->inv_freq)))
+        goto fail;
+    if (g->deq_bytes && (rc = kn_cuda_malloc(&g->deq, g->deq_bytes))) goto fail;
+    struct {
+        float **p;
+        size_t n;
+    } acts[] = {{&g->x, B * D},    {&g->xb, B * (D > QD ? D : QD)}, {&g->xb2, B * D}, {&g->q, B * QD},
+                {&g->k, B * KVD},  {&g->v, B * KVD},                 {&g->att, B * QD}, {&g->hb, B * H},
+                {&g->hb2, B * H},  {&g->logits, B * c->vocab}};
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        if ((rc = kn_cuda_malloc((void **)acts[i].p, sizeof(float) * acts[i].n))) goto fail;
+    /* split-K workspace: splits only happen while rows x heads < 2 x SMs, so
+     * rows x heads x splits stays under 4 x SMs (kn_cuda_attn_plan) */
+    g->ws_bytes = (size_t)4 * (size_t)g->n_sm * (c->head_dim + 2) * sizeof(float) + 4096;
+    if ((rc = kn_cuda_malloc((void **)&g->ws, g->ws_bytes))) goto fail;
+    if ((rc = kn_cuda_sync())) goto fail;
+    size_t fr = 0, tot = 0;
+    kn_cuda_mem_info(&fr, &tot);
+    CM_INFO("CUDA: weights and activations for %d tokens a step on the device, %.1f GiB of %.1f GiB free, %d SMs",
+            m->max_batch, (double)fr / 1073741824.0, (double)tot / 1073741824.0, g->n_sm);
+    return 0;
+fail:
+    snprintf(err, errlen, "--device cuda: cannot place the model on the GPU: %s", cm_strerror(rc));
+    return rc;
+}
+
+void wk_cuda_free(wk_model *m) {
+    wk_cuda *g = m->cu;
+    if (!g) return;
+    if (g->w)
+        for (size_t i = 0; i < (size_t)m->cfg.n_layer * N_MAT; i++) kn_cuda_free(g->w[i].d);
+    if (g->vec)
+        for (size_t i = 0; i < (size_t)m->cfg.n_layer * N_VEC; i++) kn_cuda_free(g->vec[i]);
+    if (g->out.d != g->embd.d) kn_cuda_free(g->out.d);
+    kn_cuda_free(g->embd.d);
+    float *bufs[] = {g->out_norm, g->inv_freq, g->x, g->xb, g->xb2, g->q, g->k, g->v, g->att, g->hb, g->hb2,
+                     g->logits, g->ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kn_cuda_free(bufs[i]);
+    kn_cuda_free(g->deq);
+    kn_cuda_free(g->meta);
+    kn_cuda_blas_destroy(g->blas);
+    free(g->hmeta);
+    free(g->w);
+    free(g->vec);
+    free(g);
+    m->cu = NULL;
+}
+
+int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes, long *n_blocks, char *err,
+                      size_t errlen) {
+    (void)m;
+    size_t fr = 0, tot = 0;
+    int rc = kn_cuda_mem_info(&fr, &tot);
+    if (rc) return rc;
+    kn_cuda_mem_in in = {(double)tot, (double)fr, utilization, 0, 0, (double)block_bytes};
+    kn_cuda_mem_out out;
+    rc = kn_cuda_kv_blocks(&in, &out);
+    if (rc) {
+        snprintf(err, errlen, "--gpu-memory-utilization %.2f: %s (weights and activations are already placed)",
+                 utilization, out.why);
+        return rc;
+    }
+    *n_blocks = out.n_blocks;
+    return 0;
+}
+
+/* y[B][w.n] = x[B][w.k] . w^T on the device. */
+static int dmm(wk_cuda *g, const dweight *w, const float *x, float *y, int B) {
+    if (w->type == CM_F16 || w->type == CM_BF16) return kn_cuda_gemm(g->blas, w->type, w->d, w->n, w->k, x, y, B);
+    if (B >= DEQ_MIN_ROWS && g->deq && w->type != CM_F32) {
+        int rc = kn_cuda_dequant_f16(w->type, w->d, w->n, w->k, g->deq);
+        return rc ? rc : kn_cuda_gemm(g->blas, CM_F16, g->deq, w->n, w->k, x, y, B);
+    }
+    return kn_cuda_matmul(w->type, w->d, w->n, w->k, x, y, B);
+}
+
+/* Host staging of a step (the layout wk_step_meta writes), one upload. */
+static int stage(wk_cuda *g, const wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int *n_logit, int32_t **d) {
+    size_t need = wk_step_meta_size(c, n_seq, s, T);
+    if (need > g->meta_cap) { /* grows to the largest step seen, then stays */
+        size_t cap = need * 2;
+        int32_t *h = realloc(g->hmeta, sizeof(int32_t) * cap);
+        if (!h) return LLM_ENOMEM;
+        g->hmeta = h;
+        kn_cuda_free(g->meta);
+        g->meta = NULL;
+        g->meta_cap = 0;
+        int rc = kn_cuda_malloc((void **)&g->meta, sizeof(int32_t) * cap);
+        if (rc) return rc;
+        g->meta_cap = cap;
+    }
+    *n_logit = wk_step_meta(c, n_seq, s, T, g->hmeta);
+    *d = g->meta;
+    return kn_cuda_upload(g->meta, g->hmeta, sizeof(int32_t) * need);
+}
+
+int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
+    wk_cuda *g = m->cu;
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, hd = (int)cf->head_dim, nh = (int)cf->n_head, nkv = (int)cf->n_kv_head, H = (int)cf->hidden;
+    int QD = nh * hd, KVD = nkv * hd, nl, rc;
+    int32_t *d;
+    if ((rc = stage(g, c, n_seq, s, T, &nl, &d))) return rc;
+    const int32_t *d_ids = d, *d_pos = d + T, *d_rseq = d + 2 * T, *d_slot = d + 3 * T, *d_lrows = d + 4 * T,
+                  *d_soff = d + 5 * T, *d_blk = d + 5 * T + n_seq;
+    kn_cuda_attn_geom geo;
+    if ((rc = kn_cuda_attn_plan(T, nh, hd, max_len, g->n_sm, &geo))) return rc;
+    if (geo.workspace_bytes > g->ws_bytes) return LLM_ERANGE; /* cannot happen: see wk_cuda_load */
+#define TRY(call)                                                                                  \
+    if ((rc = (call))) return rc
+    TRY(kn_cuda_embed(g->embd.type, g->embd.d, g->embd.n, D, d_ids, T, g->x));
+    for (uint32_t l = 0; l < cf->n_layer; l++) {
+        const dweight *w = g->w + (size_t)l * N_MAT;
+        float *const *vec = g->vec + (size_t)l * N_VEC;
+        TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[0], T, D, cf->norm_eps));
+        TRY(dmm(g, &w[0], g->xb, g->q, T));
+        TRY(dmm(g, &w[1], g->xb, g->k, T));
+        TRY(dmm(g, &w[2], g->xb, g->v, T));
+        if (vec[2]) TRY(kn_cuda_add_bias(g->q, vec[2], T, QD));
+        if (vec[3]) TRY(kn_cuda_add_bias(g->k, vec[3], T, KVD));
+        if (vec[4]) TRY(kn_cuda_add_bias(g->v, vec[4], T, KVD));
+        TRY(kn_cuda_rope_rows(g->q, T, nh, hd, (int)cf->rope_dim, cf->rope_type, d_pos, g->inv_freq));
+        TRY(kn_cuda_rope_rows(g->k, T, nkv, hd, (int)cf->rope_dim, cf->rope_type, d_pos, g->inv_freq));
+        size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        TRY(kn_cuda_kv_store(c->type, c->k + layer, c->v + layer, c->block_stride, g->k, g->v, d_slot, T, KVD,
+                             c->block_shift));
+        kn_cuda_attn_args aa = {T,     nh,     nkv,          hd,          c->type, c->block_shift, max_len, g->n_sm,
+                                g->q,  g->att, c->k + layer, c->v + layer, c->block_stride,  d_rseq, d_pos,
+                                d_soff, d_blk, g->ws,        g->ws_bytes};
+        TRY(kn_cuda_paged_attention(&aa));
+        TRY(dmm(g, &w[3], g->att, g->xb2, T));
+        TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
+        TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[1], T, D, cf->norm_eps));
+        TRY(dmm(g, &w[4], g->xb, g->hb, T));
+        TRY(dmm(g, &w[5], g->xb, g->hb2, T));
+        TRY(kn_cuda_silu_mul(g->hb, g->hb2, T * H));
+        TRY(dmm(g, &w[6], g->hb, g->xb2, T));
+        TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
+    }
+    if (!nl) return kn_cuda_sync();
+    TRY(kn_cuda_gather_rows(g->xb, g->x, d_lrows, nl, D));
+    TRY(kn_cuda_rmsnorm(g->xb2, g->xb, g->out_norm, nl, D, cf->norm_eps));
+    TRY(dmm(g, &g->out, g->xb2, g->logits, nl));
+#undef TRY
+    if (!logits) return kn_cuda_sync();
+    return kn_cuda_download(logits, g->logits, sizeof(float) * (size_t)nl * cf->vocab);
+}
+
+#else /* built without CUDA */
+
+int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
+    (void)m;
+    snprintf(err, errlen, "--device cuda: this build has no CUDA backend (configure with nvcc on the PATH or "
+                          "-DLLMSERVE_CUDA=ON)");
+    return LLM_EUNSUP;
+}
+void wk_cuda_free(wk_model *m) { (void)m; }
+int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
+    (void)m, (void)c, (void)n_seq, (void)s, (void)T, (void)max_len, (void)logits;
+    return LLM_EUNSUP;
+}
+int wk_cuda_alloc(void **d, size_t bytes) {
+    (void)bytes;
+    *d = NULL;
+    return LLM_EUNSUP;
+}
+void wk_cuda_release(void *d) { (void)d; }
+void wk_cuda_cache_copy(wk_cache *c, int src, int dst) { (void)c, (void)src, (void)dst; }
+int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes, long *n_blocks, char *err,
+                      size_t errlen) {
+    (void)m, (void)utilization, (void)block_bytes, (void)n_blocks;
+    snprintf(err, errlen, "this build has no CUDA backend");
+    return LLM_EUNSUP;
+}
+
+#endif
