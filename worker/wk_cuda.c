@@ -10,7 +10,9 @@
  * through the warp-per-row kernel for decode-sized batches, and from
  * DEQ_MIN_ROWS rows dequantized to F16 once and multiplied by cuBLAS.
  * Everything is allocated at load except the step metadata, which grows to
- * the largest step seen; the KV pool is sized from what is left. */
+ * the largest step seen; the KV pool is sized from what is left. With
+ * tensor parallelism each rank holds its Megatron shard (wk_model.c's split)
+ * and the two row-parallel GEMMs of a layer are summed with NCCL. */
 #include "wk_cuda.h"
 #include "cm_dtype.h"
 #include "cm_error.h"
@@ -73,7 +75,8 @@ typedef struct wk_cuda {
     void *deq;                    /* F16 copy of one quantized weight, for prefill-sized batches */
     size_t deq_bytes;
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2; /* [B][dim | q | kv | hidden] */
-    float *logits;                /* [B][vocab] */
+    float *logits;                /* [B][this rank's vocabulary rows] */
+    float *logits_all;            /* [B][vocab] gathered from the ranks (tensor parallel) */
     int32_t *meta, *hmeta;        /* step metadata: device and host staging */
     size_t meta_cap;              /* int32s */
     float *ws;                    /* split-K attention workspace */
@@ -127,20 +130,22 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
     wk_cuda *g = calloc(1, sizeof *g);
     if (!g) return LLM_ENOMEM;
     m->cu = g;
-    size_t L = c->n_layer, B = (size_t)m->max_batch, D = c->dim, QD = (size_t)c->n_head * c->head_dim,
-           KVD = (size_t)c->n_kv_head * c->head_dim, H = c->hidden;
+    /* this rank's share (everything with one rank): heads, FFN columns, vocabulary rows */
+    size_t L = c->n_layer, B = (size_t)m->max_batch, D = c->dim, QD = (size_t)m->n_head_l * c->head_dim,
+           KVD = (size_t)m->n_kv_l * c->head_dim, H = (size_t)m->hidden_l;
     g->w = calloc(L * N_MAT, sizeof *g->w);
     g->vec = calloc(L * N_VEC, sizeof *g->vec);
     if (!g->w || !g->vec) return LLM_ENOMEM;
     if ((rc = kn_cuda_blas_create(&g->blas)) || (rc = kn_cuda_sm_count(&g->n_sm))) goto fail;
     if ((rc = up_weight(g, &m->tok_embd, &g->embd, 1u << 20))) goto fail;
-    if (c->tied && m->output.raw == m->tok_embd.raw) g->out = g->embd;
+    if (c->tied && m->tp_size == 1 && m->output.raw == m->tok_embd.raw) g->out = g->embd;
     else if ((rc = up_weight(g, &m->output, &g->out, (1u << 20) + 1))) goto fail;
     for (size_t l = 0; l < L; l++) {
         const wk_layer *Ly = &m->layers[l];
         const kn_weight *mats[N_MAT] = {&Ly->wq, &Ly->wk, &Ly->wv, &Ly->wo, &Ly->gate, &Ly->up, &Ly->down};
         for (int j = 0; j < N_MAT; j++)
-            if ((rc = up_weight(g, mats[j], &g->w[l * N_MAT + j], l * N_MAT + (size_t)j))) goto fail;
+            if ((rc = up_weight(g, mats[j], &g->w[l * N_MAT + j], (l * N_MAT + (size_t)j) * 64 + (size_t)m->tp_rank)))
+                goto fail;
         const float *vecs[N_VEC] = {Ly->attn_norm, Ly->ffn_norm, Ly->bq, Ly->bk, Ly->bv};
         size_t lens[N_VEC] = {D, D, QD, KVD, KVD};
         for (int j = 0; j < N_VEC; j++)
@@ -154,7 +159,8 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
         size_t n;
     } acts[] = {{&g->x, B * D},    {&g->xb, B * (D > QD ? D : QD)}, {&g->xb2, B * D}, {&g->q, B * QD},
                 {&g->k, B * KVD},  {&g->v, B * KVD},                 {&g->att, B * QD}, {&g->hb, B * H},
-                {&g->hb2, B * H},  {&g->logits, B * c->vocab}};
+                {&g->hb2, B * H},  {&g->logits, B * (size_t)m->vocab_l},
+                {&g->logits_all, m->tp_size > 1 ? B * c->vocab : 1}};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
         if ((rc = kn_cuda_malloc((void **)acts[i].p, sizeof(float) * acts[i].n))) goto fail;
     /* split-K workspace: splits only happen while rows x heads < 2 x SMs, so
@@ -182,7 +188,7 @@ void wk_cuda_free(wk_model *m) {
     if (g->out.d != g->embd.d) kn_cuda_free(g->out.d);
     kn_cuda_free(g->embd.d);
     float *bufs[] = {g->out_norm, g->inv_freq, g->x, g->xb, g->xb2, g->q, g->k, g->v, g->att, g->hb, g->hb2,
-                     g->logits, g->ws};
+                     g->logits, g->logits_all, g->ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kn_cuda_free(bufs[i]);
     kn_cuda_free(g->deq);
     kn_cuda_free(g->meta);
@@ -210,6 +216,14 @@ int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes,
     }
     *n_blocks = out.n_blocks;
     return 0;
+}
+
+/* Sums a row-parallel GEMM's partial results over the ranks (NCCL, on its
+ * own stream: our kernels are finished first). */
+static int reduce(wk_model *m, float *buf, size_t n) {
+    if (!m->comm || m->tp_size == 1) return 0;
+    int rc = kn_cuda_sync();
+    return rc ? rc : m->comm->ops->all_reduce_sum(m->comm, buf, n);
 }
 
 /* y[B][w.n] = x[B][w.k] . w^T on the device. */
@@ -245,7 +259,7 @@ static int stage(wk_cuda *g, const wk_cache *c, int n_seq, const wk_batch_seq *s
 int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
     wk_cuda *g = m->cu;
     const cm_model_config *cf = &m->cfg;
-    int D = (int)cf->dim, hd = (int)cf->head_dim, nh = (int)cf->n_head, nkv = (int)cf->n_kv_head, H = (int)cf->hidden;
+    int D = (int)cf->dim, hd = (int)cf->head_dim, nh = m->n_head_l, nkv = m->n_kv_l, H = m->hidden_l;
     int QD = nh * hd, KVD = nkv * hd, nl, rc;
     int32_t *d;
     if ((rc = stage(g, c, n_seq, s, T, &nl, &d))) return rc;
@@ -277,21 +291,29 @@ int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, 
                                 d_soff, d_blk, g->ws,        g->ws_bytes};
         TRY(kn_cuda_paged_attention(&aa));
         TRY(dmm(g, &w[3], g->att, g->xb2, T));
+        TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));
         TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
         TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[1], T, D, cf->norm_eps));
         TRY(dmm(g, &w[4], g->xb, g->hb, T));
         TRY(dmm(g, &w[5], g->xb, g->hb2, T));
         TRY(kn_cuda_silu_mul(g->hb, g->hb2, T * H));
         TRY(dmm(g, &w[6], g->hb, g->xb2, T));
+        TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));
         TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
     }
     if (!nl) return kn_cuda_sync();
     TRY(kn_cuda_gather_rows(g->xb, g->x, d_lrows, nl, D));
     TRY(kn_cuda_rmsnorm(g->xb2, g->xb, g->out_norm, nl, D, cf->norm_eps));
     TRY(dmm(g, &g->out, g->xb2, g->logits, nl));
+    float *full = g->logits;
+    if (m->tp_size > 1) { /* vocabulary-parallel LM head: rank 0 gathers the columns */
+        TRY(kn_cuda_sync());
+        TRY(m->comm->ops->all_gather_cols(m->comm, g->logits, nl, m->voc_width, m->tp_rank == 0 ? g->logits_all : NULL));
+        full = g->logits_all;
+    }
 #undef TRY
     if (!logits) return kn_cuda_sync();
-    return kn_cuda_download(logits, g->logits, sizeof(float) * (size_t)nl * cf->vocab);
+    return kn_cuda_download(logits, full, sizeof(float) * (size_t)nl * cf->vocab);
 }
 
 #else /* built without CUDA */

@@ -18,6 +18,10 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
     const cm_tensor_ref *t;
     int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
     if (rc) return rc;
+    if (!t->data) { /* a dummy made on the GPU: this rank's part is made there too */
+        *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)(c1 - c0), NULL, KN_PACK_NONE, NULL};
+        return 0;
+    }
     size_t blk = cm_dtype_block(t->type), rb = cm_dtype_row_bytes(t->type, k);
     const char *raw = t->data ? (const char *)t->data + r0 * rb : NULL; /* NULL: dummy weights made on the GPU */
     if (c0 != 0 || c1 != k) {
@@ -239,15 +243,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     uint64_t QDl = (uint64_t)m->n_head_l * c->head_dim;
     if (QDl % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QDl, B))) goto fail;
     if (m->hidden_l % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)m->hidden_l, B))) goto fail;
-    if (m->device == WK_DEV_CUDA) {
-        if (m->tp_size > 1) {
-            snprintf(err, errlen, "--device cuda with tensor parallelism is not built yet (NCCL is; the sharded "
-                                  "CUDA forward is not)");
-            rc = LLM_EUNSUP;
-            goto fail;
-        }
-        if ((rc = wk_cuda_load(m, err, errlen))) goto fail;
-    }
+    if (m->device == WK_DEV_CUDA && (rc = wk_cuda_load(m, err, errlen))) goto fail;
     *out = m;
     return 0;
 fail:
@@ -623,7 +619,13 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         T += s[i].n;
         if (T > m->max_batch) return LLM_ERANGE;
     }
-    if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
+    if (m->device == WK_DEV_CUDA) {
+        if (m->tp_size > 1 && m->tp_rank == 0) {
+            int rc = plan_send(m, c, n_seq, s);
+            if (rc) return rc;
+        }
+        return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
+    }
     if (m->attn_scratch_len < max_len) { /* grows with the longest sequence seen, not per step */
         free(m->attn_scratch);
         m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));
