@@ -155,5 +155,10 @@ void kn_ref_matmul(const kn_weight *w, float *y, const float *x, int B);
 void kn_ref_attention(const kn_attn_args *a);
 /* The activation quantization rule for one block of 32 (every path matches it). */
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds);
+/* FP8 E4M3 (the "fn" variant: no infinities, 448 the largest, 0x7f NaN):
+ * round to nearest even, saturating at +-448; and back. The reference of
+ * the CUDA backend's FP8 weights and activations. */
+uint8_t kn_ref_f32_to_e4m3(float f);
+float kn_ref_e4m3_to_f32(uint8_t v);
 
 #endif

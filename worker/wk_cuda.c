@@ -8,7 +8,9 @@
  *
  * GEMMs: F16 / BF16 weights through cuBLAS; GGUF-quantized and F32 weights
  * through the warp-per-row kernel for decode-sized batches, and from
- * DEQ_MIN_ROWS rows dequantized to F16 once and multiplied by cuBLAS.
+ * DEQ_MIN_ROWS rows dequantized to F16 once and multiplied by cuBLAS; with
+ * --quantization fp8 the dense layer weights become E4M3 with a scale per
+ * output channel and go through cuBLASLt's FP8 GEMM.
  * Everything is allocated at load except the step metadata, which grows to
  * the largest step seen; the KV pool is sized from what is left. With
  * tensor parallelism each rank holds its Megatron shard (wk_model.c's split)
@@ -59,14 +61,18 @@ int wk_step_meta(const wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int
 #define N_MAT 7 /* q k v o gate up down */
 #define N_VEC 5 /* attn_norm ffn_norm bq bk bv */
 
+#define DW_FP8 1000 /* a dweight of E4M3 codes with a scale per row */
+
 typedef struct {
     void *d;
-    int type;
+    int type;                     /* cm_dtype, or DW_FP8 */
     int64_t n, k;
+    float *scale;                 /* DW_FP8: [n] */
 } dweight;
 
 typedef struct wk_cuda {
     kn_cuda_blas *blas;
+    kn_cuda_fp8 *f8;              /* --quantization fp8 */
     int n_sm;
     dweight *w;                   /* [n_layer][N_MAT] */
     dweight embd, out;            /* out.d == embd.d when tied */
@@ -96,9 +102,14 @@ void wk_cuda_cache_copy(wk_cache *c, int src, int dst) {
     }
 }
 
-static int up_weight(wk_cuda *g, const kn_weight *w, dweight *d, uint64_t seed) {
+/* A weight to the device as stored (or made there, for dummies); with fp8,
+ * a dense matrix is staged in its own type and re-quantized to E4M3. */
+static int up_weight(wk_cuda *g, const kn_weight *w, dweight *d, uint64_t seed, int fp8) {
     size_t bytes = cm_dtype_row_bytes(w->type, (uint64_t)w->k) * (size_t)w->n;
-    int rc = kn_cuda_malloc(&d->d, bytes);
+    int dense = w->type == CM_F16 || w->type == CM_BF16 || w->type == CM_F32;
+    fp8 = fp8 && dense && w->n % 16 == 0 && w->k % 16 == 0;
+    void *stage = NULL;
+    int rc = kn_cuda_malloc(&stage, bytes);
     if (rc) return rc;
     d->type = w->type;
     d->n = w->n;
@@ -107,9 +118,20 @@ static int up_weight(wk_cuda *g, const kn_weight *w, dweight *d, uint64_t seed) 
         size_t deq = (size_t)w->n * (size_t)w->k * 2;
         if (deq > g->deq_bytes) g->deq_bytes = deq;
     }
-    if (w->raw) return kn_cuda_upload(d->d, w->raw, bytes);
-    /* dummy weights made here, uniform in +-1/sqrt(row length) as on the host */
-    return kn_cuda_fill_random(d->d, w->type, (size_t)w->n * (size_t)w->k, seed, 1.f / sqrtf((float)w->k));
+    /* dummy weights are made here, uniform in +-1/sqrt(row length) as on the host */
+    rc = w->raw ? kn_cuda_upload(stage, w->raw, bytes)
+                : kn_cuda_fill_random(stage, w->type, (size_t)w->n * (size_t)w->k, seed, 1.f / sqrtf((float)w->k));
+    if (rc || !fp8) {
+        d->d = stage;
+        return rc;
+    }
+    if (!(rc = kn_cuda_malloc(&d->d, (size_t)w->n * (size_t)w->k)) &&
+        !(rc = kn_cuda_malloc((void **)&d->scale, sizeof(float) * (size_t)w->n)) &&
+        !(rc = kn_cuda_fp8_quantize(g->f8, w->type, stage, w->n, w->k, 1, d->d, d->scale)))
+        rc = kn_cuda_sync();
+    kn_cuda_free(stage);
+    d->type = DW_FP8;
+    return rc;
 }
 
 static int up_vec(const float *h, size_t n, float **d) {
@@ -137,14 +159,18 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
     g->vec = calloc(L * N_VEC, sizeof *g->vec);
     if (!g->w || !g->vec) return LLM_ENOMEM;
     if ((rc = kn_cuda_blas_create(&g->blas)) || (rc = kn_cuda_sm_count(&g->n_sm))) goto fail;
-    if ((rc = up_weight(g, &m->tok_embd, &g->embd, 1u << 20))) goto fail;
+    int fp8 = m->quant == WK_QUANT_FP8;
+    if (fp8 && (rc = kn_cuda_fp8_create(&g->f8))) goto fail;
+    /* the embedding and the LM head stay in their own type, as vLLM keeps them */
+    if ((rc = up_weight(g, &m->tok_embd, &g->embd, 1u << 20, 0))) goto fail;
     if (c->tied && m->tp_size == 1 && m->output.raw == m->tok_embd.raw) g->out = g->embd;
-    else if ((rc = up_weight(g, &m->output, &g->out, (1u << 20) + 1))) goto fail;
+    else if ((rc = up_weight(g, &m->output, &g->out, (1u << 20) + 1, 0))) goto fail;
     for (size_t l = 0; l < L; l++) {
         const wk_layer *Ly = &m->layers[l];
         const kn_weight *mats[N_MAT] = {&Ly->wq, &Ly->wk, &Ly->wv, &Ly->wo, &Ly->gate, &Ly->up, &Ly->down};
         for (int j = 0; j < N_MAT; j++)
-            if ((rc = up_weight(g, mats[j], &g->w[l * N_MAT + j], (l * N_MAT + (size_t)j) * 64 + (size_t)m->tp_rank)))
+            if ((rc = up_weight(g, mats[j], &g->w[l * N_MAT + j], (l * N_MAT + (size_t)j) * 64 + (size_t)m->tp_rank,
+                                fp8)))
                 goto fail;
         const float *vecs[N_VEC] = {Ly->attn_norm, Ly->ffn_norm, Ly->bq, Ly->bk, Ly->bv};
         size_t lens[N_VEC] = {D, D, QD, KVD, KVD};
@@ -182,7 +208,10 @@ void wk_cuda_free(wk_model *m) {
     wk_cuda *g = m->cu;
     if (!g) return;
     if (g->w)
-        for (size_t i = 0; i < (size_t)m->cfg.n_layer * N_MAT; i++) kn_cuda_free(g->w[i].d);
+        for (size_t i = 0; i < (size_t)m->cfg.n_layer * N_MAT; i++) {
+            kn_cuda_free(g->w[i].d);
+            kn_cuda_free(g->w[i].scale);
+        }
     if (g->vec)
         for (size_t i = 0; i < (size_t)m->cfg.n_layer * N_VEC; i++) kn_cuda_free(g->vec[i]);
     if (g->out.d != g->embd.d) kn_cuda_free(g->out.d);
@@ -193,6 +222,7 @@ void wk_cuda_free(wk_model *m) {
     kn_cuda_free(g->deq);
     kn_cuda_free(g->meta);
     kn_cuda_blas_destroy(g->blas);
+    kn_cuda_fp8_destroy(g->f8);
     free(g->hmeta);
     free(g->w);
     free(g->vec);
@@ -228,6 +258,7 @@ static int reduce(wk_model *m, float *buf, size_t n) {
 
 /* y[B][w.n] = x[B][w.k] . w^T on the device. */
 static int dmm(wk_cuda *g, const dweight *w, const float *x, float *y, int B) {
+    if (w->type == DW_FP8) return kn_cuda_gemm_fp8(g->f8, w->d, w->scale, w->n, w->k, x, y, B);
     if (w->type == CM_F16 || w->type == CM_BF16) return kn_cuda_gemm(g->blas, w->type, w->d, w->n, w->k, x, y, B);
     if (B >= DEQ_MIN_ROWS && g->deq && w->type != CM_F32) {
         int rc = kn_cuda_dequant_f16(w->type, w->d, w->n, w->k, g->deq);

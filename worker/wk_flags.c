@@ -116,6 +116,18 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
             return LLM_EINVAL;
         }
         return 0;
+    case WK_M_QUANT:
+        if (!strcmp(arg, "none") || !strcmp(arg, "auto")) f->quant = WK_QUANT_NONE;
+        else if (!strcmp(arg, "fp8")) f->quant = WK_QUANT_FP8;
+        else if (!strcmp(arg, "awq") || !strcmp(arg, "gptq") || !strcmp(arg, "int8") || !strcmp(arg, "int4")) {
+            fprintf(stderr, "llmserve: --quantization %s is not built yet (safetensors AWQ/GPTQ/INT8 checkpoints); "
+                            "GGUF Q4_0/Q4_1/Q8_0 files and --quantization fp8 work\n", arg);
+            return LLM_EINVAL;
+        } else {
+            fprintf(stderr, "llmserve: --quantization expects fp8 (or none), not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
     case WK_M_SEED: {
         char *end;
         errno = 0;
@@ -144,5 +156,6 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
     mo->dummy_type = f->dtype;
     mo->seed = f->seed;
     mo->device = f->device;
+    mo->quant = f->quant;
     return 0;
 }

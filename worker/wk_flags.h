@@ -52,18 +52,20 @@ enum {
  * PRESET|config.json [--dtype T]. Codes from
  * WK_MODEL_FLAG_BASE go to wk_model_flag (check them before engine flags),
  * then wk_model_flags_apply fills the model options. */
-enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE };
+enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE, WK_M_QUANT };
 
 #define WK_MODEL_LONGOPTS                                                                          \
     {"load-format", required_argument, 0, WK_M_LOAD_FORMAT},                                       \
     {"model-config", required_argument, 0, WK_M_CONFIG},                                          \
     {"dtype", required_argument, 0, WK_M_DTYPE},                                                   \
     {"dummy-seed", required_argument, 0, WK_M_SEED},                                               \
-    {"device", required_argument, 0, WK_M_DEVICE}
+    {"device", required_argument, 0, WK_M_DEVICE},                                                 \
+    {"quantization", required_argument, 0, WK_M_QUANT}
 
 #define WK_MODEL_FLAGS_HELP                                                                        \
     "model:\n"                                                                                     \
     "  --device cpu|cuda           where the forward pass runs (default cpu)\n"                     \
+    "  --quantization fp8          FP8 E4M3 weights (per-channel scales) and activations (CUDA)\n"   \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
     "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, llama-2-7b,\n"     \
@@ -77,6 +79,7 @@ typedef struct {
     int dtype;                           /* cm_dtype, 0: default */
     uint64_t seed;
     int device;                          /* WK_DEV_* */
+    int quant;                           /* WK_QUANT_* */
 } wk_load_flags;
 
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */

@@ -134,6 +134,12 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     wk_model *m = calloc(1, sizeof *m);
     if (!m) return LLM_ENOMEM;
     m->device = o->device;
+    m->quant = o->quant;
+    if (m->quant == WK_QUANT_FP8 && m->device != WK_DEV_CUDA) {
+        snprintf(err, errlen, "--quantization fp8 runs on FP8 tensor cores: it needs --device cuda");
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
     if (o->model_config) { /* --load-format dummy: random weights of a preset's or config.json's shape */
         cm_model_config dc;
         if ((rc = cm_model_config_resolve(o->model_config, &dc, err, errlen)) ||

@@ -25,6 +25,7 @@ enum { WK_DEV_CPU = 0, WK_DEV_CUDA = 1 };
 typedef struct wk_model {
     cm_model_file *file;
     int device;                          /* WK_DEV_*: where the weights, activations and KV cache live */
+    int quant;                           /* WK_QUANT_* */
     struct wk_cuda *cu;                  /* the CUDA backend's state (wk_cuda.c), or NULL */
     cm_model_config cfg;
     cm_tokenizer *tok;
@@ -76,7 +77,10 @@ typedef struct {
     int device;                          /* WK_DEV_CPU (default) or WK_DEV_CUDA */
     int dummy_on_host;                   /* CUDA: make dummy weights on the host as the CPU does (tests
                                           * comparing devices), not on the GPU (fast, the default) */
+    int quant;                           /* WK_QUANT_*: weights re-quantized at load (CUDA) */
 } wk_model_opts;
+
+enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1 };
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
 void wk_model_free(wk_model *m);

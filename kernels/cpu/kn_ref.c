@@ -185,3 +185,28 @@ const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
     kn_quant_block_ref(x, q, d, ds);
 }
+
+float kn_ref_e4m3_to_f32(uint8_t v) {
+    int e = (v >> 3) & 15, m = v & 7;
+    if (e == 15 && m == 7) return NAN;
+    float r = e ? ldexpf(1.f + (float)m / 8.f, e - 7) : ldexpf((float)m / 8.f, -6);
+    return v & 0x80 ? -r : r;
+}
+
+/* By search over the 127 finite magnitudes: slow and obviously right (tests only). */
+uint8_t kn_ref_f32_to_e4m3(float f) {
+    if (f != f) return 0x7f;
+    uint8_t s = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 448.f) return s | 0x7e;
+    int best = 0;
+    float bd = a;
+    for (int c = 1; c <= 0x7e; c++) {
+        float d = fabsf(kn_ref_e4m3_to_f32((uint8_t)c) - a);
+        if (d < bd || (d == bd && (c & 1) == 0 && (best & 1))) {
+            bd = d;
+            best = c;
+        }
+    }
+    return s | (uint8_t)best;
+}

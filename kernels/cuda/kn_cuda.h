@@ -93,6 +93,22 @@ int kn_cuda_set_device(int dev);
 /* a[i] += b[i] */
 int kn_cuda_add(float *d_a, const float *d_b, size_t n);
 
+/* ---- FP8 E4M3 GEMMs through cuBLASLt (kn_cuda_fp8.cu; sm_89 and newer) ---- */
+typedef struct kn_cuda_fp8 kn_cuda_fp8;
+int kn_cuda_fp8_create(kn_cuda_fp8 **out);
+void kn_cuda_fp8_destroy(kn_cuda_fp8 *f);
+/* W [n][k] (F32, F16 or BF16 on the device) -> E4M3 codes q [n][k] and
+ * scale [n] (per output channel: amax of the row / 448; per tensor: the
+ * same value n times), so W ~ q * scale[row]. */
+int kn_cuda_fp8_quantize(kn_cuda_fp8 *f, int type, const void *d_w, int64_t n, int64_t k, int per_channel, uint8_t *d_q,
+                         float *d_scale);
+/* y[B][n] = x[B][k] . W^T with W as above: x quantized to E4M3 with one
+ * dynamic scale, cuBLASLt FP8 GEMM (fp32 accumulate and output), then the
+ * scales applied per column. n and k multiples of 16; LLM_EUNSUP when the
+ * GPU has no FP8 kernel. */
+int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n, int64_t k, const float *d_x,
+                     float *d_y, int B);
+
 /* ---- sampling on the device (kn_cuda_sample.cu) -------------------------- */
 /* Per row of logits [rows][vocab]: penalties over its previous tokens, then
  * temperature, top-k, top-p, min-p, and a draw with a counter-based RNG from

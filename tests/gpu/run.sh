@@ -14,9 +14,11 @@
 #   (c) benchmarks: llmserve-cuda-kernel-bench (a llama-3-8b decode step's
 #       cuBLAS GEMMs against the HBM bound, paged attention), then the engine
 #       on dummy llama-3-8b BF16 (single stream; 64 and 256 concurrent,
-#       1024 in / 128 out) and dummy llama-3-70b Q4_0 on one GPU.
-# Not built yet: FP8 (cuBLASLt) and AWQ/GPTQ INT4 GEMMs, CUDA graphs, the
-# tensor-parallel CUDA forward. Without a GPU it says so and exits 0.
+#       1024 in / 128 out), llama-3-8b and llama-3-70b with --quantization
+#       fp8 (the 70B on one GPU).
+# Not built yet: AWQ/GPTQ INT4 checkpoints, CUDA graphs, FP8 KV cache. The
+# tensor-parallel CUDA forward needs two GPUs to check. Without a GPU it
+# says so and exits 0.
 #   tests/gpu/run.sh [BUILD_DIR]      (default build-gpu)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -53,7 +55,10 @@ timeout 150 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1 --prompt-
 echo "== engine, dummy llama-3-8b BF16: 64 and 256 concurrent, 1024 in / 128 out"
 timeout 200 $EB --model-config llama-3-8b --dtype bf16 --concurrency 64,256 --prompt-len 1024 --gen 128 --repeats 1 \
     --max-num-batched-tokens 8192 --system-len 1000 || { echo "== engine 8B concurrent FAILED"; fail=1; }
-echo "== engine, dummy llama-3-70b Q4_0 on one GPU"
-timeout 150 $EB --model-config llama-3-70b --dtype q4_0 --concurrency 1,64 --prompt-len 1024 --gen 64 --repeats 1 \
-    --max-num-batched-tokens 4096 --system-len 1000 || { echo "== engine 70B FAILED"; fail=1; }
+echo "== engine, dummy llama-3-8b --quantization fp8: single stream and 64 concurrent"
+timeout 120 $EB --model-config llama-3-8b --dtype bf16 --quantization fp8 --concurrency 1,64 --prompt-len 1024 --gen 128 \
+    --repeats 1 --max-num-batched-tokens 8192 --system-len 1000 || { echo "== engine 8B fp8 FAILED"; fail=1; }
+echo "== engine, dummy llama-3-70b --quantization fp8 on one GPU (about 74 GB of weights)"
+timeout 150 $EB --model-config llama-3-70b --dtype bf16 --quantization fp8 --concurrency 1,64 --prompt-len 1024 --gen 64 \
+    --repeats 1 --max-num-batched-tokens 4096 --system-len 1000 || { echo "== engine 70B fp8 FAILED"; fail=1; }
 exit $fail

@@ -168,6 +168,37 @@ int main(int argc, char **argv) {
         go.dummy_on_host = 1;
         compare(cases[i].name, &co, &go, cases[i].tol);
     }
+    /* --quantization fp8: the GPU multiplies E4M3 codes; close to the CPU's F16 model, not equal */
+    {
+        wk_model_opts co = {.threads = 2, .max_batch = 8, .model_config = llama, .dummy_type = CM_F16, .seed = 3};
+        wk_model_opts go = co;
+        go.device = WK_DEV_CUDA;
+        go.dummy_on_host = 1;
+        go.quant = WK_QUANT_FP8;
+        char err[256] = "";
+        wk_model *mc = NULL, *mg = NULL;
+        CHECK_RC(wk_model_load(&co, &mc, err, sizeof err), 0);
+        CHECK_RC(wk_model_load(&go, &mg, err, sizeof err), 0);
+        if (mc && mg) {
+            int32_t prompt[40], tc[16], tg[16];
+            for (int i = 0; i < 40; i++) prompt[i] = (int32_t)((i * 11 + 1) % 300);
+            float lc[300], lg[300];
+            CHECK_RC(run(mc, prompt, 40, 16, lc, tc), 0);
+            int rc = run(mg, prompt, 40, 16, lg, tg);
+            if (rc == LLM_EUNSUP) printf("fp8: no FP8 tensor cores on this GPU; skipped\n");
+            else {
+                CHECK_RC(rc, 0);
+                int same = 0;
+                while (same < 16 && tc[same] == tg[same]) same++;
+                double e = rel_l2(lg, lc, 300);
+                printf("dummy llama --quantization fp8 vs F16 on the CPU: logits rel-L2 %.2e, %d of 16 greedy tokens "
+                       "the same\n", e, same);
+                CHECK(e < 0.1);
+            }
+        }
+        wk_model_free(mc);
+        wk_model_free(mg);
+    }
     /* prefill-sized chunks: quantized weights through dequantize + cuBLAS F16 (activations rounded to f16) */
     {
         wk_model_opts co = {.threads = 2, .max_batch = 64, .model_config = llama, .dummy_type = CM_Q8_0, .seed = 3};

@@ -204,6 +204,78 @@ static void dense(void) {
     free(raw); free(x); free(yr); free(yg); free(w);
 }
 
+/* FP8 GEMM (cuBLASLt): against the same quantization done on the CPU with
+ * kn_ref_f32_to_e4m3 (tight), and against the unquantized product (loose). */
+static void fp8(void) {
+    int64_t N = 256, K = 512;
+    int B = 6;
+    uint16_t *w = malloc(sizeof(uint16_t) * (size_t)(N * K));
+    float *wf = malloc(sizeof(float) * (size_t)(N * K)), *x = malloc(sizeof(float) * (size_t)(B * K));
+    float *yq = malloc(sizeof(float) * (size_t)(B * N)), *yf = malloc(sizeof(float) * (size_t)(B * N)),
+          *yg = malloc(sizeof(float) * (size_t)(B * N));
+    for (int64_t i = 0; i < N * K; i++) {
+        w[i] = cm_f32_to_f16(frand() * (1 + (float)(i / K % 7))); /* rows of different ranges */
+        wf[i] = cm_f16_to_f32(w[i]);
+    }
+    for (int i = 0; i < B * K; i++) x[i] = frand() * 3;
+    kn_cuda_fp8 *f8;
+    if (kn_cuda_fp8_create(&f8)) {
+        printf("cuda fp8: cannot create cuBLASLt; FAILED\n");
+        CHECK(0);
+        return;
+    }
+    void *dw;
+    uint8_t *dq;
+    float *ds, *dx, *dy;
+    kn_cuda_malloc(&dw, sizeof(uint16_t) * (size_t)(N * K));
+    kn_cuda_malloc((void **)&dq, (size_t)(N * K));
+    kn_cuda_malloc((void **)&ds, sizeof(float) * (size_t)N);
+    kn_cuda_malloc((void **)&dx, sizeof(float) * (size_t)(B * K));
+    kn_cuda_malloc((void **)&dy, sizeof(float) * (size_t)(B * N));
+    kn_cuda_upload(dw, w, sizeof(uint16_t) * (size_t)(N * K));
+    kn_cuda_upload(dx, x, sizeof(float) * (size_t)(B * K));
+    float xa = 0;
+    for (int i = 0; i < B * K; i++) xa = fmaxf(xa, fabsf(x[i]));
+    float xs = xa / 448.f;
+    for (int per_ch = 0; per_ch < 2; per_ch++) {
+        CHECK_RC(kn_cuda_fp8_quantize(f8, CM_F16, dw, N, K, per_ch, dq, ds), 0);
+        int rc = kn_cuda_gemm_fp8(f8, dq, ds, N, K, dx, dy, B);
+        if (rc == LLM_EUNSUP) {
+            printf("cuda fp8: this GPU has no FP8 tensor-core kernel; skipped\n");
+            break;
+        }
+        CHECK_RC(rc, 0);
+        kn_cuda_download(yg, dy, sizeof(float) * (size_t)(B * N));
+        /* the CPU does the same quantization */
+        float wt = 0;
+        for (int64_t i = 0; i < N * K; i++) wt = fmaxf(wt, fabsf(wf[i]));
+        for (int64_t r = 0; r < N; r++) {
+            float ra = 0;
+            for (int64_t i = 0; i < K; i++) ra = fmaxf(ra, fabsf(wf[r * K + i]));
+            float sw = (per_ch ? ra : wt) / 448.f;
+            for (int b = 0; b < B; b++) {
+                double acc = 0, exact = 0;
+                for (int64_t i = 0; i < K; i++) {
+                    float qw = kn_ref_e4m3_to_f32(kn_ref_f32_to_e4m3(wf[r * K + i] / sw));
+                    float qx = kn_ref_e4m3_to_f32(kn_ref_f32_to_e4m3(x[b * K + i] / xs));
+                    acc += (double)qw * qx;
+                    exact += (double)wf[r * K + i] * x[b * K + i];
+                }
+                yq[b * N + r] = (float)(acc * sw * xs);
+                yf[b * N + r] = (float)exact;
+            }
+        }
+        double eq = rel(yg, yq, (size_t)(B * N)), ef = rel(yg, yf, (size_t)(B * N));
+        printf("cuda fp8 gemm (%s scales): rel %.2e vs the CPU's FP8 arithmetic, %.2e vs unquantized\n",
+               per_ch ? "per-channel" : "per-tensor", eq, ef);
+        CHECK(eq < 2e-3); /* Hopper accumulates FP8 products with a shorter mantissa than fp32 */
+        CHECK(ef < 8e-2);
+    }
+    kn_cuda_free(dw); kn_cuda_free(dq); kn_cuda_free(ds); kn_cuda_free(dx); kn_cuda_free(dy);
+    kn_cuda_fp8_destroy(f8);
+    free(w); free(wf); free(x); free(yq); free(yf); free(yg);
+}
+
 /* Device sampling: greedy is the CPU's argmax; a stochastic draw always
  * lands in the set top-k / top-p / min-p allow; penalties move the choice. */
 static int sample_one(float *dl, const float *logits, int vocab, kn_cuda_sample_params *pp, const int32_t *hist,
@@ -363,6 +435,7 @@ int main(void) {
     attention(KN_KV_F16);
     attention(KN_KV_F32);
     dense();
+    fp8();
     sampling();
     CHECK_RC(kn_cuda_sync(), 0);
     kn_cuda_free(dx); kn_cuda_free(dw); kn_cuda_free(dy);

@@ -313,5 +313,19 @@ int main(void) {
     test_elementwise();
     test_pool();
     kn_pool_destroy(pool);
+    /* FP8 E4M3 reference: worked values, ties to even, saturation, every code round-trips */
+    CHECK_RC(kn_ref_f32_to_e4m3(1.0f), 0x38);
+    CHECK_RC(kn_ref_f32_to_e4m3(-2.5f), 0xc2);
+    CHECK_RC(kn_ref_f32_to_e4m3(448.f), 0x7e);
+    CHECK_RC(kn_ref_f32_to_e4m3(1e6f), 0x7e);
+    CHECK_RC(kn_ref_f32_to_e4m3(-1e6f), 0xfe);
+    CHECK_RC(kn_ref_f32_to_e4m3(0.001953125f), 0x01); /* 2^-9, the smallest subnormal */
+    CHECK_RC(kn_ref_f32_to_e4m3(1.0625f), 0x38);      /* halfway 1 and 1.125: the even one */
+    CHECK_RC(kn_ref_f32_to_e4m3(1.1875f), 0x3a);      /* halfway 1.125 and 1.25: the even one */
+    CHECK(kn_ref_e4m3_to_f32(0x7f) != kn_ref_e4m3_to_f32(0x7f));
+    int rt = 0;
+    for (int c = 0; c < 256; c++)
+        if ((c & 0x7f) != 0x7f) rt += kn_ref_f32_to_e4m3(kn_ref_e4m3_to_f32((uint8_t)c)) == (c == 0x80 ? 0x80 : c);
+    CHECK_RC(rt, 254);
     return tst_done("kernels_test");
 }

@@ -1,0 +1,205 @@
+// kn_cuda_fp8.cu - FP8 E4M3 GEMMs through cuBLASLt (sm_89 / sm_90 tensor
+// cores): weights quantized once at load with a scale per output channel
+// (or one per tensor), activations quantized per step with one dynamic
+// scale (amax / 448). cuBLASLt multiplies the FP8 codes in the "TN" layout
+// it requires, with fp32 accumulation and fp32 output; one small kernel then
+// applies weight scale x activation scale per output column. The CPU
+// reference of the conversion is kn_ref_f32_to_e4m3 (round to nearest even,
+// saturating at 448).
+#include "kn_cuda.h"
+#include "kn_cuda_int.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+extern "C" {
+#include "cm_dtype.h"
+#include "cm_error.h"
+}
+
+#define FP8_MAX 448.f
+#define LT_WORKSPACE (32u << 20)
+
+struct kn_cuda_fp8 {
+    cublasLtHandle_t lt;
+    void *lt_ws;                 // cuBLASLt workspace
+    uint8_t *xq;                 // activations as FP8 codes
+    size_t xq_bytes;
+    float *x_scale;              // one device float: amax(x) / 448
+    unsigned *amax_bits;
+};
+
+__device__ __forceinline__ float load_any(int type, const void *p, size_t i) {
+    if (type == CM_F32) return ((const float *)p)[i];
+    if (type == CM_F16) return __half2float(((const __half *)p)[i]);
+    return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16); // BF16
+}
+
+// grid-stride: atomic max of |x| as bits (non-negative floats order as unsigned ints)
+__global__ void amax_kernel(int type, const void *x, size_t n, unsigned *out) {
+    float m = 0.f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        m = fmaxf(m, fabsf(load_any(type, x, i)));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) atomicMax(out, __float_as_uint(m));
+}
+
+// one thread: scale = max(amax, tiny) / 448 (a zero tensor keeps a usable scale)
+__global__ void scale_from_amax_kernel(const unsigned *bits, float *scale) {
+    *scale = fmaxf(__uint_as_float(*bits), 1e-12f) / FP8_MAX;
+}
+
+// grid: rows blocks of 256: per-row amax -> scale[r]
+__global__ void row_scale_kernel(int type, const void *w, int64_t k, float *scale) {
+    __shared__ float sh[32];
+    float m = 0.f;
+    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(load_any(type, w, (size_t)blockIdx.x * k + i)));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)blockDim.x / 32; i++) m = fmaxf(m, sh[i]);
+        m = fmaxf(m, sh[0]);
+        scale[blockIdx.x] = fmaxf(m, 1e-12f) / FP8_MAX;
+    }
+}
+
+// grid-stride: q[i] = e4m3(x[i] / scale[i / row_len]) (row_len 0: one scale)
+__global__ void quant_kernel(int type, const void *x, size_t n, const float *scale, int64_t row_len, uint8_t *q) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float s = scale[row_len ? i / (size_t)row_len : 0];
+        q[i] = (uint8_t)__nv_cvt_float_to_fp8(load_any(type, x, i) / s, __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+// grid-stride over y [B][n]: y *= w_scale[col] * x_scale
+__global__ void rescale_kernel(float *y, size_t total, int64_t n, const float *w_scale, const float *x_scale) {
+    float xs = *x_scale;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] *= w_scale[i % (size_t)n] * xs;
+}
+
+static unsigned grid_for(size_t n) {
+    size_t g = (n + 255) / 256;
+    return (unsigned)(g > 4096 ? 4096 : g ? g : 1);
+}
+
+extern "C" int kn_cuda_fp8_create(kn_cuda_fp8 **out) {
+    *out = NULL;
+    kn_cuda_fp8 *f = (kn_cuda_fp8 *)calloc(1, sizeof *f);
+    if (!f) return LLM_ENOMEM;
+    *out = f;
+    KN_CUBLAS_CHECK(cublasLtCreate(&f->lt));
+    KN_CUDA_CHECK(cudaMalloc(&f->lt_ws, LT_WORKSPACE));
+    KN_CUDA_CHECK(cudaMalloc((void **)&f->x_scale, sizeof(float)));
+    KN_CUDA_CHECK(cudaMalloc((void **)&f->amax_bits, sizeof(unsigned)));
+    return 0;
+}
+
+extern "C" void kn_cuda_fp8_destroy(kn_cuda_fp8 *f) {
+    if (!f) return;
+    if (f->lt) cublasLtDestroy(f->lt);
+    cudaFree(f->lt_ws);
+    cudaFree(f->xq);
+    cudaFree(f->x_scale);
+    cudaFree(f->amax_bits);
+    free(f);
+}
+
+extern "C" int kn_cuda_fp8_quantize(kn_cuda_fp8 *f, int type, const void *d_w, int64_t n, int64_t k, int per_channel,
+                                    uint8_t *d_q, float *d_scale) {
+    if (type != CM_F32 && type != CM_F16 && type != CM_BF16) return LLM_EUNSUP;
+    if (n <= 0 || k <= 0 || n > INT32_MAX) return LLM_EINVAL;
+    size_t total = (size_t)n * (size_t)k;
+    if (per_channel) {
+        row_scale_kernel<<<(unsigned)n, 256>>>(type, d_w, k, d_scale);
+        KN_CUDA_LAUNCHED();
+        quant_kernel<<<grid_for(total), 256>>>(type, d_w, total, d_scale, k, d_q);
+        KN_CUDA_LAUNCHED();
+        return 0;
+    }
+    KN_CUDA_CHECK(cudaMemset(f->amax_bits, 0, sizeof(unsigned)));
+    amax_kernel<<<grid_for(total), 256>>>(type, d_w, total, f->amax_bits);
+    KN_CUDA_LAUNCHED();
+    scale_from_amax_kernel<<<1, 1>>>(f->amax_bits, d_scale);
+    KN_CUDA_LAUNCHED();
+    quant_kernel<<<grid_for(total), 256>>>(type, d_w, total, d_scale, 0, d_q);
+    KN_CUDA_LAUNCHED();
+    // the rescale kernel reads a scale per column: spread the one scale over n
+    float one;
+    KN_CUDA_CHECK(cudaMemcpy(&one, d_scale, sizeof one, cudaMemcpyDeviceToHost));
+    float *h = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!h) return LLM_ENOMEM;
+    for (int64_t i = 0; i < n; i++) h[i] = one;
+    cudaError_t e = cudaMemcpy(d_scale, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice);
+    free(h);
+    KN_CUDA_CHECK(e);
+    return 0;
+}
+
+extern "C" int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n, int64_t k,
+                                const float *d_x, float *d_y, int B) {
+    if (n <= 0 || k <= 0 || B <= 0 || n > INT32_MAX || k > INT32_MAX) return LLM_EINVAL;
+    if (k % 16 || n % 16) return LLM_EUNSUP; // FP8 tensor-core layouts want 16-byte-aligned leading dimensions
+    size_t xs = (size_t)B * (size_t)k;
+    if (xs > f->xq_bytes) {
+        cudaFree(f->xq);
+        f->xq = NULL;
+        f->xq_bytes = 0;
+        KN_CUDA_CHECK(cudaMalloc((void **)&f->xq, xs));
+        f->xq_bytes = xs;
+    }
+    KN_CUDA_CHECK(cudaMemset(f->amax_bits, 0, sizeof(unsigned)));
+    amax_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->amax_bits);
+    KN_CUDA_LAUNCHED();
+    scale_from_amax_kernel<<<1, 1>>>(f->amax_bits, f->x_scale);
+    KN_CUDA_LAUNCHED();
+    quant_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->x_scale, 0, f->xq);
+    KN_CUDA_LAUNCHED();
+    // y^T [n][B] (column-major) = W (stored k x n column-major, used transposed) . x^T (k x B)
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0, rc = 0;
+    size_t ws = LT_WORKSPACE;
+    const float alpha = 1.f, beta = 0.f;
+#define LT(call)                                                                                   \
+    do {                                                                                           \
+        cublasStatus_t s_ = (call);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d: cuBLASLt error %s\n", __FILE__, __LINE__, cublasGetStatusName(s_)); \
+            rc = s_ == CUBLAS_STATUS_NOT_SUPPORTED ? LLM_EUNSUP : LLM_EDEVICE;                     \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k));
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)B, k));
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n, (uint64_t)B, n));
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT(cublasLtMatmulAlgoGetHeuristic(f->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) {
+        fprintf(stderr, "%s:%d: cuBLASLt has no FP8 kernel for %lld x %lld x %d on this GPU\n", __FILE__, __LINE__,
+                (long long)n, (long long)k, B);
+        rc = LLM_EUNSUP;
+        goto done;
+    }
+    LT(cublasLtMatmul(f->lt, op, &alpha, d_wq, la, f->xq, lb, &beta, d_y, lc, d_y, lc, &heur.algo, f->lt_ws, ws, 0));
+#undef LT
+    rescale_kernel<<<grid_for((size_t)B * (size_t)n), 256>>>(d_y, (size_t)B * (size_t)n, n, d_wscale, f->x_scale);
+    if (cudaGetLastError() != cudaSuccess) rc = LLM_EDEVICE;
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
