@@ -86,4 +86,45 @@ static inline uint16_t cm_f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
+/* FP8 E4M3 ("fn": no infinities, +-448 largest, 0x7f / 0xff NaN), as CUDA's
+ * __nv_fp8_e4m3 and the FP8 KV cache use it. */
+static inline float cm_e4m3_to_f32(uint8_t v) {
+    uint32_t e = (v >> 3) & 15, m = v & 7, bits;
+    float f;
+    if (e == 15 && m == 7) {
+        bits = 0x7fc00000u;
+    } else if (e == 0) { /* subnormal: m x 2^-9 */
+        f = (float)m * (1.f / 512.f);
+        return v & 0x80 ? -f : f;
+    } else {
+        bits = ((e + 127 - 7) << 23) | (m << 20);
+    }
+    bits |= (uint32_t)(v & 0x80) << 24;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even, saturating at +-448 (infinities too); NaN stays NaN. */
+static inline uint8_t cm_f32_to_e4m3(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint8_t s = (uint8_t)((x >> 24) & 0x80);
+    x &= 0x7fffffff;
+    if (x > 0x7f800000u) return 0x7f;
+    if (x >= 0x43e00000u) return s | 0x7e; /* >= 448 */
+    if (x < 0x3c800000u) {                 /* below 2^-6: subnormal steps of 2^-9 */
+        float a;
+        memcpy(&a, &x, 4);
+        a *= 512.f;
+        uint32_t q = (uint32_t)a;
+        float rest = a - (float)q;
+        if (rest > 0.5f || (rest == 0.5f && (q & 1))) q++;
+        return s | (uint8_t)q; /* q = 8 is exactly 2^-6, the first normal code */
+    }
+    x += 0x7ffffu + ((x >> 20) & 1); /* round the 23-bit mantissa to 3 bits, ties to even */
+    uint32_t e = (x >> 23) - 127 + 7, m = (x >> 20) & 7;
+    if (e > 15 || (e == 15 && m == 7)) return s | 0x7e;
+    return s | (uint8_t)((e << 3) | m);
+}
+
 #endif

@@ -106,8 +106,9 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
 void kn_silu_mul(float *a, const float *b, int n); /* a = silu(a) * b */
 void kn_softmax(float *x, int n);
 
-/* KV cache element types. F16 halves what decode attention reads per token. */
-enum { KN_KV_F32 = 0, KN_KV_F16 = 1 };
+/* KV cache element types. F16 halves what decode attention reads per token;
+ * FP8 (E4M3, no scale, as vLLM's default fp8 cache) halves it again. */
+enum { KN_KV_F32 = 0, KN_KV_F16 = 1, KN_KV_FP8 = 2 };
 size_t kn_kv_elem_bytes(int kv_type);
 /* dst[n] of kv_type <- src[n] (F16: round to nearest even). */
 void kn_kv_store(int kv_type, void *dst, const float *src, int n);
@@ -160,5 +161,7 @@ void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds);
  * the CUDA backend's FP8 weights and activations. */
 uint8_t kn_ref_f32_to_e4m3(float f);
 float kn_ref_e4m3_to_f32(uint8_t v);
+/* E4M3 code -> float, the FP8 KV cache's loads (a constant table). */
+extern float kn_e4m3_lut[256];
 
 #endif

@@ -2,6 +2,7 @@
 #include "cm_error.h"
 #include "kernels.h"
 #include "tl_common.h"
+#include "wk_flags.h"
 
 #include <errno.h>
 #include <math.h>
@@ -34,15 +35,7 @@ int tl_parse_float(const char *flag, const char *s, double lo, double hi, double
     return 0;
 }
 
-int tl_parse_kv_dtype(const char *s, int *out) {
-    if (strcmp(s, "auto") == 0 || strcmp(s, "f16") == 0 || strcmp(s, "fp16") == 0) *out = KN_KV_F16;
-    else if (strcmp(s, "f32") == 0 || strcmp(s, "fp32") == 0) *out = KN_KV_F32;
-    else {
-        fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|f32, got '%s'\n", s);
-        return LLM_EINVAL;
-    }
-    return 0;
-}
+int tl_parse_kv_dtype(const char *s, int *out) { return wk_parse_kv_dtype(s, out); }
 
 double tl_now(void) {
     struct timespec ts;

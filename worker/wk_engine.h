@@ -54,7 +54,7 @@ typedef struct wk_engine_opts {
     int block_size;               /* default 16, a power of two */
     size_t kv_cache_bytes;        /* default 4 GiB, capped at what max_num_seqs full sequences need */
     int n_blocks;                 /* overrides kv_cache_bytes when > 0 */
-    int kv_type;                  /* KN_KV_F16 / KN_KV_F32 */
+    int kv_type;                  /* KN_KV_F16 / KN_KV_F32 / KN_KV_FP8 */
     int prefix_caching;           /* default 1 */
     float gpu_memory_utilization; /* CUDA backend; unused on the CPU */
 } wk_engine_opts;

@@ -72,16 +72,20 @@ int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
     }
     case WK_F_PREFIX_ON: o->prefix_caching = 1; return 0;
     case WK_F_PREFIX_OFF: o->prefix_caching = 0; return 0;
-    case WK_F_KV_DTYPE:
-        if (!strcmp(arg, "auto") || !strcmp(arg, "f16") || !strcmp(arg, "fp16")) o->kv_type = KN_KV_F16;
-        else if (!strcmp(arg, "f32") || !strcmp(arg, "fp32")) o->kv_type = KN_KV_F32;
-        else {
-            fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|f32, not '%s'\n", arg);
-            return LLM_EINVAL;
-        }
-        return 0;
+    case WK_F_KV_DTYPE: return wk_parse_kv_dtype(arg, &o->kv_type);
     default: return LLM_EINVAL;
     }
+}
+
+int wk_parse_kv_dtype(const char *s, int *out) {
+    if (!strcmp(s, "auto") || !strcmp(s, "f16") || !strcmp(s, "fp16")) *out = KN_KV_F16;
+    else if (!strcmp(s, "f32") || !strcmp(s, "fp32")) *out = KN_KV_F32;
+    else if (!strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) *out = KN_KV_FP8;
+    else {
+        fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|f32|fp8, not '%s'\n", s);
+        return LLM_EINVAL;
+    }
+    return 0;
 }
 
 int wk_model_flag(wk_load_flags *f, int code, const char *arg) {

@@ -45,7 +45,7 @@ enum {
     "  --gpu-memory-utilization F  GPU share for weights + activations + KV (CUDA backend)\n"     \
     "  --enable-prefix-caching     reuse the K/V of repeated prefixes (default on)\n"            \
     "  --no-enable-prefix-caching\n"                                                             \
-    "  --kv-cache-dtype T          auto|f16|f32 (default auto = f16)\n"
+    "  --kv-cache-dtype T          auto|f16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"
 
 /* The model's device (--device cpu|cuda) and weights without a checkpoint,
  * spelled as vLLM does: --load-format dummy --model-config
@@ -90,6 +90,8 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo);
 
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */
 int wk_engine_flag(wk_engine_opts *o, int code, const char *arg);
+/* --kv-cache-dtype auto|f16|f32|fp8 (fp8_e4m3) -> KN_KV_*; LLM_EINVAL with a message. */
+int wk_parse_kv_dtype(const char *s, int *out);
 /* "4GiB", "512M", "1073741824" -> bytes. */
 int wk_parse_size(const char *s, size_t *out);
 

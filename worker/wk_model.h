@@ -91,7 +91,7 @@ void wk_model_free(wk_model *m);
  * which positions of which sequence is the block manager's business
  * (wk_blocks.h); the forward pass only follows block tables. */
 typedef struct wk_cache {
-    int type;                            /* KN_KV_F16 (default) or KN_KV_F32 */
+    int type;                            /* KN_KV_F16 (default), KN_KV_F32 or KN_KV_FP8 */
     int device;                          /* k and v are device memory (the model's WK_DEV_CUDA) */
     int block_size, block_shift, n_blocks, n_layer;
     size_t block_stride;                 /* bytes of one block of one layer (K or V) */

@@ -135,8 +135,10 @@ static float dot_avx512(const float *a, const float *b, int n) {
 }
 
 /* 16 elements starting at element i of the row at p. */
-static inline __m512 kv_load(const char *p, int i, int f16) {
-    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+static inline __m512 kv_load(const char *p, int i, int kind) {
+    if (kind == KN_KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    if (kind == KN_KV_FP8) /* 16 codes through the 256-entry table */
+        return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i))), kn_e4m3_lut, 4);
     return _mm512_loadu_ps((const float *)p + i);
 }
 
@@ -160,8 +162,8 @@ static inline __m512 reduce16(__m512 *a) {
 /* GQA group attention: scores 16 positions at a time per head (K rows come
  * from L1 for the group's other heads), V rows loaded once for all g heads
  * with the outputs in registers. hd a multiple of 16 up to 128, g <= 4;
- * other shapes take the generic path. Softmax in fp32. The f16 flag is a
- * constant at each call site, so both cache types get their own code. */
+ * other shapes take the generic path. Softmax in fp32. The cache type is a
+ * constant at each call site, so every cache type gets its own code. */
 /* exp(x) for x <= 0 (softmax after subtracting the max): 2^(x log2 e) as
  * 2^n * p(f), p the degree-7 Taylor polynomial of 2^f on |f| <= 0.5
  * (relative error < 1e-7). */
@@ -203,7 +205,7 @@ static inline void softmax_avx512(float *sh, int len, float mx) {
 /* nv = hd/16 and f16 are constants at each call site, so every shape that
  * is called gets straight-line inner loops. */
 static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len, int nv, int g, float scale,
-                                   float *s, float *out, int f16) {
+                                   float *s, float *out, int kind) {
     int hd = 16 * nv;
     __m512 vscale = _mm512_set1_ps(scale);
     for (int h = 0; h < g; h++) {
@@ -216,8 +218,8 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
             __m512 acc[16];
             for (int p = 0; p < 16; p++) {
                 const char *row = kv->k + kn_kv_off(kv, j + p);
-                acc[p] = _mm512_mul_ps(qv[0], kv_load(row, 0, f16));
-                for (int v = 1; v < nv; v++) acc[p] = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, f16), acc[p]);
+                acc[p] = _mm512_mul_ps(qv[0], kv_load(row, 0, kind));
+                for (int v = 1; v < nv; v++) acc[p] = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, kind), acc[p]);
             }
             __m512 sc = _mm512_mul_ps(reduce16(acc), vscale);
             _mm512_storeu_ps(sh + j, sc);
@@ -226,8 +228,8 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
         float mx = _mm512_reduce_max_ps(vmx);
         for (; j < len; j++) {
             const char *row = kv->k + kn_kv_off(kv, j);
-            __m512 acc = _mm512_mul_ps(qv[0], kv_load(row, 0, f16));
-            for (int v = 1; v < nv; v++) acc = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, f16), acc);
+            __m512 acc = _mm512_mul_ps(qv[0], kv_load(row, 0, kind));
+            for (int v = 1; v < nv; v++) acc = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, kind), acc);
             sh[j] = _mm512_reduce_add_ps(acc) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
@@ -241,7 +243,7 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
         __m512 p[4];
         for (int h = 0; h < g; h++) p[h] = _mm512_set1_ps(s[(size_t)h * len + j]);
         for (int v = 0; v < nv; v++) {
-            __m512 vv = kv_load(row, 16 * v, f16);
+            __m512 vv = kv_load(row, 16 * v, kind);
             for (int h = 0; h < g; h++) o[h][v] = _mm512_fmadd_ps(p[h], vv, o[h][v]);
         }
     }
@@ -261,14 +263,16 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
     for (; g > 4; g -= 4, q += 4 * hd, out += 4 * hd) attn_group_avx512(q, kv, len, hd, 4, scale, s, out);
     if (0)
         ;
-    else if (hd == 64 && kv->f16) /* the common head sizes, specialised */
-        attn_group_body(q, kv, len, 4, g, scale, s, out, 1);
-    else if (hd == 128 && kv->f16)
-        attn_group_body(q, kv, len, 8, g, scale, s, out, 1);
-    else if (kv->f16)
-        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, 1);
+    else if (hd == 64 && kv->kind == KN_KV_F16) /* the common head sizes, specialised */
+        attn_group_body(q, kv, len, 4, g, scale, s, out, KN_KV_F16);
+    else if (hd == 128 && kv->kind == KN_KV_F16)
+        attn_group_body(q, kv, len, 8, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_F16)
+        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_FP8)
+        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_FP8);
     else
-        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, 0);
+        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F32);
 }
 
 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int n) {

@@ -10,7 +10,7 @@
 typedef struct kn_kv_rows {
     const char *k, *v;
     const int32_t *blocks;
-    int shift, f16;
+    int shift, kind;      /* element type: KN_KV_F32, KN_KV_F16 or KN_KV_FP8 */
     size_t block_stride, row_bytes;
 } kn_kv_rows;
 

@@ -51,7 +51,9 @@ static float kv_at(const kn_attn_args *a, const kn_attn_seq *sq, const void *bas
     size_t eb = kn_kv_elem_bytes(a->kv_type), mask = ((size_t)1 << a->block_shift) - 1;
     const char *p = (const char *)base + (size_t)sq->blocks[j >> a->block_shift] * a->block_stride +
                     (((size_t)j & mask) * (size_t)a->n_kv * (size_t)a->hd + (size_t)kvh * (size_t)a->hd + (size_t)i) * eb;
-    return a->kv_type == KN_KV_F16 ? cm_f16_to_f32(*(const uint16_t *)p) : *(const float *)p;
+    return a->kv_type == KN_KV_F16   ? cm_f16_to_f32(*(const uint16_t *)p)
+           : a->kv_type == KN_KV_FP8 ? cm_e4m3_to_f32(*(const uint8_t *)p)
+                                     : *(const float *)p;
 }
 
 void kn_ref_attention(const kn_attn_args *a) {
@@ -153,8 +155,11 @@ static void axpy_scalar(float s, const float *x, float *y, int n) {
 
 static const float *kv_row_f32(const kn_kv_rows *kv, const char *base, int j, int hd, float *row) {
     const char *p = base + kn_kv_off(kv, j);
-    if (!kv->f16) return (const float *)p;
-    for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)p)[i]);
+    if (kv->kind == KN_KV_F32) return (const float *)p;
+    if (kv->kind == KN_KV_FP8)
+        for (int i = 0; i < hd; i++) row[i] = kn_e4m3_lut[((const uint8_t *)p)[i]];
+    else
+        for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)p)[i]);
     return row;
 }
 

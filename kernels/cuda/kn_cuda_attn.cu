@@ -8,6 +8,7 @@
 #include "kn_cuda_plan.h"
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 
 extern "C" {
@@ -19,6 +20,9 @@ __device__ __forceinline__ float kv_load(const float *p) { return *p; }
 __device__ __forceinline__ float kv_load(const __half *p) { return __half2float(*p); }
 __device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
 __device__ __forceinline__ void kv_put(__half *p, float v) { *p = __float2half_rn(v); }
+// FP8 E4M3 without a scale (as vLLM's default fp8 cache): round to nearest even, saturating at 448
+__device__ __forceinline__ float kv_load(const __nv_fp8_e4m3 *p) { return (float)*p; }
+__device__ __forceinline__ void kv_put(__nv_fp8_e4m3 *p, float v) { *p = __nv_fp8_e4m3(v); }
 
 // grid: rows blocks of 256 threads. Row r's K and V ([width] = n_kv*hd) go to
 // slot[r] = block * block_size + offset; a negative slot is skipped (padding).
@@ -120,6 +124,9 @@ extern "C" int kn_cuda_kv_store(int kv_type, void *d_kc, void *d_vc, size_t bloc
     else if (kv_type == KN_KV_F32)
         kv_store_kernel<float><<<rows, 256>>>((float *)d_kc, (float *)d_vc, block_stride / sizeof(float), d_k, d_v,
                                               d_slot, width, block_shift);
+    else if (kv_type == KN_KV_FP8)
+        kv_store_kernel<__nv_fp8_e4m3><<<rows, 256>>>((__nv_fp8_e4m3 *)d_kc, (__nv_fp8_e4m3 *)d_vc, block_stride, d_k,
+                                                      d_v, d_slot, width, block_shift);
     else
         return LLM_EUNSUP;
     KN_CUDA_LAUNCHED();
@@ -135,6 +142,11 @@ static int launch_attn(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g) {
             a->d_q, a->d_out, a->d_ws, (const __half *)a->d_kc, (const __half *)a->d_vc,
             a->block_stride / sizeof(__half), a->d_row_seq, a->d_row_pos, a->d_seq_off, a->d_blocks, a->n_head,
             a->n_kv, a->block_shift, g->chunk, scale);
+    else if (a->kv_type == KN_KV_FP8)
+        paged_attn_kernel<NE, __nv_fp8_e4m3><<<grid, g->threads>>>(
+            a->d_q, a->d_out, a->d_ws, (const __nv_fp8_e4m3 *)a->d_kc, (const __nv_fp8_e4m3 *)a->d_vc,
+            a->block_stride, a->d_row_seq, a->d_row_pos, a->d_seq_off, a->d_blocks, a->n_head, a->n_kv,
+            a->block_shift, g->chunk, scale);
     else
         paged_attn_kernel<NE, float><<<grid, g->threads>>>(
             a->d_q, a->d_out, a->d_ws, (const float *)a->d_kc, (const float *)a->d_vc, a->block_stride / sizeof(float),
@@ -152,7 +164,8 @@ extern "C" int kn_cuda_paged_attention(const kn_cuda_attn_args *a) {
     kn_cuda_attn_geom g;
     int rc = kn_cuda_attn_plan(a->n_rows, a->n_head, a->hd, a->max_len, a->n_sm, &g);
     if (rc) return rc;
-    if (a->n_kv <= 0 || a->n_head % a->n_kv || (a->kv_type != KN_KV_F16 && a->kv_type != KN_KV_F32))
+    if (a->n_kv <= 0 || a->n_head % a->n_kv ||
+        (a->kv_type != KN_KV_F16 && a->kv_type != KN_KV_F32 && a->kv_type != KN_KV_FP8))
         return LLM_EINVAL;
     if (g.workspace_bytes > a->ws_bytes) return LLM_ERANGE; // size it with kn_cuda_attn_plan at start
     switch (a->hd / 32) {

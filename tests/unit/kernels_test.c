@@ -137,8 +137,8 @@ static void test_matmul(kn_pool *pool) {
 }
 
 static void test_attention(kn_pool *pool) {
-    for (int it = 0; it < 60; it++) {
-        int kv_type = it % 2 ? KN_KV_F16 : KN_KV_F32;
+    for (int it = 0; it < 90; it++) {
+        int kv_type = it / 3 % 3 == 1 ? KN_KV_F16 : it / 3 % 3 == 2 ? KN_KV_FP8 : KN_KV_F32; /* every type meets every shape */
         /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 128),
          * groups of 1..5 (above 4: in steps of 4), block sizes 1..64, several
          * sequences of different lengths (decode T = 1 and prefill over a prefix)
@@ -200,7 +200,7 @@ static void test_attention(kn_pool *pool) {
             double e = rel(y, ref, qn);
             if (!(e < 1e-5))
                 fprintf(stderr, "attention %s kv %s hd %d group %d bs %d seqs %d: rel %.3g\n", isas[is],
-                        kv_type ? "f16" : "f32", hd, group, bs, n_seq, e);
+                        kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : "f32", hd, group, bs, n_seq, e);
             CHECK(e < 1e-5);
             CHECK(guards_ok(y, qn));
             /* each sequence alone gives bit-identical rows (batch-invariance) */
@@ -327,5 +327,27 @@ int main(void) {
     for (int c = 0; c < 256; c++)
         if ((c & 0x7f) != 0x7f) rt += kn_ref_f32_to_e4m3(kn_ref_e4m3_to_f32((uint8_t)c)) == (c == 0x80 ? 0x80 : c);
     CHECK_RC(rt, 254);
+    /* the fast conversions (common/cm_dtype.h, used by the FP8 KV cache) agree with the reference:
+     * every code, every midpoint between neighbours and random values over the whole range */
+    int agree = 0, total = 0;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue;
+        float v = kn_ref_e4m3_to_f32((uint8_t)c), nx = kn_ref_e4m3_to_f32((uint8_t)(c + 1 == 0x7f ? c : c + 1));
+        float probes[3] = {v, 0.5f * (v + nx), nextafterf(0.5f * (v + nx), 1e9f)};
+        for (int k = 0; k < 3; k++, total++)
+            agree += cm_f32_to_e4m3(probes[k]) == kn_ref_f32_to_e4m3(probes[k]) &&
+                     (cm_e4m3_to_f32((uint8_t)c) == v || c == 0x80);
+    }
+    for (int i = 0; i < 20000; i++, total++) {
+        float v = frand() * powf(2.f, (float)(rnd() % 24) - 12.f);
+        agree += cm_f32_to_e4m3(v) == kn_ref_f32_to_e4m3(v);
+    }
+    CHECK_RC(agree, total);
+    int lut = 0;
+    for (int c = 0; c < 256; c++) {
+        float a = kn_e4m3_lut[c], b = cm_e4m3_to_f32((uint8_t)c);
+        lut += a == b || (a != a && b != b);
+    }
+    CHECK_RC(lut, 256);
     return tst_done("kernels_test");
 }
