@@ -106,9 +106,10 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
 void kn_silu_mul(float *a, const float *b, int n); /* a = silu(a) * b */
 void kn_softmax(float *x, int n);
 
-/* KV cache element types. F16 halves what decode attention reads per token;
- * FP8 (E4M3, no scale, as vLLM's default fp8 cache) halves it again. */
-enum { KN_KV_F32 = 0, KN_KV_F16 = 1, KN_KV_FP8 = 2 };
+/* KV cache element types. F16 (or BF16, the range of f32) halves what
+ * decode attention reads per token; FP8 (E4M3, no scale, as vLLM's default
+ * fp8 cache) halves it again. */
+enum { KN_KV_F32 = 0, KN_KV_F16 = 1, KN_KV_FP8 = 2, KN_KV_BF16 = 3 };
 size_t kn_kv_elem_bytes(int kv_type);
 /* dst[n] of kv_type <- src[n] (F16: round to nearest even). */
 void kn_kv_store(int kv_type, void *dst, const float *src, int n);

@@ -156,7 +156,7 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         snprintf(err, errlen, "block size must be a power of two from 1 to 1024, not %d", o->block_size);
         goto fail;
     }
-    if (o->kv_type != KN_KV_F16 && o->kv_type != KN_KV_F32 && o->kv_type != KN_KV_FP8) {
+    if (o->kv_type < KN_KV_F32 || o->kv_type > KN_KV_BF16) {
         snprintf(err, errlen, "unknown KV cache type %d", o->kv_type);
         goto fail;
     }

@@ -81,8 +81,9 @@ int wk_parse_kv_dtype(const char *s, int *out) {
     if (!strcmp(s, "auto") || !strcmp(s, "f16") || !strcmp(s, "fp16")) *out = KN_KV_F16;
     else if (!strcmp(s, "f32") || !strcmp(s, "fp32")) *out = KN_KV_F32;
     else if (!strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) *out = KN_KV_FP8;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = KN_KV_BF16;
     else {
-        fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|f32|fp8, not '%s'\n", s);
+        fprintf(stderr, "llmserve: --kv-cache-dtype expects auto|f16|bf16|f32|fp8, not '%s'\n", s);
         return LLM_EINVAL;
     }
     return 0;

@@ -45,7 +45,7 @@ enum {
     "  --gpu-memory-utilization F  GPU share for weights + activations + KV (CUDA backend)\n"     \
     "  --enable-prefix-caching     reuse the K/V of repeated prefixes (default on)\n"            \
     "  --no-enable-prefix-caching\n"                                                             \
-    "  --kv-cache-dtype T          auto|f16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"
+    "  --kv-cache-dtype T          auto|f16|bf16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"
 
 /* The model's device (--device cpu|cuda) and weights without a checkpoint,
  * spelled as vLLM does: --load-format dummy --model-config

@@ -299,7 +299,7 @@ size_t wk_kv_bytes_per_token(const wk_model *m, int type) {
 
 int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, wk_cache **out) {
     *out = NULL;
-    if (type != KN_KV_F16 && type != KN_KV_F32 && type != KN_KV_FP8) return LLM_EINVAL;
+    if (type < KN_KV_F32 || type > KN_KV_BF16) return LLM_EINVAL;
     if (block_size <= 0 || block_size > 4096 || (block_size & (block_size - 1)) || n_blocks <= 0) return LLM_EINVAL;
     wk_cache *c = calloc(1, sizeof *c);
     if (!c) return LLM_ENOMEM;
@@ -373,7 +373,7 @@ void wk_cache_copy(wk_cache *c, int src, int dst) {
 int wk_kv_create(const wk_model *m, int ctx, int type, wk_kv **out) {
     *out = NULL;
     if (ctx <= 0 || (uint32_t)ctx > m->cfg.ctx_len) return LLM_ERANGE;
-    if (type != KN_KV_F16 && type != KN_KV_F32 && type != KN_KV_FP8) return LLM_EINVAL;
+    if (type < KN_KV_F32 || type > KN_KV_BF16) return LLM_EINVAL;
     wk_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return LLM_ENOMEM;
     int nb = (ctx + KV_PRIVATE_BLOCK - 1) / KV_PRIVATE_BLOCK;

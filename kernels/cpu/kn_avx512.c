@@ -137,6 +137,9 @@ static float dot_avx512(const float *a, const float *b, int n) {
 /* 16 elements starting at element i of the row at p. */
 static inline __m512 kv_load(const char *p, int i, int kind) {
     if (kind == KN_KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    if (kind == KN_KV_BF16) /* bf16 is the top half of an f32 */
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
     if (kind == KN_KV_FP8) /* 16 codes through the 256-entry table */
         return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i))), kn_e4m3_lut, 4);
     return _mm512_loadu_ps((const float *)p + i);
@@ -271,6 +274,8 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F16);
     else if (kv->kind == KN_KV_FP8)
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_FP8);
+    else if (kv->kind == KN_KV_BF16)
+        attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_BF16);
     else
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F32);
 }

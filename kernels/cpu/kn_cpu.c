@@ -374,13 +374,15 @@ float kn_e4m3_lut[256] = {
 };
 
 size_t kn_kv_elem_bytes(int kv_type) {
-    return kv_type == KN_KV_F16 ? 2 : kv_type == KN_KV_FP8 ? 1 : 4;
+    return kv_type == KN_KV_F16 || kv_type == KN_KV_BF16 ? 2 : kv_type == KN_KV_FP8 ? 1 : 4;
 }
 
 void kn_kv_store(int kv_type, void *dst, const float *src, int n) {
     if (kv_type == KN_KV_F16) impl->f32_to_f16(src, dst, n);
     else if (kv_type == KN_KV_FP8)
         for (int i = 0; i < n; i++) ((uint8_t *)dst)[i] = cm_f32_to_e4m3(src[i]);
+    else if (kv_type == KN_KV_BF16)
+        for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = cm_f32_to_bf16(src[i]);
     else memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 

@@ -53,6 +53,7 @@ static float kv_at(const kn_attn_args *a, const kn_attn_seq *sq, const void *bas
                     (((size_t)j & mask) * (size_t)a->n_kv * (size_t)a->hd + (size_t)kvh * (size_t)a->hd + (size_t)i) * eb;
     return a->kv_type == KN_KV_F16   ? cm_f16_to_f32(*(const uint16_t *)p)
            : a->kv_type == KN_KV_FP8 ? cm_e4m3_to_f32(*(const uint8_t *)p)
+           : a->kv_type == KN_KV_BF16 ? cm_bf16_to_f32(*(const uint16_t *)p)
                                      : *(const float *)p;
 }
 
@@ -158,6 +159,8 @@ static const float *kv_row_f32(const kn_kv_rows *kv, const char *base, int j, in
     if (kv->kind == KN_KV_F32) return (const float *)p;
     if (kv->kind == KN_KV_FP8)
         for (int i = 0; i < hd; i++) row[i] = kn_e4m3_lut[((const uint8_t *)p)[i]];
+    else if (kv->kind == KN_KV_BF16)
+        for (int i = 0; i < hd; i++) row[i] = cm_bf16_to_f32(((const uint16_t *)p)[i]);
     else
         for (int i = 0; i < hd; i++) row[i] = cm_f16_to_f32(((const uint16_t *)p)[i]);
     return row;

@@ -7,6 +7,7 @@
 #include "kn_cuda_int.h"
 #include "kn_cuda_plan.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <math.h>
@@ -20,6 +21,8 @@ __device__ __forceinline__ float kv_load(const float *p) { return *p; }
 __device__ __forceinline__ float kv_load(const __half *p) { return __half2float(*p); }
 __device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
 __device__ __forceinline__ void kv_put(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ float kv_load(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void kv_put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 // FP8 E4M3 without a scale (as vLLM's default fp8 cache): round to nearest even, saturating at 448
 __device__ __forceinline__ float kv_load(const __nv_fp8_e4m3 *p) { return (float)*p; }
 __device__ __forceinline__ void kv_put(__nv_fp8_e4m3 *p, float v) { *p = __nv_fp8_e4m3(v); }
@@ -124,6 +127,9 @@ extern "C" int kn_cuda_kv_store(int kv_type, void *d_kc, void *d_vc, size_t bloc
     else if (kv_type == KN_KV_F32)
         kv_store_kernel<float><<<rows, 256>>>((float *)d_kc, (float *)d_vc, block_stride / sizeof(float), d_k, d_v,
                                               d_slot, width, block_shift);
+    else if (kv_type == KN_KV_BF16)
+        kv_store_kernel<__nv_bfloat16><<<rows, 256>>>((__nv_bfloat16 *)d_kc, (__nv_bfloat16 *)d_vc, block_stride / 2, d_k,
+                                                      d_v, d_slot, width, block_shift);
     else if (kv_type == KN_KV_FP8)
         kv_store_kernel<__nv_fp8_e4m3><<<rows, 256>>>((__nv_fp8_e4m3 *)d_kc, (__nv_fp8_e4m3 *)d_vc, block_stride, d_k,
                                                       d_v, d_slot, width, block_shift);
@@ -142,6 +148,11 @@ static int launch_attn(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g) {
             a->d_q, a->d_out, a->d_ws, (const __half *)a->d_kc, (const __half *)a->d_vc,
             a->block_stride / sizeof(__half), a->d_row_seq, a->d_row_pos, a->d_seq_off, a->d_blocks, a->n_head,
             a->n_kv, a->block_shift, g->chunk, scale);
+    else if (a->kv_type == KN_KV_BF16)
+        paged_attn_kernel<NE, __nv_bfloat16><<<grid, g->threads>>>(
+            a->d_q, a->d_out, a->d_ws, (const __nv_bfloat16 *)a->d_kc, (const __nv_bfloat16 *)a->d_vc,
+            a->block_stride / 2, a->d_row_seq, a->d_row_pos, a->d_seq_off, a->d_blocks, a->n_head, a->n_kv,
+            a->block_shift, g->chunk, scale);
     else if (a->kv_type == KN_KV_FP8)
         paged_attn_kernel<NE, __nv_fp8_e4m3><<<grid, g->threads>>>(
             a->d_q, a->d_out, a->d_ws, (const __nv_fp8_e4m3 *)a->d_kc, (const __nv_fp8_e4m3 *)a->d_vc,
@@ -165,7 +176,7 @@ extern "C" int kn_cuda_paged_attention(const kn_cuda_attn_args *a) {
     int rc = kn_cuda_attn_plan(a->n_rows, a->n_head, a->hd, a->max_len, a->n_sm, &g);
     if (rc) return rc;
     if (a->n_kv <= 0 || a->n_head % a->n_kv ||
-        (a->kv_type != KN_KV_F16 && a->kv_type != KN_KV_F32 && a->kv_type != KN_KV_FP8))
+        a->kv_type < KN_KV_F32 || a->kv_type > KN_KV_BF16)
         return LLM_EINVAL;
     if (g.workspace_bytes > a->ws_bytes) return LLM_ERANGE; // size it with kn_cuda_attn_plan at start
     switch (a->hd / 32) {

@@ -37,7 +37,7 @@ static void attention(int kv_type) {
     float nanv = NAN;
     for (size_t i = 0; i < bytes / es; i++) { /* poison: every slot not written stays NaN */
         if (es == 4) memcpy(kc + i * 4, &nanv, 4);
-        else if (es == 2) { uint16_t hn = 0x7e00; memcpy(kc + i * 2, &hn, 2); }
+        else if (es == 2) { uint16_t hn = kv_type == KN_KV_BF16 ? 0x7fc0 : 0x7e00; memcpy(kc + i * 2, &hn, 2); }
         else kc[i] = 0x7f; /* E4M3 NaN */
     }
     memcpy(vc, kc, bytes);
@@ -77,7 +77,7 @@ static void attention(int kv_type) {
     /* the device pool starts all NaN too */
     for (size_t i = 0; i < bytes / es; i++) {
         if (es == 4) memcpy(kg + i * 4, &nanv, 4);
-        else if (es == 2) { uint16_t hn = 0x7e00; memcpy(kg + i * 2, &hn, 2); }
+        else if (es == 2) { uint16_t hn = kv_type == KN_KV_BF16 ? 0x7fc0 : 0x7e00; memcpy(kg + i * 2, &hn, 2); }
         else kg[i] = 0x7f;
     }
     kn_cuda_upload(dk, kg, bytes);
@@ -131,7 +131,7 @@ static void attention(int kv_type) {
         kn_cuda_download(got, dout, sizeof(float) * (size_t)rows * NH * HD);
         double e = rel(got, ref, (size_t)rows * NH * HD);
         printf("cuda paged attention kv %s, %s: rel %.2e\n",
-               kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : "f32",
+               kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",
                force_rows ? "more splits" : "as planned", e);
         CHECK(e < 1e-5);
         kn_cuda_free(dq); kn_cuda_free(dout); kn_cuda_free(drs); kn_cuda_free(drp);
@@ -438,6 +438,7 @@ int main(void) {
     attention(KN_KV_F16);
     attention(KN_KV_F32);
     attention(KN_KV_FP8);
+    attention(KN_KV_BF16);
     dense();
     fp8();
     sampling();

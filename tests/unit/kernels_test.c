@@ -137,8 +137,9 @@ static void test_matmul(kn_pool *pool) {
 }
 
 static void test_attention(kn_pool *pool) {
-    for (int it = 0; it < 90; it++) {
-        int kv_type = it / 3 % 3 == 1 ? KN_KV_F16 : it / 3 % 3 == 2 ? KN_KV_FP8 : KN_KV_F32; /* every type meets every shape */
+    for (int it = 0; it < 120; it++) {
+        static const int kv_types[4] = {KN_KV_F32, KN_KV_F16, KN_KV_FP8, KN_KV_BF16};
+        int kv_type = kv_types[it / 3 % 4]; /* every type meets every shape */
         /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 128),
          * groups of 1..5 (above 4: in steps of 4), block sizes 1..64, several
          * sequences of different lengths (decode T = 1 and prefill over a prefix)
@@ -200,7 +201,8 @@ static void test_attention(kn_pool *pool) {
             double e = rel(y, ref, qn);
             if (!(e < 1e-5))
                 fprintf(stderr, "attention %s kv %s hd %d group %d bs %d seqs %d: rel %.3g\n", isas[is],
-                        kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : "f32", hd, group, bs, n_seq, e);
+                        kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",
+                        hd, group, bs, n_seq, e);
             CHECK(e < 1e-5);
             CHECK(guards_ok(y, qn));
             /* each sequence alone gives bit-identical rows (batch-invariance) */
