@@ -140,8 +140,14 @@ static inline __m512 kv_load(const char *p, int i, int kind) {
     if (kind == KN_KV_BF16) /* bf16 is the top half of an f32 */
         return _mm512_castsi512_ps(
             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
-    if (kind == KN_KV_FP8) /* 16 codes through the 256-entry table */
-        return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + i))), kn_e4m3_lut, 4);
+    if (kind == KN_KV_FP8) {
+        /* E4M3 bits moved into an f16's (sign to bit 15, exponent and mantissa up 7) read as that
+         * value times 2^-8 exactly, subnormals included; the cache never holds the NaN code */
+        __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + i)));
+        __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
+                                    _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+    }
     return _mm512_loadu_ps((const float *)p + i);
 }
 
@@ -272,6 +278,10 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
         attn_group_body(q, kv, len, 8, g, scale, s, out, KN_KV_F16);
     else if (kv->kind == KN_KV_F16)
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F16);
+    else if (hd == 64 && kv->kind == KN_KV_FP8)
+        attn_group_body(q, kv, len, 4, g, scale, s, out, KN_KV_FP8);
+    else if (hd == 128 && kv->kind == KN_KV_FP8)
+        attn_group_body(q, kv, len, 8, g, scale, s, out, KN_KV_FP8);
     else if (kv->kind == KN_KV_FP8)
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_FP8);
     else if (kv->kind == KN_KV_BF16)
