@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 static const struct {
     const char *name, *arch;
@@ -222,6 +223,16 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
     size_t total = 64;
     for (size_t i = 0; i < nt; i++)
         if (!(skip && sp[i].n > 1)) total += (cm_dtype_row_bytes(sp[i].type, sp[i].k) * sp[i].n + 63) / 64 * 64;
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double phys = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
+    if (phys > 0 && (double)total > 0.9 * phys) { /* refuse before the fill makes the kernel kill us */
+        snprintf(err, errlen, "dummy weights of the %s shape need %.1f GiB in %s, more than this machine's %.1f GiB%s",
+                 c.name, (double)total / 1073741824.0, cm_dtype_name(wtype), phys / 1073741824.0,
+                 skip ? "" : " (a smaller --dtype, or --device cuda to make them on the GPU)");
+        free(sp);
+        cm_model_close(f);
+        return LLM_ENOMEM;
+    }
     f->tensors = calloc(nt, sizeof *f->tensors);
     f->owned = aligned_alloc(64, total);
     if (!f->tensors || !f->owned) goto oom;

@@ -22,6 +22,10 @@ expect 2 "dtype expects" -- --load-format dummy --model-config smollm2-135m --dt
 expect 1 "presets: llama-2-7b" -- --load-format dummy --model-config no-such-model
 echo '{"hidden_size": 64}' > "$OUT/bad.json"
 expect 1 "needs num_hidden_layers" -- --load-format dummy --model-config "$OUT/bad.json"
+# a valid but absurd shape (about 280 TB) is refused before any memory is touched
+echo '{"num_hidden_layers": 1024, "hidden_size": 65536, "num_attention_heads": 512, "intermediate_size": 262144,
+       "vocab_size": 1000}' > "$OUT/huge.json"
+expect 1 "more than this machine's" -- --load-format dummy --model-config "$OUT/huge.json"
 "$W" --load-format dummy --model-config smollm2-135m --dtype q4_0 --listen "ipc://$OUT/w.ipc" --max-model-len 512 \
     --kv-cache-memory 64MiB --log-level info >"$OUT/log" 2>&1 &
 P=$!
