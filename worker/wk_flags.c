@@ -108,6 +108,7 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (!strcasecmp(arg, t[i].name)) {
                 f->dtype = t[i].type;
+                f->dtype_set = i > 0; /* "auto" leaves the default */
                 return 0;
             }
         fprintf(stderr, "llmserve: --dtype expects auto, f16, bf16, f32, q8_0, q4_0 or q4_1, not '%s'\n", arg);
@@ -158,7 +159,7 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
         return LLM_EINVAL;
     }
     mo->model_config = f->dummy ? f->config : NULL;
-    mo->dummy_type = f->dtype;
+    mo->dummy_type = f->dtype_set ? f->dtype : CM_F16;
     mo->seed = f->seed;
     mo->device = f->device;
     mo->quant = f->quant;

@@ -76,7 +76,7 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
 typedef struct {
     int dummy;
     const char *config;
-    int dtype;                           /* cm_dtype, 0: default */
+    int dtype, dtype_set;                /* cm_dtype when dtype_set, else F16 */
     uint64_t seed;
     int device;                          /* WK_DEV_* */
     int quant;                           /* WK_QUANT_* */

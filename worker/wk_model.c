@@ -143,7 +143,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     if (o->model_config) { /* --load-format dummy: random weights of a preset's or config.json's shape */
         cm_model_config dc;
         if ((rc = cm_model_config_resolve(o->model_config, &dc, err, errlen)) ||
-            (rc = cm_model_dummy(&dc, o->dummy_type ? o->dummy_type : CM_F16, o->seed,
+            (rc = cm_model_dummy(&dc, o->dummy_type, o->seed,
                                  o->device == WK_DEV_CUDA && !o->dummy_on_host ? CM_DUMMY_DEVICE_MATRICES : 0, &m->file, err, errlen)))
             goto fail;
     } else if ((rc = cm_model_open(o->model_path, &m->file, err, errlen)))

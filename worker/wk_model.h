@@ -72,7 +72,7 @@ typedef struct {
     int max_batch;                       /* tokens per step (prefill chunk), default 64 */
     wk_comm *comm;                       /* tensor parallel group, or NULL */
     const char *model_config;            /* set: dummy weights of this preset / config.json shape */
-    int dummy_type;                      /* their cm_dtype (0: F16) */
+    int dummy_type;                      /* their cm_dtype (CM_F32 is 0: flags default to F16) */
     uint64_t seed;                       /* their seed */
     int device;                          /* WK_DEV_CPU (default) or WK_DEV_CUDA */
     int dummy_on_host;                   /* CUDA: make dummy weights on the host as the CPU does (tests

@@ -26,6 +26,7 @@ expect 1 "needs num_hidden_layers" -- --load-format dummy --model-config "$OUT/b
 echo '{"num_hidden_layers": 1024, "hidden_size": 65536, "num_attention_heads": 512, "intermediate_size": 262144,
        "vocab_size": 1000}' > "$OUT/huge.json"
 expect 1 "more than this machine's" -- --load-format dummy --model-config "$OUT/huge.json"
+expect 1 "TB\\|GiB in F32" -- --load-format dummy --model-config "$OUT/huge.json" --dtype f32   # f32 is honoured (its enum is 0)
 "$W" --load-format dummy --model-config smollm2-135m --dtype q4_0 --listen "ipc://$OUT/w.ipc" --max-model-len 512 \
     --kv-cache-memory 64MiB --log-level info >"$OUT/log" 2>&1 &
 P=$!
