@@ -6,6 +6,8 @@
  * (or, when a server sends none, one token per streamed chunk).
  * --sweep runs one point per value and finds the capacity knee. */
 #include "cm_error.h"
+#include "cm_model.h"
+#include "cm_tokenizer.h"
 #include "tl_common.h"
 #include "tl_plan.h"
 
@@ -30,6 +32,10 @@ static const char *const metric_names[N_METRICS] = {"ttft", "tpot", "itl", "e2el
 
 typedef struct {
     char *body;                  /* request JSON */
+    char *prompt;                /* its text, for --tokenizer counts */
+    char *text;                  /* what came back (kept with --tokenizer) */
+    size_t text_len, text_cap;
+    int usage_out;               /* the server's completion_tokens, when it sent usage */
     /* results */
     int ok, cancelled, out_tokens, in_tokens, chunks, status;
     char err[240];               /* the start of an error response's body */
@@ -51,6 +57,7 @@ typedef struct {
     double pcts[16];
     int np, show[N_METRICS];
     double g[N_METRICS];         /* goodput SLOs in seconds, 0: none */
+    cm_tokenizer *tok;           /* --tokenizer: client-side token counts, as vLLM's bench makes them */
     char **sg;                   /* ShareGPT prompts and output lengths */
     int *sg_out, n_sg;
 } bench_opts;
@@ -108,6 +115,21 @@ static void add_itl(bench_req *q, double gap) {
     q->itl[q->n_itl++] = gap;
 }
 
+static int keep_text; /* --tokenizer given: keep the generated text */
+
+static void append_text(bench_req *q, const char *t) {
+    size_t l = strlen(t);
+    if (q->text_len + l + 1 > q->text_cap) {
+        size_t cap = (q->text_len + l + 1) * 2;
+        char *n = realloc(q->text, cap);
+        if (!n) return;
+        q->text = n;
+        q->text_cap = cap;
+    }
+    memcpy(q->text + q->text_len, t, l + 1);
+    q->text_len += l;
+}
+
 /* One SSE event's JSON: text (completions) or delta.content (chat), and usage. */
 static void on_event(bench_req *q, const char *data, double *last) {
     json_t *j = json_loads(data, 0, NULL);
@@ -123,10 +145,11 @@ static void on_event(bench_req *q, const char *data, double *last) {
         if (q->chunks++ == 0) q->ttft = t - q->start;
         else add_itl(q, t - *last);
         *last = t;
+        if (keep_text) append_text(q, txt);
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {
-        q->out_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+        q->out_tokens = q->usage_out = (int)json_integer_value(json_object_get(u, "completion_tokens"));
         q->in_tokens = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
     }
     json_decref(j);
@@ -415,6 +438,7 @@ static int build_requests(const bench_opts *o, uint64_t seed, bench_req *r, int 
                 text[off] = 0;
             }
         }
+        r[i].prompt = text ? strdup(text) : NULL;
         json_t *j = !text   ? NULL
                     : o->chat ? json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", text)
                               : json_pack("{s:s}", "prompt", text);
@@ -493,7 +517,21 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     if (polling) pthread_join(mth, NULL);
     fprintf(stderr, "\n");
 
+    int usage_seen = 0;
+    for (int i = 0; i < num; i++) { /* counts: the tokenizer's when given, else the server's usage, else chunks */
+        bench_req *q = &b.r[i];
+        usage_seen |= q->usage_out > 0;
+        if (!q->ok || !o->tok) continue;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (q->text && !cm_tok_encode(o->tok, q->text, q->text_len, 0, 0, &ids, &n)) q->out_tokens = (int)n;
+        free(ids);
+        ids = NULL;
+        if (q->prompt && !cm_tok_encode(o->tok, q->prompt, strlen(q->prompt), -1, 0, &ids, &n)) q->in_tokens = (int)n;
+        free(ids);
+    }
     int done = 0, failed = 0, cancelled = 0, good = 0, nt = 0, n_itl = 0;
+    long server_out = 0;
     long in_tok = 0, out_tok = 0;
     for (int i = 0; i < num; i++) n_itl += b.r[i].n_itl;
     double *v[N_METRICS];
@@ -510,6 +548,7 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
         done++;
         in_tok += q->in_tokens;
         out_tok += q->out_tokens;
+        server_out += q->usage_out;
         double tpot = q->out_tokens > 1 ? (q->e2el - q->ttft) / (q->out_tokens - 1) : 0;
         if ((!o->g[M_TTFT] || q->ttft <= o->g[M_TTFT]) && (!o->g[M_TPOT] || tpot <= o->g[M_TPOT]) &&
             (!o->g[M_E2EL] || q->e2el <= o->g[M_E2EL]))
@@ -547,6 +586,8 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     json_object_set_new(res, "request_rate", isfinite(rate) ? json_real(rate) : json_string("inf"));
     json_object_set_new(res, "burstiness", json_real(o->burst));
     json_object_set_new(res, "num_prompts", json_integer(num));
+    json_object_set_new(res, "token_counts", json_string(o->tok ? "tokenizer" : usage_seen ? "usage" : "chunks"));
+    if (o->tok && usage_seen) json_object_set_new(res, "server_output_tokens", json_integer(server_out));
     if (o->model) json_object_set_new(res, "model_id", json_string(o->model));
     if (cancelled) json_object_set_new(res, "interrupted", json_integer(cancelled));
     printf("============ Serving Benchmark Result ============\n");
@@ -591,6 +632,8 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     }
     for (int i = 0; i < total; i++) {
         free(all[i].body);
+        free(all[i].prompt);
+        free(all[i].text);
         free(all[i].itl);
     }
     free(all);
@@ -805,6 +848,8 @@ static void usage(void) {
            "  --endpoint PATH             /v1/completions (default) or /v1/chat/completions\n"
            "  --model NAME                model field of the requests\n"
            "  --api-key KEY               sent as a bearer token\n"
+           "  --tokenizer GGUF            count prompt and output tokens with this model's tokenizer\n"
+           "                              (default: the server's usage, else one token per streamed chunk)\n"
            "  --dataset-name NAME         random (default), prefix-repetition or sharegpt\n"
            "  --dataset-path FILE         ShareGPT JSON for --dataset-name sharegpt\n"
            "  --num-prompts N             requests per run (default 100)\n"
@@ -885,7 +930,8 @@ int tl_bench_main(int argc, char **argv) {
                     .n_px = 10, .px_out = 128, .sweep_metric = M_E2EL};
     const char *base = "http://127.0.0.1:8000", *api_key = NULL, *pcts = "50,90,99", *pmetrics = "ttft,tpot,itl,e2el",
                *dataset_path = NULL;
-    enum { O_PXL = 256, O_SXL, O_NPX, O_PXO, O_DSP, O_PM, O_RD, O_SW, O_SWM, O_SWG, O_SWS };
+    enum { O_PXL = 256, O_SXL, O_NPX, O_PXO, O_DSP, O_PM, O_RD, O_SW, O_SWM, O_SWG, O_SWS, O_TOK };
+    const char *tok_path = NULL;
     static const struct option lo[] = {
         {"base-url", 1, 0, 'u'}, {"endpoint", 1, 0, 'e'}, {"model", 1, 0, 'm'}, {"dataset-name", 1, 0, 'd'},
         {"num-prompts", 1, 0, 'n'}, {"random-input-len", 1, 0, 'i'}, {"random-output-len", 1, 0, 'o'},
@@ -897,6 +943,7 @@ int tl_bench_main(int argc, char **argv) {
         {"prefix-repetition-output-len", 1, 0, O_PXO}, {"dataset-path", 1, 0, O_DSP},
         {"percentile-metrics", 1, 0, O_PM}, {"result-dir", 1, 0, O_RD}, {"sweep", 1, 0, O_SW},
         {"sweep-metric", 1, 0, O_SWM}, {"sweep-min-gain", 1, 0, O_SWG}, {"sweep-slo", 1, 0, O_SWS},
+        {"tokenizer", 1, 0, O_TOK},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, bad = 0;
     optind = 1;
@@ -944,6 +991,7 @@ int tl_bench_main(int argc, char **argv) {
         }
         case O_SWG: bad |= tl_parse_float("--sweep-min-gain", optarg, 0, 10, &o.min_gain); break;
         case O_SWS: bad |= tl_parse_float("--sweep-slo", optarg, 1e-3, 1e9, &o.slo); break;
+        case O_TOK: tok_path = optarg; break;
         case 'h': usage(); return 0;
         default: return 2;
         }
@@ -980,6 +1028,21 @@ int tl_bench_main(int argc, char **argv) {
             return 2;
         }
     }
+    cm_model_file *tok_file = NULL;
+    if (tok_path) { /* the model's GGUF: its tokenizer counts prompt and output tokens on this side */
+        char err[512];
+        int trc = cm_model_open(tok_path, &tok_file, err, sizeof err);
+        if (!trc && tok_file->format != CM_FMT_GGUF) {
+            snprintf(err, sizeof err, "%s: --tokenizer takes a GGUF model file", tok_path);
+            trc = LLM_EFORMAT;
+        }
+        if (!trc && (trc = cm_tok_from_gguf(tok_file->gguf, &o.tok, err, sizeof err)) == 0) keep_text = 1;
+        if (trc) {
+            fprintf(stderr, "llmserve bench: --tokenizer %s\n", err);
+            cm_model_close(tok_file);
+            return 2;
+        }
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_int;
@@ -995,5 +1058,7 @@ int tl_bench_main(int argc, char **argv) {
     for (int i = 0; i < o.n_sg; i++) free(o.sg[i]);
     free(o.sg);
     free(o.sg_out);
+    cm_tok_free(o.tok);
+    cm_model_close(tok_file);
     return rc;
 }

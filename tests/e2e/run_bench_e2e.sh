@@ -37,6 +37,18 @@ assert r["peak_server_memory_bytes"] > 50e6 and 0 <= r["peak_kv_cache_usage_perc
 print("bench e2e %s: ok (%.1f output tok/s)" % (r["endpoint"], r["output_throughput"]))
 PY
 done
+# --tokenizer: the client counts tokens with the model's tokenizer; they agree with the server's usage
+"$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 4 --random-input-len 40 \
+    --random-output-len 12 --max-concurrency 2 --tokenizer "$MODEL" --result-filename "$OUT/tk.json" >/dev/null 2>&1 \
+    || { echo "FAIL: bench with --tokenizer"; exit 1; }
+python3 - "$OUT/tk.json" <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["token_counts"] == "tokenizer" and r["completed"] == 4, r
+assert abs(r["total_output_tokens"] - r["server_output_tokens"]) <= 0.05 * r["server_output_tokens"], r
+assert r["total_input_tokens"] >= 4 * 40, r
+print("bench e2e: --tokenizer counts %d output tokens, the server's usage %d" % (r["total_output_tokens"], r["server_output_tokens"]))
+PY
 # ShareGPT: a good file runs its human turns; malformed ones get a clear error
 cat > "$OUT/sg.json" <<'JSON'
 [{"conversations": [{"from": "human", "value": "Explain how rivers shape valleys."},
