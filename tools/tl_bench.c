@@ -49,6 +49,10 @@ double tl_bench_percentile(const double *sorted, int n, double p) {
     return sorted[lo] + (sorted[hi] - sorted[lo]) * (r - lo);
 }
 
+int tl_bench_meets_slo(double ttft, double tpot, double e2el, const double slo[3]) {
+    return (!(slo[0] > 0) || ttft <= slo[0]) && (!(slo[1] > 0) || tpot <= slo[1]) && (!(slo[2] > 0) || e2el <= slo[2]);
+}
+
 int tl_bench_knee(const double *thr, const double *lat, int n, double min_gain, double slo, int *reached) {
     *reached = 0;
     if (n <= 0) return -1;

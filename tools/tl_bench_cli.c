@@ -550,9 +550,8 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
         out_tok += q->out_tokens;
         server_out += q->usage_out;
         double tpot = q->out_tokens > 1 ? (q->e2el - q->ttft) / (q->out_tokens - 1) : 0;
-        if ((!o->g[M_TTFT] || q->ttft <= o->g[M_TTFT]) && (!o->g[M_TPOT] || tpot <= o->g[M_TPOT]) &&
-            (!o->g[M_E2EL] || q->e2el <= o->g[M_E2EL]))
-            good++;
+        const double slo[3] = {o->g[M_TTFT], o->g[M_TPOT], o->g[M_E2EL]};
+        good += tl_bench_meets_slo(q->ttft, tpot, q->e2el, slo);
         if (v[M_TTFT]) v[M_TTFT][nt] = q->ttft;
         if (v[M_TPOT]) v[M_TPOT][nt] = tpot;
         if (v[M_E2EL]) v[M_E2EL][nt] = q->e2el;

@@ -60,6 +60,9 @@ double tl_break_even_requests_per_day(double gpus, double gpu_hourly, double fix
  * 1/rate (burstiness 1: Poisson; rate inf: 0). */
 double tl_bench_percentile(const double *sorted, int n, double p);
 double tl_bench_gap(double rate, double burstiness);
+/* Goodput: whether one request met every SLO given (seconds; 0: none) for
+ * TTFT, TPOT and E2E latency, as vLLM's --goodput counts it. */
+int tl_bench_meets_slo(double ttft, double tpot, double e2el, const double slo[3]);
 /* The request RNG (prompts and arrivals share it, so a seed fixes a run). */
 void tl_bench_seed(uint64_t seed);
 double tl_bench_urand(void);

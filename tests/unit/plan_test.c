@@ -76,6 +76,14 @@ int main(int argc, char **argv) {
         CHECK_NEAR(cv, 1 / sqrt(burst), 0.02);
     }
     CHECK_NEAR(tl_bench_gap(INFINITY, 1), 0, 0);
+    /* goodput: a request counts when it meets every SLO that was given */
+    const double none[3] = {0, 0, 0}, ttft_only[3] = {0.2, 0, 0}, all3[3] = {0.2, 0.05, 2.0};
+    CHECK(tl_bench_meets_slo(9, 9, 9, none));
+    CHECK(tl_bench_meets_slo(0.2, 9, 9, ttft_only));  /* the bound itself passes */
+    CHECK(!tl_bench_meets_slo(0.21, 0, 0, ttft_only));
+    CHECK(tl_bench_meets_slo(0.1, 0.05, 1.9, all3));
+    CHECK(!tl_bench_meets_slo(0.1, 0.06, 1.9, all3)); /* one SLO missed is enough */
+    CHECK(!tl_bench_meets_slo(0.1, 0.04, 2.5, all3));
     /* knee: throughput 100 -> 190 (+90%) -> 350 (+84%) -> 380 (+8.6%) -> 385;
      * while p99 rises: the knee is point 2 (past it, < 10% more for more latency) */
     double thr[5] = {100, 190, 350, 380, 385}, lat[5] = {50, 55, 70, 140, 300};
