@@ -6,6 +6,7 @@
  * wake it through NNG's receive fd. */
 #include "cm_chat.h"
 #include "cm_error.h"
+#include "cm_model.h"
 #include "cm_gguf.h"
 #include "cm_hash.h"
 #include "cm_log.h"
@@ -986,6 +987,8 @@ static void help(FILE *f) {
             "                            (a Kubernetes headless service)\n"
             "  --reply-address ADDR      where workers send replies (default tcp://127.0.0.1:0, an ephemeral port)\n"
             "  --model PATH              GGUF whose tokenizer and chat template to use (default " DEFAULT_MODEL ")\n"
+            "  --load-format dummy --model-config SPEC   front workers running dummy weights of that shape\n"
+            "                            (the same stand-in tokenizer they use; no model file)\n"
             "  --served-model-name NAME  the model's name in the API (default: file name)\n"
             "  --chat-template NAME      chatml|llama2|llama3|mistral|gemma (default: from the model)\n"
             "  --api-key KEY             require this key (repeatable); --api-keys-file PATH: one per line\n"
@@ -1020,11 +1023,13 @@ int main(int argc, char **argv) {
     if (getenv("LLMSERVE_MODEL")) model = getenv("LLMSERVE_MODEL");
     cm_log_set_level(CM_LOG_INFO);
     enum { O_HOST = 1, O_PORT, O_WORKERS, O_REPLY, O_MODEL, O_NAME, O_TMPL, O_KEY, O_KEYS, O_RPS, O_TPM, O_MAXQ, O_BODY,
-           O_HDR, O_TTFT, O_REQ, O_IDLE, O_ROUTE, O_LAMBDA, O_LOGR, O_LOGP, O_LOG, O_NOLOGR, O_DNS };
+           O_HDR, O_TTFT, O_REQ, O_IDLE, O_ROUTE, O_LAMBDA, O_LOGR, O_LOGP, O_LOG, O_NOLOGR, O_DNS, O_LFMT, O_MCFG };
+    const char *load_format = "auto", *model_config = NULL;
     static const struct option lo[] = {
         {"host", 1, 0, O_HOST}, {"port", 1, 0, O_PORT}, {"workers", 1, 0, O_WORKERS}, {"reply-address", 1, 0, O_REPLY},
         {"workers-dns", 1, 0, O_DNS},
         {"model", 1, 0, O_MODEL}, {"served-model-name", 1, 0, O_NAME}, {"chat-template", 1, 0, O_TMPL},
+        {"load-format", 1, 0, O_LFMT}, {"model-config", 1, 0, O_MCFG},
         {"api-key", 1, 0, O_KEY}, {"api-keys-file", 1, 0, O_KEYS}, {"rate-limit-rps", 1, 0, O_RPS},
         {"rate-limit-tpm", 1, 0, O_TPM}, {"max-queue", 1, 0, O_MAXQ}, {"max-body-bytes", 1, 0, O_BODY},
         {"header-timeout", 1, 0, O_HDR}, {"ttft-timeout", 1, 0, O_TTFT}, {"request-timeout", 1, 0, O_REQ},
@@ -1052,6 +1057,8 @@ int main(int argc, char **argv) {
         }
         case O_REPLY: reply_listen = optarg; break;
         case O_MODEL: model = optarg; break;
+        case O_LFMT: load_format = optarg; break;
+        case O_MCFG: model_config = optarg; break;
         case O_NAME: served = optarg; break;
         case O_TMPL: tmpl = optarg; break;
         case O_KEY: {
@@ -1110,16 +1117,33 @@ int main(int argc, char **argv) {
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    /* the tokenizer and template from the model file (only its metadata is read) */
     char err[512];
-    cm_gguf *gg;
-    if (cm_gguf_open(model, &gg, err, sizeof err)) {
-        fprintf(stderr, "llmserve-gateway: %s\n", err);
-        return 1;
+    cm_gguf *gg = NULL;
+    int dummy = !strcmp(load_format, "dummy");
+    if ((!dummy && strcmp(load_format, "auto")) || dummy != (model_config != NULL)) {
+        fprintf(stderr, "llmserve-gateway: --load-format dummy and --model-config SPEC go together (load format '%s')\n",
+                load_format);
+        return 2;
     }
-    if (cm_tok_from_gguf(gg, &g->tok, err, sizeof err)) {
-        fprintf(stderr, "llmserve-gateway: %s: %s\n", model, err);
-        return 1;
+    if (dummy) { /* workers with dummy weights tokenize with a stand-in of the config's vocabulary: so do we */
+        cm_model_config mc;
+        if (cm_model_config_resolve(model_config, &mc, err, sizeof err)) {
+            fprintf(stderr, "llmserve-gateway: %s\n", err);
+            return 1;
+        }
+        if (cm_tok_synthetic(mc.vocab, &g->tok)) {
+            fprintf(stderr, "llmserve-gateway: %s: no stand-in tokenizer for a vocabulary of %u\n", model_config, mc.vocab);
+            return 1;
+        }
+    } else { /* the tokenizer and template from the model file (only its metadata is read) */
+        if (cm_gguf_open(model, &gg, err, sizeof err)) {
+            fprintf(stderr, "llmserve-gateway: %s\n", err);
+            return 1;
+        }
+        if (cm_tok_from_gguf(gg, &g->tok, err, sizeof err)) {
+            fprintf(stderr, "llmserve-gateway: %s: %s\n", model, err);
+            return 1;
+        }
     }
     g->chat_kind = tmpl ? cm_chat_by_name(tmpl) : cm_chat_detect(cm_tok_chat_template(g->tok));
     if (g->chat_kind < 0) {
@@ -1128,6 +1152,11 @@ int main(int argc, char **argv) {
     }
     g->default_system = cm_chat_default_system(cm_tok_chat_template(g->tok));
     char name[256];
+    if (!served && dummy) { /* as the worker names it */
+        const char *b = strrchr(model_config, '/') ? strrchr(model_config, '/') + 1 : model_config;
+        snprintf(name, sizeof name, "dummy-%s", b);
+        served = name;
+    }
     if (!served) {
         const char *b = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
         snprintf(name, sizeof name, "%s", b);

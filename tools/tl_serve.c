@@ -94,10 +94,10 @@ int tl_serve_main(int argc, char **argv) {
     /* worker-only, gateway-only and shared flags, all with a value except the two switches */
     static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
                                    "max-num-batched-tokens", "block-size", "kv-cache-memory", "gpu-memory-utilization",
-                                   "kv-cache-dtype", NULL};
+                                   "kv-cache-dtype", "quantization", "dtype", "dummy-seed", NULL};
     static const char *gflags[] = {"host", "port", "api-key", "rate-limit-rps", "rate-limit-tpm", "max-queue",
                                    "request-timeout", "ttft-timeout", "idle-timeout", "routing", "chat-template", NULL};
-    static const char *both[] = {"served-model-name", "log-level", NULL};
+    static const char *both[] = {"served-model-name", "log-level", "load-format", "model-config", NULL};
     static struct option lo[40];
     int k = 0;
     for (const char **f = wflags; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 1000 + (int)(f - wflags)};
@@ -108,7 +108,7 @@ int tl_serve_main(int argc, char **argv) {
     lo[k++] = (struct option){"help", no_argument, 0, 'h'};
     lo[k] = (struct option){0, 0, 0, 0};
     static char flagbuf[40][48];
-    int c, nf = 0;
+    int c, nf = 0, dummy = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         if (c == 'h') {
@@ -124,6 +124,7 @@ int tl_serve_main(int argc, char **argv) {
                            : c >= 2000 ? gflags[c - 2000]
                                        : wflags[c - 1000];
         if (nf == 40) return 2;
+        if (!strcmp(name, "load-format") && !strcmp(optarg, "dummy")) dummy = 1;
         snprintf(flagbuf[nf], sizeof flagbuf[nf], "--%s", name);
         if (c >= 4000 || c < 2000 || c >= 3000) {
             arg(&w, flagbuf[nf]);
@@ -140,20 +141,23 @@ int tl_serve_main(int argc, char **argv) {
         fprintf(stderr, "llmserve serve: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (access(model, R_OK)) {
+    if (!dummy && access(model, R_OK)) {
         fprintf(stderr, "llmserve serve: cannot read model %s (tools/setup.sh fetches the default one)\n", model);
         return 1;
     }
-    arg(&w, "--model");
-    arg(&w, model);
-    arg(&g, "--model");
-    arg(&g, model);
+    if (!dummy) { /* dummy weights: both take the shape from --model-config instead */
+        arg(&w, "--model");
+        arg(&w, model);
+        arg(&g, "--model");
+        arg(&g, model);
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    fprintf(stderr, "llmserve serve: %s; worker group on %s, gateway for the OpenAI API\n", model, ipc);
+    fprintf(stderr, "llmserve serve: %s; worker group on %s, gateway for the OpenAI API\n", dummy ? "dummy weights" : model,
+            ipc);
     spawn(&w);
     spawn(&g);
     child *kids[2] = {&w, &g};

@@ -38,3 +38,21 @@ rc=$?
 grep -q "model dummy:smollm2-135m: llama, 30 layers" "$OUT/log" && grep -q "KV cache" "$OUT/log" && [ $rc = 0 ] \
     || { echo "FAIL: dummy worker (rc $rc)"; cat "$OUT/log"; exit 1; }
 echo "dummy e2e: refusals clear, dummy smollm2-135m worker started and stopped cleanly"
+G=$1/llmserve-gateway
+"$G" --load-format dummy >"$OUT/o" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q "go together" "$OUT/o" || { echo "FAIL: gateway --load-format dummy alone: rc $rc"; exit 1; }
+# the whole serving stack on dummy weights: gateway and worker share the stand-in tokenizer
+PORT=$((20000 + ($$ * 17) % 20000))
+"$1/llmserve" serve --load-format dummy --model-config smollm2-135m --dtype q4_0 --port "$PORT" --max-model-len 512 \
+    --kv-cache-memory 64MiB --log-level warn >"$OUT/serve.log" 2>&1 &
+SP=$!
+for _ in $(seq 1 150); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break; sleep 0.2; done
+R=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -d '{"model": "dummy-smollm2-135m", "prompt": "hello", "max_tokens": 4, "ignore_eos": true}')
+"$1/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 4 --random-input-len 16 --random-output-len 4 \
+    --ignore-eos --max-concurrency 2 --result-filename "$OUT/b.json" >/dev/null 2>&1
+brc=$?
+kill $SP; wait $SP 2>/dev/null
+echo "$R" | python3 -c "import json,sys; r=json.load(sys.stdin); assert r['usage']['completion_tokens'] == 4 and r['model'] == 'dummy-smollm2-135m', r" \
+    && [ $brc = 0 ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert r['completed'] == 4 and r['total_output_tokens'] == 16, r" "$OUT/b.json" \
+    || { echo "FAIL: llmserve serve on dummy weights: $R (bench rc $brc)"; cat "$OUT/serve.log"; exit 1; }
+echo "dummy e2e: llmserve serve --load-format dummy answers the OpenAI API and the bench"

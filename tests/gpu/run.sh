@@ -15,7 +15,8 @@
 #       cuBLAS GEMMs against the HBM bound, paged attention), then the engine
 #       on dummy llama-3-8b BF16 (single stream; 64 and 256 concurrent,
 #       1024 in / 128 out), llama-3-8b and llama-3-70b with --quantization
-#       fp8 (the 70B on one GPU).
+#       fp8 (the 70B on one GPU); then the whole stack (llmserve serve on
+#       dummy llama-3-8b) swept with llmserve bench serve.
 # Not built yet: AWQ/GPTQ INT4 checkpoints, CUDA graphs, FP8 KV cache. The
 # tensor-parallel CUDA forward needs two GPUs to check. Without a GPU it
 # says so and exits 0.
@@ -61,4 +62,16 @@ timeout 120 $EB --model-config llama-3-8b --dtype bf16 --quantization fp8 --conc
 echo "== engine, dummy llama-3-70b --quantization fp8 on one GPU (about 74 GB of weights)"
 timeout 150 $EB --model-config llama-3-70b --dtype bf16 --quantization fp8 --concurrency 1,64 --prompt-len 1024 --gen 64 \
     --repeats 1 --max-num-batched-tokens 4096 --system-len 1000 || { echo "== engine 70B fp8 FAILED"; fail=1; }
+echo "== serving: llmserve serve on dummy llama-3-8b BF16, bench serve --sweep max-concurrency=1,16,64 (1024 in / 128 out)"
+cmake --build "$BUILD" -j "$(nproc)" --target llmserve llmserve-worker llmserve-gateway 2>&1 | grep -E "error" ; true
+PORT=18123
+"$BUILD/llmserve" serve --device cuda --load-format dummy --model-config llama-3-8b --dtype bf16 --port $PORT \
+    --max-model-len 2048 --max-num-batched-tokens 8192 --log-level warn >"$BUILD/serve-gpu.log" 2>&1 &
+SP=$!
+for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break; sleep 0.2; done
+timeout 200 "$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 64 --random-input-len 1024 \
+    --random-output-len 128 --ignore-eos --sweep max-concurrency=1,16,64 --result-dir "$BUILD/sweep-gpu" 2>/dev/null \
+    | sed -n '/==== Sweep/,$p' || { echo "== serving sweep FAILED"; fail=1; }
+kill $SP 2>/dev/null
+wait $SP 2>/dev/null
 exit $fail
