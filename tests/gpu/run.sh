@@ -51,7 +51,7 @@ timeout 240 "$BUILD/llmserve-cuda-kernel-bench" --preset llama-3-8b --batches 1,
     || { echo "== kernel bench FAILED"; fail=1; }
 EB="$BUILD/llmserve-engine-bench --device cuda --load-format dummy --max-model-len 2048 --max-num-seqs 256"
 echo "== engine, dummy llama-3-8b BF16: single stream (HBM bound: 16.06 GB / $HBM TB/s)"
-timeout 150 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1 --prompt-len 1024 --gen 128 --repeats 3 \
+timeout 150 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1 --prompt-len 1024 --gen 128 --repeats 2 \
     --max-num-batched-tokens 2048 --system-len 1000 || { echo "== engine 8B single FAILED"; fail=1; }
 echo "== engine, dummy llama-3-8b BF16: 64 and 256 concurrent, 1024 in / 128 out"
 timeout 200 $EB --model-config llama-3-8b --dtype bf16 --concurrency 64,256 --prompt-len 1024 --gen 128 --repeats 1 \
@@ -62,15 +62,15 @@ timeout 120 $EB --model-config llama-3-8b --dtype bf16 --quantization fp8 --conc
 echo "== engine, dummy llama-3-70b --quantization fp8 on one GPU (about 74 GB of weights)"
 timeout 150 $EB --model-config llama-3-70b --dtype bf16 --quantization fp8 --concurrency 1,64 --prompt-len 1024 --gen 64 \
     --repeats 1 --max-num-batched-tokens 4096 --system-len 1000 || { echo "== engine 70B fp8 FAILED"; fail=1; }
-echo "== serving: llmserve serve on dummy llama-3-8b BF16, bench serve --sweep max-concurrency=1,16,64 (1024 in / 128 out)"
+echo "== serving: llmserve serve on dummy llama-3-8b BF16, bench serve --sweep max-concurrency=1,8,24 (1024 in / 128 out)"
 cmake --build "$BUILD" -j "$(nproc)" --target llmserve llmserve-worker llmserve-gateway 2>&1 | grep -E "error" ; true
 PORT=18123
 "$BUILD/llmserve" serve --device cuda --load-format dummy --model-config llama-3-8b --dtype bf16 --port $PORT \
     --max-model-len 2048 --max-num-batched-tokens 8192 --log-level warn >"$BUILD/serve-gpu.log" 2>&1 &
 SP=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break; sleep 0.2; done
-timeout 200 "$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 64 --random-input-len 1024 \
-    --random-output-len 128 --ignore-eos --sweep max-concurrency=1,16,64 --result-dir "$BUILD/sweep-gpu" 2>/dev/null \
+timeout 150 "$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --num-prompts 24 --random-input-len 1024 \
+    --random-output-len 128 --ignore-eos --sweep max-concurrency=1,8,24 --result-dir "$BUILD/sweep-gpu" 2>/dev/null \
     | sed -n '/==== Sweep/,$p' || { echo "== serving sweep FAILED"; fail=1; }
 kill $SP 2>/dev/null
 wait $SP 2>/dev/null
