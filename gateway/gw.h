@@ -32,7 +32,7 @@ typedef struct {
     char model[128];
     int max_model_len, block_size, vocab;
     int running, waiting, inflight;
-    uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes;
+    uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
     gw_keyset cached;
     uint64_t routed, routed_hit_tokens;
 } gw_worker;

@@ -447,6 +447,7 @@ static void on_health(gw *g, const Llmserve__Health *h, int from) {
         w->blocks_total = (uint64_t)h->stats->blocks_total;
         w->blocks_free = (uint64_t)h->stats->blocks_free;
         w->rss_bytes = h->stats->rss_bytes;
+        w->gpu_bytes = h->stats->has_gpu_memory_used_bytes ? h->stats->gpu_memory_used_bytes : 0;
     }
     int m = 0;
     for (int i = 0; i < g->n_workers; i++)

@@ -81,6 +81,8 @@ void gw_metrics_write(gw *g, struct evbuffer *o) {
     GAUGE("kv_cache_usage_perc", "KV cache usage, 0 to 1.",
           g->w[i].blocks_total ? 1.0 - (double)g->w[i].blocks_free / (double)g->w[i].blocks_total : 0.0)
     GAUGE("worker_rss_bytes", "Resident memory of the worker group's driver process.", g->w[i].rss_bytes)
+    GAUGE("gpu_memory_used_bytes", "Device memory in use on the worker group's GPU (0 on CPU workers).",
+          g->w[i].gpu_bytes)
     GAUGE("cached_blocks", "Prefix-cache blocks the router knows the group holds.", g->w[i].cached.n)
     WCOUNTER("prefix_cache_queries_total", "Prefix cache queries, in tokens.", g->w[i].prefix_queries)
     WCOUNTER("prefix_cache_hits_total", "Prefix cache hits, in tokens.", g->w[i].prefix_hits)

@@ -90,6 +90,13 @@ typedef struct wk_cuda {
 } wk_cuda;
 
 int wk_cuda_alloc(void **d, size_t bytes) { return kn_cuda_malloc(d, bytes); }
+
+int wk_cuda_mem_used(uint64_t *bytes) {
+    size_t fr = 0, tot = 0;
+    int rc = kn_cuda_mem_info(&fr, &tot);
+    if (!rc) *bytes = (uint64_t)(tot - fr);
+    return rc;
+}
 void wk_cuda_release(void *d) { kn_cuda_free(d); }
 
 void wk_cuda_cache_copy(wk_cache *c, int src, int dst) {
@@ -363,6 +370,10 @@ int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, 
 int wk_cuda_alloc(void **d, size_t bytes) {
     (void)bytes;
     *d = NULL;
+    return LLM_EUNSUP;
+}
+int wk_cuda_mem_used(uint64_t *bytes) {
+    *bytes = 0;
     return LLM_EUNSUP;
 }
 void wk_cuda_release(void *d) { (void)d; }

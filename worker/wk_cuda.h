@@ -25,6 +25,9 @@ void wk_cuda_cache_copy(wk_cache *c, int src, int dst);
 int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes, long *n_blocks, char *err,
                       size_t errlen);
 
+/* Device memory in use (total - free), for the worker's stats. */
+int wk_cuda_mem_used(uint64_t *bytes);
+
 /* A step's metadata for the device, in one int32 array of
  * wk_step_meta_size entries: token ids [T], positions [T], row -> sequence
  * [T], K/V slots (block * block_size + offset) [T], rows that want logits

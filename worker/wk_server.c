@@ -1,4 +1,5 @@
 #include "wk_server.h"
+#include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_hash.h"
 #include "cm_log.h"
@@ -184,6 +185,8 @@ static void fill_stats(server *s, Llmserve__Stats *st) {
         if (fscanf(f, "%ld %ld", &pages, &rss) == 2) SET(rss_bytes, (uint64_t)rss * (uint64_t)sysconf(_SC_PAGE_SIZE));
         fclose(f);
     }
+    uint64_t gpu = 0;
+    if (wk_engine_model(s->e)->device == WK_DEV_CUDA && !wk_cuda_mem_used(&gpu)) SET(gpu_memory_used_bytes, gpu);
 #undef SET
 }
 
