@@ -56,17 +56,28 @@ static int run(wk_model *m, const int32_t *prompt, int np, int gen, float *first
     return rc;
 }
 
-static void compare(const char *what, const wk_model_opts *cpu_o, const wk_model_opts *gpu_o, double tol) {
+/* The same model on the CPU and on the GPU (dummy weights made on the host,
+ * so both hold the same numbers); 0 when both loaded. */
+static int load_pair(const char *what, const wk_model_opts *cpu_o, int quant, wk_model **mc, wk_model **mg) {
+    wk_model_opts go = *cpu_o;
+    go.device = WK_DEV_CUDA;
+    go.dummy_on_host = 1;
+    go.quant = quant;
     char err[512] = "";
-    wk_model *mc = NULL, *mg = NULL;
-    CHECK_RC(wk_model_load(cpu_o, &mc, err, sizeof err), 0);
-    CHECK_RC(wk_model_load(gpu_o, &mg, err, sizeof err), 0);
-    if (!mc || !mg) {
-        printf("%s: %s\n", what, err);
-        wk_model_free(mc);
-        wk_model_free(mg);
-        return;
-    }
+    *mc = *mg = NULL;
+    CHECK_RC(wk_model_load(cpu_o, mc, err, sizeof err), 0);
+    CHECK_RC(wk_model_load(&go, mg, err, sizeof err), 0);
+    if (*mc && *mg) return 0;
+    printf("%s: %s\n", what, err);
+    wk_model_free(*mc);
+    wk_model_free(*mg);
+    *mc = *mg = NULL;
+    return -1;
+}
+
+static void compare(const char *what, const wk_model_opts *cpu_o, double tol) {
+    wk_model *mc, *mg;
+    if (load_pair(what, cpu_o, WK_QUANT_NONE, &mc, &mg)) return;
     int V = (int)mc->cfg.vocab, np = 37, gen = 48;
     int32_t prompt[64], tc[64], tg[64];
     for (int i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
@@ -163,23 +174,13 @@ int main(int argc, char **argv) {
         /* max_batch 8: the 37-token prompt runs in chunks below the dequantize-GEMM threshold, so
          * both sides multiply the same float activations */
         wk_model_opts co = {.threads = 2, .max_batch = 8, .model_config = cases[i].cfg, .dummy_type = cases[i].type, .seed = 3};
-        wk_model_opts go = co;
-        go.device = WK_DEV_CUDA;
-        go.dummy_on_host = 1;
-        compare(cases[i].name, &co, &go, cases[i].tol);
+        compare(cases[i].name, &co, cases[i].tol);
     }
     /* --quantization fp8: the GPU multiplies E4M3 codes; close to the CPU's F16 model, not equal */
     {
         wk_model_opts co = {.threads = 2, .max_batch = 8, .model_config = llama, .dummy_type = CM_F16, .seed = 3};
-        wk_model_opts go = co;
-        go.device = WK_DEV_CUDA;
-        go.dummy_on_host = 1;
-        go.quant = WK_QUANT_FP8;
-        char err[256] = "";
-        wk_model *mc = NULL, *mg = NULL;
-        CHECK_RC(wk_model_load(&co, &mc, err, sizeof err), 0);
-        CHECK_RC(wk_model_load(&go, &mg, err, sizeof err), 0);
-        if (mc && mg) {
+        wk_model *mc, *mg;
+        if (!load_pair("fp8", &co, WK_QUANT_FP8, &mc, &mg)) {
             int32_t prompt[40], tc[16], tg[16];
             for (int i = 0; i < 40; i++) prompt[i] = (int32_t)((i * 11 + 1) % 300);
             float lc[300], lg[300];
@@ -202,14 +203,8 @@ int main(int argc, char **argv) {
     /* prefill-sized chunks: quantized weights through dequantize + cuBLAS F16 (activations rounded to f16) */
     {
         wk_model_opts co = {.threads = 2, .max_batch = 64, .model_config = llama, .dummy_type = CM_Q8_0, .seed = 3};
-        wk_model_opts go = co;
-        go.device = WK_DEV_CUDA;
-        go.dummy_on_host = 1;
-        char err[256];
-        wk_model *mc = NULL, *mg = NULL;
-        CHECK_RC(wk_model_load(&co, &mc, err, sizeof err), 0);
-        CHECK_RC(wk_model_load(&go, &mg, err, sizeof err), 0);
-        if (mc && mg) {
+        wk_model *mc, *mg;
+        if (!load_pair("Q8_0 prefill", &co, WK_QUANT_NONE, &mc, &mg)) {
             int32_t prompt[40];
             for (int i = 0; i < 40; i++) prompt[i] = (int32_t)((i * 11 + 1) % 300);
             float lc[300], lg[300];
@@ -230,10 +225,7 @@ int main(int argc, char **argv) {
         snprintf(tok, sizeof tok, "%s/tok512.bin", argv[1]);
         if (access(bin, R_OK) == 0 && access(tok, R_OK) == 0) {
             wk_model_opts co = {.model_path = bin, .tokenizer_path = tok, .threads = 2, .max_batch = 8};
-            wk_model_opts go = co;
-            go.device = WK_DEV_CUDA;
-        go.dummy_on_host = 1;
-            compare("stories260K", &co, &go, 1e-4);
+            compare("stories260K", &co, 1e-4);
         } else {
             printf("stories260K not found in %s; skipped that part\n", argv[1]);
         }
@@ -241,17 +233,11 @@ int main(int argc, char **argv) {
     /* the engine on the GPU against the engine on the CPU */
     {
         wk_model_opts co = {.threads = 2, .max_batch = 32, .model_config = llama, .dummy_type = CM_F32, .seed = 5};
-        wk_model_opts go = co;
-        go.device = WK_DEV_CUDA;
-        go.dummy_on_host = 1;
-        char err[256];
-        wk_model *mc = NULL, *mg = NULL;
-        CHECK_RC(wk_model_load(&co, &mc, err, sizeof err), 0);
-        CHECK_RC(wk_model_load(&go, &mg, err, sizeof err), 0);
+        wk_model *mc, *mg;
         int32_t oc[4][24], og[4][24];
         memset(oc, 0, sizeof oc);
         memset(og, 0xff, sizeof og);
-        if (mc && mg) {
+        if (!load_pair("engine", &co, WK_QUANT_NONE, &mc, &mg)) {
             engine_run(mc, oc);
             engine_run(mg, og);
             int same = memcmp(oc, og, sizeof oc) == 0;
