@@ -1124,6 +1124,9 @@ int main(int argc, char **argv) {
     if ((!dummy && strcmp(load_format, "auto")) || dummy != (model_config != NULL)) {
         fprintf(stderr, "llmserve-gateway: --load-format dummy and --model-config SPEC go together (load format '%s')\n",
                 load_format);
+        for (int i = 0; i < g->n_api_keys; i++) free(g->api_keys[i]);
+        free(g->api_keys);
+        free(g); /* nothing else is held yet (and LeakSanitizer would turn exit 2 into 1) */
         return 2;
     }
     if (dummy) { /* workers with dummy weights tokenize with a stand-in of the config's vocabulary: so do we */
