@@ -281,6 +281,13 @@ fail:
     return rc;
 }
 
+void cm_model_served_name(const char *model_path, const char *dummy_config, char *out, size_t len) {
+    const char *p = dummy_config ? dummy_config : model_path, *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
+    snprintf(out, len, "%s%s", dummy_config ? "dummy-" : "", base);
+    char *dot = strrchr(out, '.');
+    if (!dummy_config && dot && !strcmp(dot, ".gguf")) *dot = 0;
+}
+
 void cm_model_close(cm_model_file *m) {
     if (!m) return;
     cm_gguf_close(m->gguf);

@@ -60,6 +60,11 @@ const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name);
 int cm_model_tensor_expect(const cm_model_file *m, const char *name, uint64_t ne0, uint64_t ne1,
                            const cm_tensor_ref **out, char *err, size_t errlen);
 
+/* The name the API serves a model under when none is given: the file name
+ * without ".gguf", or "dummy-" and the config's name for dummy weights
+ * (dummy_config non-NULL). Gateway and worker must agree on it. */
+void cm_model_served_name(const char *model_path, const char *dummy_config, char *out, size_t len);
+
 /* Checks hyper-parameters are plausible (sizes, divisibility, rope, eps). */
 int cm_model_validate_config(const cm_model_config *c, char *err, size_t errlen);
 

@@ -1156,16 +1156,8 @@ int main(int argc, char **argv) {
     }
     g->default_system = cm_chat_default_system(cm_tok_chat_template(g->tok));
     char name[256];
-    if (!served && dummy) { /* as the worker names it */
-        const char *b = strrchr(model_config, '/') ? strrchr(model_config, '/') + 1 : model_config;
-        snprintf(name, sizeof name, "dummy-%s", b);
-        served = name;
-    }
-    if (!served) {
-        const char *b = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
-        snprintf(name, sizeof name, "%s", b);
-        char *dot = strrchr(name, '.');
-        if (dot && !strcmp(dot, ".gguf")) *dot = 0;
+    if (!served) { /* as the worker names it */
+        cm_model_served_name(model, dummy ? model_config : NULL, name, sizeof name);
         served = name;
     }
     g->served_name = served;

@@ -1,6 +1,7 @@
 /* llmserve-worker: one model replica serving gateways over NNG. */
 #include "cm_error.h"
 #include "cm_log.h"
+#include "cm_model.h"
 #include "wk_flags.h"
 #include "wk_server.h"
 #include "wk_tp.h"
@@ -126,16 +127,8 @@ int main(int argc, char **argv) {
     }
     wk_model_opts mo = {.model_path = model, .max_batch = eo.max_num_batched_tokens};
     if (wk_model_flags_apply(&lf, &mo)) return 2;
-    if (!served && mo.model_config) {
-        const char *base = strrchr(mo.model_config, '/') ? strrchr(mo.model_config, '/') + 1 : mo.model_config;
-        snprintf(name, sizeof name, "dummy-%s", base);
-        served = name;
-    }
     if (!served) {
-        const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
-        snprintf(name, sizeof name, "%s", base);
-        char *dot = strrchr(name, '.');
-        if (dot && !strcmp(dot, ".gguf")) *dot = 0;
+        cm_model_served_name(model, mo.model_config, name, sizeof name);
         served = name;
     }
     struct sigaction sa;
