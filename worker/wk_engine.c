@@ -163,14 +163,14 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     size_t per_tok = wk_kv_bytes_per_token(m, o->kv_type), per_block = per_tok * (size_t)o->block_size;
     int64_t full_seq_blocks = (o->max_model_len + o->block_size - 1) / o->block_size;
     int64_t nb = o->n_blocks;
-    if (nb <= 0 && m->device == WK_DEV_CUDA) { /* what --gpu-memory-utilization leaves after weights and activations */
-        long gb = 0;
-        if ((rc = wk_cuda_kv_blocks(m, o->gpu_memory_utilization, per_block, &gb, err, errlen))) goto fail;
-        nb = gb;
-        int64_t useful = full_seq_blocks * o->max_num_seqs;
-        if (nb > useful) nb = useful;
-    } else if (nb <= 0) {
-        nb = (int64_t)(o->kv_cache_bytes / per_block);
+    if (nb <= 0) {
+        if (m->device == WK_DEV_CUDA) { /* what --gpu-memory-utilization leaves after weights and activations */
+            long gb = 0;
+            if ((rc = wk_cuda_kv_blocks(m, o->gpu_memory_utilization, per_block, &gb, err, errlen))) goto fail;
+            nb = gb;
+        } else {
+            nb = (int64_t)(o->kv_cache_bytes / per_block);
+        }
         int64_t useful = full_seq_blocks * o->max_num_seqs; /* more can never be used at once */
         if (nb > useful) nb = useful;
     }

@@ -625,14 +625,9 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         T += s[i].n;
         if (T > m->max_batch) return LLM_ERANGE;
     }
-    if (m->device == WK_DEV_CUDA) {
-        if (m->tp_size > 1 && m->tp_rank == 0) {
-            int rc = plan_send(m, c, n_seq, s);
-            if (rc) return rc;
-        }
-        return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
-    }
-    if (m->attn_scratch_len < max_len) { /* grows with the longest sequence seen, not per step */
+    /* the CPU's attention scratch grows with the longest sequence seen, not per step (before the plan is
+     * sent: a failure here must not leave the other ranks waiting for a step) */
+    if (m->device == WK_DEV_CPU && m->attn_scratch_len < max_len) {
         free(m->attn_scratch);
         m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));
         if (!m->attn_scratch) {
@@ -645,6 +640,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         int rc = plan_send(m, c, n_seq, s);
         if (rc) return rc;
     }
+    if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
     return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
 }
 
