@@ -8,11 +8,6 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
-extern "C" {
-#include "cm_dtype.h"
-#include "cm_error.h"
-}
-
 
 // grid: rows blocks, 256 threads; sum of squares in fp32, tree-reduced in shared memory
 __global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps) {
@@ -50,27 +45,6 @@ __global__ void silu_mul_kernel(float *a, const float *b, int n) {
     if (i < n) a[i] = a[i] / (1.f + __expf(-a[i])) * b[i];
 }
 
-__device__ __forceinline__ float weight_at(int type, const uint8_t *row, int64_t i) {
-    switch (type) {
-    case CM_F32: return ((const float *)row)[i];
-    case CM_F16: return __half2float(((const __half *)row)[i]);
-    case CM_BF16: return __uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
-    case CM_Q8_0: {
-        const uint8_t *b = row + (i / 32) * 34;
-        return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + i % 32];
-    }
-    case CM_Q4_0: {
-        const uint8_t *b = row + (i / 32) * 18;
-        int j = (int)(i % 32), q = j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4;
-        return __half2float(*(const __half *)b) * (float)(q - 8);
-    }
-    default: { // CM_Q4_1
-        const uint8_t *b = row + (i / 32) * 20;
-        int j = (int)(i % 32), q = j < 16 ? b[4 + j] & 15 : b[4 + j - 16] >> 4;
-        return __half2float(*(const __half *)b) * (float)q + __half2float(*(const __half *)(b + 2));
-    }
-    }
-}
 
 // grid: (ceil(N/8), B) blocks of 8 warps; warp w of block x owns output row 8x+w
 __global__ void matmul_kernel(int type, const uint8_t *w, int64_t n, int64_t k, size_t row_bytes,
@@ -140,9 +114,12 @@ extern "C" int kn_cuda_silu_mul(float *d_a, const float *d_b, int n) {
     return 0;
 }
 
+static int gguf_type_ok(int type) {
+    return type == CM_F32 || type == CM_F16 || type == CM_BF16 || type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q8_0;
+}
+
 extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B) {
-    if (type != CM_F32 && type != CM_F16 && type != CM_BF16 && type != CM_Q4_0 && type != CM_Q4_1 && type != CM_Q8_0)
-        return LLM_EUNSUP;
+    if (!gguf_type_ok(type)) return LLM_EUNSUP;
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k);
     if (!rb || n <= 0 || B <= 0 || B > 65535) return LLM_EINVAL;
     dim3 grid((unsigned)((n + 7) / 8), (unsigned)B);
@@ -184,9 +161,6 @@ __global__ void add_kernel(float *a, const float *b, size_t n) {
     if (i < n) a[i] += b[i];
 }
 
-static int gguf_type_ok(int type) {
-    return type == CM_F32 || type == CM_F16 || type == CM_BF16 || type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q8_0;
-}
 
 extern "C" int kn_cuda_embed(int type, const void *d_w, int64_t vocab, int64_t dim, const int32_t *d_ids, int rows,
                              float *d_out) {

@@ -13,7 +13,6 @@
 #include <math.h>
 
 extern "C" {
-#include "cm_error.h"
 #include "kernels.h"
 }
 

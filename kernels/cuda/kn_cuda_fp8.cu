@@ -14,10 +14,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-extern "C" {
-#include "cm_dtype.h"
-#include "cm_error.h"
-}
 
 #define FP8_MAX 448.f
 #define LT_WORKSPACE (32u << 20)
@@ -31,31 +27,28 @@ struct kn_cuda_fp8 {
     unsigned *amax_bits;
 };
 
-__device__ __forceinline__ float load_any(int type, const void *p, size_t i) {
-    if (type == CM_F32) return ((const float *)p)[i];
-    if (type == CM_F16) return __half2float(((const __half *)p)[i]);
-    return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16); // BF16
-}
-
 // grid-stride: atomic max of |x| as bits (non-negative floats order as unsigned ints)
 __global__ void amax_kernel(int type, const void *x, size_t n, unsigned *out) {
     float m = 0.f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        m = fmaxf(m, fabsf(load_any(type, x, i)));
+        m = fmaxf(m, fabsf(weight_at(type, (const uint8_t *)x, (int64_t)i)));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (threadIdx.x % 32 == 0) atomicMax(out, __float_as_uint(m));
 }
 
-// one thread: scale = max(amax, tiny) / 448 (a zero tensor keeps a usable scale)
-__global__ void scale_from_amax_kernel(const unsigned *bits, float *scale) {
-    *scale = fmaxf(__uint_as_float(*bits), 1e-12f) / FP8_MAX;
+// scale[0..n) = max(amax, tiny) / 448 (a zero tensor keeps a usable scale); n = 1 for activations,
+// the weight's rows for a per-tensor weight scale (the rescale kernel reads one per column)
+__global__ void scale_from_amax_kernel(const unsigned *bits, float *scale, int64_t n) {
+    float s = fmaxf(__uint_as_float(*bits), 1e-12f) / FP8_MAX;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        scale[i] = s;
 }
 
 // grid: rows blocks of 256: per-row amax -> scale[r]
 __global__ void row_scale_kernel(int type, const void *w, int64_t k, float *scale) {
     __shared__ float sh[32];
     float m = 0.f;
-    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(load_any(type, w, (size_t)blockIdx.x * k + i)));
+    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(weight_at(type, (const uint8_t *)w, (int64_t)blockIdx.x * k + i)));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = m;
     __syncthreads();
@@ -70,7 +63,7 @@ __global__ void row_scale_kernel(int type, const void *w, int64_t k, float *scal
 __global__ void quant_kernel(int type, const void *x, size_t n, const float *scale, int64_t row_len, uint8_t *q) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float s = scale[row_len ? i / (size_t)row_len : 0];
-        q[i] = (uint8_t)__nv_cvt_float_to_fp8(load_any(type, x, i) / s, __NV_SATFINITE, __NV_E4M3);
+        q[i] = (uint8_t)__nv_cvt_float_to_fp8(weight_at(type, (const uint8_t *)x, (int64_t)i) / s, __NV_SATFINITE, __NV_E4M3);
     }
 }
 
@@ -123,19 +116,10 @@ extern "C" int kn_cuda_fp8_quantize(kn_cuda_fp8 *f, int type, const void *d_w, i
     KN_CUDA_CHECK(cudaMemset(f->amax_bits, 0, sizeof(unsigned)));
     amax_kernel<<<grid_for(total), 256>>>(type, d_w, total, f->amax_bits);
     KN_CUDA_LAUNCHED();
-    scale_from_amax_kernel<<<1, 1>>>(f->amax_bits, d_scale);
+    scale_from_amax_kernel<<<grid_for((size_t)n), 256>>>(f->amax_bits, d_scale, n);
     KN_CUDA_LAUNCHED();
     quant_kernel<<<grid_for(total), 256>>>(type, d_w, total, d_scale, 0, d_q);
     KN_CUDA_LAUNCHED();
-    // the rescale kernel reads a scale per column: spread the one scale over n
-    float one;
-    KN_CUDA_CHECK(cudaMemcpy(&one, d_scale, sizeof one, cudaMemcpyDeviceToHost));
-    float *h = (float *)malloc(sizeof(float) * (size_t)n);
-    if (!h) return LLM_ENOMEM;
-    for (int64_t i = 0; i < n; i++) h[i] = one;
-    cudaError_t e = cudaMemcpy(d_scale, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice);
-    free(h);
-    KN_CUDA_CHECK(e);
     return 0;
 }
 
@@ -154,7 +138,7 @@ extern "C" int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float
     KN_CUDA_CHECK(cudaMemset(f->amax_bits, 0, sizeof(unsigned)));
     amax_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->amax_bits);
     KN_CUDA_LAUNCHED();
-    scale_from_amax_kernel<<<1, 1>>>(f->amax_bits, f->x_scale);
+    scale_from_amax_kernel<<<1, 32>>>(f->amax_bits, f->x_scale, 1);
     KN_CUDA_LAUNCHED();
     quant_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->x_scale, 0, f->xq);
     KN_CUDA_LAUNCHED();

@@ -10,11 +10,6 @@
 #include <cuda_fp16.h>
 #include <stdlib.h>
 
-extern "C" {
-#include "cm_dtype.h"
-#include "cm_error.h"
-}
-
 struct kn_cuda_blas {
     cublasHandle_t h;
     void *ws;          // x rounded to W's type, grown on demand (start-up sizes it; no per-step malloc after)

@@ -11,10 +11,6 @@
 
 #include <math.h>
 
-extern "C" {
-#include "cm_error.h"
-}
-
 #define SAMPLE_THREADS 1024
 
 __device__ float block_sum(float v, float *sh) {
