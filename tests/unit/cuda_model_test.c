@@ -23,16 +23,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (a[i] != a[i]) return 1e9;
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)b[i] * b[i];
-    }
-    return sqrt(d / (s > 0 ? s : 1));
-}
-
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -86,7 +76,7 @@ static void compare(const char *what, const wk_model_opts *cpu_o, double tol) {
     CHECK_RC(run(mg, prompt, np, gen, lgp, tg), 0);
     int same = 0;
     while (same < gen && tc[same] == tg[same]) same++;
-    double e = rel_l2(lgp, lc, (size_t)V);
+    double e = tst_rel_l2(lgp, lc, (size_t)V);
     printf("%s: prompt logits rel-L2 %.2e, greedy tokens identical for %d of %d\n", what, e, same, gen);
     CHECK(e < tol);
     CHECK_RC(same, gen);
@@ -191,7 +181,7 @@ int main(int argc, char **argv) {
                 CHECK_RC(rc, 0);
                 int same = 0;
                 while (same < 16 && tc[same] == tg[same]) same++;
-                double e = rel_l2(lg, lc, 300);
+                double e = tst_rel_l2(lg, lc, 300);
                 printf("dummy llama --quantization fp8 vs F16 on the CPU: logits rel-L2 %.2e, %d of 16 greedy tokens "
                        "the same\n", e, same);
                 CHECK(e < 0.1);
@@ -211,7 +201,7 @@ int main(int argc, char **argv) {
             int32_t t1[1], t2[1];
             CHECK_RC(run(mc, prompt, 40, 0, lc, t1), 0);
             CHECK_RC(run(mg, prompt, 40, 0, lg, t2), 0);
-            double e = rel_l2(lg, lc, 300);
+            double e = tst_rel_l2(lg, lc, 300);
             printf("dummy llama Q8_0, 40-token chunk via dequantize + cuBLAS: logits rel-L2 %.2e\n", e);
             CHECK(e < 2e-2);
         }

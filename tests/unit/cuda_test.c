@@ -14,16 +14,6 @@
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.f - 1.f; }
 
-static double rel(const float *a, const float *b, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (a[i] != a[i]) return 1e9;
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)b[i] * b[i];
-    }
-    return sqrt(d / (s > 0 ? s : 1));
-}
-
 /* Paged attention: K/V written by the GPU into a NaN-poisoned pool through
  * shuffled block tables must equal the CPU's store bit for bit, and the
  * attention over them (decodes, a prefill chunk over a cached prefix, a long
@@ -129,7 +119,7 @@ static void attention(int kv_type) {
         CHECK_RC(kn_cuda_paged_attention(&ga), 0);
         CHECK_RC(kn_cuda_sync(), 0);
         kn_cuda_download(got, dout, sizeof(float) * (size_t)rows * NH * HD);
-        double e = rel(got, ref, (size_t)rows * NH * HD);
+        double e = tst_rel_l2(got, ref, (size_t)rows * NH * HD);
         printf("cuda paged attention kv %s, %s: rel %.2e\n",
                kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",
                force_rows ? "more splits" : "as planned", e);
@@ -166,7 +156,7 @@ static void dense(void) {
         kn_cuda_upload(dx, x, sizeof(float) * (size_t)(B * K));
         CHECK_RC(kn_cuda_gemm(blas, types[t], dw, N, K, dx, dy, B), 0);
         kn_cuda_download(yg, dy, sizeof(float) * (size_t)(B * N));
-        double e = rel(yg, yr, (size_t)(B * N));
+        double e = tst_rel_l2(yg, yr, (size_t)(B * N));
         printf("cuda cuBLAS gemm %s: rel %.2e\n", cm_dtype_name(types[t]), e);
         CHECK(e < (types[t] == CM_F16 ? 2e-3 : 1e-2)); /* x rounded to the weight type */
         kn_cuda_free(dw); kn_cuda_free(dx); kn_cuda_free(dy);
@@ -200,7 +190,7 @@ static void dense(void) {
     kn_weight wq = {CM_Q4_1, N, K, raw, 0, NULL};
     for (int r = 0; r < 4; r++) {
         kn_get_row(&wq, ids[r], yr);
-        CHECK(rel(yg + (size_t)r * K, yr, (size_t)K) < 1e-6);
+        CHECK(tst_rel_l2(yg + (size_t)r * K, yr, (size_t)K) < 1e-6);
     }
     kn_cuda_free(dw); kn_cuda_free(dh); kn_cuda_free(de); kn_cuda_free(dids);
     kn_cuda_blas_destroy(blas);
@@ -268,7 +258,7 @@ static void fp8(void) {
                 yf[b * N + r] = (float)exact;
             }
         }
-        double eq = rel(yg, yq, (size_t)(B * N)), ef = rel(yg, yf, (size_t)(B * N));
+        double eq = tst_rel_l2(yg, yq, (size_t)(B * N)), ef = tst_rel_l2(yg, yf, (size_t)(B * N));
         printf("cuda fp8 gemm (%s scales): rel %.2e vs the CPU's FP8 arithmetic, %.2e vs unquantized\n",
                per_ch ? "per-channel" : "per-tensor", eq, ef);
         CHECK(eq < 2e-3); /* Hopper accumulates FP8 products with a shorter mantissa than fp32 */
@@ -386,7 +376,7 @@ int main(void) {
     kn_cuda_upload(dw, w, sizeof(float) * (size_t)n);
     CHECK_RC(kn_cuda_rmsnorm(dy, dx, dw, rows, n, 1e-5f), 0);
     kn_cuda_download(got, dy, sizeof(float) * (size_t)(rows * n));
-    CHECK(rel(got, ref, (size_t)(rows * n)) < 1e-5);
+    CHECK(tst_rel_l2(got, ref, (size_t)(rows * n)) < 1e-5);
     /* rope, both conventions */
     float inv[32];
     for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * (float)i / 64.f);
@@ -396,7 +386,7 @@ int main(void) {
         kn_cuda_upload(dx, x, sizeof(float) * 9 * 64);
         CHECK_RC(kn_cuda_rope(dx, 9, 64, 64, type, 123, 10000.f), 0);
         kn_cuda_download(got, dx, sizeof(float) * 9 * 64);
-        CHECK(rel(got, ref, 9 * 64) < 1e-4);
+        CHECK(tst_rel_l2(got, ref, 9 * 64) < 1e-4);
     }
     /* matmul over the GGUF types against the float64 reference */
     int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0};
@@ -429,7 +419,7 @@ int main(void) {
         kn_cuda_upload(dxs, xs, sizeof(float) * (size_t)(B * K));
         CHECK_RC(kn_cuda_matmul(types[t], dwt, N, K, dxs, dys, B), 0);
         kn_cuda_download(yg, dys, sizeof(float) * (size_t)(B * N));
-        double e = rel(yg, yr, (size_t)(B * N));
+        double e = tst_rel_l2(yg, yr, (size_t)(B * N));
         printf("cuda matmul %s: rel %.2e\n", cm_dtype_name(types[t]), e);
         CHECK(e < 1e-5);
         kn_cuda_free(dwt); kn_cuda_free(dxs); kn_cuda_free(dys);

@@ -31,16 +31,6 @@ static int guards_ok(const float *p, size_t n) {
     return 1;
 }
 
-static double rel(const float *a, const float *b, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (a[i] != a[i]) return 1e9; /* NaN never passes */
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)b[i] * b[i];
-    }
-    return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
 /* Random weights in GGUF layout: random quants, plausible scales. */
 static void *rand_weight(int type, int64_t n, int64_t k) {
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k), sz = rb * (size_t)n;
@@ -111,7 +101,7 @@ static void test_matmul(kn_pool *pool) {
             kn_act_init(&a, k, B);
             float *y = out_buf((size_t)(B * n));
             kn_matmul(pool, &wi, y, x, &a, B);
-            double e = rel(y, ref, (size_t)(B * n));
+            double e = tst_rel_l2(y, ref, (size_t)(B * n));
             /* quantized: int8 activations; float types: fp32 accumulation */
             double tol = w.pack ? 2e-2 : 1e-5;
             if (!(e < tol))
@@ -122,7 +112,7 @@ static void test_matmul(kn_pool *pool) {
             if (!first) first = y;
             else {
                 /* SIMD paths run the same integer algorithm as the scalar one */
-                CHECK(rel(y, first, (size_t)(B * n)) < 1e-5);
+                CHECK(tst_rel_l2(y, first, (size_t)(B * n)) < 1e-5);
                 free(y);
             }
             kn_act_free(&a);
@@ -198,7 +188,7 @@ static void test_attention(kn_pool *pool) {
             a.out = y;
             a.scratch = scratch;
             kn_attention(pool, &a);
-            double e = rel(y, ref, qn);
+            double e = tst_rel_l2(y, ref, qn);
             if (!(e < 1e-5))
                 fprintf(stderr, "attention %s kv %s hd %d group %d bs %d seqs %d: rel %.3g\n", isas[is],
                         kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",

@@ -1,6 +1,18 @@
 #include "tst.h"
 
+#include <math.h>
+
 int tst_failures, tst_checks;
+
+double tst_rel_l2(const float *got, const float *want, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != got[i]) return 1e9;
+        d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        s += (double)want[i] * want[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
 
 int tst_done(const char *name) {
     printf("%s: %d checks, %d failed\n", name, tst_checks, tst_failures);

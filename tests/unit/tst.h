@@ -3,6 +3,8 @@
 #ifndef TST_H
 #define TST_H
 
+#include <stddef.h>
+
 #include <math.h>
 #include <stdio.h>
 
@@ -52,6 +54,9 @@ extern int tst_failures, tst_checks;
                     #a, #b, _a, _b, (double)(tol));                                                \
         }                                                                                          \
     } while (0)
+
+/* Relative L2 error of got against want (NaN in got: 1e9, never passes). */
+double tst_rel_l2(const float *got, const float *want, size_t n);
 
 /* Prints the summary line ctest logs and returns the exit code. */
 int tst_done(const char *name);
