@@ -53,16 +53,3 @@ int kn_cuda_kv_blocks(const kn_cuda_mem_in *in, kn_cuda_mem_out *out) {
     return 0;
 }
 
-int kn_cuda_graph_sizes(int max_seqs, int *sizes, int cap) {
-    int n = 0;
-    if (max_seqs > 512) max_seqs = 512;
-    for (int s = 1; s <= max_seqs && n < cap; s = s < 8 ? s * 2 : s + 8) sizes[n++] = s;
-    if (n && sizes[n - 1] < max_seqs && n < cap) sizes[n++] = max_seqs; /* the cap itself, unpadded */
-    return n;
-}
-
-int kn_cuda_graph_pad(const int *sizes, int n_sizes, int batch) {
-    for (int i = 0; i < n_sizes; i++)
-        if (sizes[i] >= batch) return sizes[i];
-    return batch;
-}

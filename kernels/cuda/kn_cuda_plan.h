@@ -51,12 +51,6 @@ typedef struct {
 
 int kn_cuda_kv_blocks(const kn_cuda_mem_in *in, kn_cuda_mem_out *out);
 
-/* Batch sizes whose decode steps are captured as CUDA graphs: 1, 2, 4, 8,
- * then steps of 8 up to max_seqs (at most 512), as vLLM pads them. Writes up
- * to cap sizes, returns how many; kn_cuda_graph_pad rounds a batch up to
- * the captured size that runs it (or returns n when none: run eagerly). */
-int kn_cuda_graph_sizes(int max_seqs, int *sizes, int cap);
-int kn_cuda_graph_pad(const int *sizes, int n_sizes, int batch);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* The CUDA backend's host-side planning, on the CPU: attention launch
- * geometry and split-K workspace, the KV pool from --gpu-memory-utilization,
- * and the CUDA-graph batch sizes. */
+ * geometry and split-K workspace, and the KV pool from
+ * --gpu-memory-utilization. */
 #include "cm_error.h"
 #include "kn_cuda_plan.h"
 #include "tst.h"
@@ -53,16 +53,5 @@ int main(void) {
     in.utilization = 1.5;
     CHECK_RC(kn_cuda_kv_blocks(&in, &out), LLM_EINVAL);
 
-    /* CUDA graph sizes: 1 2 4 8 16 ... 256 and the cap; a batch pads up */
-    int sz[128];
-    int n = kn_cuda_graph_sizes(256, sz, 128);
-    CHECK_RC(n, 3 + 32); /* 1 2 4, then 8 to 256 by 8 */
-    CHECK(sz[0] == 1 && sz[3] == 8 && sz[4] == 16 && sz[n - 1] == 256);
-    CHECK_RC(kn_cuda_graph_pad(sz, n, 3), 4);
-    CHECK_RC(kn_cuda_graph_pad(sz, n, 17), 24);
-    CHECK_RC(kn_cuda_graph_pad(sz, n, 256), 256);
-    CHECK_RC(kn_cuda_graph_pad(sz, n, 300), 300); /* beyond the graphs: eager */
-    n = kn_cuda_graph_sizes(20, sz, 128);
-    CHECK(n == 6 && sz[4] == 16 && sz[5] == 20);
     return tst_done("cuda_plan_test");
 }
