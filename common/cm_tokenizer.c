@@ -30,8 +30,16 @@ struct cm_tokenizer {
     int n_eog;
     int add_bos, add_space_prefix;
     int32_t byte_tok[256];
-    int32_t *specials;    /* ids matched in raw text, longest first */
+    int32_t *specials;    /* control and user-defined ids, longest first */
     int n_specials;
+    /* Trie over the specials' texts: node 0 is the root; (node << 8 | byte) + 1
+     * keys an open-addressing table of child nodes. A match walks at most the
+     * longest special's length, so splitting specials out is linear in the text. */
+    uint64_t *trie_key;
+    int32_t *trie_child, *trie_id; /* child node per key; token ending at each node (-1) */
+    uint64_t trie_mask;
+    int32_t trie_nodes;
+    uint32_t max_token_bytes;      /* longest text any one token stands for */
     char *chat_template;
 };
 
@@ -125,6 +133,45 @@ static int parse_byte_token(const char *s, size_t len) {
     return v;
 }
 
+static uint64_t trie_slot(const cm_tokenizer *t, uint64_t key) {
+    uint64_t h = XXH3_64bits(&key, 8) & t->trie_mask;
+    while (t->trie_key[h] && t->trie_key[h] != key) h = (h + 1) & t->trie_mask;
+    return h;
+}
+
+static int32_t trie_next(const cm_tokenizer *t, int32_t node, unsigned char c) {
+    uint64_t h = trie_slot(t, ((uint64_t)node << 8 | c) + 1);
+    return t->trie_key[h] ? t->trie_child[h] : -1;
+}
+
+static int build_trie(cm_tokenizer *t) {
+    size_t bytes = 1;
+    for (int i = 0; i < t->n_specials; i++) bytes += t->text_len[t->specials[i]];
+    uint64_t cap = 2;
+    while (cap < bytes * 2) cap <<= 1;
+    t->trie_mask = cap - 1;
+    t->trie_key = calloc(cap, sizeof *t->trie_key);
+    t->trie_child = malloc(sizeof(int32_t) * cap);
+    t->trie_id = malloc(sizeof(int32_t) * bytes);
+    if (!t->trie_key || !t->trie_child || !t->trie_id) return LLM_ENOMEM;
+    t->trie_nodes = 1;
+    t->trie_id[0] = -1;
+    for (int i = t->n_specials - 1; i >= 0; i--) { /* shortest first: on equal texts the lower id wins below */
+        int32_t id = t->specials[i], node = 0;
+        for (uint32_t k = 0; k < t->text_len[id]; k++) {
+            uint64_t key = ((uint64_t)node << 8 | (unsigned char)t->text[id][k]) + 1, h = trie_slot(t, key);
+            if (!t->trie_key[h]) {
+                t->trie_key[h] = key;
+                t->trie_child[h] = t->trie_nodes;
+                t->trie_id[t->trie_nodes++] = -1;
+            }
+            node = t->trie_child[h];
+        }
+        if (t->trie_id[node] < 0 || id < t->trie_id[node]) t->trie_id[node] = id;
+    }
+    return 0;
+}
+
 /* Decoded bytes of every token, byte tokens, specials, end-of-generation set. */
 static int finish(cm_tokenizer *t) {
     init_byte_map();
@@ -178,6 +225,11 @@ static int finish(cm_tokenizer *t) {
         int j = i - 1;
         while (j >= 0 && t->text_len[t->specials[j]] < t->text_len[v]) { t->specials[j + 1] = t->specials[j]; j--; }
         t->specials[j + 1] = v;
+    }
+    if ((rc = build_trie(t))) return rc;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        uint32_t l = t->piece_len[id] > t->text_len[id] ? t->piece_len[id] : t->text_len[id];
+        if (l > t->max_token_bytes) t->max_token_bytes = l;
     }
     if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
     static const char *eog_names[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>",
@@ -426,6 +478,7 @@ void cm_tok_free(cm_tokenizer *t) {
     free(t->score); free(t->type); free(t->htab);
     free(t->mkey); free(t->mrank); free(t->mres);
     free(t->specials); free(t->chat_template);
+    free(t->trie_key); free(t->trie_child); free(t->trie_id);
     free(t);
 }
 
@@ -434,10 +487,16 @@ void cm_tok_free(cm_tokenizer *t) {
 typedef struct {
     int32_t *v;
     size_t n, cap;
-    int oom;
+    size_t limit;        /* more ids than this: stop (over) */
+    int oom, over;
 } ivec;
 
 static void push(ivec *o, int32_t id) {
+    if (o->over) return;
+    if (o->n >= o->limit) {
+        o->over = 1;
+        return;
+    }
     if (o->n == o->cap) {
         size_t nc = o->cap ? o->cap * 2 : 64;
         int32_t *nv = realloc(o->v, nc * sizeof *nv);
@@ -646,12 +705,13 @@ static int encode_bpe_text(const cm_tokenizer *t, work *w, const char *s, size_t
         for (size_t i = 0; i < n; i++)
             if (k[i] == C_N) k[i] = 16;
     size_t seg = n; /* smollm: each digit is a piece and ends the text before it */
-    for (size_t i = 0; i < n && !rc;) {
+    if (t->pre == CM_PRE_SMOLLM) seg = 0;
+    for (size_t i = 0; i < n && !rc && !out->over;) {
         size_t m;
         if (k[i] == 16) {
             m = 1;
         } else {
-            if (t->pre == CM_PRE_SMOLLM)
+            if (t->pre == CM_PRE_SMOLLM && seg <= i) /* the next digit; each byte is passed once */
                 for (seg = i; seg < n && k[seg] != 16;) seg++;
             if (t->pre == CM_PRE_LLAMA3) m = next_llama3(cp, k, i, seg, 3);
             else if (t->pre == CM_PRE_QWEN2) m = next_llama3(cp, k, i, seg, 1);
@@ -730,27 +790,42 @@ static int encode_spm_text(const cm_tokenizer *t, work *w, const char *text, siz
 
 /* ---- encode ------------------------------------------------------------ */
 
+/* The longest special token at s (user-defined ones always, control ones
+ * when parse_special), or -1. */
 static int32_t match_special(const cm_tokenizer *t, const char *s, size_t n, int parse_special) {
-    for (int i = 0; i < t->n_specials; i++) {
-        int32_t id = t->specials[i];
-        if (!parse_special && t->type[id] != CM_TT_USER) continue;
-        if (t->text_len[id] <= n && s[0] == t->text[id][0] && memcmp(s, t->text[id], t->text_len[id]) == 0)
-            return id;
+    int32_t node = 0, best = -1;
+    for (size_t k = 0; k < n; k++) {
+        node = trie_next(t, node, (unsigned char)s[k]);
+        if (node < 0) break;
+        int32_t id = t->trie_id[node];
+        if (id >= 0 && (parse_special || t->type[id] == CM_TT_USER)) best = id;
     }
-    return -1;
+    return best;
 }
 
 int cm_tok_encode(const cm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                   int32_t **ids, size_t *n) {
-    ivec out = {0};
+    return cm_tok_encode_limit(t, text, len, add_bos, parse_special, SIZE_MAX, ids, n);
+}
+
+int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
+                        size_t max_ids, int32_t **ids, size_t *n) {
+    ivec out = {.limit = max_ids};
     work w = {0};
     int rc = 0, prev_special = 1;
     *ids = NULL;
     *n = 0;
     if (add_bos < 0) add_bos = t->add_bos;
+    /* no token stands for more than max_token_bytes: a text that long is over
+     * the limit whatever it says, and is refused before any work */
+    size_t least = t->max_token_bytes ? len / t->max_token_bytes : 0;
+    if (max_ids != SIZE_MAX && least > max_ids) {
+        *n = least;
+        return LLM_ERANGE;
+    }
     if (add_bos && t->bos >= 0) push(&out, t->bos);
     size_t i = 0, frag = 0;
-    while (i <= len && !rc) {
+    while (i <= len && !rc && !out.over) {
         int32_t sp = i < len && t->n_specials ? match_special(t, text + i, len - i, parse_special) : -1;
         if (sp < 0 && i < len) { i++; continue; }
         if (i > frag) { /* raw text [frag, i) */
@@ -766,6 +841,10 @@ int cm_tok_encode(const cm_tokenizer *t, const char *text, size_t len, int add_b
     }
     free(w.id); free(w.prev); free(w.next); free(w.start); free(w.len); free(w.h.a);
     if (!rc && out.oom) rc = LLM_ENOMEM;
+    if (!rc && out.over) {
+        rc = LLM_ERANGE;
+        *n = out.n + 1;
+    }
     if (rc) {
         free(out.v);
         return rc;
@@ -870,3 +949,158 @@ int cm_tok_is_eog(const cm_tokenizer *t, int32_t id) {
 int32_t cm_tok_lookup(const cm_tokenizer *t, const char *s) {
     return find_text(t, s, strlen(s));
 }
+
+/* ---- export: the tokenizer as a tensor-less GGUF ------------------------ */
+
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+    int oom;
+} wbuf;
+
+static void wput(wbuf *b, const void *d, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n) cap *= 2;
+        uint8_t *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void wu32(wbuf *b, uint32_t v) { wput(b, &v, 4); }
+static void wu64(wbuf *b, uint64_t v) { wput(b, &v, 8); }
+static void wstr(wbuf *b, const char *s, size_t n) {
+    wu64(b, n);
+    wput(b, s, n);
+}
+static void wkey(wbuf *b, const char *k, uint32_t type) {
+    wstr(b, k, strlen(k));
+    wu32(b, type);
+}
+
+typedef struct {
+    int32_t rank, l, r;
+} merge_ent;
+
+static int merge_cmp(const void *a, const void *b) {
+    const merge_ent *x = a, *y = b;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+static const char *pre_name(int pre) {
+    switch (pre) {
+    case CM_PRE_LLAMA3: return "llama-bpe";
+    case CM_PRE_QWEN2: return "qwen2";
+    case CM_PRE_SMOLLM: return "smollm";
+    default: return "gpt2";
+    }
+}
+
+int cm_tok_export(const cm_tokenizer *t, uint8_t **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    merge_ent *m = NULL;
+    size_t nm = 0;
+    if (t->kind == CM_TOK_BPE && t->mkey) {
+        m = malloc(sizeof *m * (t->mmask + 1));
+        if (!m) return LLM_ENOMEM;
+        for (uint64_t h = 0; h <= t->mmask; h++)
+            if (t->mkey[h]) {
+                uint64_t k = t->mkey[h] - 1;
+                m[nm++] = (merge_ent){t->mrank[h], (int32_t)(k >> 32), (int32_t)(uint32_t)k};
+            }
+        qsort(m, nm, sizeof *m, merge_cmp);
+    }
+    wbuf b = {0};
+    uint64_t nkv = 8 + (t->kind == CM_TOK_BPE ? 2 : 0) + (t->bos >= 0) + (t->eos >= 0) + (t->unk >= 0) +
+                   (t->chat_template != NULL);
+    wput(&b, "GGUF", 4);
+    wu32(&b, 3);
+    wu64(&b, 0);   /* tensors */
+    wu64(&b, nkv);
+    const char *model = t->kind == CM_TOK_BPE ? "gpt2" : "llama";
+    wkey(&b, "tokenizer.ggml.model", CM_GGUF_STRING);
+    wstr(&b, model, strlen(model));
+    wkey(&b, "tokenizer.ggml.tokens", CM_GGUF_ARRAY);
+    wu32(&b, CM_GGUF_STRING);
+    wu64(&b, (uint64_t)t->n_vocab);
+    for (int32_t i = 0; i < t->n_vocab; i++) wstr(&b, t->text[i], t->text_len[i]);
+    wkey(&b, "tokenizer.ggml.token_type", CM_GGUF_ARRAY);
+    wu32(&b, CM_GGUF_I32);
+    wu64(&b, (uint64_t)t->n_vocab);
+    wput(&b, t->type, sizeof(int32_t) * (size_t)t->n_vocab);
+    wkey(&b, "tokenizer.ggml.scores", CM_GGUF_ARRAY);
+    wu32(&b, CM_GGUF_F32);
+    wu64(&b, (uint64_t)t->n_vocab);
+    wput(&b, t->score, sizeof(float) * (size_t)t->n_vocab);
+    uint8_t v8;
+    wkey(&b, "tokenizer.ggml.add_bos_token", CM_GGUF_BOOL);
+    v8 = (uint8_t)(t->add_bos != 0);
+    wput(&b, &v8, 1);
+    wkey(&b, "tokenizer.ggml.add_space_prefix", CM_GGUF_BOOL);
+    v8 = (uint8_t)(t->add_space_prefix != 0);
+    wput(&b, &v8, 1);
+    /* what cm_tok_from_gguf cannot infer for tokenizers of other origins */
+    wkey(&b, "general.architecture", CM_GGUF_STRING);
+    wstr(&b, "tokenizer", 9);
+    wkey(&b, "general.alignment", CM_GGUF_U32);
+    wu32(&b, 32);
+    if (t->kind == CM_TOK_BPE) {
+        const char *pre = pre_name(t->pre);
+        wkey(&b, "tokenizer.ggml.pre", CM_GGUF_STRING);
+        wstr(&b, pre, strlen(pre));
+        wkey(&b, "tokenizer.ggml.merges", CM_GGUF_ARRAY);
+        wu32(&b, CM_GGUF_STRING);
+        wu64(&b, nm);
+        for (size_t i = 0; i < nm; i++) {
+            uint32_t ll = t->text_len[m[i].l], rl = t->text_len[m[i].r];
+            wu64(&b, (uint64_t)ll + 1 + rl);
+            wput(&b, t->text[m[i].l], ll);
+            wput(&b, " ", 1);
+            wput(&b, t->text[m[i].r], rl);
+        }
+    }
+    if (t->bos >= 0) { wkey(&b, "tokenizer.ggml.bos_token_id", CM_GGUF_U32); wu32(&b, (uint32_t)t->bos); }
+    if (t->eos >= 0) { wkey(&b, "tokenizer.ggml.eos_token_id", CM_GGUF_U32); wu32(&b, (uint32_t)t->eos); }
+    if (t->unk >= 0) { wkey(&b, "tokenizer.ggml.unknown_token_id", CM_GGUF_U32); wu32(&b, (uint32_t)t->unk); }
+    if (t->chat_template) {
+        wkey(&b, "tokenizer.chat_template", CM_GGUF_STRING);
+        wstr(&b, t->chat_template, strlen(t->chat_template));
+    }
+    free(m);
+    if (b.oom) {
+        free(b.p);
+        return LLM_ENOMEM;
+    }
+    *out = b.p;
+    *len = b.n;
+    return 0;
+}
+
+int cm_tok_import(const void *data, size_t len, cm_tokenizer **out, char *err, size_t errlen) {
+    cm_gguf *g = NULL;
+    *out = NULL;
+    int rc = cm_gguf_open_mem(data, len, &g, err, errlen);
+    if (!rc) rc = cm_tok_from_gguf(g, out, err, errlen); /* copies what it keeps */
+    cm_gguf_close(g);
+    return rc;
+}
+
+uint64_t cm_tok_fingerprint(const cm_tokenizer *t) {
+    uint8_t *b;
+    size_t n;
+    if (cm_tok_export(t, &b, &n)) return 0;
+    uint64_t h = XXH3_64bits(b, n);
+    free(b);
+    return h ? h : 1;
+}
+
+uint32_t cm_tok_max_token_bytes(const cm_tokenizer *t) { return t->max_token_bytes; }

@@ -3,8 +3,9 @@
  * Two families: byte-level BPE (GPT-2 style; merges by rank, with the
  * pre-tokenizer the GGUF names: gpt2, llama3, qwen2, smollm) and
  * SentencePiece-style BPE (llama; merges by score, byte fallback). Both split
- * special tokens out of the text first. Encoding is O(n log n) in the length
- * of each pre-token, so hostile inputs cannot make it quadratic. */
+ * special tokens out of the text first (a trie walk: linear in the text).
+ * Encoding is O(n log n) in the length of each pre-token and linear in the
+ * number of pre-tokens, so hostile inputs cannot make it quadratic. */
 #ifndef CM_TOKENIZER_H
 #define CM_TOKENIZER_H
 
@@ -35,6 +36,21 @@ void cm_tok_free(cm_tokenizer *t);
  * (user-defined tokens always match). */
 int cm_tok_encode(const cm_tokenizer *t, const char *text, size_t len, int add_bos,
                   int parse_special, int32_t **ids, size_t *n);
+/* The same, stopping once more than max_ids ids would come out: then
+ * LLM_ERANGE, *ids NULL and *n a lower bound of the count (> max_ids). A text
+ * longer than max_ids times the longest token is refused before any work. */
+int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int add_bos,
+                        int parse_special, size_t max_ids, int32_t **ids, size_t *n);
+/* The tokenizer as a tensor-less GGUF (vocabulary, types, scores, merges by
+ * rank, pre-tokenizer, BOS/EOS/UNK, flags, chat template) in a malloc'd
+ * buffer: what a worker hands gateways so they need no model file. */
+int cm_tok_export(const cm_tokenizer *t, uint8_t **out, size_t *len);
+/* Builds a tokenizer from an exported (or any tokenizer-bearing) GGUF in
+ * memory; untrusted input is checked as any GGUF file is. */
+int cm_tok_import(const void *data, size_t len, cm_tokenizer **out, char *err, size_t errlen);
+/* XXH3 of the export (never 0): equal tokenizers have equal fingerprints. */
+uint64_t cm_tok_fingerprint(const cm_tokenizer *t);
+uint32_t cm_tok_max_token_bytes(const cm_tokenizer *t);
 /* Bytes a token stands for; control tokens give "" unless render_special. */
 int cm_tok_piece(const cm_tokenizer *t, int32_t id, int render_special, const char **bytes,
                  size_t *len);

@@ -11,9 +11,120 @@
 #include "tst.h"
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Export -> import gives a tokenizer that encodes every case to the same ids,
+ * with the same fingerprint, and whose own export is byte-identical. */
+static void check_export(const cm_tokenizer *t, const char *const *cases, int n_cases) {
+    uint8_t *b, *b2;
+    size_t nb, nb2;
+    cm_tokenizer *u;
+    char err[256];
+    CHECK_RC(cm_tok_export(t, &b, &nb), 0);
+    CHECK_RC(cm_tok_import(b, nb, &u, err, sizeof err), 0);
+    if (!u) return;
+    CHECK_RC(cm_tok_export(u, &b2, &nb2), 0);
+    CHECK(nb == nb2 && memcmp(b, b2, nb) == 0);
+    CHECK(cm_tok_fingerprint(t) == cm_tok_fingerprint(u));
+    CHECK_INT(cm_tok_vocab(u), cm_tok_vocab(t));
+    CHECK_INT(cm_tok_bos(u), cm_tok_bos(t));
+    CHECK_INT(cm_tok_eos(u), cm_tok_eos(t));
+    CHECK((cm_tok_chat_template(t) == NULL) == (cm_tok_chat_template(u) == NULL));
+    for (int c = 0; c < n_cases; c++) {
+        int32_t *x, *y;
+        size_t nx, ny;
+        CHECK_RC(cm_tok_encode(t, cases[c], strlen(cases[c]), -1, 1, &x, &nx), 0);
+        CHECK_RC(cm_tok_encode(u, cases[c], strlen(cases[c]), -1, 1, &y, &ny), 0);
+        CHECK(nx == ny && memcmp(x, y, nx * sizeof *x) == 0);
+        free(x);
+        free(y);
+    }
+    /* a cut or corrupted blob is refused, never read past its end */
+    int refused = 0;
+    for (int k = 1; k <= 64; k++) {
+        size_t cut = nb * (size_t)k / 65;
+        cm_tokenizer *v = NULL;
+        uint8_t *part = malloc(cut);
+        memcpy(part, b, cut);
+        if (cm_tok_import(part, cut, &v, err, sizeof err)) refused++;
+        cm_tok_free(v);
+        free(part);
+    }
+    CHECK_INT(refused, 64);
+    free(b);
+    free(b2);
+    cm_tok_free(u);
+}
+
+static const char *const export_cases[] = {
+    "Hello world", "  two  spaces and\ttabs\n\nnewlines", "<|im_start|>user\nHi<|im_end|>", "digits 1234567 and 3.14",
+    "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x98\x80", "don't you're we'll", "<s>raw</s>",
+};
+
+/* Hostile inputs of `mb` MiB each: none may be slow (the tokenizer is linear),
+ * and every one round-trips. Prints the throughput of each. */
+static void adversarial(const cm_tokenizer *t, const char *name, size_t mb) {
+    static const char *const unit[] = {"a", "hello ", "!?.,;:-", "<|im_start|>", "\xd0\x96\xe4\xb8\xad\xf0\x9f\x98\x80x1 ",
+                                       "1234567890", " ", "\n", "<|<<|", "'s'"};
+    static const char *const label[] = {"one letter", "one word repeated", "punctuation only", "special tokens only",
+                                        "mixed scripts", "digits only", "spaces only", "newlines only",
+                                        "special prefixes", "contractions"};
+    size_t len = mb << 20;
+    char *s = malloc(len + 1);
+    double worst = 1e30;
+    for (size_t u = 0; u < sizeof unit / sizeof unit[0]; u++) {
+        size_t ul = strlen(unit[u]);
+        for (size_t k = 0; k < len; k++) s[k] = unit[u][k % ul];
+        size_t n = len - len % ul;
+        s[n] = 0;
+        int32_t *ids;
+        size_t ni;
+        double t0 = now_s();
+        int rc = cm_tok_encode(t, s, n, 0, 1, &ids, &ni);
+        double dt = now_s() - t0;
+        CHECK_RC(rc, 0);
+        if (rc) continue;
+        char *back = cm_tok_decode(t, ids, ni, 1);
+        int same = back && strlen(back) == n && memcmp(back, s, n) == 0;
+        if (!same) fprintf(stderr, "%s: %s does not round-trip\n", name, label[u]);
+        CHECK(same);
+        double mbs = (double)n / (1 << 20) / (dt > 1e-9 ? dt : 1e-9);
+        if (mbs < worst) worst = mbs;
+        printf("tokenizer %s, %zu MiB of %s: %zu ids in %.3f s (%.1f MiB/s)\n", name, mb, label[u], ni, dt, mbs);
+        /* a stall guard, not a benchmark: quadratic work on 2 MiB takes minutes */
+        CHECK(dt < 30.0);
+        free(back);
+        free(ids);
+    }
+    printf("tokenizer %s: worst case %.1f MiB/s\n", name, worst);
+    /* a limit stops the work early and says how far it got */
+    for (size_t k = 0; k < len; k++) s[k] = "hello "[k % 6];
+    int32_t *ids;
+    size_t ni;
+    CHECK_RC(cm_tok_encode_limit(t, s, 600, 0, 1, 50, &ids, &ni), LLM_ERANGE);
+    CHECK(ids == NULL && ni > 50);
+    CHECK_RC(cm_tok_encode_limit(t, s, len, 0, 1, 8192, &ids, &ni), LLM_ERANGE);
+    CHECK(ni > 8192);
+    int32_t *full;
+    size_t nf;
+    CHECK_RC(cm_tok_encode_limit(t, s, 600, 0, 1, 1000, &ids, &ni), 0);
+    CHECK_RC(cm_tok_encode(t, s, 600, 0, 1, &full, &nf), 0);
+    CHECK(ni == nf && memcmp(ids, full, ni * sizeof *ids) == 0);
+    CHECK_RC(cm_tok_encode_limit(t, s, 600, 0, 1, nf, &ids, &ni), 0); /* exactly at the limit is fine */
+    free(ids);
+    free(full);
+    free(s);
+}
 
 static void check_detok(const cm_tokenizer *t, const int32_t *ids, size_t n, const char *want) {
     cm_detok d;
@@ -113,6 +224,8 @@ static void reference_ids(const char *json_path, const char *model) {
     CHECK(cm_tok_is_eog(t, cm_tok_lookup(t, "<|im_end|>")));
     free(sys);
     json_decref(doc);
+    check_export(t, export_cases, (int)(sizeof export_cases / sizeof export_cases[0]));
+    adversarial(t, "smollm2", 2);
     cm_tok_free(t);
     cm_model_close(m);
 }
@@ -163,6 +276,8 @@ static void vocab_vectors(const char *dir, const char *name) {
     printf("vocab %s: %d/%d strings identical\n", name, ok, total);
     CHECK(total > 20);
     CHECK_INT(ok, total);
+    check_export(t, export_cases, (int)(sizeof export_cases / sizeof export_cases[0]));
+    if (cm_tok_kind(t) == CM_TOK_SPM) adversarial(t, "llama-spm", 1);
     cm_tok_free(t);
     cm_gguf_close(g);
 }
@@ -172,6 +287,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: tokenizer_test TOKENS.json MODEL [VOCAB_DIR]\n");
         return 2;
     }
+    cm_tokenizer *syn;
+    CHECK_RC(cm_tok_synthetic(32000, &syn), 0);
+    check_export(syn, export_cases, (int)(sizeof export_cases / sizeof export_cases[0]));
+    adversarial(syn, "stand-in (dummy weights)", 1);
+    cm_tok_free(syn);
     reference_ids(argv[1], argv[2]);
     if (argc > 3) {
         vocab_vectors(argv[3], "ggml-vocab-gpt-2.gguf");
