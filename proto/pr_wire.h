@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PR_VERSION 1
+#define PR_VERSION 2 /* 2: incarnations, ModelInfo (stateless gateways) */
 #define PR_MAX_MSG (16u << 20) /* bytes; also the sockets' NNG_OPT_RECVMAXSZ */
 
 typedef Llmserve__Envelope pr_env;

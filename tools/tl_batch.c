@@ -6,6 +6,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "cm_oai.h"
+#include "cm_oai_resp.h"
 #include "cm_hash.h"
 #include "cm_unicode.h"
 #include "tl_common.h"
@@ -19,129 +20,44 @@
 #include <unistd.h>
 
 typedef struct {
-    char *text;
-    size_t len, cap;
-    int finish, completion_tokens;
-    size_t tok_offset;        /* where the next token's text starts (logprobs text_offset) */
-    json_t *lp_tokens, *lp_values, *lp_top, *lp_offsets; /* NULL without logprobs */
-} choice;
-
-typedef struct {
     int state;                /* 0 running, 1 done, 2 error */
     json_t *error;
     cm_oai_completion req;
-    choice ch[CM_OAI_MAX_N];
-    int prompt_tokens, cached_tokens;
+    cm_oai_result res;        /* the response, collected as the engine produces it */
+    char id[32];
 } line;
 
-/* A JSON string of arbitrary bytes: invalid UTF-8 becomes U+FFFD. */
-static json_t *jstr(const char *s, size_t n) {
-    json_t *j = json_stringn(s, n);
-    if (j) return j;
-    char *buf = malloc(n * 3 + 1);
-    if (!buf) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int l = cm_utf8_decode(s + i, n - i, &cp);
-        o += (size_t)cm_utf8_encode(cp, buf + o);
-        i += (size_t)l;
-    }
-    j = json_stringn(buf, o);
-    free(buf);
-    return j;
-}
-
 static json_t *error_obj(const char *msg, const char *param, int rc) {
-    return json_pack("{s:{s:s,s:s,s:s?,s:s}}", "error", "message", msg, "type",
-                     rc == LLM_ENOMEM ? "server_error" : "invalid_request_error", "param", param, "code",
-                     rc == LLM_ERANGE ? "context_length_exceeded" : "invalid_value");
+    return cm_oai_error_json(rc == LLM_ENOMEM ? 500 : 400, msg, param,
+                             rc == LLM_ERANGE ? "context_length_exceeded" : "invalid_value");
 }
 
-static int append(choice *c, const char *s, size_t n) {
-    if (c->len + n + 1 > c->cap) {
-        size_t cap = c->cap ? c->cap : 64;
-        while (cap < c->len + n + 1) cap *= 2;
-        char *t = realloc(c->text, cap);
-        if (!t) return LLM_ENOMEM;
-        c->text = t;
-        c->cap = cap;
-    }
-    memcpy(c->text + c->len, s, n);
-    c->len += n;
-    return 0;
-}
-
-static json_t *piece_json(const cm_tokenizer *tok, int32_t id) {
-    const char *p;
-    size_t l;
-    if (cm_tok_piece(tok, id, 1, &p, &l)) return json_string("");
-    return jstr(p, l);
+static int finish_code(int f) {
+    return f == WK_FINISH_STOP ? CM_OAI_FINISH_STOP : f == WK_FINISH_LENGTH ? CM_OAI_FINISH_LENGTH
+           : f ? CM_OAI_FINISH_ABORT : CM_OAI_FINISH_NONE;
 }
 
 static void on_output(const wk_engine *e, line *ln, const wk_output *o) {
     const cm_tokenizer *tok = wk_engine_model(e)->tok;
-    choice *c = &ln->ch[o->index];
-    if (c->lp_tokens && o->logprobs) {
-        /* text_offset: where each token's text starts in the choice text */
-        for (int i = 0; i < o->n_tokens; i++) {
-            const wk_token_lp *lp = &o->logprobs[i];
-            json_array_append_new(c->lp_tokens, piece_json(tok, lp->token));
-            json_array_append_new(c->lp_values, json_real(lp->logprob));
-            json_t *top = json_object();
-            for (int k = 0; k < lp->n_top; k++) {
-                const char *p;
-                size_t l;
-                char key[256];
-                if (cm_tok_piece(tok, lp->top[k].id, 1, &p, &l)) continue;
-                json_t *ks = jstr(p, l);
-                snprintf(key, sizeof key, "%s", ks ? json_string_value(ks) : "");
-                json_decref(ks);
-                if (!json_object_get(top, key)) json_object_set_new(top, key, json_real(lp->top[k].logprob));
-            }
-            json_array_append_new(c->lp_top, top);
-            json_array_append_new(c->lp_offsets, json_integer((json_int_t)c->tok_offset));
-            const char *p;
-            size_t l = 0;
-            if (!cm_tok_piece(tok, lp->token, 0, &p, &l)) c->tok_offset += l;
-        }
+    cm_oai_lp lp[64];
+    int n_lp = 0;
+    for (int i = 0; o->logprobs && i < o->n_tokens && i < 64; i++, n_lp++) {
+        const wk_token_lp *l = &o->logprobs[i];
+        lp[i].token = l->token;
+        lp[i].logprob = l->logprob;
+        lp[i].n_top = l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS;
+        for (int k = 0; k < lp[i].n_top; k++) lp[i].top[k] = (cm_oai_top){l->top[k].id, l->top[k].logprob};
     }
-    append(c, o->text, o->text_len);
-    if (o->finish) c->finish = o->finish;
+    cm_oai_result_add(&ln->res, o->index, o->text, o->text_len, n_lp ? lp : NULL, n_lp, tok);
+    cm_oai_choice *c = &ln->res.ch[o->index];
+    if (o->finish) c->finish = finish_code(o->finish);
     c->completion_tokens = o->completion_tokens;
-    ln->prompt_tokens = o->prompt_tokens;
-    ln->cached_tokens = o->cached_tokens;
-}
-
-static json_t *response(const line *ln, int idx, const char *model, long created) {
-    json_t *choices = json_array();
-    int completion = 0;
-    for (int i = 0; i < ln->req.n; i++) {
-        const choice *c = &ln->ch[i];
-        json_t *lp = json_null();
-        if (c->lp_tokens)
-            lp = json_pack("{s:O,s:O,s:O,s:O}", "tokens", c->lp_tokens, "token_logprobs", c->lp_values, "top_logprobs",
-                           c->lp_top, "text_offset", c->lp_offsets);
-        json_array_append_new(choices, json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", jstr(c->text ? c->text : "", c->len),
-                                                 "logprobs", lp, "finish_reason", wk_finish_name(c->finish)));
-    }
-    for (int i = 0; i < ln->req.n; i++) completion += ln->ch[i].completion_tokens;
-    char id[64];
-    snprintf(id, sizeof id, "cmpl-batch-%d", idx);
-    return json_pack("{s:s,s:s,s:I,s:s,s:o,s:{s:i,s:i,s:i,s:{s:i}}}", "id", id, "object", "text_completion", "created",
-                     (json_int_t)created, "model", model, "choices", choices, "usage", "prompt_tokens", ln->prompt_tokens,
-                     "completion_tokens", completion, "total_tokens", ln->prompt_tokens + completion,
-                     "prompt_tokens_details", "cached_tokens", ln->cached_tokens);
+    ln->res.prompt_tokens = o->prompt_tokens;
+    ln->res.cached_tokens = o->cached_tokens;
 }
 
 static void free_line(line *ln) {
-    for (int i = 0; i < CM_OAI_MAX_N; i++) {
-        free(ln->ch[i].text);
-        json_decref(ln->ch[i].lp_tokens);
-        json_decref(ln->ch[i].lp_values);
-        json_decref(ln->ch[i].lp_top);
-        json_decref(ln->ch[i].lp_offsets);
-    }
+    cm_oai_result_free(&ln->res);
     json_decref(ln->error);
     cm_oai_completion_free(&ln->req);
 }
@@ -226,24 +142,15 @@ int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const 
                 prc = wk_engine_add(e, (uint64_t)n, ids, (int)nt, &p, err, sizeof err);
                 param = prc == LLM_ERANGE ? "max_tokens" : NULL;
             }
+            char *pt = !prc && ln->req.echo && !ln->req.prompt ? cm_tok_decode(m->tok, ids, nt, 0) : NULL;
             free(own);
             if (!prc) {
-                for (int i = 0; i < ln->req.n; i++) {
-                    choice *c = &ln->ch[i];
-                    if (ln->req.echo) {
-                        char *pt = ln->req.prompt ? NULL : cm_tok_decode(m->tok, ids, nt, 0);
-                        const char *src = ln->req.prompt ? ln->req.prompt : pt ? pt : "";
-                        append(c, src, ln->req.prompt ? ln->req.prompt_len : strlen(src));
-                        free(pt);
-                    }
-                    if (ln->req.logprobs >= 0) {
-                        c->lp_tokens = json_array();
-                        c->lp_values = json_array();
-                        c->lp_top = json_array();
-                        c->lp_offsets = json_array();
-                    }
-                }
+                snprintf(ln->id, sizeof ln->id, "cmpl-batch-%d", n);
+                const char *src = ln->req.prompt ? ln->req.prompt : pt;
+                cm_oai_result_init(&ln->res, &ln->req, ln->id, model_name, created, src,
+                                   ln->req.prompt ? ln->req.prompt_len : pt ? strlen(pt) : 0);
             }
+            free(pt);
         }
         if (prc) {
             ln->state = 2;
@@ -263,15 +170,13 @@ int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const 
         for (int i = printed; i < n; i++) {
             line *ln = &lines[i];
             if (ln->state) continue;
-            int done = 1;
-            for (int k = 0; k < ln->req.n; k++) done &= ln->ch[k].finish != 0;
-            if (done) ln->state = 1;
+            if (cm_oai_result_done(&ln->res)) ln->state = 1;
         }
         while (printed < n && lines[printed].state) {
             line *ln = &lines[printed];
             json_t *j = ln->error;
             if (ln->state == 1) {
-                j = response(ln, printed, model_name, created);
+                j = cm_oai_response_json(&ln->res, m->tok);
                 ln->error = j;
             }
             char *txt = json_dumps(j, JSON_COMPACT);

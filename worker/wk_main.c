@@ -16,9 +16,9 @@
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static volatile sig_atomic_t stop_flag;
-static void on_signal(int sig) {
+static void on_signal(int sig) { /* the first drains, a second stops at once */
     (void)sig;
-    stop_flag = 1;
+    stop_flag = stop_flag + 1;
 }
 
 static void help(FILE *f) {
@@ -34,6 +34,7 @@ static void help(FILE *f) {
             "  --served-model-name NAME  model name reported to gateways (default: file name)\n"
             "  --heartbeat-timeout MS    drop a silent gateway after MS (default 5000)\n"
             "  --max-waiting N           queued requests before refusing new ones (default 1024)\n"
+            "  --shutdown-timeout S      on SIGTERM, let running requests finish for up to S seconds (default 30)\n"
             "  --log-level L             error|warn|info|debug (default info)\n"
             "  -h, --help\n" WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
@@ -52,11 +53,11 @@ static int parse_pos(const char *flag, const char *s, long lo, long hi, int *out
 int main(int argc, char **argv) {
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
-    int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024;
+    int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30;
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
-    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG };
+    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
@@ -68,6 +69,7 @@ int main(int argc, char **argv) {
                                        {"heartbeat-timeout", required_argument, 0, O_HB},
                                        {"max-waiting", required_argument, 0, O_MAXW},
                                        {"log-level", required_argument, 0, O_LOG},
+                                       {"shutdown-timeout", required_argument, 0, O_SHUT},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -87,6 +89,7 @@ int main(int argc, char **argv) {
         case O_NAME: served = optarg; break;
         case O_HB: bad = parse_pos("--heartbeat-timeout", optarg, 100, 3600000, &hb); break;
         case O_MAXW: bad = parse_pos("--max-waiting", optarg, 1, 1 << 20, &max_waiting); break;
+        case O_SHUT: bad = parse_pos("--shutdown-timeout", optarg, 0, 86400, &shutdown_s); break;
         case O_LOG:
             if (cm_log_parse_level(optarg, &lvl)) {
                 fprintf(stderr, "llmserve-worker: --log-level expects error|warn|info|debug\n");
@@ -178,7 +181,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
             ret = 1;
         } else {
-            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp};
+            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp, shutdown_s * 1000};
             rc = wk_server_run(e, &so, &stop_flag, err, sizeof err);
             if (rc) {
                 fprintf(stderr, "llmserve-worker: %s\n", err);

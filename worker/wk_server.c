@@ -9,6 +9,7 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +24,7 @@ typedef struct {
     nng_socket push;
     int64_t last_heard;
     int snapshot_due;            /* send every cached key with the next events */
+    int drop_due;                /* its send buffer filled (maybe on the heartbeat thread): the loop drops it */
 } gateway;
 
 typedef struct {
@@ -44,13 +46,20 @@ typedef struct {
     int n_step, step_at;
     uint64_t dropped;
     /* The heartbeat thread sends Health to every gateway each second, so a
-     * long step never looks like a dead worker. Everything that touches the
-     * gateway table holds mu; the thread reads stats from snap, which the
-     * loop refreshes between steps. */
+     * long step never looks like a dead worker. It never touches the engine:
+     * the loop thread owns it. Everything that touches the gateway table
+     * holds mu; the thread reads stats from snap, which the loop refreshes
+     * between steps, and the model's facts from the copies below. */
     pthread_mutex_t mu;
     Llmserve__Stats snap;
     int64_t last_progress;
     volatile int hb_stop;
+    int max_model_len, block_size, vocab, tp;
+    uint64_t incarnation;        /* random per process: gateways see a restart as a new value */
+    uint8_t *tok_gguf;           /* the tokenizer for ModelInfo (cm_tok_export) */
+    size_t tok_len;
+    uint64_t tok_fp;
+    int draining;                /* SIGTERM: no new requests, running ones finish */
 } server;
 
 static int64_t now_ms(void) {
@@ -125,10 +134,16 @@ static void drop_gateway(server *s, int g, const char *why) {
 
 static void send_gw(server *s, int g, pr_env *env) {
     gateway *gw = &s->gw[g];
-    if (!gw->used) return;
+    if (!gw->used || gw->drop_due) return;
     int rc = pr_send(gw->push, env, NNG_FLAG_NONBLOCK);
-    if (rc == LLM_EAGAIN) drop_gateway(s, g, "not reading: send buffer full");
+    if (rc == LLM_EAGAIN) gw->drop_due = 1; /* dropped by the loop thread, which owns the engine */
     else if (rc) CM_WARN("send to gateway %s failed: %s", gw->id, cm_strerror(rc));
+}
+
+/* Loop thread only: drops the gateways whose buffers filled. */
+static void apply_drops(server *s) {
+    for (int g = 0; g < MAX_GATEWAYS; g++)
+        if (s->gw[g].used && s->gw[g].drop_due) drop_gateway(s, g, "not reading: send buffer full");
 }
 
 static void send_error_chunk(server *s, int g, uint64_t rid, int code, const char *msg, int finish) {
@@ -164,7 +179,7 @@ static void fill_stats(server *s, Llmserve__Stats *st) {
     SET(requests_finished, es.requests_finished);
     SET(requests_aborted, es.requests_aborted);
     SET(kv_bytes, (uint64_t)es.blocks_total * wk_engine_options(s->e)->block_size * es.kv_bytes_per_token);
-    SET(tp_size, (uint32_t)(s->o->tp_size > 0 ? s->o->tp_size : 1));
+    SET(tp_size, (uint32_t)s->tp);
     int n = s->n_step < 1024 ? s->n_step : 1024;
     if (n) {
         float v[1024];
@@ -198,18 +213,21 @@ static void send_health(server *s, int g) {
     send_health_with(s, g, &st);
 }
 
+/* Called from the heartbeat thread too: touches no engine state. */
 static void send_health_with(server *s, int g, Llmserve__Stats *stp) {
-    const wk_model *m = wk_engine_model(s->e);
     Llmserve__Health h = LLMSERVE__HEALTH__INIT;
     Llmserve__Stats st = *stp;
     h.worker_id = (char *)s->o->worker_id;
     h.model = (char *)s->o->model_name;
     h.has_max_model_len = h.has_block_size = h.has_vocab = h.has_ready = h.has_tp_size = 1;
-    h.max_model_len = wk_engine_options(s->e)->max_model_len;
-    h.block_size = wk_engine_options(s->e)->block_size;
-    h.vocab = (int32_t)m->cfg.vocab;
-    h.ready = 1;
-    h.tp_size = (uint32_t)(s->o->tp_size > 0 ? s->o->tp_size : 1);
+    h.max_model_len = s->max_model_len;
+    h.block_size = s->block_size;
+    h.vocab = s->vocab;
+    h.ready = !s->draining;
+    h.tp_size = (uint32_t)s->tp;
+    h.has_incarnation = h.has_tokenizer_fingerprint = 1;
+    h.incarnation = s->incarnation;
+    h.tokenizer_fingerprint = s->tok_fp;
     h.stats = &st;
     h.worker_tag = s->gw[g].tag[0] ? s->gw[g].tag : NULL;
     pr_env env;
@@ -292,6 +310,10 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
         send_gw(s, gi, &env);
         return;
     }
+    if (s->draining) { /* not started: the gateway can still take it elsewhere */
+        send_error_chunk(s, gi, g->request_id, LLM_EAGAIN, "the worker is shutting down", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
     wk_engine_stats es;
     wk_engine_get_stats(s->e, &es);
     int maxw = s->o->max_waiting > 0 ? s->o->max_waiting : 1024;
@@ -369,8 +391,32 @@ static void on_cancel(server *s, const Llmserve__Cancel *c) {
     wk_engine_abort(s->e, sl->eid); /* its outputs (finish = abort) go out with the next sends */
 }
 
+static void on_model_info_request(server *s, const Llmserve__ModelInfoRequest *r) {
+    gateway *gw = find_gw(s, r->gateway_id);
+    if (!gw) return; /* its Hello comes first, every second */
+    Llmserve__ModelInfo mi = LLMSERVE__MODEL_INFO__INIT;
+    mi.worker_id = (char *)s->o->worker_id;
+    mi.model = (char *)s->o->model_name;
+    mi.has_max_model_len = mi.has_block_size = mi.has_vocab = mi.has_incarnation = mi.has_tokenizer_fingerprint = 1;
+    mi.max_model_len = s->max_model_len;
+    mi.block_size = s->block_size;
+    mi.vocab = s->vocab;
+    mi.incarnation = s->incarnation;
+    mi.tokenizer_fingerprint = s->tok_fp;
+    mi.has_tokenizer_gguf = 1;
+    mi.tokenizer_gguf.data = s->tok_gguf;
+    mi.tokenizer_gguf.len = s->tok_len;
+    mi.worker_tag = gw->tag[0] ? gw->tag : NULL;
+    pr_env env;
+    pr_env_init(&env);
+    env.body_case = LLMSERVE__ENVELOPE__BODY_MODEL_INFO;
+    env.model_info = &mi;
+    send_gw(s, (int)(gw - s->gw), &env);
+}
+
 static void handle(server *s, pr_env *env) {
     switch (env->body_case) {
+    case LLMSERVE__ENVELOPE__BODY_MODEL_INFO_REQUEST: on_model_info_request(s, env->model_info_request); break;
     case LLMSERVE__ENVELOPE__BODY_HELLO: on_hello(s, env->hello); break;
     case LLMSERVE__ENVELOPE__BODY_GENERATE: on_generate(s, env->generate); break;
     case LLMSERVE__ENVELOPE__BODY_CANCEL: on_cancel(s, env->cancel); break;
@@ -569,6 +615,14 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
     if (!s) return LLM_ENOMEM;
     s->e = e;
     s->o = o;
+    const wk_model *m = wk_engine_model(e);
+    s->max_model_len = wk_engine_options(e)->max_model_len;
+    s->block_size = wk_engine_options(e)->block_size;
+    s->vocab = (int)m->cfg.vocab;
+    s->tp = o->tp_size > 0 ? o->tp_size : 1;
+    if (getrandom(&s->incarnation, sizeof s->incarnation, 0) != sizeof s->incarnation)
+        s->incarnation = (uint64_t)now_ms() * 2654435761u ^ (uint64_t)getpid();
+    if (m->tok && cm_tok_export(m->tok, &s->tok_gguf, &s->tok_len) == 0) s->tok_fp = cm_tok_fingerprint(m->tok);
     int rv = nng_pull0_open(&s->pull);
     if (!rv) rv = nng_socket_set_size(s->pull, NNG_OPT_RECVMAXSZ, PR_MAX_MSG);
     if (!rv) rv = nng_socket_set_int(s->pull, NNG_OPT_RECVBUF, 1024);
@@ -576,17 +630,38 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
     if (rv) {
         snprintf(err, errlen, "cannot listen on %s: %s", o->listen, nng_strerror(rv));
         if (s->pull.id) nng_close(s->pull);
+        free(s->tok_gguf);
         free(s);
         return LLM_EIO;
     }
-    CM_INFO("worker %s listening on %s", o->worker_id, o->listen);
+    CM_INFO("worker %s listening on %s (incarnation %016llx, tokenizer %016llx, %zu bytes for gateways)", o->worker_id,
+            o->listen, (unsigned long long)s->incarnation, (unsigned long long)s->tok_fp, s->tok_len);
     pthread_mutex_init(&s->mu, NULL);
     fill_stats(s, &s->snap);
     s->last_progress = now_ms();
     pthread_t hb;
     int have_hb = pthread_create(&hb, NULL, heartbeat, s) == 0;
-    int64_t last_check = now_ms();
-    while (!*stop) {
+    int64_t last_check = now_ms(), drain_until = 0;
+    for (;;) {
+        if (*stop && !s->draining) { /* SIGTERM: finish what runs, take nothing new */
+            pthread_mutex_lock(&s->mu);
+            s->draining = 1;
+            pthread_mutex_unlock(&s->mu);
+            int64_t ms = o->shutdown_timeout_ms >= 0 ? o->shutdown_timeout_ms : 30000;
+            drain_until = now_ms() + ms;
+            CM_INFO("draining: %d requests running, up to %lld ms (a second signal stops at once)", s->live, (long long)ms);
+        }
+        if (s->draining && (s->live == 0 || now_ms() >= drain_until || *stop > 1)) {
+            if (s->live) { /* out of time: the rest end as aborted, which their clients see */
+                CM_WARN("drain timeout: aborting %d requests", s->live);
+                pthread_mutex_lock(&s->mu);
+                for (int i = 0; i < s->n_slots; i++)
+                    if (s->slots[i].used) wk_engine_abort(e, s->slots[i].eid);
+                send_outputs(s);
+                pthread_mutex_unlock(&s->mu);
+            }
+            break;
+        }
         /* everything that arrived; wait a little only when idle */
         int idle = !wk_engine_has_work(e);
         pthread_mutex_lock(&s->mu);
@@ -609,6 +684,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
             check_timeouts(s);
             last_check = now_ms();
         }
+        apply_drops(s);
         pthread_mutex_unlock(&s->mu);
         if (wk_engine_has_work(e)) {
             struct timespec a, b;
@@ -626,6 +702,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         pthread_mutex_lock(&s->mu);
         send_outputs(s);
         publish_events(s);
+        apply_drops(s);
         fill_stats(s, &s->snap);
         s->last_progress = now_ms();
         pthread_mutex_unlock(&s->mu);
@@ -637,6 +714,8 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         if (s->gw[g].used) nng_close(s->gw[g].push);
     nng_close(s->pull);
     free(s->slots);
+    free(s->tok_gguf);
+    int drained = s->draining;
     free(s);
-    return *stop ? 0 : LLM_EIO;
+    return drained ? 0 : LLM_EIO;
 }

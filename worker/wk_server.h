@@ -10,7 +10,10 @@
  * Liveness: gateways repeat Hello every second; one silent for
  * heartbeat_timeout_ms is dropped and its requests are aborted. The worker
  * answers every Hello with Health, which is how gateways notice a dead
- * worker. Back-pressure: at most max_waiting requests wait; more are refused
+ * worker; each Health carries the process's random incarnation, so a
+ * restarted worker on the same address is told apart from the old one, and
+ * the tokenizer's fingerprint: a gateway that lacks it asks ModelInfo, which
+ * carries the whole tokenizer (gateways need no model file). Back-pressure: at most max_waiting requests wait; more are refused
  * at once (LLM_EAGAIN, "overloaded"). A gateway that stops reading until its
  * send buffer is full loses its requests (aborted), not the worker's memory. */
 #ifndef WK_SERVER_H
@@ -28,9 +31,13 @@ typedef struct {
     int max_waiting;             /* default 1024 */
     int send_buffer;             /* messages per gateway, default 8192 */
     int tp_size;
+    int shutdown_timeout_ms;     /* drain limit after *stop (default 30000; 0: abort at once) */
 } wk_server_opts;
 
-/* Serves until *stop becomes non-zero. 0, or an error binding the address. */
+/* Serves until *stop becomes non-zero, then drains: Health says not ready,
+ * new requests are refused (retryable), running ones finish within
+ * shutdown_timeout_ms and are then aborted; *stop > 1 ends the drain at
+ * once. 0 after a drain, or an error (binding the address, the engine). */
 int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,233 @@
+#include "cm_oai_resp.h"
+#include "cm_error.h"
+#include "cm_unicode.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+json_t *cm_oai_jbytes(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *buf = malloc(n * 3 + 1);
+    size_t o = 0;
+    for (size_t i = 0; buf && i < n;) {
+        uint32_t cp;
+        int l = cm_utf8_decode(s + i, n - i, &cp);
+        o += (size_t)cm_utf8_encode(cp, buf + o);
+        i += (size_t)l;
+    }
+    j = json_stringn(buf ? buf : "", o);
+    free(buf);
+    return j;
+}
+
+const char *cm_oai_error_type(int status) {
+    return status == 401   ? "authentication_error"
+           : status == 403 ? "permission_error"
+           : status == 404 ? "not_found_error"
+           : status == 429 ? "rate_limit_error"
+           : status >= 500 ? "server_error"
+                           : "invalid_request_error";
+}
+
+json_t *cm_oai_error_json(int status, const char *msg, const char *param, const char *code) {
+    return json_pack("{s:{s:s,s:s,s:s?,s:s?}}", "error", "message", msg ? msg : "", "type", cm_oai_error_type(status),
+                     "param", param, "code", code);
+}
+
+const char *cm_oai_finish_name(int f) {
+    switch (f) {
+    case CM_OAI_FINISH_STOP: return "stop";
+    case CM_OAI_FINISH_LENGTH: return "length";
+    case CM_OAI_FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+static int put_text(cm_oai_choice *c, const char *s, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 64;
+        while (cap < c->len + n + 1) cap *= 2;
+        char *t = realloc(c->text, cap);
+        if (!t) return LLM_ENOMEM;
+        c->text = t;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, s, n);
+    c->len += n;
+    c->text[c->len] = 0;
+    return 0;
+}
+
+void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const char *id, const char *model, long created,
+                        const char *echo_text, size_t echo_len) {
+    memset(r, 0, sizeof *r);
+    r->id = id;
+    r->model = model;
+    r->created = created;
+    r->is_chat = req->is_chat;
+    r->n = req->n > 0 && req->n <= CM_OAI_MAX_N ? req->n : 1;
+    r->logprobs = req->logprobs;
+    r->echo = req->echo && echo_text;
+    for (int i = 0; i < r->n && r->echo; i++) {
+        r->ch[i].offset = echo_len;
+        put_text(&r->ch[i], echo_text, echo_len);
+    }
+}
+
+void cm_oai_result_free(cm_oai_result *r) {
+    for (int i = 0; i < CM_OAI_MAX_N; i++) {
+        free(r->ch[i].text);
+        free(r->ch[i].lp);
+        free(r->ch[i].lp_offset);
+    }
+    memset(r->ch, 0, sizeof r->ch);
+}
+
+/* The bytes a token adds to the text (control tokens add none). */
+static size_t piece_len(const cm_tokenizer *tok, int32_t id) {
+    const char *p;
+    size_t l = 0;
+    if (!tok || cm_tok_piece(tok, id, 0, &p, &l)) return 0;
+    return l;
+}
+
+int cm_oai_result_add(cm_oai_result *r, int index, const char *text, size_t len, const cm_oai_lp *lp, int n_lp,
+                      const cm_tokenizer *tok) {
+    if (index < 0 || index >= r->n) return LLM_EINVAL;
+    cm_oai_choice *c = &r->ch[index];
+    if (len && put_text(c, text, len)) return LLM_ENOMEM;
+    if (r->logprobs < 0 || !lp) return 0;
+    if (c->n_lp + (size_t)n_lp > c->cap_lp) {
+        size_t cap = c->cap_lp ? c->cap_lp : 16;
+        while (cap < c->n_lp + (size_t)n_lp) cap *= 2;
+        cm_oai_lp *a = realloc(c->lp, sizeof *a * cap);
+        if (!a) return LLM_ENOMEM;
+        c->lp = a;
+        size_t *o = realloc(c->lp_offset, sizeof *o * cap);
+        if (!o) return LLM_ENOMEM;
+        c->lp_offset = o;
+        c->cap_lp = cap;
+    }
+    for (int i = 0; i < n_lp; i++) {
+        c->lp[c->n_lp] = lp[i];
+        c->lp_offset[c->n_lp++] = c->offset;
+        c->offset += piece_len(tok, lp[i].token);
+    }
+    return 0;
+}
+
+int cm_oai_result_done(const cm_oai_result *r) {
+    for (int i = 0; i < r->n; i++)
+        if (!r->ch[i].finish) return 0;
+    return 1;
+}
+
+static json_t *token_json(const cm_tokenizer *tok, int32_t id) {
+    const char *p;
+    size_t l;
+    if (!tok || cm_tok_piece(tok, id, 1, &p, &l)) return json_string("");
+    return cm_oai_jbytes(p, l);
+}
+
+/* Logprobs of n entries in the request's API shape. */
+static json_t *logprobs_json(const cm_oai_result *r, const cm_oai_lp *lp, const size_t *offs, size_t n,
+                             const cm_tokenizer *tok) {
+    if (r->is_chat) {
+        json_t *content = json_array();
+        for (size_t i = 0; i < n; i++) {
+            json_t *tops = json_array();
+            for (int k = 0; k < lp[i].n_top; k++)
+                json_array_append_new(tops, json_pack("{s:o,s:f}", "token", token_json(tok, lp[i].top[k].id), "logprob",
+                                                      (double)lp[i].top[k].logprob));
+            json_array_append_new(content, json_pack("{s:o,s:f,s:o}", "token", token_json(tok, lp[i].token), "logprob",
+                                                     (double)lp[i].logprob, "top_logprobs", tops));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *toks = json_array(), *vals = json_array(), *tops = json_array(), *o = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_array_append_new(toks, token_json(tok, lp[i].token));
+        json_array_append_new(vals, json_real(lp[i].logprob));
+        json_t *top = json_object();
+        for (int k = 0; k < lp[i].n_top; k++) {
+            json_t *ks = token_json(tok, lp[i].top[k].id);
+            const char *key = json_string_value(ks);
+            if (key && !json_object_get(top, key)) json_object_set_new(top, key, json_real(lp[i].top[k].logprob));
+            json_decref(ks);
+        }
+        json_array_append_new(tops, top);
+        json_array_append_new(o, json_integer((json_int_t)offs[i]));
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", toks, "token_logprobs", vals, "top_logprobs", tops, "text_offset", o);
+}
+
+json_t *cm_oai_usage_json(const cm_oai_result *r) {
+    int out = 0;
+    for (int i = 0; i < r->n; i++) out += r->ch[i].completion_tokens;
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", out, "total_tokens",
+                     r->prompt_tokens + out, "prompt_tokens_details", "cached_tokens", r->cached_tokens);
+}
+
+json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
+    json_t *choices = json_array();
+    for (int i = 0; i < r->n; i++) {
+        const cm_oai_choice *c = &r->ch[i];
+        json_t *text = cm_oai_jbytes(c->text ? c->text : "", c->len);
+        json_t *lp = r->logprobs >= 0 ? logprobs_json(r, c->lp, c->lp_offset, c->n_lp, tok) : json_null();
+        if (r->is_chat)
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o},s:o,s:s?}", "index", i, "message", "role",
+                                                     "assistant", "content", text, "logprobs", lp, "finish_reason",
+                                                     cm_oai_finish_name(c->finish)));
+        else
+            json_array_append_new(choices, json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", text, "logprobs", lp,
+                                                     "finish_reason", cm_oai_finish_name(c->finish)));
+    }
+    return json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->id, "object", r->is_chat ? "chat.completion" : "text_completion",
+                     "created", (json_int_t)r->created, "model", r->model, "choices", choices, "usage", cm_oai_usage_json(r));
+}
+
+static json_t *chunk_envelope(const cm_oai_result *r, json_t *choices) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", r->id, "object",
+                     r->is_chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created, "model",
+                     r->model, "choices", choices);
+}
+
+json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t len, const cm_oai_lp *lp, int n_lp,
+                          int finish, const cm_tokenizer *tok) {
+    if (index < 0 || index >= r->n) return NULL;
+    cm_oai_choice *c = &r->ch[index];
+    if (finish) c->finish = finish;
+    if (!len && !finish && c->role_sent && !(lp && n_lp && r->logprobs >= 0)) return NULL;
+    json_t *lpj = json_null();
+    if (lp && n_lp && r->logprobs >= 0) {
+        size_t offs[64], *op = (size_t)n_lp <= 64 ? offs : malloc(sizeof *op * (size_t)n_lp);
+        for (int i = 0; op && i < n_lp; i++) {
+            op[i] = c->offset;
+            c->offset += piece_len(tok, lp[i].token);
+        }
+        if (op) lpj = logprobs_json(r, lp, op, (size_t)n_lp, tok);
+        if (op != offs) free(op);
+    }
+    json_t *choice;
+    if (r->is_chat) {
+        json_t *delta = json_object();
+        if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
+        json_object_set_new(delta, "content", cm_oai_jbytes(text ? text : "", len));
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", index, "delta", delta, "logprobs", lpj, "finish_reason",
+                           cm_oai_finish_name(finish));
+    } else {
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", index, "text", cm_oai_jbytes(text ? text : "", len), "logprobs",
+                           lpj, "finish_reason", cm_oai_finish_name(finish));
+    }
+    c->role_sent = 1;
+    json_t *arr = json_array();
+    json_array_append_new(arr, choice);
+    return chunk_envelope(r, arr);
+}
+
+json_t *cm_oai_usage_chunk_json(const cm_oai_result *r) {
+    json_t *j = chunk_envelope(r, json_array());
+    json_object_set_new(j, "usage", cm_oai_usage_json(r));
+    return j;
+}

@@ -1,0 +1,83 @@
+/* cm_oai_resp.h - OpenAI responses, stream chunks and errors, built from
+ * neutral result structs.
+ *
+ * The gateway (HTTP, SSE) and `llmserve generate --batch` (JSONL) both
+ * collect a request's output here and format it here, so the two cannot
+ * drift: the same text_offset rule, the same echo, the same logprobs shapes
+ * (completions: tokens / token_logprobs / top_logprobs / text_offset; chat:
+ * content[] with top_logprobs[]). Text may be any bytes: invalid UTF-8
+ * becomes U+FFFD in the JSON. */
+#ifndef CM_OAI_RESP_H
+#define CM_OAI_RESP_H
+
+#include "cm_oai.h"
+#include "cm_tokenizer.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { CM_OAI_FINISH_NONE = 0, CM_OAI_FINISH_STOP, CM_OAI_FINISH_LENGTH, CM_OAI_FINISH_ABORT };
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} cm_oai_top;
+
+/* One generated token's logprob and its alternatives. */
+typedef struct {
+    int32_t token;
+    float logprob;
+    int n_top;
+    cm_oai_top top[CM_OAI_MAX_LOGPROBS];
+} cm_oai_lp;
+
+typedef struct {
+    char *text;                  /* whole text so far (non-streaming), with the echoed prompt first */
+    size_t len, cap;
+    cm_oai_lp *lp;               /* every token's logprobs (non-streaming, logprobs requested) */
+    size_t *lp_offset;           /* [n_lp] text_offset of each */
+    size_t n_lp, cap_lp;
+    size_t offset;               /* where the next token's text starts: bytes of echo + pieces so far */
+    int finish;                  /* CM_OAI_FINISH_* */
+    int completion_tokens;
+    int role_sent;               /* streaming chat: the first delta (with the role) went out */
+} cm_oai_choice;
+
+typedef struct {
+    const char *id, *model;      /* borrowed: live as long as the result */
+    long created;
+    int is_chat, n, logprobs, echo;
+    int prompt_tokens, cached_tokens;
+    cm_oai_choice ch[CM_OAI_MAX_N];
+} cm_oai_result;
+
+/* Ready for req's choices. echo (completions): each choice starts with the
+ * prompt's text, given here as bytes. */
+void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const char *id, const char *model, long created,
+                        const char *echo_text, size_t echo_len);
+void cm_oai_result_free(cm_oai_result *r);
+/* Non-streaming: adds a choice's new text and its tokens' logprobs. */
+int cm_oai_result_add(cm_oai_result *r, int index, const char *text, size_t len, const cm_oai_lp *lp, int n_lp,
+                      const cm_tokenizer *tok);
+int cm_oai_result_done(const cm_oai_result *r); /* every choice has a finish reason */
+
+/* The whole response object (chat.completion or text_completion). */
+json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok);
+/* A stream chunk for one choice's new output, or NULL when there is
+ * nothing to say yet (no text, no finish, role already sent). Advances the
+ * choice's offset and role state; finish is CM_OAI_FINISH_*. */
+json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t len, const cm_oai_lp *lp, int n_lp,
+                          int finish, const cm_tokenizer *tok);
+/* The final usage chunk (stream_options.include_usage): empty choices. */
+json_t *cm_oai_usage_chunk_json(const cm_oai_result *r);
+json_t *cm_oai_usage_json(const cm_oai_result *r);
+
+/* {"error": {message, type, param, code}}; type follows the HTTP status. */
+json_t *cm_oai_error_json(int status, const char *msg, const char *param, const char *code);
+const char *cm_oai_error_type(int status);
+const char *cm_oai_finish_name(int finish); /* NULL for none */
+/* A JSON string of arbitrary bytes. */
+json_t *cm_oai_jbytes(const char *s, size_t n);
+
+#endif
