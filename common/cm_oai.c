@@ -143,6 +143,20 @@ static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t err
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) BAD("stream_options", "'stream_options' must be an object");
         if ((rc = get_bool(so, "include_usage", &c->include_usage, err, errlen))) FAILED("stream_options");
+        if (!c->stream) BAD("stream_options", "'stream_options' is only allowed with 'stream': true");
+    }
+    /* fields we do not honour yet are refused by name, never ignored */
+    json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(ty) || strcmp(json_string_value(ty), "text"))
+            BAD("response_format", "structured outputs ('response_format' other than {\"type\": \"text\"}) are not supported yet");
+    }
+    static const char *const unsupported[] = {"functions", "function_call", "guided_json", "guided_regex",
+                                              "guided_choice", "guided_grammar", "prompt_logprobs", NULL};
+    for (const char *const *u = unsupported; *u; u++) {
+        json_t *x = json_object_get(o, *u);
+        if (x && !json_is_null(x)) BAD(*u, "'%s' is not supported", *u);
     }
     json_t *bo = json_object_get(o, "best_of");
     if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == c->n))
@@ -207,7 +221,7 @@ fail:
 
 static json_t *load_object(const char *body, size_t len, char *err, size_t errlen) {
     json_error_t je;
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je); /* \u0000 is valid JSON */
     if (!o) {
         snprintf(err, errlen, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         return NULL;
@@ -296,7 +310,19 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
             BAD("messages", "messages[%zu].role '%.32s' is not one of system, developer, user, assistant", i, r);
         char *text = NULL;
         if (json_is_string(content)) {
-            text = strndup(json_string_value(content), json_string_length(content));
+            /* a NUL (\u0000) cannot pass through the C-string templates: it becomes U+FFFD */
+            size_t cl = json_string_length(content), nul = 0;
+            const char *cs = json_string_value(content);
+            for (size_t k = 0; k < cl; k++) nul += !cs[k];
+            text = malloc(cl + 2 * nul + 1);
+            for (size_t k = 0, o2 = 0; text && k <= cl; k++) {
+                if (k < cl && !cs[k]) {
+                    memcpy(text + o2, "\xef\xbf\xbd", 3);
+                    o2 += 3;
+                } else {
+                    text[o2++] = k < cl ? cs[k] : 0;
+                }
+            }
         } else if (json_is_array(content)) {
             /* text parts, joined */
             size_t tot = 0;
@@ -345,7 +371,12 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     c->logprobs = lp ? (int)v : -1;
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
     json_t *tools = json_object_get(o, "tools");
-    if (tools && !json_is_null(tools) && json_array_size(tools)) BAD("tools", "tool calling is not supported");
+    if (tools && !json_is_null(tools) && json_array_size(tools)) BAD("tools", "tool calling is not supported yet");
+    json_t *tc = json_object_get(o, "tool_choice");
+    if (tc && !json_is_null(tc) && !(json_is_string(tc) && !strcmp(json_string_value(tc), "none")))
+        BAD("tool_choice", "'tool_choice' needs 'tools'");
+    json_t *ptc = json_object_get(o, "parallel_tool_calls");
+    if (ptc && !json_is_null(ptc) && !(tools && json_array_size(tools))) BAD("parallel_tool_calls", "'parallel_tool_calls' needs 'tools'");
     json_decref(o);
     return 0;
 fail:

@@ -1,21 +1,41 @@
-/* gw.h - the gateway's shared state: worker groups, in-flight requests,
- * limits and metrics. One libevent loop runs everything; NNG's receive fd
- * wakes it for worker messages, so there are no locks. */
+/* gw.h - the gateway's state, shared by its modules.
+ *
+ * One libevent loop owns everything here: HTTP (gw_http), worker sockets
+ * (gw_pool: NNG's receive fd wakes the loop), requests (gw_req), limits and
+ * metrics. The only other threads are gw_tokq's, which prepare requests and
+ * read nothing but their job and a gw_model they hold a reference on. */
 #ifndef GW_H
 #define GW_H
 
-#include "cm_oai.h"
+#include "cm_gguf.h"
 #include "cm_tokenizer.h"
+#include "gw_auth.h"
+#include "gw_conf.h"
+#include "gw_limit.h"
+#include "gw_map.h"
 #include "pr_wire.h"
 
 #include <event2/event.h>
-#include <event2/http.h>
-#include <jansson.h>
 #include <stdint.h>
 
 #define GW_MAX_WORKERS 64
 
-enum { GW_ROUTE_PREFIX = 0, GW_ROUTE_LEAST_LOAD, GW_ROUTE_ROUND_ROBIN };
+/* What the gateway serves: a tokenizer and chat template, from the workers'
+ * ModelInfo or from an override (--model, --load-format dummy). Shared with
+ * the tokenizer threads by reference count; never changed once made. */
+typedef struct {
+    int refs;                    /* atomic */
+    cm_tokenizer *tok;
+    uint64_t fp;                 /* cm_tok_fingerprint */
+    int chat_kind;
+    char *default_system;
+    int override;                /* from a flag, not from a worker */
+} gw_model;
+
+gw_model *gw_model_ref(gw_model *m);
+void gw_model_unref(gw_model *m);
+/* Takes tok. chat_template: a name to force, or NULL for the tokenizer's own. */
+int gw_model_make(cm_tokenizer *tok, const char *chat_template, int override, gw_model **out, char *err, size_t errlen);
 
 /* A set of prefix-cache block keys (open addressing, 0 = empty). */
 typedef struct {
@@ -26,10 +46,14 @@ typedef struct {
 typedef struct {
     char addr[256];
     nng_socket push;
-    int up;                       /* Health seen within the liveness window */
-    int gone;                     /* no longer in --workers-dns: never routed to again */
-    double last_health, down_until, backoff;
-    char model[128];
+    int alive;                   /* Health seen within the liveness window */
+    int ready;                   /* the worker takes new requests (not loading, not draining) */
+    int accepted;                /* its model matches ours (name and tokenizer) */
+    int gone;                    /* left --workers-dns: never routed to again */
+    char refused[256];           /* why it is not used, when it serves something else */
+    double last_health, down_until, backoff, info_asked;
+    uint64_t incarnation, tok_fp;
+    char model[128], worker_id[128];
     int max_model_len, block_size, vocab;
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
@@ -46,62 +70,45 @@ typedef struct {
 } gw_hist;
 
 typedef struct {
-    uint64_t requests[6];         /* by status class: 2xx 4xx(other) 401 429 5xx 504 */
-    uint64_t prompt_tokens, completion_tokens, rate_limited, timed_out, cancelled, retried;
+    uint64_t requests[6];        /* by status class: 2xx 4xx(other) 401 429 5xx 504 */
+    uint64_t prompt_tokens, completion_tokens, rate_limited, timed_out, cancelled, retried, worker_lost, overloaded;
     gw_hist ttft, itl, e2e, queue;
 } gw_metrics;
 
-typedef struct {
-    double tokens, rate, burst, last;
-} gw_bucket;
+struct gw_http;
+struct gw_tokq;
+struct gw_req;
 
-typedef struct gw gw;
-
-struct gw {
+typedef struct gw {
+    gw_conf conf;
+    gw_auth auth;
+    gw_limits lim;
+    gw_metrics m;
     struct event_base *base;
-    struct evhttp *http;
-    /* config */
-    const char *served_name, *api_keys_path;
-    char **api_keys;
-    int n_api_keys;
-    int routing, max_queue, chat_kind, log_requests, log_prompts;
-    double lambda, rps, tpm, ttft_timeout, request_timeout, idle_timeout, header_timeout;
-    size_t max_body;
-    /* model (tokenizer and template) */
-    cm_tokenizer *tok;
-    char *default_system;
-    int max_model_len;            /* from the workers' Health */
-    /* workers */
+    struct gw_http *http;
+    struct gw_tokq *tokq;
+    /* the model */
+    gw_model *model;             /* NULL until a worker's ModelInfo (or an override) */
+    char served[256];            /* the API's model name ("" until known) */
+    int max_model_len;           /* smallest of the usable groups' */
+    /* workers (gw_pool) */
     gw_worker w[GW_MAX_WORKERS];
-    int n_workers, rr;
-    char dns_name[256], dns_port[16];   /* --workers-dns NAME:PORT, re-resolved every 10 s */
-    int tick;
+    int n_workers, rr, tick;
+    char dns_name[256], dns_port[16];
     nng_socket pull;
     char reply[256], id[64];
     struct event *recv_ev, *tick_ev;
-    /* requests */
-    struct gw_req *reqs;
+    /* requests (gw_req) */
+    gw_map reqs;                 /* rid -> gw_req */
+    struct gw_req *req_list;     /* every live request, for worker loss and drain */
     uint64_t next_rid;
-    int open_streams;
-    /* limits */
-    gw_bucket global_rps, global_tpm;
-    struct gw_keylimit { char key[128]; gw_bucket rps, tpm; } *klim;
-    int n_klim;
-    gw_metrics m;
-};
+    int open_streams, preparing;
+    /* lifecycle */
+    int draining;
+    double drain_deadline;
+    struct event *drain_ev;
+} gw;
 
-/* router.c */
-void gw_keyset_add(gw_keyset *s, uint64_t k);
-void gw_keyset_del(gw_keyset *s, uint64_t k);
-int gw_keyset_has(const gw_keyset *s, uint64_t k);
-void gw_keyset_clear(gw_keyset *s);
-/* Picks a worker for a prompt; -1 if none is up. *hit_tokens: its cached prefix. */
-int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *hit_tokens);
-
-/* metrics.c */
-void gw_hist_init(gw_hist *h, const double *bounds, int nb);
-void gw_hist_add(gw_hist *h, double v);
-struct evbuffer;
-void gw_metrics_write(gw *g, struct evbuffer *out);
+double gw_now(void);
 
 #endif

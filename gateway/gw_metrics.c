@@ -1,8 +1,9 @@
-/* Prometheus text exposition of the gateway's counters and histograms and
- * of each worker group's own numbers (vLLM's names under llmserve:). */
-#include "gw.h"
+#include "gw_metrics.h"
+#include "gw_pool.h"
+#include "gw_tokq.h"
 
 #include <event2/buffer.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,7 +38,52 @@ static void counter(struct evbuffer *o, const char *name, const char *help, uint
     evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, (unsigned long long)v);
 }
 
-void gw_metrics_write(gw *g, struct evbuffer *o) {
+void gw_metrics_init(gw_metrics *m) {
+    static const double tb[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    static const double ib[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+    memset(m, 0, sizeof *m);
+    gw_hist_init(&m->ttft, tb, 12);
+    gw_hist_init(&m->e2e, tb, 12);
+    gw_hist_init(&m->queue, tb, 12);
+    gw_hist_init(&m->itl, ib, 10);
+}
+
+void gw_metrics_status(gw_metrics *m, int code) {
+    int c = code < 300 ? 0 : code == 401 ? 2 : code == 429 ? 3 : code == 504 ? 5 : code >= 500 ? 4 : 1;
+    m->requests[c]++;
+}
+
+static void gauge(struct evbuffer *o, const char *name, const char *help, const char *labels, double v) {
+    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s gauge\n%s%s %.6g\n", name, help, name, name, labels, v);
+}
+
+/* The model-server protocol's gauges, under vLLM's names, over the groups. */
+static void vllm_gauges(const gw *g, struct evbuffer *o) {
+    double waiting = 0, running = 0, total = 0, free_ = 0;
+    int bs = 0;
+    for (int i = 0; i < g->n_workers; i++) {
+        const gw_worker *w = &g->w[i];
+        if (!w->alive || w->gone || !w->accepted) continue;
+        waiting += w->waiting;
+        running += w->running;
+        total += (double)w->blocks_total;
+        free_ += (double)w->blocks_free;
+        if (w->block_size) bs = w->block_size;
+    }
+    char lab[300];
+    snprintf(lab, sizeof lab, "{model_name=\"%s\"}", g->served[0] ? g->served : "unknown");
+    gauge(o, "vllm:num_requests_waiting", "Requests waiting to be scheduled on the worker groups.", lab, waiting);
+    gauge(o, "vllm:num_requests_running", "Requests running on the worker groups.", lab, running);
+    gauge(o, "vllm:kv_cache_usage_perc", "KV cache usage of the worker groups, 0 to 1.", lab,
+          total > 0 ? 1.0 - free_ / total : 0.0);
+    char info[128];
+    snprintf(info, sizeof info, "{block_size=\"%d\",num_gpu_blocks=\"%.0f\"}", bs, total);
+    gauge(o, "vllm:cache_config_info", "Information of the KV cache configuration.", info, 1);
+}
+
+char *gw_metrics_text(const gw *g, size_t *len) {
+    struct evbuffer *o = evbuffer_new();
+    if (!o) return NULL;
     long pages = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     if (f) {
@@ -60,8 +106,12 @@ void gw_metrics_write(gw *g, struct evbuffer *o) {
     counter(o, "llmserve:client_cancelled_total", "Requests cancelled because the client went away.", g->m.cancelled);
     counter(o, "llmserve:retried_total", "Requests retried on another worker group before their first token.",
             g->m.retried);
-    evbuffer_add_printf(o, "# HELP llmserve:open_streams Streaming responses in progress.\n"
-                           "# TYPE llmserve:open_streams gauge\nllmserve:open_streams %d\n", g->open_streams);
+    counter(o, "llmserve:worker_lost_total", "Requests whose worker group died or restarted under them.", g->m.worker_lost);
+    counter(o, "llmserve:overloaded_total", "Requests refused with 503 because the gateway or a group was full.",
+            g->m.overloaded);
+    gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", g->open_streams);
+    gauge(o, "llmserve:preparing_requests", "Requests being parsed and tokenized off the event loop.", "", g->preparing);
+    gauge(o, "llmserve:draining", "1 while the gateway drains after SIGTERM.", "", g->draining);
     hist(o, "llmserve:time_to_first_token_seconds", "Time to first token.", &g->m.ttft);
     hist(o, "llmserve:inter_token_latency_seconds", "Time between streamed tokens (TPOT).", &g->m.itl);
     hist(o, "llmserve:e2e_request_latency_seconds", "End-to-end request latency.", &g->m.e2e);
@@ -74,7 +124,8 @@ void gw_metrics_write(gw *g, struct evbuffer *o) {
     evbuffer_add_printf(o, "# HELP llmserve:" name " " help "\n# TYPE llmserve:" name " counter\n"); \
     for (int i = 0; i < g->n_workers; i++)                                                         \
         evbuffer_add_printf(o, "llmserve:" name "{worker=\"%s\"} %llu\n", g->w[i].addr, (unsigned long long)(expr));
-    GAUGE("worker_up", "1 when the worker group answers heartbeats.", g->w[i].up)
+    GAUGE("worker_up", "1 when the worker group answers heartbeats and serves this gateway's model.",
+          gw_pool_routable(g, i))
     GAUGE("num_requests_running", "Requests running on the worker group.", g->w[i].running)
     GAUGE("num_requests_waiting", "Requests waiting on the worker group.", g->w[i].waiting)
     GAUGE("gateway_inflight", "Requests this gateway has in flight on the group.", g->w[i].inflight)
@@ -90,4 +141,13 @@ void gw_metrics_write(gw *g, struct evbuffer *o) {
     WCOUNTER("routed_total", "Requests routed to the group.", g->w[i].routed)
 #undef GAUGE
 #undef WCOUNTER
+    vllm_gauges(g, o);
+    *len = evbuffer_get_length(o);
+    char *out = malloc(*len + 1);
+    if (out) {
+        evbuffer_remove(o, out, *len);
+        out[*len] = 0;
+    }
+    evbuffer_free(o);
+    return out;
 }

@@ -1,8 +1,6 @@
-/* Routing: the prompt's full blocks are keyed exactly as the workers key
- * them (cm_block_key chain), each worker's cached keys are kept from its
- * KvEvents, and the score is cached prefix tokens - lambda * load. */
+#include "gw_route.h"
 #include "cm_hash.h"
-#include "gw.h"
+#include "gw_pool.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -81,12 +79,12 @@ int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *
     int best = -1;
     double best_score = 0;
     int up = 0;
-    for (int i = 0; i < g->n_workers; i++) up += g->w[i].up && i != exclude;
+    for (int i = 0; i < g->n_workers; i++) up += gw_pool_routable(g, i) && i != exclude;
     if (!up) return -1;
-    if (g->routing == GW_ROUTE_ROUND_ROBIN) {
+    if (g->conf.routing == GW_ROUTE_ROUND_ROBIN) {
         for (int k = 0; k < g->n_workers; k++) {
             int i = (g->rr + k) % g->n_workers;
-            if (g->w[i].up && i != exclude) {
+            if (gw_pool_routable(g, i) && i != exclude) {
                 g->rr = i + 1;
                 return i;
             }
@@ -96,8 +94,8 @@ int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *
     /* the prompt's block keys, computed once (block size from the workers) */
     int bs = 0;
     for (int i = 0; i < g->n_workers; i++)
-        if (g->w[i].up && g->w[i].block_size > 0) bs = g->w[i].block_size;
-    int nb = g->routing == GW_ROUTE_PREFIX && bs > 0 ? (n - 1) / bs : 0;
+        if (gw_pool_routable(g, i) && g->w[i].block_size > 0) bs = g->w[i].block_size;
+    int nb = g->conf.routing == GW_ROUTE_PREFIX && bs > 0 ? (n - 1) / bs : 0;
     uint64_t *keys = nb ? malloc(sizeof *keys * (size_t)nb) : NULL;
     if (!keys) nb = 0;
     uint64_t parent = CM_BLOCK_ROOT;
@@ -105,11 +103,11 @@ int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *
     for (int k = 0; k < g->n_workers; k++) {
         int i = (g->rr + k) % g->n_workers; /* ties go round the ring */
         gw_worker *w = &g->w[i];
-        if (!w->up || i == exclude) continue;
+        if (!gw_pool_routable(g, i) || i == exclude) continue;
         int hit = 0;
         while (hit < nb && gw_keyset_has(&w->cached, keys[hit])) hit++;
         double load = (double)(w->inflight + w->waiting);
-        double score = (double)(hit * bs) - g->lambda * load;
+        double score = (double)(hit * bs) - g->conf.lambda * load;
         if (best < 0 || score > best_score) {
             best = i;
             best_score = score;

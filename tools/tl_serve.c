@@ -1,6 +1,7 @@
 /* llmserve serve [MODEL]: one gateway and one worker group on this machine,
  * supervised. A child that dies is restarted (with backoff); SIGINT or
  * SIGTERM stops both. Flags follow vLLM's `vllm serve`. */
+#include "gw_conf.h"
 #include "tl_common.h"
 
 #include <errno.h>
@@ -20,7 +21,7 @@
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int s) {
     (void)s;
-    stop_flag = 1;
+    stop_flag = stop_flag + 1;
 }
 
 typedef struct {
@@ -52,24 +53,59 @@ static pid_t spawn(child *c) {
     return p;
 }
 
+/* Worker-only flags (all take a value); every gateway flag marked for
+ * serve in gw_conf's table goes to the gateway; a few go to both. */
+static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
+                               "max-num-batched-tokens", "block-size", "kv-cache-memory", "gpu-memory-utilization",
+                               "kv-cache-dtype", "quantization", "dtype", "dummy-seed", "load-format", "model-config",
+                               NULL};
+static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", NULL};
+
+static int in(const char *const *set, const char *name) {
+    for (; *set; set++)
+        if (!strcmp(*set, name)) return 1;
+    return 0;
+}
+
 static void help(FILE *f) {
     fprintf(f,
             "usage: llmserve serve [MODEL] [flags]\n"
             "Starts an OpenAI-compatible server: one llmserve-gateway and one llmserve-worker group,\n"
-            "restarting either if it dies, stopping both on Ctrl-C / SIGTERM.\n"
+            "restarting either if it dies. SIGTERM or Ctrl-C drains: the gateway stops taking requests\n"
+            "and lets running ones finish (--shutdown-timeout), then the worker stops; a second signal\n"
+            "stops at once.\n"
             "  MODEL                        GGUF file (default " DEFAULT_MODEL ")\n"
-            "  --host H / --port N          HTTP address (default 127.0.0.1:8000)\n"
-            "  --api-key KEY                require this key\n"
-            "  --served-model-name NAME\n"
             "  --device cpu|cuda            (default cpu)\n"
             "  --tensor-parallel-size N     rank processes per replica (default 1)\n"
             "  --threads N                  CPU threads per rank\n"
             "  --max-model-len N, --max-num-seqs N, --max-num-batched-tokens N, --block-size N,\n"
-            "  --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T,\n"
+            "  --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
+            "  --dtype T, --load-format dummy --model-config SPEC, --dummy-seed N,\n"
             "  --enable-prefix-caching / --no-enable-prefix-caching    engine flags, as in vLLM\n"
-            "  --rate-limit-rps R, --rate-limit-tpm T, --max-queue N, --request-timeout S,\n"
-            "  --ttft-timeout S, --routing R, --chat-template NAME      gateway flags\n"
-            "  --log-level L\n");
+            "  --served-model-name NAME, --log-level L, --shutdown-timeout S    both\n"
+            "gateway flags:\n");
+    for (int i = 0; i < gw_n_flags; i++)
+        if (gw_flags[i].serve && !in(both, gw_flags[i].name))
+            fprintf(f, "  --%s%s%s\n", gw_flags[i].name, gw_flags[i].arg ? " " : "", gw_flags[i].arg ? gw_flags[i].arg : "");
+}
+
+static void stop_child(child *c, int sig) {
+    if (c->pid > 0) kill(c->pid, sig);
+}
+
+/* Waits up to secs for c to exit; then SIGKILL. */
+static void reap(child *c, double secs) {
+    if (c->pid <= 0) return;
+    int st;
+    for (int t = 0; t < (int)(secs * 20) && waitpid(c->pid, &st, WNOHANG) == 0; t++) {
+        if (stop_flag > 1) break; /* a second signal: no more waiting */
+        usleep(50000);
+    }
+    if (waitpid(c->pid, &st, WNOHANG) == 0) {
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, &st, 0);
+    }
+    c->pid = 0;
 }
 
 int tl_serve_main(int argc, char **argv) {
@@ -91,48 +127,51 @@ int tl_serve_main(int argc, char **argv) {
     arg(&g, "--workers");
     arg(&g, ipc);
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
-    /* worker-only, gateway-only and shared flags, all with a value except the two switches */
-    static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
-                                   "max-num-batched-tokens", "block-size", "kv-cache-memory", "gpu-memory-utilization",
-                                   "kv-cache-dtype", "quantization", "dtype", "dummy-seed", NULL};
-    static const char *gflags[] = {"host", "port", "api-key", "rate-limit-rps", "rate-limit-tpm", "max-queue",
-                                   "request-timeout", "ttft-timeout", "idle-timeout", "routing", "chat-template", NULL};
-    static const char *both[] = {"served-model-name", "log-level", "load-format", "model-config", NULL};
-    static struct option lo[40];
+    static struct option lo[96];
+    static const char *names[96];
     int k = 0;
-    for (const char **f = wflags; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 1000 + (int)(f - wflags)};
-    for (const char **f = gflags; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 2000 + (int)(f - gflags)};
-    for (const char **f = both; *f; f++) lo[k++] = (struct option){*f, required_argument, 0, 3000 + (int)(f - both)};
+    for (const char **f = wflags; *f; f++, k++) {
+        lo[k] = (struct option){*f, required_argument, 0, 1000 + k};
+        names[k] = *f;
+    }
+    for (int i = 0; i < gw_n_flags && k < 90; i++) {
+        if (!gw_flags[i].serve || in(wflags, gw_flags[i].name)) continue;
+        lo[k] = (struct option){gw_flags[i].name, gw_flags[i].arg ? required_argument : no_argument, 0, 1000 + k};
+        names[k++] = gw_flags[i].name;
+    }
     lo[k++] = (struct option){"enable-prefix-caching", no_argument, 0, 4000};
     lo[k++] = (struct option){"no-enable-prefix-caching", no_argument, 0, 4001};
     lo[k++] = (struct option){"help", no_argument, 0, 'h'};
     lo[k] = (struct option){0, 0, 0, 0};
-    static char flagbuf[40][48];
+    static char flagbuf[96][48];
     int c, nf = 0, dummy = 0;
+    double shutdown_s = 30;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         if (c == 'h') {
             help(stdout);
             return 0;
         }
-        if (c == '?') {
+        if (c == '?' || nf == 96) {
             help(stderr);
             return 2;
         }
-        const char *name = c >= 4000 ? (c == 4000 ? "enable-prefix-caching" : "no-enable-prefix-caching")
-                           : c >= 3000 ? both[c - 3000]
-                           : c >= 2000 ? gflags[c - 2000]
-                                       : wflags[c - 1000];
-        if (nf == 40) return 2;
-        if (!strcmp(name, "load-format") && !strcmp(optarg, "dummy")) dummy = 1;
-        snprintf(flagbuf[nf], sizeof flagbuf[nf], "--%s", name);
-        if (c >= 4000 || c < 2000 || c >= 3000) {
-            arg(&w, flagbuf[nf]);
-            if (c < 4000) arg(&w, optarg);
+        if (c >= 4000) { /* engine switches */
+            arg(&w, c == 4000 ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
+            continue;
         }
-        if ((c >= 2000 && c < 3000) || (c >= 3000 && c < 4000)) {
+        const char *name = names[c - 1000];
+        snprintf(flagbuf[nf], sizeof flagbuf[nf], "--%s", name);
+        int to_w = in(wflags, name) || in(both, name), to_g = !in(wflags, name);
+        if (!strcmp(name, "load-format") && !strcmp(optarg, "dummy")) dummy = 1;
+        if (!strcmp(name, "shutdown-timeout")) shutdown_s = atof(optarg);
+        if (to_w) {
+            arg(&w, flagbuf[nf]);
+            if (optarg) arg(&w, optarg);
+        }
+        if (to_g) {
             arg(&g, flagbuf[nf]);
-            arg(&g, optarg);
+            if (optarg) arg(&g, optarg);
         }
         nf++;
     }
@@ -145,11 +184,9 @@ int tl_serve_main(int argc, char **argv) {
         fprintf(stderr, "llmserve serve: cannot read model %s (tools/setup.sh fetches the default one)\n", model);
         return 1;
     }
-    if (!dummy) { /* dummy weights: both take the shape from --model-config instead */
+    if (!dummy) { /* the gateway needs no model file: the worker's handshake carries the tokenizer */
         arg(&w, "--model");
         arg(&w, model);
-        arg(&g, "--model");
-        arg(&g, model);
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -192,17 +229,12 @@ int tl_serve_main(int argc, char **argv) {
             }
         }
     }
-    fprintf(stderr, "llmserve serve: stopping\n");
-    for (int i = 0; i < 2; i++)
-        if (kids[i]->pid > 0) kill(kids[i]->pid, SIGTERM);
-    for (int i = 0; i < 2; i++) {
-        if (kids[i]->pid <= 0) continue;
-        int st;
-        for (int t = 0; t < 100 && waitpid(kids[i]->pid, &st, WNOHANG) == 0; t++) usleep(50000);
-        if (waitpid(kids[i]->pid, &st, WNOHANG) == 0) {
-            kill(kids[i]->pid, SIGKILL);
-            waitpid(kids[i]->pid, &st, 0);
-        }
-    }
+    /* drain: the gateway first (its streams still need the worker), then the worker */
+    fprintf(stderr, "llmserve serve: draining (up to %.0f s; a second signal stops at once)\n", shutdown_s);
+    stop_child(&g, SIGTERM);
+    reap(&g, shutdown_s + 5);
+    stop_child(&w, SIGTERM);
+    reap(&w, stop_flag > 1 ? 0.5 : 15);
+    fprintf(stderr, "llmserve serve: stopped\n");
     return 0;
 }

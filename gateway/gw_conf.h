@@ -1,0 +1,54 @@
+/* gw_conf.h - the gateway's flags: one table, from which parsing, defaults,
+ * --help and `llmserve serve`'s forwarding all come.
+ *
+ * Order of precedence: the table's defaults, then the environment
+ * (LLMSERVE_API_KEY, LLMSERVE_MODEL), then flags. A bad value is reported
+ * with the flag's own name and what it expects. */
+#ifndef GW_CONF_H
+#define GW_CONF_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum { GW_ROUTE_PREFIX = 0, GW_ROUTE_LEAST_LOAD, GW_ROUTE_ROUND_ROBIN };
+
+typedef struct {
+    const char *host;
+    int port;
+    const char *workers, *workers_dns, *reply_address;
+    const char *model;           /* override: tokenizer and template from this file instead of the workers */
+    const char *load_format, *model_config, *served_name, *chat_template;
+    const char **api_keys;       /* --api-key (repeatable) and LLMSERVE_API_KEY */
+    int n_api_keys;
+    const char *api_keys_file;
+    double rps, tpm;
+    int max_queue;
+    double max_body;
+    double header_timeout, body_timeout, ttft_timeout, request_timeout, idle_timeout, shutdown_timeout;
+    int routing;
+    double lambda;
+    int log_requests, log_prompts, log_level;
+    int max_connections;         /* 0: from the file descriptor limit */
+    int tokenizer_threads, tokenizer_queue;
+} gw_conf;
+
+/* One flag. serve: 1 when `llmserve serve` forwards it to its gateway. */
+typedef struct {
+    const char *name, *arg, *def, *help;
+    int kind, serve;
+    size_t off;
+    double lo, hi;
+} gw_flag;
+
+extern const gw_flag gw_flags[];
+extern const int gw_n_flags;
+
+/* Defaults, environment, then argv. 0, 1 for --help (printed to stdout), or
+ * 2 for a bad flag (said on stderr). Frees nothing: strings point into argv. */
+int gw_conf_parse(gw_conf *c, int argc, char **argv);
+void gw_conf_help(FILE *f);
+void gw_conf_free(gw_conf *c);
+/* The table entry of a long flag name, or NULL. */
+const gw_flag *gw_conf_find(const char *name);
+
+#endif

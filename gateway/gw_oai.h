@@ -1,0 +1,15 @@
+/* gw_oai.h - the OpenAI API's handlers: routes, authentication, and for
+ * completions and chat the request flow parse -> template -> tokenize (on a
+ * tokenizer thread, with the context length as a limit that stops early) ->
+ * validation against the vocabulary -> rate limits -> gw_req_start. Every
+ * refusal before the first byte of a reply is a plain HTTP error, so a
+ * streamed request never gets a 200 it then takes back. */
+#ifndef GW_OAI_H
+#define GW_OAI_H
+
+#include "gw.h"
+#include "gw_http.h"
+
+void gw_oai_handle(void *g, gw_http_req *r);
+
+#endif

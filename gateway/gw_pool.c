@@ -1,0 +1,446 @@
+#include "gw_pool.h"
+#include "cm_chat.h"
+#include "cm_error.h"
+#include "cm_log.h"
+#include "gw_req.h"
+#include "gw_route.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int gw_pool_routable(const gw *g, int i) {
+    const gw_worker *w = &g->w[i];
+    return w->alive && w->ready && w->accepted && !w->gone;
+}
+
+int gw_pool_count_up(const gw *g) {
+    int n = 0;
+    for (int i = 0; i < g->n_workers; i++) n += gw_pool_routable(g, i);
+    return n;
+}
+
+int gw_pool_send(gw *g, int i, pr_env *e) {
+    if (i < 0 || i >= g->n_workers || g->w[i].gone) return LLM_EIO;
+    return pr_send(g->w[i].push, e, NNG_FLAG_NONBLOCK);
+}
+
+void gw_pool_cancel(gw *g, int i, uint64_t rid) {
+    Llmserve__Cancel c = LLMSERVE__CANCEL__INIT;
+    c.request_id = rid;
+    c.gateway_id = g->id;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_CANCEL;
+    e.cancel = &c;
+    gw_pool_send(g, i, &e);
+}
+
+static void update_max_len(gw *g) {
+    int m = 0;
+    for (int i = 0; i < g->n_workers; i++)
+        if (g->w[i].alive && g->w[i].accepted && !g->w[i].gone && (!m || g->w[i].max_model_len < m))
+            m = g->w[i].max_model_len;
+    g->max_model_len = m;
+}
+
+/* Whether any group but i is alive and accepted: then the model is settled
+ * and a group serving another one is refused rather than followed. */
+static int others_settled(const gw *g, int i) {
+    for (int k = 0; k < g->n_workers; k++)
+        if (k != i && g->w[k].alive && g->w[k].accepted && !g->w[k].gone) return 1;
+    return 0;
+}
+
+static void refuse(gw *g, int i, const char *why) {
+    gw_worker *w = &g->w[i];
+    if (strcmp(w->refused, why)) CM_ERR("worker group %s (%s) is not used: %s", w->addr, w->worker_id, why);
+    snprintf(w->refused, sizeof w->refused, "%s", why);
+    w->accepted = 0;
+}
+
+static void accept_worker(gw *g, int i) {
+    gw_worker *w = &g->w[i];
+    if (!w->accepted)
+        CM_INFO("worker group %s (%s) serves %s: max_model_len %d, block size %d, tokenizer %016llx", w->addr,
+                w->worker_id, w->model, w->max_model_len, w->block_size, (unsigned long long)w->tok_fp);
+    w->accepted = 1;
+    w->refused[0] = 0;
+    if (g->model && g->model->override) return; /* the name came with the override */
+    if (!g->served[0] || !others_settled(g, i))
+        snprintf(g->served, sizeof g->served, "%s", g->conf.served_name ? g->conf.served_name : w->model);
+}
+
+/* The model name the groups report must agree; the API may alias it. */
+static int name_ok(gw *g, int i) {
+    if (g->model && g->model->override) return g->conf.served_name || !strcmp(g->w[i].model, g->served);
+    const char *want = g->conf.served_name ? g->conf.served_name : g->served;
+    if (!want[0] || !others_settled(g, i)) return 1;
+    if (g->conf.served_name) return 1; /* an alias: the groups behind it are the operator's choice */
+    return !strcmp(g->w[i].model, want);
+}
+
+static void ask_model_info(gw *g, int i) {
+    gw_worker *w = &g->w[i];
+    double t = gw_now();
+    if (t - w->info_asked < 1.0) return;
+    w->info_asked = t;
+    char tag[16];
+    snprintf(tag, sizeof tag, "w%d", i);
+    Llmserve__ModelInfoRequest r = LLMSERVE__MODEL_INFO_REQUEST__INIT;
+    r.gateway_id = g->id;
+    r.worker_tag = tag;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_MODEL_INFO_REQUEST;
+    e.model_info_request = &r;
+    gw_pool_send(g, i, &e);
+}
+
+/* Health or ModelInfo said what group i serves: accept it, refuse it, or ask. */
+static void judge(gw *g, int i) {
+    gw_worker *w = &g->w[i];
+    char why[256];
+    if (!name_ok(g, i)) {
+        snprintf(why, sizeof why, "it serves model '%.100s', the other groups '%.100s'", w->model, g->served);
+        refuse(g, i, why);
+        return;
+    }
+    if (g->model && w->tok_fp == g->model->fp) {
+        accept_worker(g, i);
+        return;
+    }
+    if (g->model && (g->model->override || others_settled(g, i))) {
+        snprintf(why, sizeof why, "its tokenizer (%016llx) differs from the %s (%016llx) under model name '%s'",
+                 (unsigned long long)w->tok_fp, g->model->override ? "one this gateway was given" : "other groups'",
+                 (unsigned long long)g->model->fp, w->model);
+        refuse(g, i, why);
+        return;
+    }
+    w->accepted = 0;
+    ask_model_info(g, i); /* first group, or the whole cluster changed model */
+}
+
+static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
+    if (i < 0) return;
+    gw_worker *w = &g->w[i];
+    if (!mi->has_tokenizer_gguf || !mi->tokenizer_gguf.len) {
+        refuse(g, i, "its ModelInfo carries no tokenizer (a worker without one cannot be served)");
+        return;
+    }
+    if (g->model && g->model->fp == mi->tokenizer_fingerprint) { /* someone else's answer got there first */
+        w->tok_fp = mi->tokenizer_fingerprint;
+        judge(g, i);
+        return;
+    }
+    char err[256];
+    cm_tokenizer *tok = NULL;
+    int rc = cm_tok_import(mi->tokenizer_gguf.data, mi->tokenizer_gguf.len, &tok, err, sizeof err);
+    if (rc) {
+        snprintf(w->refused, sizeof w->refused, "bad tokenizer in ModelInfo: %.200s", err);
+        CM_ERR("worker group %s: %s", w->addr, w->refused);
+        return;
+    }
+    uint64_t fp = cm_tok_fingerprint(tok);
+    if (fp != mi->tokenizer_fingerprint) {
+        cm_tok_free(tok);
+        refuse(g, i, "its ModelInfo's tokenizer does not match its fingerprint");
+        return;
+    }
+    w->tok_fp = fp;
+    if (g->model && (g->model->override || others_settled(g, i))) {
+        cm_tok_free(tok);
+        judge(g, i); /* refuses, with the reason */
+        return;
+    }
+    gw_model *m;
+    if (gw_model_make(tok, g->conf.chat_template, 0, &m, err, sizeof err)) {
+        refuse(g, i, err);
+        return;
+    }
+    if (g->model) CM_WARN("every group now serves another tokenizer: switching from %016llx to %016llx",
+                          (unsigned long long)g->model->fp, (unsigned long long)fp);
+    gw_model_unref(g->model);
+    g->model = m;
+    g->served[0] = 0;
+    CM_INFO("model %s from worker group %s: vocabulary %d, %s chat template, %zu bytes of tokenizer", mi->model ? mi->model : "?",
+            w->addr, cm_tok_vocab(tok), cm_chat_name(m->chat_kind), mi->tokenizer_gguf.len);
+    judge(g, i);
+    update_max_len(g);
+}
+
+static void on_health(gw *g, int i, const Llmserve__Health *h) {
+    if (i < 0) return;
+    gw_worker *w = &g->w[i];
+    if (w->gone) return;
+    if (w->incarnation && h->has_incarnation && h->incarnation != w->incarnation) {
+        CM_WARN("worker group %s restarted (incarnation %016llx -> %016llx): its requests move or end now", w->addr,
+                (unsigned long long)w->incarnation, (unsigned long long)h->incarnation);
+        gw_keyset_clear(&w->cached);
+        gw_req_worker_lost(g, i, "the worker group serving this request restarted");
+        w->accepted = 0;
+    }
+    if (!w->alive) CM_INFO("worker group %s (%s) answers: model %s", w->addr, h->worker_id, h->model ? h->model : "?");
+    w->incarnation = h->has_incarnation ? h->incarnation : 0;
+    w->alive = 1;
+    w->ready = !h->has_ready || h->ready;
+    w->backoff = 0;
+    w->last_health = gw_now();
+    snprintf(w->worker_id, sizeof w->worker_id, "%s", h->worker_id);
+    snprintf(w->model, sizeof w->model, "%s", h->model ? h->model : "");
+    w->max_model_len = h->max_model_len;
+    w->block_size = h->block_size;
+    w->vocab = h->vocab;
+    w->tok_fp = h->has_tokenizer_fingerprint ? h->tokenizer_fingerprint : 0;
+    if (h->stats) {
+        w->running = h->stats->running;
+        w->waiting = h->stats->waiting;
+        w->prefix_queries = h->stats->prefix_queries;
+        w->prefix_hits = h->stats->prefix_hits;
+        w->preemptions = h->stats->preemptions;
+        w->blocks_total = (uint64_t)h->stats->blocks_total;
+        w->blocks_free = (uint64_t)h->stats->blocks_free;
+        w->rss_bytes = h->stats->rss_bytes;
+        w->gpu_bytes = h->stats->has_gpu_memory_used_bytes ? h->stats->gpu_memory_used_bytes : 0;
+    }
+    judge(g, i);
+    update_max_len(g);
+}
+
+/* Health and KvEvents echo the tag our Hello gave that worker: "w<index>". */
+static int tag_worker(gw *g, const char *tag) {
+    if (!tag || tag[0] != 'w') return -1;
+    char *end;
+    long i = strtol(tag + 1, &end, 10);
+    return *end || end == tag + 1 || i < 0 || i >= g->n_workers ? -1 : (int)i;
+}
+
+static void on_recv(evutil_socket_t fd, short what, void *arg) {
+    gw *g = arg;
+    (void)fd;
+    (void)what;
+    for (int k = 0; k < 1024; k++) {
+        nng_msg *msg;
+        if (nng_recvmsg(g->pull, &msg, NNG_FLAG_NONBLOCK)) break;
+        pr_env *e;
+        char err[256];
+        int rc = pr_decode(nng_msg_body(msg), nng_msg_len(msg), &e, NULL, err, sizeof err);
+        nng_msg_free(msg);
+        if (rc) {
+            CM_WARN("bad message from a worker dropped: %s", err);
+            continue;
+        }
+        switch (e->body_case) {
+        case LLMSERVE__ENVELOPE__BODY_CHUNK: gw_req_on_chunk(g, -1, e->chunk); break;
+        case LLMSERVE__ENVELOPE__BODY_HEALTH: on_health(g, tag_worker(g, e->health->worker_tag), e->health); break;
+        case LLMSERVE__ENVELOPE__BODY_MODEL_INFO:
+            on_model_info(g, tag_worker(g, e->model_info->worker_tag), e->model_info);
+            break;
+        case LLMSERVE__ENVELOPE__BODY_KV_EVENTS: {
+            int from = tag_worker(g, e->kv_events->worker_tag);
+            if (from < 0) break;
+            gw_worker *w = &g->w[from];
+            if (e->kv_events->full_snapshot) gw_keyset_clear(&w->cached);
+            for (size_t i = 0; i < e->kv_events->n_events; i++) {
+                const Llmserve__KvEvent *ev = e->kv_events->events[i];
+                if (ev->kind == LLMSERVE__KV_EVENT__KIND__STORED) gw_keyset_add(&w->cached, ev->key);
+                else gw_keyset_del(&w->cached, ev->key);
+            }
+            break;
+        }
+        case LLMSERVE__ENVELOPE__BODY_ERROR: CM_WARN("worker error: %s", e->error->message); break;
+        default: break;
+        }
+        pr_free(e);
+    }
+}
+
+static void hello_all(gw *g) {
+    Llmserve__Hello h = LLMSERVE__HELLO__INIT;
+    h.gateway_id = g->id;
+    h.reply_address = g->reply;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_HELLO;
+    e.hello = &h;
+    double t = gw_now();
+    for (int i = 0; i < g->n_workers; i++) {
+        gw_worker *w = &g->w[i];
+        if (w->gone) continue;
+        if (!w->alive && w->last_health > 0) { /* a failed group is probed with backoff: 1, 2, 4 ... 30 s */
+            if (t < w->down_until) continue;
+            w->backoff = w->backoff ? (w->backoff * 2 > 30 ? 30 : w->backoff * 2) : 1;
+            w->down_until = t + w->backoff;
+        }
+        char tag[16];
+        snprintf(tag, sizeof tag, "w%d", i);
+        h.worker_tag = tag;
+        pr_send(g->w[i].push, &e, NNG_FLAG_NONBLOCK);
+    }
+}
+
+static int dial(gw_worker *w) {
+    int rv = nng_push0_open(&w->push);
+    if (!rv) rv = nng_socket_set_int(w->push, NNG_OPT_SENDBUF, 4096);
+    if (!rv) rv = nng_socket_set_ms(w->push, NNG_OPT_RECONNMINT, 100);
+    if (!rv) rv = nng_socket_set_ms(w->push, NNG_OPT_RECONNMAXT, 1000);
+    if (!rv) rv = nng_dial(w->push, w->addr, NULL, NNG_FLAG_NONBLOCK);
+    if (rv) CM_ERR("cannot dial worker %s: %s", w->addr, nng_strerror(rv));
+    return rv ? LLM_EIO : 0;
+}
+
+static int add_worker(gw *g, const char *addr) {
+    if (g->n_workers == GW_MAX_WORKERS) {
+        CM_ERR("more than %d worker groups: %s left out", GW_MAX_WORKERS, addr);
+        return LLM_ERANGE;
+    }
+    gw_worker *w = &g->w[g->n_workers];
+    memset(w, 0, sizeof *w);
+    snprintf(w->addr, sizeof w->addr, "%s", addr);
+    if (dial(w)) return LLM_EIO;
+    g->n_workers++;
+    return 0;
+}
+
+/* Kubernetes headless services: every address NAME resolves to is a group. */
+static void resolve_workers(gw *g) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(g->dns_name, g->dns_port, &hints, &res);
+    if (rc) {
+        CM_WARN("--workers-dns %s: %s", g->dns_name, gai_strerror(rc));
+        return;
+    }
+    char seen[GW_MAX_WORKERS] = {0};
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        char ip[64], addr[256];
+        inet_ntop(AF_INET, &((struct sockaddr_in *)a->ai_addr)->sin_addr, ip, sizeof ip);
+        snprintf(addr, sizeof addr, "tcp://%s:%s", ip, g->dns_port);
+        int found = -1;
+        for (int i = 0; i < g->n_workers; i++)
+            if (!strcmp(g->w[i].addr, addr)) found = i;
+        if (found >= 0 && g->w[found].gone) { /* back again */
+            g->w[found].gone = 0;
+            dial(&g->w[found]);
+        }
+        if (found < 0 && !add_worker(g, addr)) {
+            found = g->n_workers - 1;
+            CM_INFO("worker group %s added (from %s)", addr, g->dns_name);
+        }
+        if (found >= 0) seen[found] = 1;
+    }
+    freeaddrinfo(res);
+    for (int i = 0; i < g->n_workers; i++)
+        if (!seen[i] && !g->w[i].gone) {
+            CM_INFO("worker group %s left %s", g->w[i].addr, g->dns_name);
+            gw_req_worker_lost(g, i, "the worker group serving this request left the service");
+            g->w[i].gone = 1;
+            g->w[i].alive = g->w[i].accepted = 0;
+            gw_keyset_clear(&g->w[i].cached);
+            nng_close(g->w[i].push);
+        }
+    update_max_len(g);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg) {
+    gw *g = arg;
+    (void)fd;
+    (void)what;
+    if (g->dns_name[0] && g->tick++ % 10 == 0) resolve_workers(g);
+    hello_all(g);
+    double t = gw_now();
+    for (int i = 0; i < g->n_workers; i++) {
+        gw_worker *w = &g->w[i];
+        if (!w->alive || t - w->last_health <= GW_LIVENESS_S) continue;
+        w->alive = 0;
+        /* its numbers are unknown now: a dead group reports zeros, not its last values */
+        w->running = w->waiting = 0;
+        w->blocks_total = w->blocks_free = w->rss_bytes = w->gpu_bytes = 0;
+        gw_keyset_clear(&w->cached);
+        CM_WARN("worker group %s stopped answering; its requests move or end now", w->addr);
+        gw_req_worker_lost(g, i, "the worker group serving this request stopped answering");
+        update_max_len(g);
+    }
+}
+
+int gw_pool_start(gw *g, char *err, size_t errlen) {
+    const gw_conf *c = &g->conf;
+    if (c->workers_dns) {
+        const char *colon = strrchr(c->workers_dns, ':');
+        if (!colon || colon == c->workers_dns || strlen(colon + 1) >= sizeof g->dns_port ||
+            (size_t)(colon - c->workers_dns) >= sizeof g->dns_name) {
+            snprintf(err, errlen, "--workers-dns expects NAME:PORT, not '%s'", c->workers_dns);
+            return LLM_EINVAL;
+        }
+        memcpy(g->dns_name, c->workers_dns, (size_t)(colon - c->workers_dns));
+        snprintf(g->dns_port, sizeof g->dns_port, "%s", colon + 1);
+    }
+    nng_listener l;
+    int rv = nng_pull0_open(&g->pull);
+    if (!rv) rv = nng_socket_set_size(g->pull, NNG_OPT_RECVMAXSZ, PR_MAX_MSG);
+    if (!rv) rv = nng_socket_set_int(g->pull, NNG_OPT_RECVBUF, 8192);
+    if (!rv) rv = nng_listen(g->pull, c->reply_address, &l, 0);
+    if (rv) {
+        snprintf(err, errlen, "cannot listen on %s: %s", c->reply_address, nng_strerror(rv));
+        return LLM_EIO;
+    }
+    nng_sockaddr sa;
+    if (!strncmp(c->reply_address, "tcp://", 6) && !nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa) &&
+        sa.s_family == NNG_AF_INET) {
+        char hostpart[200];
+        snprintf(hostpart, sizeof hostpart, "%s", c->reply_address + 6);
+        char *colon = strrchr(hostpart, ':');
+        if (colon) *colon = 0;
+        snprintf(g->reply, sizeof g->reply, "tcp://%s:%u", hostpart, ntohs(sa.s_in.sa_port));
+    } else {
+        snprintf(g->reply, sizeof g->reply, "%s", c->reply_address);
+    }
+    int recv_fd;
+    if (nng_socket_get_int(g->pull, NNG_OPT_RECVFD, &recv_fd)) {
+        snprintf(err, errlen, "no receive fd on the reply socket");
+        return LLM_EIO;
+    }
+    if (!c->workers_dns)
+        for (const char *p = c->workers; *p;) {
+            const char *e = strchr(p, ',');
+            char a[256];
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            if (n >= sizeof a) {
+                snprintf(err, errlen, "--workers: an address is over %zu bytes", sizeof a - 1);
+                return LLM_EINVAL;
+            }
+            memcpy(a, p, n);
+            a[n] = 0;
+            if (n && add_worker(g, a)) {
+                snprintf(err, errlen, "--workers: cannot use '%s'", a);
+                return LLM_EINVAL;
+            }
+            if (!e) break;
+            p = e + 1;
+        }
+    if (g->dns_name[0]) resolve_workers(g);
+    g->recv_ev = event_new(g->base, recv_fd, EV_READ | EV_PERSIST, on_recv, g);
+    g->tick_ev = event_new(g->base, -1, EV_PERSIST, on_tick, g);
+    if (!g->recv_ev || !g->tick_ev) return LLM_ENOMEM;
+    event_add(g->recv_ev, NULL);
+    struct timeval one = {1, 0};
+    event_add(g->tick_ev, &one);
+    hello_all(g);
+    return 0;
+}
+
+void gw_pool_stop(gw *g) {
+    if (g->recv_ev) event_free(g->recv_ev);
+    if (g->tick_ev) event_free(g->tick_ev);
+    g->recv_ev = g->tick_ev = NULL;
+    for (int i = 0; i < g->n_workers; i++) {
+        if (!g->w[i].gone) nng_close(g->w[i].push);
+        free(g->w[i].cached.k);
+    }
+    nng_close(g->pull);
+}

@@ -1,0 +1,25 @@
+/* gw_pool.h - the worker groups behind a gateway: NNG sockets, the Hello /
+ * Health heartbeat, backoff for dead groups, DNS discovery, the ModelInfo
+ * handshake that hands the gateway its tokenizer, and incarnations.
+ *
+ * A group is routable when it is alive (Health within GW_LIVENESS_S), ready
+ * (not loading or draining) and accepted (same model name and tokenizer as
+ * this gateway serves). When a group stops answering, or answers as a new
+ * incarnation, every request it held is handed to gw_req_worker_lost at
+ * once: within the heartbeat window, never an idle timeout. */
+#ifndef GW_POOL_H
+#define GW_POOL_H
+
+#include "gw.h"
+
+#define GW_LIVENESS_S 3.0
+
+int gw_pool_start(gw *g, char *err, size_t errlen);
+void gw_pool_stop(gw *g);
+int gw_pool_routable(const gw *g, int i);
+/* Sends an envelope to group i without blocking: 0 or LLM_EAGAIN / LLM_EIO. */
+int gw_pool_send(gw *g, int i, pr_env *e);
+void gw_pool_cancel(gw *g, int i, uint64_t rid);
+int gw_pool_count_up(const gw *g);
+
+#endif

@@ -1,0 +1,378 @@
+#include "gw_req.h"
+#include "cm_error.h"
+#include "cm_hash.h"
+#include "cm_log.h"
+#include "gw_http.h"
+#include "gw_metrics.h"
+#include "gw_pool.h"
+#include "gw_route.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A stream client that stops reading is cut off past this backlog, so its
+ * output cannot grow the gateway's memory without bound. */
+#define GW_MAX_BACKLOG (8u << 20)
+
+static void log_request(gw_req *q, int status, const char *code) {
+    gw *g = q->g;
+    if (!g->conf.log_requests) return;
+    double t = gw_now();
+    int out = 0;
+    for (int i = 0; i < q->res.n; i++) out += q->res.ch[i].completion_tokens;
+    const char *p = g->conf.log_prompts ? q->c.prompt : NULL;
+    if (g->conf.log_prompts && !p && q->c.n_messages) p = q->c.messages[q->c.n_messages - 1].content;
+    CM_INFO("request %s key=%s worker=%d in=%d out=%d cached=%d ttft=%.1fms total=%.1fms status=%d%s%s%s%.*s",
+            q->id[0] ? q->id : "-", gw_auth_tag(&g->auth, q->key), q->worker, q->n_tok, out, q->res.cached_tokens,
+            q->t_first > 0 ? (q->t_first - q->t_arrive) * 1e3 : -1.0, (t - q->t_arrive) * 1e3, status,
+            code ? " code=" : "", code ? code : "", p ? " prompt=" : "", p ? 200 : 0, p ? p : "");
+}
+
+void gw_req_free(gw_req *q) {
+    gw *g = q->g;
+    if (q->rid) gw_map_del(&g->reqs, q->rid);
+    if (q->prev || g->req_list == q) {
+        if (q->prev) q->prev->next = q->next;
+        else g->req_list = q->next;
+        if (q->next) q->next->prev = q->prev;
+    }
+    if (q->timer) event_free(q->timer);
+    free(q->tok);
+    free(q->echo);
+    cm_oai_result_free(&q->res);
+    cm_oai_completion_free(&q->c);
+    gw_model_unref(q->model);
+    free(q);
+}
+
+void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
+    gw *g = q->g;
+    if (q->worker >= 0) {
+        if (status != 200 && q->on_worker) gw_pool_cancel(g, q->worker, q->rid); /* it may still run there */
+        if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
+    }
+    if (status == 200) {
+        gw_hist_add(&g->m.e2e, gw_now() - q->t_arrive);
+        for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
+    }
+    if (q->conn) {
+        gw_conn *c = q->conn;
+        q->conn = NULL;
+        int streaming = gw_http_streaming(c);
+        if (streaming) g->open_streams--;
+        if (status == 200 && streaming) {
+            if (q->c.include_usage) {
+                json_t *j = cm_oai_usage_chunk_json(&q->res);
+                gw_http_stream_event(c, j);
+                json_decref(j);
+            }
+            gw_http_stream_end(c);
+        } else if (status == 200) {
+            json_t *j = cm_oai_response_json(&q->res, q->model ? q->model->tok : NULL);
+            gw_http_json(c, 200, j);
+            json_decref(j);
+        } else if (streaming) { /* the 200 went out: the error is an event the client sees, then [DONE] */
+            json_t *j = cm_oai_error_json(status, msg, NULL, code);
+            gw_http_stream_event(c, j);
+            json_decref(j);
+            gw_http_stream_end(c);
+        } else {
+            gw_http_error(c, status, msg, q->param, code);
+        }
+    }
+    log_request(q, status, status == 200 ? NULL : code);
+    gw_req_free(q);
+}
+
+/* The client went away: the worker stops computing for it at once. */
+static void on_gone(void *arg) {
+    gw_req *q = arg;
+    if (gw_http_streaming(q->conn)) q->g->open_streams--;
+    q->conn = NULL;
+    q->g->m.cancelled++;
+    gw_req_finish(q, 499, "the client closed the connection", "client_closed");
+}
+
+static int send_generate(gw *g, gw_req *q, int wi) {
+    const cm_oai_completion *c = &q->c;
+    Llmserve__SamplingParams sp = LLMSERVE__SAMPLING_PARAMS__INIT;
+    sp.has_temperature = sp.has_top_p = sp.has_top_k = sp.has_min_p = 1;
+    sp.temperature = (float)c->temperature;
+    sp.top_p = (float)c->top_p;
+    sp.top_k = c->top_k;
+    sp.min_p = (float)c->min_p;
+    sp.has_presence_penalty = sp.has_frequency_penalty = sp.has_repetition_penalty = 1;
+    sp.presence_penalty = (float)c->presence_penalty;
+    sp.frequency_penalty = (float)c->frequency_penalty;
+    sp.repetition_penalty = (float)c->repetition_penalty;
+    sp.has_max_tokens = sp.has_min_tokens = sp.has_n = sp.has_logprobs = sp.has_ignore_eos = 1;
+    sp.max_tokens = q->max_tokens;
+    sp.min_tokens = c->min_tokens;
+    sp.n = c->n;
+    sp.logprobs = c->logprobs;
+    sp.ignore_eos = c->ignore_eos;
+    sp.has_seed = c->has_seed;
+    sp.seed = c->seed;
+    sp.n_stop = (size_t)c->n_stop;
+    sp.stop = (char **)c->stop;
+    sp.n_stop_token_ids = (size_t)c->n_stop_ids;
+    sp.stop_token_ids = (int32_t *)c->stop_ids;
+    int32_t *bid = c->n_bias ? malloc(sizeof *bid * (size_t)c->n_bias) : NULL;
+    float *bval = c->n_bias ? malloc(sizeof *bval * (size_t)c->n_bias) : NULL;
+    if (c->n_bias && (!bid || !bval)) {
+        free(bid);
+        free(bval);
+        return LLM_ENOMEM;
+    }
+    for (int i = 0; i < c->n_bias; i++) {
+        bid[i] = c->bias[i].id;
+        bval[i] = c->bias[i].bias;
+    }
+    sp.n_logit_bias_ids = sp.n_logit_bias_values = (size_t)c->n_bias;
+    sp.logit_bias_ids = bid;
+    sp.logit_bias_values = bval;
+    Llmserve__Generate gen = LLMSERVE__GENERATE__INIT;
+    gen.request_id = q->rid;
+    gen.n_token_ids = (size_t)q->n_tok;
+    gen.token_ids = q->tok;
+    gen.params = &sp;
+    gen.has_priority = 1;
+    gen.priority = c->priority;
+    gen.cache_salt = c->cache_salt;
+    gen.gateway_id = g->id;
+    gen.reply_address = g->reply;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
+    e.generate = &gen;
+    int rc = gw_pool_send(g, wi, &e);
+    free(bid);
+    free(bval);
+    if (rc) return rc;
+    q->worker = wi;
+    q->worker_inc = g->w[wi].incarnation;
+    q->on_worker = 1;
+    q->next_seq = 0;
+    q->t_sent = gw_now();
+    g->w[wi].inflight++;
+    g->w[wi].routed++;
+    return 0;
+}
+
+/* A fresh id on each send: chunks the last group still sends for the old
+ * one are then ignored, never mixed in. */
+static int assign_rid(gw *g, gw_req *q) {
+    if (q->rid) gw_map_del(&g->reqs, q->rid);
+    q->rid = ++g->next_rid;
+    return gw_map_put(&g->reqs, q->rid, q);
+}
+
+void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *code) {
+    gw *g = q->g;
+    int old = q->worker;
+    if (kind == GW_FAIL_WORKER_LOST) g->m.worker_lost++;
+    if (q->conn && !q->got_token && !q->retried && !g->draining) {
+        int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
+                               old, &hit);
+        if (wi >= 0) {
+            if (old >= 0) {
+                if (q->on_worker) gw_pool_cancel(g, old, q->rid);
+                if (g->w[old].inflight > 0) g->w[old].inflight--;
+            }
+            q->worker = -1;
+            q->on_worker = 0;
+            if (!assign_rid(g, q) && !send_generate(g, q, wi)) {
+                q->retried = 1;
+                g->m.retried++;
+                CM_INFO("request %s moved from group %d to %d (%s)", q->id, old, wi, msg);
+                return;
+            }
+        }
+    }
+    gw_req_finish(q, status, msg, code);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg) {
+    gw_req *q = arg;
+    (void)fd;
+    (void)what;
+    gw *g = q->g;
+    const gw_conf *cf = &g->conf;
+    double t = gw_now();
+    const char *why = NULL;
+    if (!q->got_token && cf->ttft_timeout > 0 && t - q->t_arrive >= cf->ttft_timeout) why = "no first token within --ttft-timeout";
+    else if (cf->request_timeout > 0 && t - q->t_arrive >= cf->request_timeout) why = "request exceeded --request-timeout";
+    else if (q->got_token && cf->idle_timeout > 0 && t - q->t_last >= cf->idle_timeout) why = "stream idle past --idle-timeout";
+    if (why) {
+        g->m.timed_out++;
+        gw_req_finish(q, 504, why, "timeout");
+        return;
+    }
+    /* a client waiting for a whole response shows its hang-up only to a look */
+    if (q->conn && !gw_http_streaming(q->conn) && gw_http_check_gone(q->conn)) return; /* q is gone */
+    struct timeval tv = {0, 200000};
+    evtimer_add(q->timer, &tv);
+}
+
+void gw_req_start(gw *g, gw_req *q) {
+    int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
+                           -1, &hit);
+    if (wi < 0) {
+        g->m.overloaded++;
+        gw_req_finish(q, 503, "no worker group is available", "no_workers");
+        return;
+    }
+    if (g->conf.max_queue > 0 && g->w[wi].inflight >= g->conf.max_queue) {
+        gw_http_header(q->conn, "Retry-After", "1");
+        g->m.overloaded++;
+        gw_req_finish(q, 429, "the server is at capacity; retry shortly", "overloaded");
+        return;
+    }
+    q->t_sent = gw_now();
+    snprintf(q->id, sizeof q->id, "%s-%s%llx", q->c.is_chat ? "chatcmpl" : "cmpl", g->id, (unsigned long long)(g->next_rid + 1));
+    if (assign_rid(g, q)) {
+        gw_req_finish(q, 500, "out of memory", "internal_error");
+        return;
+    }
+    q->next = g->req_list;
+    if (g->req_list) g->req_list->prev = q;
+    g->req_list = q;
+    cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), q->echo, q->echo_len);
+    q->res.prompt_tokens = q->n_tok;
+    if (!q->c.stream) { /* the echo is in the collected text already */
+        free(q->echo);
+        q->echo = NULL;
+    }
+    if (send_generate(g, q, wi)) {
+        g->m.overloaded++;
+        gw_req_finish(q, 503, "the worker group is not accepting requests", "overloaded");
+        return;
+    }
+    g->w[wi].routed_hit_tokens += (uint64_t)hit;
+    g->m.prompt_tokens += (uint64_t)q->n_tok;
+    gw_hist_add(&g->m.queue, q->t_sent - q->t_arrive);
+    gw_http_on_gone(q->conn, on_gone, q);
+    q->timer = evtimer_new(g->base, on_timer, q);
+    struct timeval tv = {0, 200000};
+    if (q->timer) evtimer_add(q->timer, &tv);
+    if (q->c.stream) {
+        gw_http_stream_begin(q->conn);
+        g->open_streams++;
+    }
+}
+
+static int finish_code(int f) {
+    switch (f) {
+    case LLMSERVE__FINISH_REASON__FINISH_STOP: return CM_OAI_FINISH_STOP;
+    case LLMSERVE__FINISH_REASON__FINISH_LENGTH: return CM_OAI_FINISH_LENGTH;
+    case LLMSERVE__FINISH_REASON__FINISH_ABORT: return CM_OAI_FINISH_ABORT;
+    default: return CM_OAI_FINISH_NONE;
+    }
+}
+
+void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
+    (void)from;
+    gw_req *q = gw_map_get(&g->reqs, c->request_id);
+    if (!q || !q->on_worker) return; /* ended, or an old id of a moved request */
+    if (c->seq != q->next_seq) {
+        gw_req_finish(q, 502, "lost a message from the worker (sequence gap)", "stream_gap");
+        return;
+    }
+    q->next_seq++;
+    if (c->has_finish && (c->finish == LLMSERVE__FINISH_REASON__FINISH_ERROR ||
+                          c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT)) {
+        int code = c->has_error_code ? c->error_code : 0, status = 500;
+        const char *ec = "worker_error", *msg = c->error ? c->error : "the worker refused the request";
+        q->on_worker = 0; /* it ended there */
+        if (c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT) {
+            g->m.timed_out++;
+            gw_req_finish(q, 504, msg, "timeout");
+            return;
+        }
+        if (code == LLM_EAGAIN) { /* full or draining: another group may have room */
+            g->m.overloaded++;
+            gw_req_retry(q, GW_FAIL_OVERLOADED, 503, msg, "overloaded");
+            return;
+        }
+        if (code == LLM_EINVAL || code == LLM_ERANGE) status = 400, ec = code == LLM_ERANGE ? "context_length_exceeded" : "invalid_value";
+        gw_req_finish(q, status, msg, ec);
+        return;
+    }
+    if (c->index < 0 || c->index >= q->res.n) return;
+    int fin = c->has_finish ? finish_code(c->finish) : CM_OAI_FINISH_NONE;
+    if (fin == CM_OAI_FINISH_ABORT) { /* the worker ended it: it drained past its deadline, or dropped us */
+        q->on_worker = 0;
+        gw_req_finish(q, 503, "the worker aborted the request", "aborted");
+        return;
+    }
+    double t = gw_now();
+    if (c->n_token_ids) {
+        if (!q->got_token) {
+            q->got_token = 1;
+            q->t_first = t;
+            gw_hist_add(&g->m.ttft, t - q->t_arrive);
+        } else if (q->t_last > 0) {
+            gw_hist_add(&g->m.itl, (t - q->t_last) / (double)c->n_token_ids);
+        }
+        q->t_last = t;
+    }
+    cm_oai_choice *ch = &q->res.ch[c->index];
+    if (c->usage) {
+        ch->completion_tokens = c->usage->completion_tokens;
+        q->res.cached_tokens = c->usage->has_cached_tokens ? c->usage->cached_tokens : 0;
+    } else {
+        ch->completion_tokens += (int)c->n_token_ids;
+    }
+    cm_oai_lp lp[8];
+    int n_lp = 0;
+    for (size_t i = 0; i < c->n_logprobs && n_lp < 8; i++, n_lp++) {
+        const Llmserve__TokenLogprob *l = c->logprobs[i];
+        lp[n_lp].token = l->token_id;
+        lp[n_lp].logprob = l->logprob;
+        lp[n_lp].n_top = (int)(l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS);
+        for (int k = 0; k < lp[n_lp].n_top; k++) lp[n_lp].top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
+    }
+    const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
+    const char *txt = c->has_text ? (const char *)c->text.data : "";
+    size_t tl = c->has_text ? c->text.len : 0;
+    if (q->c.stream && q->conn) {
+        if (q->echo) { /* completions with echo: the prompt first, once per choice */
+            for (int i = 0; i < q->res.n; i++) {
+                json_t *j = cm_oai_chunk_json(&q->res, i, q->echo, q->echo_len, NULL, 0, 0, tok);
+                if (j) gw_http_stream_event(q->conn, j);
+                json_decref(j);
+            }
+            free(q->echo);
+            q->echo = NULL;
+        }
+        json_t *j = cm_oai_chunk_json(&q->res, c->index, txt, tl, n_lp ? lp : NULL, n_lp, fin, tok);
+        if (j) gw_http_stream_event(q->conn, j);
+        json_decref(j);
+        if (gw_http_backlog(q->conn) > GW_MAX_BACKLOG) {
+            g->m.cancelled++;
+            CM_WARN("request %s: the client reads too slowly (%zu bytes unsent): cut off", q->id, gw_http_backlog(q->conn));
+            gw_req_finish(q, 499, "the client is not reading its stream", "client_too_slow");
+            return;
+        }
+    } else {
+        cm_oai_result_add(&q->res, c->index, txt, tl, n_lp ? lp : NULL, n_lp, tok);
+    }
+    if (fin) ch->finish = fin;
+    if (cm_oai_result_done(&q->res)) {
+        q->on_worker = 0;
+        gw_req_finish(q, 200, NULL, NULL);
+    }
+}
+
+void gw_req_worker_lost(gw *g, int w, const char *why) {
+    for (gw_req *q = g->req_list, *nx; q; q = nx) {
+        nx = q->next;
+        if (q->worker == w) gw_req_retry(q, GW_FAIL_WORKER_LOST, 502, why, "worker_lost");
+    }
+}
+
+void gw_req_fail_all(gw *g, int status, const char *msg, const char *code) {
+    while (g->req_list) gw_req_finish(g->req_list, status, msg, code);
+}

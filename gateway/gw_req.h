@@ -1,0 +1,63 @@
+/* gw_req.h - a request's life in the gateway, from admission to its one end.
+ *
+ * Requests are found by id through a map; each has one deadline timer (time
+ * to first token, whole request, stream idle, and a look for a hung-up
+ * client). Every failure goes through gw_req_retry, which decides between
+ * another worker group (nothing sent to the client yet) and an end; every
+ * end goes through gw_req_finish, which answers the client (a JSON body, an
+ * error, or the stream's last events), cancels the request on its worker if
+ * it may still run there, logs, counts and frees. */
+#ifndef GW_REQ_H
+#define GW_REQ_H
+
+#include "cm_oai.h"
+#include "cm_oai_resp.h"
+#include "gw.h"
+
+struct gw_conn;
+
+typedef struct gw_req {
+    struct gw_req *prev, *next;
+    gw *g;
+    uint64_t rid;
+    struct gw_conn *conn;        /* NULL once the client is gone */
+    gw_model *model;             /* held for the request's life */
+    cm_oai_completion c;
+    int32_t *tok;
+    int n_tok, max_tokens;
+    int worker;                  /* group it runs on, -1 before */
+    uint64_t worker_inc;         /* that group's incarnation when sent */
+    int got_token, retried, on_worker;
+    uint32_t next_seq;
+    int key;                     /* API key index, -1 */
+    char id[128];
+    double t_arrive, t_sent, t_first, t_last;
+    struct event *timer;
+    cm_oai_result res;
+    char *echo;                  /* completions with echo: the prompt's text */
+    size_t echo_len;
+    const char *param;           /* the request field an error is about (static string), or NULL */
+} gw_req;
+
+enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
+
+/* Takes q (tokens and parsed body filled in): routes, sends and starts the
+ * reply (SSE headers for a stream). On failure the client is answered and q
+ * freed. */
+void gw_req_start(gw *g, gw_req *q);
+/* A failure of kind GW_FAIL_*: tries another group when nothing reached
+ * the client yet, else ends with status and msg. */
+void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *code);
+/* The one end. status 200: the collected response (or [DONE]); else an
+ * error the client sees (HTTP error, or an SSE error event and [DONE]). */
+void gw_req_finish(gw_req *q, int status, const char *msg, const char *code);
+void gw_req_free(gw_req *q);
+
+/* From gw_pool: a TokenChunk from group w. */
+void gw_req_on_chunk(gw *g, int w, const Llmserve__TokenChunk *c);
+/* From gw_pool: group w died or restarted; every request on it moves or ends now. */
+void gw_req_worker_lost(gw *g, int w, const char *why);
+/* Fails every live request (shutdown past the drain deadline). */
+void gw_req_fail_all(gw *g, int status, const char *msg, const char *code);
+
+#endif

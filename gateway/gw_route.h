@@ -1,0 +1,20 @@
+/* gw_route.h - prefix-aware routing. The prompt's full blocks are keyed
+ * exactly as workers key them (cm_block_key chain); each group's cached
+ * keys come from its KvEvents; the score is cached prefix tokens minus
+ * lambda times load (in flight + waiting). Only routable groups are picked;
+ * ties go round the ring so equal groups share the load. */
+#ifndef GW_ROUTE_H
+#define GW_ROUTE_H
+
+#include "gw.h"
+
+void gw_keyset_add(gw_keyset *s, uint64_t k);
+void gw_keyset_del(gw_keyset *s, uint64_t k);
+int gw_keyset_has(const gw_keyset *s, uint64_t k);
+void gw_keyset_clear(gw_keyset *s);
+
+/* A group for a prompt, or -1 when none is routable (exclude: a group not
+ * to pick, or -1). *hit_tokens: the cached prefix it holds. */
+int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *hit_tokens);
+
+#endif
