@@ -29,6 +29,7 @@ typedef struct cstate {
     struct bufferevent *bev;     /* the filter evhttp reads through */
     int phase, lines, linelen, cr, bad;
     double deadline;
+    struct event *flush;         /* moves queued output on, after evhttp turned writing on */
 } cstate;
 
 struct gw_conn {
@@ -130,9 +131,28 @@ static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evb
     return BEV_OK;
 }
 
+/* Output goes straight to the socket when nothing is queued before it.
+ * evhttp closes a connection (shutdown(SHUT_WR) on the socket) as soon as
+ * the filter's own buffer is empty, so a reply left in the socket
+ * bufferevent's buffer behind a "Connection: close" would be lost. */
+static enum bufferevent_filter_result out_filter(struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
+                                                 enum bufferevent_flush_mode mode, void *ctx) {
+    cstate *cs = ctx;
+    (void)lim;
+    (void)mode;
+    struct bufferevent *u = bufferevent_get_underlying(cs->bev);
+    int fd = u ? bufferevent_getfd(u) : -1;
+    if (fd >= 0 && evbuffer_get_length(dst) == 0)
+        while (evbuffer_get_length(src) && evbuffer_write(src, fd) > 0) {
+        }
+    evbuffer_add_buffer(dst, src);
+    return BEV_OK;
+}
+
 static void cstate_free(void *ctx) {
     cstate *cs = ctx;
     gw_http *h = cs->h;
+    if (cs->flush) event_free(cs->flush);
     gw_map_del(&h->cons, (uint64_t)(uintptr_t)cs->bev);
     if (cs->prev) cs->prev->next = cs->next;
     else h->list = cs->next;
@@ -145,13 +165,29 @@ static void cstate_free(void *ctx) {
     }
 }
 
+static void on_flush(evutil_socket_t fd, short what, void *arg) {
+    cstate *cs = arg;
+    (void)fd;
+    (void)what;
+    bufferevent_flush(cs->bev, EV_WRITE, BEV_NORMAL);
+}
+
+/* A filter moves output on only while writing is on, and evhttp queues a
+ * reply before it turns writing on: so every addition schedules a flush
+ * that runs once the current callback (evhttp's) has returned. */
+static void on_output_added(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg) {
+    cstate *cs = arg;
+    (void)b;
+    if (info->n_added && cs->flush) event_active(cs->flush, EV_WRITE, 1);
+}
+
 /* evhttp asks for each new connection's bufferevent: ours reads through
  * in_filter, and its free tells us the connection closed. */
 static struct bufferevent *make_bev(struct event_base *base, void *arg) {
     gw_http *h = arg;
     cstate *cs = calloc(1, sizeof *cs);
     struct bufferevent *u = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-    struct bufferevent *f = u && cs ? bufferevent_filter_new(u, in_filter, NULL, BEV_OPT_CLOSE_ON_FREE, cstate_free, cs) : NULL;
+    struct bufferevent *f = u && cs ? bufferevent_filter_new(u, in_filter, out_filter, BEV_OPT_CLOSE_ON_FREE, cstate_free, cs) : NULL;
     if (!f) {
         if (u) bufferevent_free(u);
         free(cs);
@@ -159,6 +195,8 @@ static struct bufferevent *make_bev(struct event_base *base, void *arg) {
     }
     cs->h = h;
     cs->bev = f;
+    cs->flush = event_new(base, -1, 0, on_flush, cs);
+    evbuffer_add_cb(bufferevent_get_output(f), on_output_added, cs);
     cs->next = h->list;
     if (h->list) h->list->prev = cs;
     h->list = cs;
@@ -180,8 +218,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
         if ((cs->phase != P_HEADER && cs->phase != P_BODY) || t < cs->deadline) continue;
         CM_DEBUG("closing a connection: its %s took longer than its deadline", cs->phase == P_HEADER ? "header" : "body");
         cs->phase = P_CLOSING;
-        int s = bufferevent_getfd(cs->bev);
-        if (s >= 0) shutdown(s, SHUT_RDWR); /* evhttp reads the end and frees the connection */
+        /* as evhttp's own read timeout does: it frees the connection (deferred: not inside this walk) */
+        bufferevent_trigger_event(cs->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, BEV_TRIG_DEFER_CALLBACKS);
     }
 }
 
@@ -218,13 +256,6 @@ static void on_accept_error(struct evconnlistener *l, void *arg) {
 
 /* ---- replies ------------------------------------------------------------- */
 
-/* A filter does not move output that arrived while writing was off: once
- * evhttp turns writing on after queueing a reply, nothing else would, and
- * a reply sent from outside a read callback would wait for a timeout. */
-static void flush_out(struct bufferevent *b) {
-    if (b) bufferevent_flush(b, EV_WRITE, BEV_NORMAL);
-}
-
 static void conn_end(gw_conn *c) {
     if (c->evc) evhttp_connection_set_closecb(c->evc, NULL, NULL);
     free(c);
@@ -241,11 +272,11 @@ void gw_http_body(gw_conn *c, int status, const char *ctype, const char *data, s
     evhttp_add_header(oh, "Content-Type", ctype);
     evhttp_add_header(oh, "Server", "llmserve");
     if (c->h->o.on_status) c->h->o.on_status(c->h->o.ctx, status);
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evc);
-    evhttp_send_reply(c->req, status, gw_http_reason(status), b);
-    flush_out(bev);
-    if (b) evbuffer_free(b);
+    /* the reply may be written, and the connection freed, inside the send */
+    struct evhttp_request *req = c->req;
     conn_end(c);
+    evhttp_send_reply(req, status, gw_http_reason(status), b);
+    if (b) evbuffer_free(b);
 }
 
 void gw_http_json(gw_conn *c, int status, const json_t *j) {
@@ -278,7 +309,6 @@ void gw_http_stream_begin(gw_conn *c) {
     evhttp_add_header(oh, "Cache-Control", "no-cache");
     evhttp_add_header(oh, "Server", "llmserve");
     evhttp_send_reply_start(c->req, 200, "OK");
-    flush_out(evhttp_connection_get_bufferevent(c->evc));
     c->streaming = 1;
 }
 
@@ -288,7 +318,6 @@ void gw_http_stream_event(gw_conn *c, const json_t *j) {
     if (b) {
         evbuffer_add_printf(b, "data: %s\n\n", s ? s : "{}");
         evhttp_send_reply_chunk(c->req, b);
-        flush_out(evhttp_connection_get_bufferevent(c->evc));
         evbuffer_free(b);
     }
     free(s);
@@ -302,10 +331,9 @@ void gw_http_stream_end(gw_conn *c) {
         evbuffer_free(b);
     }
     if (c->h->o.on_status) c->h->o.on_status(c->h->o.ctx, 200);
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evc);
-    evhttp_send_reply_end(c->req);
-    flush_out(bev);
+    struct evhttp_request *req = c->req;
     conn_end(c);
+    evhttp_send_reply_end(req);
 }
 
 int gw_http_streaming(const gw_conn *c) { return c->streaming; }

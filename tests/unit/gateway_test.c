@@ -1,0 +1,267 @@
+/* The gateway's modules on their own: token buckets on a fake clock, API
+ * keys (files, trimming, refusal of an empty file, every key checked), the
+ * id map, routing scores over hand-made groups, the flag table, and the
+ * OpenAI response JSON (shared with generate --batch) against goldens. */
+#include "cm_error.h"
+#include "cm_hash.h"
+#include "cm_oai.h"
+#include "cm_oai_resp.h"
+#include "gw.h"
+#include "gw_auth.h"
+#include "gw_conf.h"
+#include "gw_limit.h"
+#include "gw_map.h"
+#include "gw_route.h"
+#include "tst.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void limits(void) {
+    gw_bucket b;
+    gw_bucket_init(&b, 2, 4); /* 2 a second, bursts of 4 */
+    double t = 100;
+    for (int i = 0; i < 4; i++) {
+        CHECK(gw_bucket_wait(&b, t, 1) == 0);
+        gw_bucket_take(&b, t, 1);
+    }
+    CHECK_NEAR(gw_bucket_wait(&b, t, 1), 0.5, 1e-9);
+    CHECK(gw_bucket_wait(&b, t + 0.5, 1) == 0);
+    CHECK_NEAR(gw_bucket_wait(&b, t + 1000, 5), 0.5, 1e-9); /* never more than the burst */
+
+    gw_limits l;
+    CHECK_RC(gw_limits_init(&l, 1, 600, 2), 0); /* 1 rps, 600 tokens a minute, two keys */
+    CHECK(gw_limits_admit(&l, 0, 0, 100) == 0);
+    CHECK(gw_limits_admit(&l, 0, 1, 100) > 0); /* the global bucket is empty: nothing charged */
+    CHECK(gw_limits_admit(&l, 1.0, 1, 100) == 0);
+    CHECK(!gw_limits_fits(&l, 601) && gw_limits_fits(&l, 600));
+    gw_limits_free(&l);
+    /* a refusal charges nothing: the per-key bucket is untouched */
+    CHECK_RC(gw_limits_init(&l, 0, 60, 1), 0);
+    CHECK(gw_limits_admit(&l, 0, 0, 50) == 0);
+    CHECK_NEAR(gw_limits_admit(&l, 0, 0, 20), 10, 1e-9); /* 10 missing at 1 token/s */
+    CHECK(gw_limits_admit(&l, 10, 0, 20) == 0);
+    gw_limits_free(&l);
+}
+
+static void auth(void) {
+    gw_auth a = {0};
+    int who;
+    CHECK(gw_auth_check(&a, NULL, &who) && who == -1); /* no keys: open */
+    char path[] = "/tmp/gw_auth_testXXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    char longkey[400];
+    memset(longkey, 'k', sizeof longkey - 1);
+    longkey[sizeof longkey - 1] = 0;
+    fprintf(f, "# comment\n\n  alpha  \t\r\nbeta\n%s\n", longkey);
+    fclose(f);
+    char err[256];
+    CHECK_RC(gw_auth_load_file(&a, path, err, sizeof err), 0);
+    CHECK_INT(a.n, 3);
+    CHECK(gw_auth_check(&a, "Bearer alpha", &who) && who == 0);
+    CHECK(gw_auth_check(&a, "Bearer beta  ", &who) && who == 1);
+    char hdr[420];
+    snprintf(hdr, sizeof hdr, "Bearer %s", longkey);
+    CHECK(gw_auth_check(&a, hdr, &who) && who == 2); /* long keys are whole, not cut at 255 */
+    hdr[strlen(hdr) - 1] = 0;
+    CHECK(!gw_auth_check(&a, hdr, &who));
+    CHECK(!gw_auth_check(&a, "Bearer alph", &who));
+    CHECK(!gw_auth_check(&a, "Bearer alphaX", &who));
+    CHECK(!gw_auth_check(&a, "alpha", &who));
+    CHECK(!gw_auth_check(&a, NULL, &who) && who == -1);
+    CHECK(strcmp(gw_auth_tag(&a, 0), "alpha") && gw_auth_tag(&a, 0)[0] == '#'); /* logs carry a tag, never the key */
+    gw_auth_free(&a);
+    f = fopen(path, "w");
+    fprintf(f, "# only comments\n\n");
+    fclose(f);
+    CHECK_RC(gw_auth_load_file(&a, path, err, sizeof err), LLM_EINVAL); /* refuses to run open */
+    CHECK(strstr(err, "no API key") != NULL);
+    gw_auth_free(&a);
+    unlink(path);
+    CHECK_RC(gw_auth_add(&a, " \t", 2), LLM_EINVAL);
+    gw_auth_free(&a);
+}
+
+static void map(void) {
+    gw_map m = {0};
+    int vals[3000];
+    for (int i = 0; i < 3000; i++) CHECK_RC(gw_map_put(&m, (uint64_t)i * 7919 + 1, &vals[i]), 0);
+    int bad = 0;
+    for (int i = 0; i < 3000; i += 2) bad += gw_map_del(&m, (uint64_t)i * 7919 + 1) != &vals[i];
+    for (int i = 0; i < 3000; i++) bad += gw_map_get(&m, (uint64_t)i * 7919 + 1) != (i % 2 ? &vals[i] : NULL);
+    CHECK_INT(bad, 0);
+    CHECK_INT(m.n, 1500);
+    CHECK(gw_map_get(&m, 0) == NULL && gw_map_put(&m, 0, vals) == LLM_EINVAL);
+    gw_map_free(&m);
+}
+
+/* Two groups; B holds the first 3 blocks of the prompt in its cache. */
+static void route(void) {
+    gw *g = calloc(1, sizeof *g);
+    g->n_workers = 2;
+    g->conf.routing = GW_ROUTE_PREFIX;
+    g->conf.lambda = 8;
+    for (int i = 0; i < 2; i++) {
+        g->w[i].alive = g->w[i].ready = g->w[i].accepted = 1;
+        g->w[i].block_size = 4;
+    }
+    int32_t tok[20];
+    for (int i = 0; i < 20; i++) tok[i] = 100 + i;
+    uint64_t parent = CM_BLOCK_ROOT;
+    for (int b = 0; b < 3; b++) gw_keyset_add(&g->w[1].cached, parent = cm_block_key(parent, 0, tok + 4 * b, 4));
+    int hit;
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 1);
+    CHECK_INT(hit, 12);
+    g->w[1].inflight = 1; /* 12 cached tokens - 8 x 1 queued = 4 > 0 */
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 1);
+    g->w[1].inflight = 2; /* 12 - 16 < 0: the idle group wins, balance over affinity */
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 0);
+    CHECK_INT(hit, 0);
+    CHECK_INT(gw_route(g, tok, 20, 7, -1, &hit), 0); /* another cache salt: no hit anywhere */
+    g->w[1].inflight = 0;
+    g->w[1].ready = 0; /* draining: never picked */
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 0);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, &hit), -1); /* the only routable group excluded */
+    g->w[1].ready = 1;
+    g->w[0].accepted = 0; /* serves another model */
+    CHECK_INT(gw_route(g, tok, 20, 0, 1, &hit), -1);
+    g->w[0].accepted = 1;
+    g->conf.routing = GW_ROUTE_ROUND_ROBIN;
+    int a = gw_route(g, tok, 20, 0, -1, &hit), b = gw_route(g, tok, 20, 0, -1, &hit);
+    CHECK(a != b);
+    for (int i = 0; i < 2; i++) free(g->w[i].cached.k);
+    free(g);
+}
+
+static void conf(void) {
+    gw_conf c;
+    char *ok[] = {"gw", "--port", "9000", "--api-key", "a", "--api-key", "b", "--routing", "least-load", "--no-log-requests"};
+    CHECK_INT(gw_conf_parse(&c, 10, ok), 0);
+    CHECK_INT(c.port, 9000);
+    CHECK_INT(c.n_api_keys, 2);
+    CHECK_INT(c.routing, GW_ROUTE_LEAST_LOAD);
+    CHECK_INT(c.log_requests, 0);
+    CHECK(c.shutdown_timeout == 30 && c.max_body == 8388608); /* defaults from the table */
+    gw_conf_free(&c);
+    char *bad[] = {"gw", "--idle-timeout", "soon"};
+    fprintf(stderr, "(the next line is the refusal under test)\n");
+    CHECK_INT(gw_conf_parse(&c, 3, bad), 2);
+    gw_conf_free(&c);
+    CHECK(gw_conf_find("idle-timeout") && !gw_conf_find("no-such-flag"));
+}
+
+/* The response JSON, chat and completions, streamed and whole, against
+ * goldens: both the gateway and generate --batch emit exactly these. */
+static void responses(void) {
+    cm_tokenizer *t;
+    CHECK_RC(cm_tok_synthetic(300, &t), 0);
+    cm_oai_completion req;
+    char err[256];
+    const char *param;
+    const char body[] = "{\"prompt\":\"hi\",\"logprobs\":1,\"n\":1}";
+    CHECK_RC(cm_oai_parse_completion(body, sizeof body - 1, &req, err, sizeof err, &param), 0);
+    cm_oai_result r;
+    cm_oai_result_init(&r, &req, "cmpl-1", "m", 7, NULL, 0);
+    r.prompt_tokens = 2;
+    cm_oai_lp lp[2] = {{3 + 'a', -0.5f, 1, {{3 + 'b', -1.0f}}}, {3 + 'c', -0.25f, 0, {{0}}}};
+    CHECK_RC(cm_oai_result_add(&r, 0, "ac", 2, lp, 2, t), 0);
+    r.ch[0].finish = CM_OAI_FINISH_LENGTH;
+    r.ch[0].completion_tokens = 2;
+    CHECK(cm_oai_result_done(&r));
+    json_t *j = cm_oai_response_json(&r, t);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    const char *want =
+        "{\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"logprobs\":{\"text_offset\":[0,1],\"token_logprobs\":[-0.5,"
+        "-0.25],\"tokens\":[\"a\",\"c\"],\"top_logprobs\":[{\"b\":-1.0},{}]},\"text\":\"ac\"}],\"created\":7,\"id\":\"cmpl-1\","
+        "\"model\":\"m\",\"object\":\"text_completion\",\"usage\":{\"completion_tokens\":2,\"prompt_tokens\":2,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":0},\"total_tokens\":4}}";
+    CHECK(s && !strcmp(s, want));
+    if (s && strcmp(s, want)) fprintf(stderr, "got  %s\nwant %s\n", s, want);
+    free(s);
+    json_decref(j);
+    cm_oai_result_free(&r);
+    /* echo: the text starts with the prompt and offsets count it */
+    req.echo = 1;
+    req.logprobs = -1;
+    cm_oai_result_init(&r, &req, "cmpl-2", "m", 7, "hi", 2);
+    cm_oai_result_add(&r, 0, "!", 1, NULL, 0, t);
+    CHECK(r.ch[0].len == 3 && !memcmp(r.ch[0].text, "hi!", 3));
+    cm_oai_result_free(&r);
+    cm_oai_completion_free(&req);
+    /* a streamed chat: the role once, then content deltas, the finish, usage */
+    const char cbody[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,"
+                         "\"stream_options\":{\"include_usage\":true}}";
+    CHECK_RC(cm_oai_parse_chat(cbody, sizeof cbody - 1, &req, err, sizeof err, &param), 0);
+    cm_oai_result_init(&r, &req, "chatcmpl-3", "m", 9, NULL, 0);
+    const char *gold[] = {
+        "{\"choices\":[{\"delta\":{\"content\":\"He\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0,\"logprobs\":null}],"
+        "\"created\":9,\"id\":\"chatcmpl-3\",\"model\":\"m\",\"object\":\"chat.completion.chunk\"}",
+        "{\"choices\":[{\"delta\":{\"content\":\"y\"},\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null}],"
+        "\"created\":9,\"id\":\"chatcmpl-3\",\"model\":\"m\",\"object\":\"chat.completion.chunk\"}"};
+    json_t *c1 = cm_oai_chunk_json(&r, 0, "He", 2, NULL, 0, 0, t);
+    CHECK(cm_oai_chunk_json(&r, 0, "", 0, NULL, 0, 0, t) == NULL); /* nothing new: no event */
+    json_t *c2 = cm_oai_chunk_json(&r, 0, "y", 1, NULL, 0, CM_OAI_FINISH_STOP, t);
+    json_t *cs[2] = {c1, c2};
+    for (int i = 0; i < 2; i++) {
+        s = json_dumps(cs[i], JSON_COMPACT | JSON_SORT_KEYS);
+        CHECK(s && !strcmp(s, gold[i]));
+        if (s && strcmp(s, gold[i])) fprintf(stderr, "got  %s\nwant %s\n", s, gold[i]);
+        free(s);
+        json_decref(cs[i]);
+    }
+    r.prompt_tokens = 5;
+    r.ch[0].completion_tokens = 2;
+    j = cm_oai_usage_chunk_json(&r);
+    CHECK(json_array_size(json_object_get(j, "choices")) == 0 &&
+          json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")) == 7);
+    json_decref(j);
+    /* invalid UTF-8 from a model still makes valid JSON */
+    j = cm_oai_jbytes("a\xff" "b", 3);
+    CHECK(j && !strcmp(json_string_value(j), "a\xef\xbf\xbd" "b"));
+    json_decref(j);
+    j = cm_oai_error_json(429, "slow down", NULL, "rate_limit_exceeded");
+    s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    CHECK(s && !strcmp(s, "{\"error\":{\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"param\":null,"
+                          "\"type\":\"rate_limit_error\"}}"));
+    free(s);
+    json_decref(j);
+    cm_oai_result_free(&r);
+    cm_oai_completion_free(&req);
+    /* fields not honoured are refused by name; \u0000 is accepted */
+    struct { const char *body, *param; } refused[] = {
+        {"{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", "stream_options"},
+        {"{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools"},
+        {"{\"prompt\":\"x\",\"guided_json\":{}}", "guided_json"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int chat = refused[i].body[2] == 'm';
+        int rc = chat ? cm_oai_parse_chat(refused[i].body, strlen(refused[i].body), &req, err, sizeof err, &param)
+                      : cm_oai_parse_completion(refused[i].body, strlen(refused[i].body), &req, err, sizeof err, &param);
+        CHECK_RC(rc, LLM_EINVAL);
+        CHECK(param && !strcmp(param, refused[i].param));
+    }
+    const char nul[] = "{\"prompt\":\"a\\u0000b\"}";
+    CHECK_RC(cm_oai_parse_completion(nul, sizeof nul - 1, &req, err, sizeof err, &param), 0);
+    CHECK(req.prompt_len == 3 && req.prompt[1] == 0);
+    cm_oai_completion_free(&req);
+    const char nulc[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}";
+    CHECK_RC(cm_oai_parse_chat(nulc, sizeof nulc - 1, &req, err, sizeof err, &param), 0);
+    CHECK(!strcmp(req.messages[0].content, "a\xef\xbf\xbd" "b"));
+    cm_oai_completion_free(&req);
+    cm_tok_free(t);
+}
+
+int main(void) {
+    limits();
+    auth();
+    map();
+    route();
+    conf();
+    responses();
+    return tst_done("gateway_test");
+}
