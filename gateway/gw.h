@@ -91,6 +91,7 @@ typedef struct gw {
     gw_model *model;             /* NULL until a worker's ModelInfo (or an override) */
     char served[256];            /* the API's model name ("" until known) */
     int max_model_len;           /* smallest of the usable groups' */
+    double settled_at;           /* last time an accepted group was alive: the model holds GW_MODEL_HOLD_S past it */
     /* workers (gw_pool) */
     gw_worker w[GW_MAX_WORKERS];
     int n_workers, rr, tick;

@@ -48,12 +48,13 @@ static void update_max_len(gw *g) {
     g->max_model_len = m;
 }
 
-/* Whether any group but i is alive and accepted: then the model is settled
- * and a group serving another one is refused rather than followed. */
-static int others_settled(const gw *g, int i) {
+/* Whether the model this gateway serves is settled: some accepted group is
+ * alive, or was within GW_MODEL_HOLD_S. Then a group serving another one is
+ * refused rather than followed. */
+static int held(const gw *g) {
     for (int k = 0; k < g->n_workers; k++)
-        if (k != i && g->w[k].alive && g->w[k].accepted && !g->w[k].gone) return 1;
-    return 0;
+        if (g->w[k].alive && g->w[k].accepted && !g->w[k].gone) return 1;
+    return g->settled_at > 0 && gw_now() - g->settled_at < GW_MODEL_HOLD_S;
 }
 
 static void refuse(gw *g, int i, const char *why) {
@@ -71,7 +72,7 @@ static void accept_worker(gw *g, int i) {
     w->accepted = 1;
     w->refused[0] = 0;
     if (g->model && g->model->override) return; /* the name came with the override */
-    if (!g->served[0] || !others_settled(g, i))
+    if (!g->served[0])
         snprintf(g->served, sizeof g->served, "%s", g->conf.served_name ? g->conf.served_name : w->model);
 }
 
@@ -79,7 +80,7 @@ static void accept_worker(gw *g, int i) {
 static int name_ok(gw *g, int i) {
     if (g->model && g->model->override) return g->conf.served_name || !strcmp(g->w[i].model, g->served);
     const char *want = g->conf.served_name ? g->conf.served_name : g->served;
-    if (!want[0] || !others_settled(g, i)) return 1;
+    if (!want[0] || !held(g)) return 1;
     if (g->conf.served_name) return 1; /* an alias: the groups behind it are the operator's choice */
     return !strcmp(g->w[i].model, want);
 }
@@ -114,7 +115,7 @@ static void judge(gw *g, int i) {
         accept_worker(g, i);
         return;
     }
-    if (g->model && (g->model->override || others_settled(g, i))) {
+    if (g->model && (g->model->override || held(g))) {
         snprintf(why, sizeof why, "its tokenizer (%016llx) differs from the %s (%016llx) under model name '%s'",
                  (unsigned long long)w->tok_fp, g->model->override ? "one this gateway was given" : "other groups'",
                  (unsigned long long)g->model->fp, w->model);
@@ -152,7 +153,7 @@ static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
         return;
     }
     w->tok_fp = fp;
-    if (g->model && (g->model->override || others_settled(g, i))) {
+    if (g->model && (g->model->override || held(g))) {
         cm_tok_free(tok);
         judge(g, i); /* refuses, with the reason */
         return;
@@ -208,6 +209,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
         w->gpu_bytes = h->stats->has_gpu_memory_used_bytes ? h->stats->gpu_memory_used_bytes : 0;
     }
     judge(g, i);
+    if (w->accepted) g->settled_at = gw_now();
     update_max_len(g);
 }
 

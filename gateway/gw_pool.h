@@ -13,6 +13,11 @@
 #include "gw.h"
 
 #define GW_LIVENESS_S 3.0
+/* A gateway keeps the model it serves while an accepted group is alive and
+ * this long after the last one was: a group with another tokenizer is
+ * refused meanwhile, and only then may the gateway follow it (a whole
+ * cluster moved to a new model under the same name). */
+#define GW_MODEL_HOLD_S 30.0
 
 int gw_pool_start(gw *g, char *err, size_t errlen);
 void gw_pool_stop(gw *g);

