@@ -392,6 +392,11 @@ static void on_complete(struct evhttp_request *req, void *arg) {
     struct evhttp_connection *evc = evhttp_request_get_connection(req);
     cstate *cs = evc ? gw_map_get(&h->cons, (uint64_t)(uintptr_t)evhttp_connection_get_bufferevent(evc)) : NULL;
     if (cs && cs->phase == P_HANDLING) cs->phase = P_IDLE; /* keep-alive: the next request's header starts its clock */
+    if (evc) { /* idle between requests: evhttp's inactivity timeout again */
+        double t = h->o.header_timeout;
+        struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
+        evhttp_connection_set_timeout_tv(evc, &tv);
+    }
 }
 
 /* The header checks evhttp does not make. NULL when fine. */
@@ -430,6 +435,10 @@ static void on_request(struct evhttp_request *req, void *arg) {
     c->evc = evc;
     evhttp_request_set_on_complete_cb(req, on_complete, h);
     evhttp_connection_set_closecb(evc, on_close, c);
+    /* while it is answered the request's own deadlines govern (gw_req): a
+     * stream may wait for its first token longer than a header may take */
+    struct timeval day = {86400, 0};
+    evhttp_connection_set_timeout_tv(evc, &day);
     const char *bad = bad_header(req, cs);
     if (bad) {
         gw_http_header(c, "Connection", "close");

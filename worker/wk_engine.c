@@ -4,6 +4,7 @@
 #include "cm_log.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,8 @@ typedef struct {
 } out_rec;
 
 struct wk_engine {
+    pthread_t owner;             /* the one thread that may change it (the first to call in) */
+    int owned;
     wk_model *m;
     wk_engine_opts o;
     wk_cache *cache;
@@ -308,7 +311,17 @@ static void remove_from(wk_seq **q, int *n, wk_seq *s) {
 
 /* ---- outputs ------------------------------------------------------------ */
 
+/* Every entry that changes the engine comes through here: the engine has
+ * one owner thread, and a second one is a bug that would corrupt it quietly,
+ * so it stops the process loudly instead. */
 static void out_begin(wk_engine *e) {
+    if (!e->owned) {
+        e->owner = pthread_self();
+        e->owned = 1;
+    } else if (!pthread_equal(e->owner, pthread_self())) {
+        CM_ERR("wk_engine touched from a second thread: the engine has one owner");
+        abort();
+    }
     if (!e->drained) return;
     e->n_outs = e->n_otok = e->n_olp = 0;
     e->n_otext = 0;

@@ -9,7 +9,10 @@
 #include "wk_engine.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -429,6 +432,34 @@ static void test_abort_and_errors(void) {
     CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), LLM_ERANGE);
 }
 
+static void *touch_from_another_thread(void *e) {
+    wk_engine_abort(e, 1);
+    return NULL;
+}
+
+/* The engine has one owner thread: a call from a second one stops the
+ * process (in a child here) instead of corrupting it quietly. */
+static void test_one_owner(void) {
+    wk_engine_opts o;
+    opts(&o, 64, 4);
+    wk_engine *e;
+    char err[256];
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    wk_engine_abort(e, 1); /* an unknown id: this thread is now the owner */
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        pthread_t t;
+        pthread_create(&t, NULL, touch_from_another_thread, e);
+        pthread_join(t, NULL);
+        _exit(0); /* not reached when the check works */
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    wk_engine_free(e);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || access(argv[1], R_OK) != 0) {
         fprintf(stderr, "engine_test: model %s not found; run tools/setup.sh to fetch it\n", argc > 1 ? argv[1] : "?");
@@ -451,6 +482,7 @@ int main(int argc, char **argv) {
     /* vary the repeats so slices are not all alike */
     for (size_t i = n1; i < n_corpus; i += 17) corpus[i] = one[(i * 7) % n1];
     free(one);
+    test_one_owner();
     test_abort_and_errors();
     test_sampling();
     test_prefix_cache();
