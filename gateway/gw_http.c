@@ -153,6 +153,10 @@ static void cstate_free(void *ctx) {
     cstate *cs = ctx;
     gw_http *h = cs->h;
     if (cs->flush) event_free(cs->flush);
+    if (!h) { /* the server went first (gw_http_free): only the state is left */
+        free(cs);
+        return;
+    }
     gw_map_del(&h->cons, (uint64_t)(uintptr_t)cs->bev);
     if (cs->prev) cs->prev->next = cs->next;
     else h->list = cs->next;
@@ -510,7 +514,18 @@ fail:
 
 void gw_http_free(gw_http *h) {
     if (!h) return;
-    if (h->http) evhttp_free(h->http); /* closes connections: their cstates go with them */
+    if (h->http) evhttp_free(h->http);
+    /* evhttp_free closes the connections, but libevent frees their
+     * bufferevents (and calls cstate_free) later, as late as event_base_free:
+     * cut the states loose from the server that is about to go */
+    for (cstate *cs = h->list, *next; cs; cs = next) {
+        next = cs->next;
+        if (cs->flush) event_free(cs->flush);
+        cs->flush = NULL;
+        cs->h = NULL;
+        cs->prev = cs->next = NULL;
+    }
+    h->list = NULL;
     if (h->tick) event_free(h->tick);
     if (h->resume) event_free(h->resume);
     gw_map_free(&h->cons);

@@ -120,6 +120,7 @@ static void adversarial(const cm_tokenizer *t, const char *name, size_t mb) {
     CHECK_RC(cm_tok_encode_limit(t, s, 600, 0, 1, 1000, &ids, &ni), 0);
     CHECK_RC(cm_tok_encode(t, s, 600, 0, 1, &full, &nf), 0);
     CHECK(ni == nf && memcmp(ids, full, ni * sizeof *ids) == 0);
+    free(ids);
     CHECK_RC(cm_tok_encode_limit(t, s, 600, 0, 1, nf, &ids, &ni), 0); /* exactly at the limit is fine */
     free(ids);
     free(full);
