@@ -21,7 +21,12 @@
 #include <unistd.h>
 
 /* Where a connection is in reading its current request. */
-enum { P_IDLE = 0, P_HEADER, P_BODY, P_HANDLING, P_CLOSING };
+enum { P_IDLE = 0, P_HEADER, P_BODY, P_HANDLING, P_DISCARD, P_CLOSING };
+
+/* A body refused as too large is read and thrown away, so that the client
+ * reads the 413 rather than a reset: at most this much, or until the body
+ * deadline, then the connection closes. */
+#define GW_DISCARD_MAX (64u << 20)
 
 typedef struct cstate {
     struct cstate *prev, *next;
@@ -29,6 +34,10 @@ typedef struct cstate {
     struct bufferevent *bev;     /* the filter evhttp reads through */
     int phase, lines, linelen, cr, bad;
     double deadline;
+    char key[16];                /* the current header line's name, lower case (Content-Length spotting) */
+    int keylen, in_value, is_cl;
+    uint64_t clen;               /* the largest Content-Length in this header */
+    uint64_t discard_left;       /* P_DISCARD: bytes still to throw away */
     struct event *flush;         /* moves queued output on, after evhttp turned writing on */
 } cstate;
 
@@ -89,14 +98,65 @@ static void listener_pause(gw_http *h, int on) {
     else if (!h->paused_cap && !h->paused_fd) evconnlistener_enable(h->lst);
 }
 
+/* A 413 in OpenAI's JSON shape, written to the socket by the filter: evhttp
+ * would answer the same Content-Length with an HTML page. */
+static void refuse_too_large(cstate *cs) {
+    struct bufferevent *u = bufferevent_get_underlying(cs->bev);
+    int fd = u ? bufferevent_getfd(u) : -1;
+    char msg[128], head[256];
+    snprintf(msg, sizeof msg, "the request body (%llu bytes) is larger than --max-body-bytes %zu",
+             (unsigned long long)cs->clen, cs->h->o.max_body);
+    json_t *j = cm_oai_error_json(413, msg, NULL, "request_too_large");
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    size_t bl = body ? strlen(body) : 0;
+    int hl = snprintf(head, sizeof head, "HTTP/1.1 413 %s\r\nContent-Type: application/json\r\nServer: llmserve\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", gw_http_reason(413), bl + 1);
+    if (fd >= 0 && body) { /* small: the socket's buffer takes it whole */
+        (void)!send(fd, head, (size_t)hl, MSG_NOSIGNAL);
+        (void)!send(fd, body, bl, MSG_NOSIGNAL);
+        (void)!send(fd, "\n", 1, MSG_NOSIGNAL);
+        shutdown(fd, SHUT_WR);
+    }
+    free(body);
+    if (cs->h->o.on_status) cs->h->o.on_status(cs->h->o.ctx, 413);
+    cs->phase = P_DISCARD;
+    cs->discard_left = cs->clen < GW_DISCARD_MAX ? cs->clen : GW_DISCARD_MAX;
+    cs->deadline = now_s() + cs->h->o.body_timeout;
+}
+
+/* One byte of a header line: spots Content-Length and reads its digits
+ * (its form is checked later, by bad_header). */
+static void header_byte(cstate *cs, unsigned char c) {
+    if (!cs->in_value) {
+        if (c == ':') {
+            cs->in_value = 1;
+            cs->is_cl = cs->keylen == 14 && !memcmp(cs->key, "content-length", 14);
+            if (cs->is_cl) cs->clen = 0;
+        } else if (cs->keylen < (int)sizeof cs->key) {
+            cs->key[cs->keylen++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+        } else {
+            cs->keylen = (int)sizeof cs->key + 1; /* too long to be Content-Length */
+        }
+    } else if (cs->is_cl && c >= '0' && c <= '9') {
+        cs->clen = cs->clen > (UINT64_MAX - 9) / 10 ? UINT64_MAX : cs->clen * 10 + (uint64_t)(c - '0');
+    }
+}
+
 /* Sees every byte a client sends before evhttp does: times the header and
- * the body, and marks headers with a NUL byte or a bare CR, which evhttp
- * would cut silently. O(1) per byte, only while a header is being read. */
+ * the body, marks headers with a NUL byte or a bare CR, which evhttp would
+ * cut silently, and answers a Content-Length over the limit itself. O(1)
+ * per byte, only while a header is being read. */
 static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
                                                 enum bufferevent_flush_mode mode, void *ctx) {
     cstate *cs = ctx;
     (void)lim;
     (void)mode;
+    if (!cs->h || cs->phase == P_CLOSING) {
+        evbuffer_drain(src, evbuffer_get_length(src));
+        return BEV_OK;
+    }
+    size_t used = 0; /* bytes of src scanned, up to the header's end */
     if (cs->phase == P_IDLE || cs->phase == P_HEADER) {
         int nv = evbuffer_peek(src, -1, NULL, NULL, 0);
         struct evbuffer_iovec v[64];
@@ -105,10 +165,13 @@ static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evb
             const unsigned char *p = v[i].iov_base;
             for (size_t k = 0; k < v[i].iov_len; k++) {
                 unsigned char c = p[k];
+                used++;
                 if (cs->phase == P_IDLE) {
                     cs->phase = P_HEADER;
                     cs->deadline = now_s() + cs->h->o.header_timeout;
                     cs->lines = cs->linelen = cs->cr = cs->bad = 0;
+                    cs->keylen = cs->in_value = cs->is_cl = 0;
+                    cs->clen = 0;
                 }
                 if (c == '\n') {
                     if (cs->linelen == 0 && cs->lines > 0) { /* the empty line: the header is whole */
@@ -118,14 +181,33 @@ static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evb
                     }
                     if (cs->linelen) cs->lines++;
                     cs->linelen = cs->cr = 0;
+                    cs->keylen = cs->in_value = cs->is_cl = 0;
                     continue;
                 }
                 if (cs->cr) cs->bad = 1; /* CR not before LF */
                 cs->cr = c == '\r';
                 if (c == 0) cs->bad = 1;
-                if (c != '\r') cs->linelen++;
+                if (c != '\r') {
+                    cs->linelen++;
+                    if (cs->lines > 0) header_byte(cs, c); /* not on the request line */
+                }
             }
         }
+        if (cs->phase == P_BODY && cs->clen > cs->h->o.max_body) {
+            refuse_too_large(cs);
+            evbuffer_drain(src, used); /* evhttp never sees the header's end */
+        }
+    }
+    if (cs->phase == P_DISCARD) {
+        size_t n = evbuffer_get_length(src);
+        if (n > cs->discard_left) n = (size_t)cs->discard_left;
+        evbuffer_drain(src, evbuffer_get_length(src));
+        cs->discard_left -= n;
+        if (cs->discard_left == 0) {
+            cs->phase = P_CLOSING;
+            bufferevent_trigger_event(cs->bev, BEV_EVENT_READING | BEV_EVENT_EOF, BEV_TRIG_DEFER_CALLBACKS);
+        }
+        return BEV_OK;
     }
     evbuffer_add_buffer(dst, src);
     return BEV_OK;
@@ -219,8 +301,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     (void)what;
     double t = now_s();
     for (cstate *cs = h->list; cs; cs = cs->next) {
-        if ((cs->phase != P_HEADER && cs->phase != P_BODY) || t < cs->deadline) continue;
-        CM_DEBUG("closing a connection: its %s took longer than its deadline", cs->phase == P_HEADER ? "header" : "body");
+        if ((cs->phase != P_HEADER && cs->phase != P_BODY && cs->phase != P_DISCARD) || t < cs->deadline) continue;
+        CM_DEBUG("closing a connection: its %s took longer than its deadline",
+                 cs->phase == P_HEADER ? "header" : cs->phase == P_BODY ? "body" : "refused body");
         cs->phase = P_CLOSING;
         /* as evhttp's own read timeout does: it frees the connection (deferred: not inside this walk) */
         bufferevent_trigger_event(cs->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, BEV_TRIG_DEFER_CALLBACKS);
