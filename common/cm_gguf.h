@@ -58,8 +58,15 @@ typedef struct cm_gguf {
 } cm_gguf;
 
 /* Maps and parses a file. On failure returns an LLM_E* code and, if err is
- * non-NULL, writes one line saying what and where. */
+ * non-NULL, writes one line that names the file and says what and where. */
 int cm_gguf_open(const char *path, cm_gguf **out, char *err, size_t errlen);
+/* Maps a whole regular file read-only. A FIFO, device or directory is
+ * refused without blocking (opened O_NONBLOCK, checked with fstat); so is a
+ * file shorter than min_size. err does not name the file. */
+int cm_map_file(const char *path, size_t min_size, void **map, size_t *size, char *err, size_t errlen);
+/* cm_gguf_open_mem over a cm_map_file mapping, which the result then owns
+ * (unmapped on close, and on failure). */
+int cm_gguf_open_mapped(void *map, size_t size, cm_gguf **out, char *err, size_t errlen);
 /* Same over caller-owned memory (tests, fuzzing); data must outlive the result. */
 int cm_gguf_open_mem(const void *data, size_t size, cm_gguf **out, char *err, size_t errlen);
 void cm_gguf_close(cm_gguf *g);

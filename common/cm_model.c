@@ -238,38 +238,19 @@ int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errle
     cm_model_file *m = calloc(1, sizeof *m);
     if (!m) return LLM_ENOMEM;
     snprintf(m->path, sizeof m->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(e, sizeof e, "cannot open: %s", strerror(errno));
-        rc = LLM_EIO;
-        goto fail;
-    }
+    void *map;
+    size_t size;
+    if ((rc = cm_map_file(path, 1, &map, &size, e, sizeof e))) goto fail;
     uint32_t magic = 0;
-    ssize_t got = read(fd, &magic, 4);
-    close(fd);
-    if (got == 4 && magic == 0x46554747u) {
+    if (size >= 4) memcpy(&magic, map, 4);
+    if (magic == 0x46554747u) {
         m->format = CM_FMT_GGUF;
-        if ((rc = cm_gguf_open(path, &m->gguf, e, sizeof e))) goto fail;
+        if ((rc = cm_gguf_open_mapped(map, size, &m->gguf, e, sizeof e))) goto fail;
         if ((rc = config_from_gguf(m, e, sizeof e))) goto fail;
     } else {
         m->format = CM_FMT_LLAMA2C;
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-            if (fd >= 0) close(fd);
-            snprintf(e, sizeof e, "not a regular non-empty file");
-            rc = LLM_EIO;
-            goto fail;
-        }
-        m->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        close(fd);
-        if (m->map == MAP_FAILED) {
-            m->map = NULL;
-            snprintf(e, sizeof e, "mmap failed: %s", strerror(errno));
-            rc = LLM_EIO;
-            goto fail;
-        }
-        m->map_size = (size_t)st.st_size;
+        m->map = map;
+        m->map_size = size;
         if ((rc = open_llama2c(m, e, sizeof e))) goto fail;
     }
     if ((rc = cm_model_validate_config(&m->cfg, e, sizeof e))) goto fail;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct {
@@ -243,11 +244,79 @@ static void files(void) {
     free(b.p);
 }
 
+/* 200,000 one-element tensors: the names are checked for duplicates in
+ * linear time (pairwise took minutes), and a duplicate at the very end is
+ * still found. */
+static void many_tensors(void) {
+    enum { N = 200000 };
+    for (int dup = 0; dup < 2; dup++) {
+        buf b = {0};
+        u32(&b, 0x46554747u);
+        u32(&b, 3);
+        u64(&b, N);
+        u64(&b, 1);
+        key(&b, "general.architecture", CM_GGUF_STRING); str(&b, "llama");
+        char name[32];
+        for (int i = 0; i < N; i++) {
+            snprintf(name, sizeof name, "t.%d", dup && i == N - 1 ? 7 : i);
+            str(&b, name); u32(&b, 1); u64(&b, 8); u32(&b, CM_F32); u64(&b, (uint64_t)i * 32);
+        }
+        while (b.n % 32) put(&b, "", 1);
+        uint8_t z[32] = {0};
+        for (int i = 0; i < N; i++) put(&b, z, 32);
+        cm_gguf *g;
+        char err[256] = "";
+        double t0 = tst_now();
+        int rc = cm_gguf_open_mem(b.p, b.n, &g, err, sizeof err);
+        double dt = tst_now() - t0;
+        printf("%d tensors%s: opened in %.3f s (rc %d%s%s)\n", N, dup ? " with one duplicate" : "", dt, rc,
+               rc ? ": " : "", err);
+        CHECK(dt < 20); /* a stall guard, not a benchmark: pairwise checking took over a minute */
+        if (dup) {
+            CHECK_RC(rc, LLM_EFORMAT);
+            CHECK(strstr(err, "duplicate tensor name 't.7'") != NULL);
+        } else {
+            CHECK_RC(rc, 0);
+            if (!rc) {
+                CHECK(g->n_tensors == N);
+                cm_gguf_close(g);
+            }
+        }
+        free(b.p);
+    }
+}
+
+/* A FIFO (or any non-regular path) is refused at once: open() without
+ * O_NONBLOCK waits forever for a writer. Errors name the file. */
+static void special_paths(void) {
+    char dir[] = "/tmp/llmserve_gguf_fifoXXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "%s/model.gguf", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    char err[512] = "";
+    cm_model_file *m;
+    cm_gguf *g;
+    CHECK_RC(cm_model_open(fifo, &m, err, sizeof err), LLM_EIO);
+    CHECK(strstr(err, fifo) && strstr(err, "not a regular file"));
+    printf("fifo -> %s\n", err);
+    CHECK_RC(cm_gguf_open(fifo, &g, err, sizeof err), LLM_EIO);
+    CHECK(strstr(err, fifo) && strstr(err, "not a regular file"));
+    CHECK(cm_model_open(dir, &m, err, sizeof err) < 0 && strstr(err, dir));
+    printf("directory -> %s\n", err);
+    CHECK_RC(cm_gguf_open("/dev/null", &g, err, sizeof err), LLM_EIO);
+    CHECK(strstr(err, "/dev/null") != NULL);
+    unlink(fifo);
+    rmdir(dir);
+}
+
 int main(void) {
     valid(3);
     valid(2);
     hostile();
     corrupt();
     files();
+    many_tensors();
+    special_paths();
     return tst_done("gguf_test");
 }

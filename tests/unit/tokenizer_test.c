@@ -17,12 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Export -> import gives a tokenizer that encodes every case to the same ids,
  * with the same fingerprint, and whose own export is byte-identical. */
 static void check_export(const cm_tokenizer *t, const char *const *cases, int n_cases) {
@@ -89,9 +83,9 @@ static void adversarial(const cm_tokenizer *t, const char *name, size_t mb) {
         s[n] = 0;
         int32_t *ids;
         size_t ni;
-        double t0 = now_s();
+        double t0 = tst_now();
         int rc = cm_tok_encode(t, s, n, 0, 1, &ids, &ni);
-        double dt = now_s() - t0;
+        double dt = tst_now() - t0;
         CHECK_RC(rc, 0);
         if (rc) continue;
         char *back = cm_tok_decode(t, ids, ni, 1);

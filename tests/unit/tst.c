@@ -1,6 +1,7 @@
 #include "tst.h"
 
 #include <math.h>
+#include <time.h>
 
 int tst_failures, tst_checks;
 
@@ -12,6 +13,12 @@ double tst_rel_l2(const float *got, const float *want, size_t n) {
         s += (double)want[i] * want[i];
     }
     return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+double tst_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int tst_done(const char *name) {

@@ -58,6 +58,9 @@ extern int tst_failures, tst_checks;
 /* Relative L2 error of got against want (NaN in got: 1e9, never passes). */
 double tst_rel_l2(const float *got, const float *want, size_t n);
 
+/* Monotonic seconds: for printed figures and stall guards, not benchmarks. */
+double tst_now(void);
+
 /* Prints the summary line ctest logs and returns the exit code. */
 int tst_done(const char *name);
 
