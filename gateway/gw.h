@@ -57,6 +57,7 @@ typedef struct {
     int max_model_len, block_size, vocab;
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
+    uint64_t gateways_dropped, aborted_on_drop, messages_refused; /* the group's own counts, all its gateways */
     gw_keyset cached;
     uint64_t routed, routed_hit_tokens;
 } gw_worker;

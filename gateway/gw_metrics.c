@@ -139,6 +139,12 @@ char *gw_metrics_text(const gw *g, size_t *len) {
     WCOUNTER("prefix_cache_hits_total", "Prefix cache hits, in tokens.", g->w[i].prefix_hits)
     WCOUNTER("num_preemptions_total", "Sequences preempted on the group.", g->w[i].preemptions)
     WCOUNTER("routed_total", "Requests routed to the group.", g->w[i].routed)
+    WCOUNTER("worker_gateways_dropped_total", "Gateways the group stopped serving (no heartbeat, not reading).",
+             g->w[i].gateways_dropped)
+    WCOUNTER("worker_requests_aborted_on_drop_total", "Requests ended because the group dropped their gateway.",
+             g->w[i].aborted_on_drop)
+    WCOUNTER("worker_messages_refused_total", "Messages the group refused: malformed, or over its receive queue.",
+             g->w[i].messages_refused)
 #undef GAUGE
 #undef WCOUNTER
     vllm_gauges(g, o);

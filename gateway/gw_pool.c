@@ -207,6 +207,9 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
         w->blocks_free = (uint64_t)h->stats->blocks_free;
         w->rss_bytes = h->stats->rss_bytes;
         w->gpu_bytes = h->stats->has_gpu_memory_used_bytes ? h->stats->gpu_memory_used_bytes : 0;
+        w->gateways_dropped = h->stats->gateways_dropped;
+        w->aborted_on_drop = h->stats->requests_aborted_on_drop;
+        w->messages_refused = h->stats->messages_refused;
     }
     judge(g, i);
     if (w->accepted) g->settled_at = gw_now();

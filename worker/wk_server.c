@@ -60,7 +60,28 @@ typedef struct {
     size_t tok_len;
     uint64_t tok_fp;
     int draining;                /* SIGTERM: no new requests, running ones finish */
+    /* The receiving thread decodes every message as it arrives, notes that
+     * its gateway is alive, and queues it (under mu); the loop drains the
+     * whole queue before each step. So control messages wait for at most one
+     * step, never for one message per step. */
+    pthread_t rx;
+    pthread_cond_t rx_cv;
+    struct rxmsg *rx_head, *rx_tail;
+    int rx_n;
+    volatile int rx_stop;
+    uint64_t rx_refused;         /* Generates refused: the queue was full */
+    uint64_t gw_dropped, aborted_on_drop;
 } server;
+
+typedef struct rxmsg {
+    struct rxmsg *next;
+    pr_env *env;
+} rxmsg;
+
+/* Queued messages: Generates beyond RX_CAP are refused at once (the gateway
+ * retries elsewhere); anything beyond RX_HARD_CAP is dropped and counted. */
+#define RX_CAP 16384
+#define RX_HARD_CAP 65536
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -115,18 +136,28 @@ static void slot_free(server *s, slot *sl) {
  * full has stopped reading: it loses its requests rather than stalling all. */
 static void send_gw(server *s, int g, pr_env *env);
 
+static void send_error_chunk(server *s, int g, uint64_t rid, int code, const char *msg, int finish);
+
+/* Ends every request of a gateway. Each is reported to it (when it still
+ * reads), and all of them in the log and the counters. */
 static void drop_gateway(server *s, int g, const char *why) {
     gateway *gw = &s->gw[g];
     if (!gw->used) return;
     int aborted = 0;
+    char msg[160];
+    snprintf(msg, sizeof msg, "the worker ended this request: it dropped its gateway (%s)", why);
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (!sl->used || sl->gw != g) continue;
         wk_engine_abort(s->e, sl->eid);
+        send_error_chunk(s, g, sl->rid, LLM_EIO, msg, LLMSERVE__FINISH_REASON__FINISH_ERROR); /* no-op if not reading */
         slot_free(s, sl);
         aborted++;
     }
-    CM_WARN("gateway %s dropped (%s); %d requests aborted", gw->id, why, aborted);
+    s->gw_dropped++;
+    s->aborted_on_drop += (uint64_t)aborted;
+    CM_WARN("gateway %s dropped (%s); %d requests aborted%s", gw->id, why, aborted,
+            aborted && !gw->drop_due ? " and reported to it" : "");
     nng_close(gw->push);
     gw->used = 0;
     /* the abort outputs of its requests have no slot any more and are ignored */
@@ -162,6 +193,11 @@ static void send_error_chunk(server *s, int g, uint64_t rid, int code, const cha
     send_gw(s, g, &env);
 }
 
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 static void fill_stats(server *s, Llmserve__Stats *st) {
     wk_engine_stats es;
     wk_engine_get_stats(s->e, &es);
@@ -180,17 +216,14 @@ static void fill_stats(server *s, Llmserve__Stats *st) {
     SET(requests_aborted, es.requests_aborted);
     SET(kv_bytes, (uint64_t)es.blocks_total * wk_engine_options(s->e)->block_size * es.kv_bytes_per_token);
     SET(tp_size, (uint32_t)s->tp);
+    SET(gateways_dropped, s->gw_dropped);
+    SET(requests_aborted_on_drop, s->aborted_on_drop);
+    SET(messages_refused, s->rx_refused + s->dropped);
     int n = s->n_step < 1024 ? s->n_step : 1024;
     if (n) {
         float v[1024];
         memcpy(v, s->step_ms, sizeof(float) * (size_t)n);
-        /* insertion sort: at most 1024, on request only */
-        for (int i = 1; i < n; i++)
-            for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-                float t = v[j];
-                v[j] = v[j - 1];
-                v[j - 1] = t;
-            }
+        qsort(v, (size_t)n, sizeof *v, cmp_float);
         SET(step_ms_p50, v[n / 2]);
         SET(step_ms_p99, v[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1]);
     }
@@ -595,6 +628,93 @@ static void check_timeouts(server *s) {
     }
 }
 
+/* The gateway a message comes from, or NULL. */
+static const char *gateway_of(const pr_env *env) {
+    switch (env->body_case) {
+    case LLMSERVE__ENVELOPE__BODY_HELLO: return env->hello->gateway_id;
+    case LLMSERVE__ENVELOPE__BODY_GENERATE: return env->generate->gateway_id;
+    case LLMSERVE__ENVELOPE__BODY_CANCEL: return env->cancel->gateway_id;
+    case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: return env->stats_request->gateway_id;
+    case LLMSERVE__ENVELOPE__BODY_MODEL_INFO_REQUEST: return env->model_info_request->gateway_id;
+    default: return NULL;
+    }
+}
+
+/* The receiving thread: touches no engine state. */
+static void *receiver(void *arg) {
+    server *s = arg;
+    nng_socket_set_ms(s->pull, NNG_OPT_RECVTIMEO, 100);
+    while (!s->rx_stop) {
+        pr_env *env;
+        char e2[256];
+        uint32_t pv = 0;
+        int rc = pr_recv(s->pull, &env, 0, &pv, e2, sizeof e2);
+        if (rc == LLM_EAGAIN || rc == LLM_ETIMEDOUT) continue;
+        pthread_mutex_lock(&s->mu);
+        if (rc) {
+            s->dropped++;
+            pthread_mutex_unlock(&s->mu);
+            if (rc == LLM_EIO) { /* the socket itself failed: not a message; do not spin */
+                usleep(10000);
+                continue;
+            }
+            CM_WARN("bad message dropped: %s", e2);
+            continue;
+        }
+        const char *gid = gateway_of(env);
+        gateway *gw = gid ? find_gw(s, gid) : NULL;
+        if (gw && (env->body_case != LLMSERVE__ENVELOPE__BODY_HELLO || !strcmp(gw->reply, env->hello->reply_address)))
+            gw->last_heard = now_ms(); /* alive, whatever the loop is doing */
+        rxmsg *m = NULL;
+        int generate = env->body_case == LLMSERVE__ENVELOPE__BODY_GENERATE;
+        if (generate && s->rx_n >= RX_CAP) {
+            if (gw) send_error_chunk(s, (int)(gw - s->gw), env->generate->request_id, LLM_EAGAIN,
+                                     "worker overloaded: its receive queue is full", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+            s->rx_refused++;
+        } else if (s->rx_n >= RX_HARD_CAP || !(m = malloc(sizeof *m))) {
+            s->dropped++;
+        }
+        if (m) {
+            m->env = env;
+            m->next = NULL;
+            if (s->rx_tail) s->rx_tail->next = m;
+            else s->rx_head = m;
+            s->rx_tail = m;
+            s->rx_n++;
+            pthread_cond_signal(&s->rx_cv);
+        } else {
+            pr_free(env);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* Loop thread, under mu: everything queued, in arrival order. When idle
+ * and nothing is queued, waits up to 50 ms for a message first. */
+static void drain_queue(server *s, int idle) {
+    if (idle && !s->rx_head) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->rx_cv, &s->mu, &ts);
+    }
+    rxmsg *m = s->rx_head;
+    s->rx_head = s->rx_tail = NULL;
+    s->rx_n = 0;
+    while (m) {
+        rxmsg *next = m->next;
+        handle(s, m->env);
+        pr_free(m->env);
+        free(m);
+        m = next;
+    }
+}
+
 static void *heartbeat(void *arg) {
     server *s = arg;
     while (!s->hb_stop) {
@@ -639,8 +759,18 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
     pthread_mutex_init(&s->mu, NULL);
     fill_stats(s, &s->snap);
     s->last_progress = now_ms();
+    pthread_cond_init(&s->rx_cv, NULL);
     pthread_t hb;
     int have_hb = pthread_create(&hb, NULL, heartbeat, s) == 0;
+    if (pthread_create(&s->rx, NULL, receiver, s)) {
+        snprintf(err, errlen, "cannot start the receiving thread");
+        s->hb_stop = 1;
+        if (have_hb) pthread_join(hb, NULL);
+        nng_close(s->pull);
+        free(s->tok_gguf);
+        free(s);
+        return LLM_ENOMEM;
+    }
     int64_t last_check = now_ms(), drain_until = 0;
     for (;;) {
         if (*stop && !s->draining) { /* SIGTERM: finish what runs, take nothing new */
@@ -665,21 +795,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         /* everything that arrived; wait a little only when idle */
         int idle = !wk_engine_has_work(e);
         pthread_mutex_lock(&s->mu);
-        for (int k = 0; k < 4096; k++) {
-            pr_env *env;
-            char e2[256];
-            uint32_t pv = 0;
-            if (idle && k == 0) nng_socket_set_ms(s->pull, NNG_OPT_RECVTIMEO, 50);
-            int rc = pr_recv(s->pull, &env, idle && k == 0 ? 0 : NNG_FLAG_NONBLOCK, &pv, e2, sizeof e2);
-            if (rc == LLM_EAGAIN || rc == LLM_ETIMEDOUT) break;
-            if (rc) {
-                s->dropped++;
-                CM_WARN("bad message dropped: %s", e2);
-                continue;
-            }
-            handle(s, env);
-            pr_free(env);
-        }
+        drain_queue(s, idle);
         if (now_ms() - last_check >= 100) {
             check_timeouts(s);
             last_check = now_ms();
@@ -708,7 +824,15 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         pthread_mutex_unlock(&s->mu);
     }
     s->hb_stop = 1;
+    s->rx_stop = 1;
     if (have_hb) pthread_join(hb, NULL);
+    pthread_join(s->rx, NULL);
+    for (rxmsg *q = s->rx_head, *next; q; q = next) {
+        next = q->next;
+        pr_free(q->env);
+        free(q);
+    }
+    pthread_cond_destroy(&s->rx_cv);
     pthread_mutex_destroy(&s->mu);
     for (int g = 0; g < MAX_GATEWAYS; g++)
         if (s->gw[g].used) nng_close(s->gw[g].push);

@@ -52,6 +52,8 @@ typedef struct {
     int n_streams;
     int errors_dup, stats, events;
     uint64_t stats_steps, stats_tokens, stats_aborted;
+    int stats_running, stats_waiting;
+    uint64_t stats_dropped_gw, stats_aborted_on_drop;
 } client;
 
 static client *open_clients[8];
@@ -121,6 +123,38 @@ static int send_generate(client *c, uint64_t rid, const int32_t *tok, int n, int
     return pr_send(c->push, &e, 0);
 }
 
+static void pump(client *c, int timeout_ms);
+
+static int send_cancel(client *c, uint64_t rid) {
+    Llmserve__Cancel cn = LLMSERVE__CANCEL__INIT;
+    cn.request_id = rid;
+    cn.gateway_id = c->id;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_CANCEL;
+    e.cancel = &cn;
+    return pr_send(c->push, &e, 0);
+}
+
+static int send_stats_request(client *c) {
+    Llmserve__StatsRequest sr = LLMSERVE__STATS_REQUEST__INIT;
+    sr.gateway_id = c->id;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_STATS_REQUEST;
+    e.stats_request = &sr;
+    return pr_send(c->push, &e, 0);
+}
+
+/* Asks for Stats and waits for the answer (c->stats counts them). */
+static int fresh_stats(client *c, int timeout_ms) {
+    int before = c->stats;
+    if (send_stats_request(c)) return LLM_EIO;
+    double end = now() + timeout_ms / 1000.0;
+    while (c->stats == before && now() < end) pump(c, 20);
+    return c->stats > before ? 0 : LLM_ETIMEDOUT;
+}
+
 /* Every open client heartbeats whenever any of them waits, as a gateway's
  * event loop would. */
 
@@ -161,6 +195,10 @@ static void pump(client *c, int timeout_ms) {
             c->stats_steps = e->stats->steps;
             c->stats_tokens = e->stats->tokens_generated;
             c->stats_aborted = e->stats->requests_aborted;
+            c->stats_running = e->stats->running;
+            c->stats_waiting = e->stats->waiting;
+            c->stats_dropped_gw = e->stats->gateways_dropped;
+            c->stats_aborted_on_drop = e->stats->requests_aborted_on_drop;
             CHECK(e->stats->blocks_total > 0);
             CHECK(e->stats->has_step_ms_p50 && e->stats->step_ms_p50 > 0);
             CHECK(e->stats->rss_bytes > 0);
@@ -646,6 +684,61 @@ static void test_kill_worker(const char *addr) {
     client_close(&c);
 }
 
+/* The control plane is served whatever the engine does: 200 streams run,
+ * then 200 Cancels and a StatsRequest arrive in one burst. Every message
+ * that came before a step is handled before it, so the Stats answer already
+ * shows nothing running, a step or two later (taking one message per step
+ * took 200 steps). Then a gateway that stops heartbeating is dropped, and
+ * each of its requests is reported to it as an error, and counted. */
+static void test_control_plane(const char *addr) {
+    enum { N = 200 };
+    pid_t pid = start_worker(addr, "--max-num-seqs", "256", NULL);
+    client c;
+    CHECK_RC(client_open(&c, addr, "gw-storm"), 0);
+    CHECK_RC(wait_health(&c, 60), 0);
+    for (int i = 0; i < N; i++) CHECK_RC(send_generate(&c, 1000 + (uint64_t)i, prompts[i % 4], plen[i % 4], 1000, 0), 0);
+    double end = now() + 120;
+    while (now() < end && (fresh_stats(&c, 5000) || c.stats_running < N)) pump(&c, 100);
+    CHECK_INT(c.stats_running, N);
+    CHECK_RC(fresh_stats(&c, 5000), 0);
+    uint64_t steps0 = c.stats_steps;
+    double t0 = now();
+    for (int i = 0; i < N; i++) CHECK_RC(send_cancel(&c, 1000 + (uint64_t)i), 0);
+    CHECK_RC(fresh_stats(&c, 30000), 0);
+    uint64_t steps1 = c.stats_steps;
+    int left = c.stats_running + c.stats_waiting;
+    fprintf(stderr, "  %d cancels in a burst: %d still running in the next Stats, %llu steps later, %.0f ms\n", N, left,
+            (unsigned long long)(steps1 - steps0), (now() - t0) * 1e3);
+    CHECK_INT(left, 0);
+    CHECK(steps1 - steps0 <= 2);
+
+    /* a gateway that goes quiet: its requests end, reported to it */
+    client q;
+    CHECK_RC(client_open(&q, addr, "gw-quiet"), 0);
+    CHECK_RC(wait_health(&q, 30), 0);
+    for (int i = 0; i < 3; i++) CHECK_RC(send_generate(&q, 50 + (uint64_t)i, prompts[i], plen[i], 1000, 0), 0);
+    stream st;
+    CHECK_RC(collect(&q, 50, &st, 30000, 2), 0);
+    q.last_hello = now() + 1e9; /* no more Hellos from it: past the 3 s timeout it is dropped */
+    end = now() + 10;
+    int reported = 0;
+    while (now() < end && reported < 3) {
+        pump(&q, 100);
+        reported = 0;
+        for (int i = 0; i < 3; i++) {
+            stream *x = stream_of(&q, 50 + (uint64_t)i);
+            reported += x && x->finish == LLMSERVE__FINISH_REASON__FINISH_ERROR && x->error_code == LLM_EIO;
+        }
+    }
+    fprintf(stderr, "  a quiet gateway dropped: %d of its 3 requests reported to it as errors\n", reported);
+    CHECK_INT(reported, 3);
+    CHECK_RC(fresh_stats(&c, 5000), 0);
+    CHECK(c.stats_dropped_gw >= 1 && c.stats_aborted_on_drop >= 3);
+    client_close(&q);
+    client_close(&c);
+    CHECK_INT(stop_worker(pid), 0);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3 || access(argv[2], R_OK) != 0) {
         fprintf(stderr, "worker_test: model not found; run tools/setup.sh to fetch it\n");
@@ -664,14 +757,16 @@ int main(int argc, char **argv) {
     make_prompts();
     test_tp_in_process(); /* before any NNG thread exists: it forks */
     int base = 20000 + (int)(getpid() % 20000);
-    char a1[64], a2[64], a3[64], a4[64];
+    char a1[64], a2[64], a3[64], a4[64], a5[64];
     snprintf(a1, sizeof a1, "tcp://127.0.0.1:%d", base);
     snprintf(a2, sizeof a2, "tcp://127.0.0.1:%d", base + 1);
     snprintf(a3, sizeof a3, "ipc:///tmp/llmserve-test-%d.ipc", (int)getpid());
     snprintf(a4, sizeof a4, "tcp://127.0.0.1:%d", base + 2);
+    snprintf(a5, sizeof a5, "tcp://127.0.0.1:%d", base + 3);
     test_serving(a1);
     test_tp(a2, a3);
     test_kill_worker(a4);
+    test_control_plane(a5);
     wk_model_free(model);
     return tst_done("worker_test");
 }
