@@ -143,6 +143,18 @@ static int send_generate(gw *g, gw_req *q, int wi) {
     gen.cache_salt = c->cache_salt;
     gen.gateway_id = g->id;
     gen.reply_address = g->reply;
+    /* the deadlines, on the wall clock the worker shares: it refuses a prompt it cannot compute in time */
+    struct timespec wt;
+    clock_gettime(CLOCK_REALTIME, &wt);
+    double wall_ms = (double)wt.tv_sec * 1e3 + (double)wt.tv_nsec * 1e-6, since = gw_now() - q->t_arrive;
+    if (g->conf.request_timeout > 0) {
+        gen.has_deadline_ms = 1;
+        gen.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - since) * 1e3);
+    }
+    if (g->conf.ttft_timeout > 0) {
+        gen.has_first_token_deadline_ms = 1;
+        gen.first_token_deadline_ms = (uint64_t)(wall_ms + (g->conf.ttft_timeout - since) * 1e3);
+    }
     pr_env e;
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;

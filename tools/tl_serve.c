@@ -56,7 +56,7 @@ static pid_t spawn(child *c) {
 /* Worker-only flags (all take a value); every gateway flag marked for
  * serve in gw_conf's table goes to the gateway; a few go to both. */
 static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
-                               "max-num-batched-tokens", "block-size", "kv-cache-memory", "gpu-memory-utilization",
+                               "max-num-batched-tokens", "max-step-ms", "block-size", "kv-cache-memory", "gpu-memory-utilization",
                                "kv-cache-dtype", "quantization", "dtype", "dummy-seed", "load-format", "model-config",
                                NULL};
 static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", NULL};
@@ -78,8 +78,9 @@ static void help(FILE *f) {
             "  --device cpu|cuda            (default cpu)\n"
             "  --tensor-parallel-size N     rank processes per replica (default 1)\n"
             "  --threads N                  CPU threads per rank\n"
-            "  --max-model-len N, --max-num-seqs N, --max-num-batched-tokens N, --block-size N,\n"
-            "  --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
+            "  --max-model-len N, --max-num-seqs N, --max-num-batched-tokens N, --max-step-ms MS,\n"
+            "  --block-size N,"
+            " --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
             "  --dtype T, --load-format dummy --model-config SPEC, --dummy-seed N,\n"
             "  --enable-prefix-caching / --no-enable-prefix-caching    engine flags, as in vLLM\n"
             "  --served-model-name NAME, --log-level L, --shutdown-timeout S    both\n"

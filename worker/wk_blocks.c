@@ -208,6 +208,19 @@ int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n) {
     return got * b->bs;
 }
 
+int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n) {
+    if (!b->caching || n <= 1) return 0;
+    int max = (n - 1) / b->bs, got = 0;
+    uint64_t parent = CM_BLOCK_ROOT;
+    for (; got < max; got++) {
+        const int32_t *t = tok + (size_t)got * b->bs;
+        uint64_t key = cm_block_key(parent, salt, t, b->bs);
+        if (lookup(b, key, parent, salt, t) < 0) break;
+        parent = key;
+    }
+    return got * b->bs;
+}
+
 int wk_blocks_needed(const wk_blocks *b, const wk_bseq *s, int from, int to) {
     int want = (to + b->bs - 1) / b->bs, need = want > s->n ? want - s->n : 0;
     for (int i = from / b->bs; i < s->n && i < want; i++)

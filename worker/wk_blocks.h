@@ -60,6 +60,8 @@ void wk_blocks_get_stats(const wk_blocks *b, wk_blocks_stats *st);
  * computes the rest yields logits). Returns the tokens covered (a multiple
  * of the block size), or LLM_ENOMEM. */
 int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n);
+/* The tokens of tok that wk_blocks_match would find cached now; takes nothing. */
+int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n);
 /* Counts a prefix-cache query of n tokens of which hit were found. */
 void wk_blocks_count_query(wk_blocks *b, int n, int hit);
 

@@ -2,6 +2,7 @@
 #include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "wk_cost.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -88,6 +89,7 @@ struct wk_engine {
     wk_output *view;
     int cap_view;
     wk_engine_stats st;
+    wk_cost cost;            /* what a step costs, learned from the steps run */
 };
 
 #define GROW(ptr, cap, need)                                                                       \
@@ -120,6 +122,7 @@ void wk_engine_opts_default(wk_engine_opts *o) {
     o->kv_type = KN_KV_F16;
     o->prefix_caching = 1;
     o->gpu_memory_utilization = 0.9f; /* vLLM's default */
+    o->max_step_ms = 250;
 }
 
 const char *wk_finish_name(int f) {
@@ -136,6 +139,7 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     wk_engine *e = calloc(1, sizeof *e);
     if (!e) return LLM_ENOMEM;
     int rc = LLM_EINVAL;
+    wk_cost_init(&e->cost);
     e->m = m;
     e->o = *oi;
     wk_engine_opts *o = &e->o;
@@ -602,22 +606,24 @@ static int reserve(wk_engine *e, wk_seq *s, int n) {
     return rc;
 }
 
-static int schedule(wk_engine *e, int *tokens) {
-    int budget = e->o.max_num_batched_tokens, preempted = 0;
-    e->n_plan = 0;
-    for (int i = 0; i < e->n_running && budget > 0; i++) {
+/* Plans the running sequences of one kind: decodes (one token left to
+ * compute) or prefills (more), within *budget, preempting the newest when
+ * blocks run out. */
+static int plan_running(wk_engine *e, int decodes, int *budget, int *preempted) {
+    for (int i = 0; i < e->n_running && *budget > 0; i++) {
         wk_seq *s = e->running[i];
         int n = s->n_tok - s->n_computed;
-        if (n > budget) n = budget;
+        if ((n <= 1) != decodes) continue;
+        if (n > *budget) n = *budget;
         int rc;
         while ((rc = reserve(e, s, n)) == LLM_EAGAIN) {
             wk_seq *v = victim(e);
             int vi = 0;
             while (e->running[vi] != v) vi++;
             for (int j = 0; j < e->n_plan; j++)
-                if (e->plan_seq[j] == v) budget += e->plan[j].n;
+                if (e->plan_seq[j] == v) *budget += e->plan[j].n;
             preempt(e, v);
-            preempted = 1;
+            *preempted = 1;
             if (v == s) break;
             if (vi < i) i--; /* the list shifted under us */
         }
@@ -627,8 +633,39 @@ static int schedule(wk_engine *e, int *tokens) {
         }
         if (rc) return rc;
         plan_add(e, s, n);
-        budget -= n;
+        *budget -= n;
     }
+    return 0;
+}
+
+/* The least a prefill may get in a step, whatever the time target says. */
+#define MIN_PREFILL_CHUNK 16
+/* What a prefill may get before any has been timed. */
+#define COLD_PREFILL_CHUNK 64
+
+static int schedule(wk_engine *e, int *tokens) {
+    int budget = e->o.max_num_batched_tokens, preempted = 0, rc;
+    e->n_plan = 0;
+    /* every running stream advances each step; prompts share what is left */
+    if ((rc = plan_running(e, 1, &budget, &preempted))) return rc;
+    int decoded = e->o.max_num_batched_tokens - budget;
+    if (e->o.max_step_ms > 0) { /* the time target, at the measured cost */
+        double att = 0;
+        int p0 = 0;
+        for (int i = 0; i < e->n_plan; i++) att += wk_cost_attended(e->plan[i].pos0, e->plan[i].n);
+        for (int i = 0; i < e->n_running; i++) /* the prompt that goes first */
+            if (e->running[i]->n_tok - e->running[i]->n_computed > 1) {
+                p0 = e->running[i]->n_computed;
+                break;
+            }
+        int cap = wk_cost_known(&e->cost)
+                      ? wk_cost_max_chunk(&e->cost, e->o.max_step_ms, decoded, att, p0, MIN_PREFILL_CHUNK, budget)
+                      : COLD_PREFILL_CHUNK;
+        if (cap < budget) budget = cap;
+    }
+    int prefill_budget = budget;
+    e->st.step_token_budget = decoded + budget;
+    if ((rc = plan_running(e, 0, &budget, &preempted))) return rc;
     /* admit waiting requests into what is left; not in a step that had to preempt */
     while (!preempted && e->n_waiting && budget > 0) {
         wk_seq *s = e->waiting[0];
@@ -640,7 +677,7 @@ static int schedule(wk_engine *e, int *tokens) {
         s->n_computed = hit;
         int n = s->n_tok - hit;
         if (n > budget) n = budget;
-        int rc = reserve(e, s, n);
+        rc = reserve(e, s, n);
         if (rc == LLM_EAGAIN) {
             wk_blocks_release(e->blocks, &s->bs);
             s->n_computed = 0;
@@ -658,7 +695,7 @@ static int schedule(wk_engine *e, int *tokens) {
         plan_add(e, s, n);
         budget -= n;
     }
-    *tokens = e->o.max_num_batched_tokens - budget;
+    *tokens = decoded + prefill_budget - budget;
     return 0;
 }
 
@@ -766,7 +803,16 @@ int wk_engine_step(wk_engine *e) {
         e->logits = l;
         e->logits_rows = rows;
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((rc = wk_forward_batch(e->m, e->cache, e->n_plan, e->plan, e->logits))) return rc;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6, att = 0;
+    for (int i = 0; i < e->n_plan; i++) att += wk_cost_attended(e->plan[i].pos0, e->plan[i].n);
+    CM_LOG(CM_LOG_DEBUG, "step: %d tokens in %d sequences, %.0f attended, %.1f ms (predicted %.1f, budget %d)", tokens, e->n_plan,
+             att, ms, wk_cost_predict(&e->cost, tokens, att), e->st.step_token_budget);
+    wk_cost_observe(&e->cost, tokens, att, ms);
+    e->st.ms_per_token = wk_cost_known(&e->cost) ? (float)wk_cost_predict(&e->cost, 1, 0) : 0;
     e->st.steps++;
     e->st.tokens_computed += (uint64_t)tokens;
     size_t V = e->m->cfg.vocab;
@@ -809,6 +855,24 @@ int wk_engine_step(wk_engine *e) {
         }
     }
     return tokens;
+}
+
+/* n prompt tokens from position p0, cut in chunks as the scheduler would
+ * (sized at their middle), each step with its fixed part. */
+static double estimate(const wk_engine *e, int p0, int n) {
+    if (!wk_cost_known(&e->cost) || n <= 0) return 0;
+    int chunk = e->o.max_num_batched_tokens;
+    if (e->o.max_step_ms > 0)
+        chunk = wk_cost_max_chunk(&e->cost, e->o.max_step_ms, 0, 0, p0 + n / 2, MIN_PREFILL_CHUNK, chunk);
+    double steps = (double)((n + chunk - 1) / chunk);
+    return wk_cost_predict(&e->cost, n, wk_cost_attended(p0, n)) + wk_cost_predict(&e->cost, 0, 0) * (steps - 1);
+}
+
+double wk_engine_prefill_estimate_ms(const wk_engine *e, int n) { return estimate(e, 0, n); }
+
+double wk_engine_prompt_estimate_ms(const wk_engine *e, const int32_t *prompt, int n, uint64_t salt) {
+    int hit = wk_blocks_cached(e->blocks, salt, prompt, n);
+    return estimate(e, hit, n - hit);
 }
 
 void wk_engine_get_stats(const wk_engine *e, wk_engine_stats *st) {

@@ -57,6 +57,8 @@ typedef struct wk_engine_opts {
     int kv_type;                  /* KN_KV_F16 / KN_KV_F32 / KN_KV_FP8 */
     int prefix_caching;           /* default 1 */
     float gpu_memory_utilization; /* CUDA backend; unused on the CPU */
+    float max_step_ms;            /* a step's time target: prefill chunks are sized to it from the measured cost
+                                     per token (decodes always advance); 0: tokens only. Default 250 */
 } wk_engine_opts;
 
 void wk_engine_opts_default(wk_engine_opts *o);
@@ -84,6 +86,8 @@ typedef struct {
     uint64_t steps, tokens_computed, tokens_generated, preemptions;
     uint64_t requests_finished, requests_aborted;
     size_t kv_bytes_per_token;
+    float ms_per_token;           /* measured cost of a token in a step (moving average; 0: not yet known) */
+    int step_token_budget;        /* tokens the last step was allowed, after the time target */
 } wk_engine_stats;
 
 typedef struct wk_engine wk_engine;
@@ -103,6 +107,12 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
 int wk_engine_abort(wk_engine *e, uint64_t id);
 /* One iteration. Returns tokens computed (0: nothing to do) or an error. */
 int wk_engine_step(wk_engine *e);
+/* What computing n prompt tokens is expected to take, in ms, at the
+ * measured cost per token (0 until a step has been measured). */
+double wk_engine_prefill_estimate_ms(const wk_engine *e, int n);
+/* The same for a prompt, less what the prefix cache holds of it (salt as in
+ * wk_params.cache_salt). */
+double wk_engine_prompt_estimate_ms(const wk_engine *e, const int32_t *prompt, int n, uint64_t salt);
 /* Everything produced since the last call; valid until the next call of any
  * engine function. */
 int wk_engine_outputs(wk_engine *e, const wk_output **out);

@@ -45,6 +45,12 @@ static int parse_int(const char *flag, const char *s, long lo, long hi, int *out
 int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
     switch (code) {
     case WK_F_MAX_SEQS: return parse_int("max-num-seqs", arg, 1, 65536, &o->max_num_seqs);
+    case WK_F_MAX_STEP_MS: {
+        int v;
+        if (parse_int("max-step-ms", arg, 0, 600000, &v)) return LLM_EINVAL;
+        o->max_step_ms = (float)v;
+        return 0;
+    }
     case WK_F_MAX_TOKENS: return parse_int("max-num-batched-tokens", arg, 1, 1 << 20, &o->max_num_batched_tokens);
     case WK_F_MAX_LEN: return parse_int("max-model-len", arg, 2, 1 << 24, &o->max_model_len);
     case WK_F_BLOCK:

@@ -20,6 +20,7 @@ enum {
     WK_F_PREFIX_ON,
     WK_F_PREFIX_OFF,
     WK_F_KV_DTYPE,
+    WK_F_MAX_STEP_MS,
 };
 
 #define WK_ENGINE_LONGOPTS                                                                         \
@@ -31,13 +32,17 @@ enum {
     {"gpu-memory-utilization", required_argument, 0, WK_F_GPU_UTIL},                              \
     {"enable-prefix-caching", no_argument, 0, WK_F_PREFIX_ON},                                     \
     {"no-enable-prefix-caching", no_argument, 0, WK_F_PREFIX_OFF},                                 \
-    {"kv-cache-dtype", required_argument, 0, WK_F_KV_DTYPE}
+    {"kv-cache-dtype", required_argument, 0, WK_F_KV_DTYPE},                                       \
+    {"max-step-ms", required_argument, 0, WK_F_MAX_STEP_MS}
 
 #define WK_ENGINE_FLAGS_HELP                                                                       \
     "engine:\n"                                                                                    \
     "  --max-num-seqs N            sequences in one step (default 256)\n"                          \
     "  --max-num-batched-tokens N  token budget of one step; prompts are prefilled in chunks\n"   \
     "                              of what is left after decodes (default 512)\n"                 \
+    "  --max-step-ms MS            a step's time target: prefill chunks are sized to it at the\n"  \
+    "                              measured cost per token; decodes always advance (default 250,\n" \
+    "                              0: tokens only)\n"                                              \
     "  --max-model-len N           longest prompt + completion (default: the model's context)\n"   \
     "  --block-size N              KV block size in tokens, a power of two (default 16)\n"        \
     "  --kv-cache-memory SIZE      KV cache on the CPU: bytes, or with K/M/G/KiB/MiB/GiB\n"        \

@@ -398,6 +398,20 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
         send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;
     }
+    /* a prompt that cannot be computed before its deadline is refused now, not timed out later */
+    int64_t due = (int64_t)g->deadline_ms;
+    if (g->first_token_deadline_ms && (!due || (int64_t)g->first_token_deadline_ms < due)) due = (int64_t)g->first_token_deadline_ms;
+    if (due) {
+        double est = wk_engine_prompt_estimate_ms(s->e, g->token_ids, (int)g->n_token_ids, p.cache_salt);
+        int64_t left = due - wall_ms();
+        if (est > 0 && est > (double)left) {
+            char m[200];
+            snprintf(m, sizeof m, "the prompt's %zu tokens would take about %.0f ms to compute here, past the request's "
+                     "deadline (%lld ms from now)", g->n_token_ids, est, (long long)left);
+            send_error_chunk(s, gi, g->request_id, LLM_ETIMEDOUT, m, LLMSERVE__FINISH_REASON__FINISH_TIMEOUT);
+            return;
+        }
+    }
     slot *sl = slot_new(s);
     if (!sl) {
         send_error_chunk(s, gi, g->request_id, LLM_ENOMEM, "worker out of request slots", LLMSERVE__FINISH_REASON__FINISH_ERROR);

@@ -571,6 +571,29 @@ def auth_checks():
     g.terminate()
 
 
+# ---- deadlines --------------------------------------------------------------
+def deadline_checks():
+    """A prompt the worker cannot compute before the request's first-token
+    deadline is refused at once (504, saying why), not timed out later."""
+    wp, gp = BASE + 70, BASE + 71
+    w = worker(wp)
+    g = gateway(gp, [wp], "--ttft-timeout", "1", log="deadline-gw.log")
+    check(wait_up(gp), "deadline: up")
+    st, _ = post(gp, "/v1/completions", {"prompt": "warm up " * 200, "max_tokens": 2})  # the worker times its steps
+    words = " ".join("word%d" % i for i in range(480))  # about 1,800 tokens: seconds of prefill on a CPU
+    t = time.time()
+    st, d = post(gp, "/v1/completions", {"prompt": words, "max_tokens": 2})
+    dt = time.time() - t
+    err = json.loads(d).get("error", {}) if st != 200 else {}
+    check(st == 504 and err.get("code") == "timeout" and "deadline" in err.get("message", "") and dt < 0.9,
+          "deadline: a prompt that cannot finish its prefill within --ttft-timeout 1 is refused in %.3f s: %d %s"
+          % (dt, st, err.get("message")))
+    st, d = post(gp, "/v1/completions", {"prompt": "a short one", "max_tokens": 2})
+    check(st == 200, "deadline: a short prompt still runs (%d)" % st)
+    g.terminate()
+    w.terminate()
+
+
 def main():
     try:
         # LLMSERVE_FAULTS_ONLY=more,fd runs only those parts (for chasing one failure)
@@ -589,7 +612,8 @@ def main():
             hostile_checks(gp, 8 << 20)
         if want("hangup"):
             hangup_checks(gp, sp, g.pid)
-        for part, fn in (("auth", auth_checks), ("more", more_checks), ("fd", fd_checks), ("groups", group_checks)):
+        for part, fn in (("auth", auth_checks), ("more", more_checks), ("fd", fd_checks), ("groups", group_checks),
+                         ("deadline", deadline_checks)):
             if want(part):
                 fn()
         del w

@@ -6,6 +6,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "tst.h"
+#include "wk_cost.h"
 #include "wk_engine.h"
 
 #include <math.h>
@@ -460,6 +461,74 @@ static void test_one_owner(void) {
     wk_engine_free(e);
 }
 
+/* The step cost model on synthetic steps of a known cost: it learns the
+ * three coefficients, and the chunk it sizes keeps the target. */
+static void test_cost_model(void) {
+    const double f = 6, a = 0.7, b = 1.6; /* ms; ms a token; ms per 1,000 attended positions */
+    wk_cost c;
+    wk_cost_init(&c);
+    CHECK(!wk_cost_known(&c));
+    CHECK_INT(wk_cost_max_chunk(&c, 100, 0, 0, 0, 16, 512), 512); /* unknown: the caller's cold cap applies */
+    uint64_t r = 88172645463325252ull;
+    for (int i = 0; i < 200; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        double tok = i % 3 ? 1 + (double)(r % 4) : 32 + (double)(r % 400), p = (double)((r >> 20) % 1500);
+        double att = wk_cost_attended(p, tok), noise = 1 + ((double)(r % 1000) / 1000 - 0.5) * 0.1;
+        wk_cost_observe(&c, tok, att, (f + a * tok + b * att * 1e-3) * noise);
+    }
+    CHECK(wk_cost_known(&c));
+    double want = f + a * 200 + b * wk_cost_attended(1000, 200) * 1e-3;
+    double got = wk_cost_predict(&c, 200, wk_cost_attended(1000, 200));
+    printf("cost model: 200 tokens at 1000 predicted %.1f ms, true %.1f ms\n", got, want);
+    CHECK(fabs(got - want) / want < 0.1);
+    int n = wk_cost_max_chunk(&c, 150, 0, 0, 1000, 16, 512);
+    double at = f + a * n + b * wk_cost_attended(1000, n) * 1e-3;
+    printf("cost model: the chunk for 150 ms at position 1000 is %d tokens (true cost %.1f ms)\n", n, at);
+    CHECK(n > 16 && n < 512 && at < 150 * 1.1 && at > 150 * 0.8);
+    CHECK_INT(wk_cost_max_chunk(&c, 1, 0, 0, 0, 16, 512), 16); /* nothing fits: the least */
+}
+
+/* With a time target the scheduler cuts a long prompt into chunks sized to
+ * it, and a running stream still gets a token every step. */
+static void test_step_budget(void) {
+    wk_engine_opts o;
+    opts(&o, 512, 8);
+    o.max_step_ms = 20; /* far below what 512 prompt tokens cost on any CPU */
+    wk_engine *e;
+    char err[256];
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    static result res[3];
+    memset(res, 0, sizeof res);
+    int32_t p1[16], p2[1500];
+    prompt(0, 16, p1);
+    prompt(100, 1500, p2);
+    wk_params g = greedy(400);
+    CHECK_RC(wk_engine_add(e, 1, p1, 16, &g, err, sizeof err), 0);
+    while (res[1].n[0] < 2 && wk_engine_step(e) >= 0) collect(e, res);
+    g = greedy(1);
+    CHECK_RC(wk_engine_add(e, 2, p2, 1500, &g, err, sizeof err), 0);
+    int steps = 0, advanced = 0, most = 0;
+    while (!res[2].finish[0] && steps < 2000) {
+        int before = res[1].n[0];
+        int rc = wk_engine_step(e);
+        CHECK(rc >= 0);
+        if (rc < 0) break;
+        collect(e, res);
+        steps++;
+        advanced += res[1].n[0] == before + 1;
+        wk_engine_stats st;
+        wk_engine_get_stats(e, &st);
+        if (rc > most) most = rc;
+    }
+    printf("step budget: a 1500-token prompt took %d steps (largest %d tokens) at a 20 ms target; the stream "
+           "advanced in %d of them\n", steps, most, advanced);
+    CHECK(res[2].finish[0] == WK_FINISH_LENGTH);
+    CHECK(steps > 1500 / 512 + 1); /* cut finer than the token budget alone would */
+    CHECK_INT(advanced, steps);    /* every step, including those of the prompt */
+    CHECK(wk_engine_prefill_estimate_ms(e, 1500) > 0);
+    wk_engine_free(e);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || access(argv[1], R_OK) != 0) {
         fprintf(stderr, "engine_test: model %s not found; run tools/setup.sh to fetch it\n", argc > 1 ? argv[1] : "?");
@@ -483,6 +552,8 @@ int main(int argc, char **argv) {
     for (size_t i = n1; i < n_corpus; i += 17) corpus[i] = one[(i * 7) % n1];
     free(one);
     test_one_owner();
+    test_cost_model();
+    test_step_budget();
     test_abort_and_errors();
     test_sampling();
     test_prefix_cache();
