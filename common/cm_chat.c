@@ -94,29 +94,41 @@ int cm_chat_render(int kind, const char *def_sys, const cm_chat_msg *m, size_t n
             add(&b, "<|start_header_id|>%s<|end_header_id|>\n\n%s<|eot_id|>", m[i].role, m[i].content);
         if (gen) add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
-    case CM_CHAT_GEMMA: /* no system role: it prefixes the first user turn */
+    case CM_CHAT_GEMMA: { /* no system role: it prefixes the first user turn, or is one */
+        int attach = sys && first < n && !strcmp(m[first].role, "user");
+        if (sys && !attach) add(&b, "<start_of_turn>user\n%s<end_of_turn>\n", sys);
         for (size_t i = first; i < n; i++) {
-            int user = strcmp(m[i].role, "user") == 0;
-            add(&b, "<start_of_turn>%s\n%s%s%s<end_of_turn>\n", user ? "user" : "model",
-                user && i == first && sys ? sys : "", user && i == first && sys ? "\n\n" : "", m[i].content);
+            int user = strcmp(m[i].role, "assistant") != 0; /* a later system message is a user turn */
+            int with = attach && i == first;
+            add(&b, "<start_of_turn>%s\n%s%s%s<end_of_turn>\n", user ? "user" : "model", with ? sys : "",
+                with ? "\n\n" : "", m[i].content);
         }
         if (gen) add(&b, "<start_of_turn>model\n");
         break;
+    }
     case CM_CHAT_LLAMA2:
-    case CM_CHAT_MISTRAL:
+    case CM_CHAT_MISTRAL: { /* the same: a system prompt goes with the first user turn */
+        int attach = sys && first < n && !strcmp(m[first].role, "user"), started = 0;
+        if (sys && !attach) {
+            if (kind == CM_CHAT_LLAMA2) add(&b, "<s>[INST] <<SYS>>\n%s\n<</SYS>>\n\n [/INST]", sys);
+            else add(&b, "<s>[INST] %s [/INST]", sys);
+            started = 1;
+        }
         for (size_t i = first; i < n; i++) {
-            if (strcmp(m[i].role, "user") == 0) {
-                if (kind == CM_CHAT_LLAMA2 && i == first && sys)
+            if (strcmp(m[i].role, "assistant") != 0) {
+                if (kind == CM_CHAT_LLAMA2 && attach && i == first)
                     add(&b, "<s>[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys, m[i].content);
-                else if (kind == CM_CHAT_MISTRAL && i == first && sys)
+                else if (kind == CM_CHAT_MISTRAL && attach && i == first)
                     add(&b, "<s>[INST] %s\n\n%s [/INST]", sys, m[i].content);
                 else
-                    add(&b, "%s[INST] %s [/INST]", i == first ? "<s>" : "", m[i].content);
+                    add(&b, "%s[INST] %s [/INST]", started ? "" : "<s>", m[i].content);
             } else {
-                add(&b, " %s</s>", m[i].content);
+                add(&b, "%s %s</s>", started ? "" : "<s>", m[i].content);
             }
+            started = 1;
         }
         break;
+    }
     default:
         free(b.s);
         return LLM_EINVAL;

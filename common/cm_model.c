@@ -231,26 +231,32 @@ static int open_llama2c(cm_model_file *m, char *err, size_t errlen) {
     return 0;
 }
 
-int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen) {
+/* Reads a whole model file from memory: map is the file's bytes; borrowed
+ * when the caller keeps it, else it is an mmap the result owns. */
+static int open_from(void *map, size_t size, int borrowed, const char *path, cm_model_file **out, char *err,
+                     size_t errlen) {
     *out = NULL;
     char e[400] = "";
     int rc;
     cm_model_file *m = calloc(1, sizeof *m);
-    if (!m) return LLM_ENOMEM;
+    if (!m) {
+        if (!borrowed) munmap(map, size);
+        return LLM_ENOMEM;
+    }
     snprintf(m->path, sizeof m->path, "%s", path);
-    void *map;
-    size_t size;
-    if ((rc = cm_map_file(path, 1, &map, &size, e, sizeof e))) goto fail;
     uint32_t magic = 0;
     if (size >= 4) memcpy(&magic, map, 4);
     if (magic == 0x46554747u) {
         m->format = CM_FMT_GGUF;
-        if ((rc = cm_gguf_open_mapped(map, size, &m->gguf, e, sizeof e))) goto fail;
+        rc = borrowed ? cm_gguf_open_mem(map, size, &m->gguf, e, sizeof e)
+                      : cm_gguf_open_mapped(map, size, &m->gguf, e, sizeof e);
+        if (rc) goto fail;
         if ((rc = config_from_gguf(m, e, sizeof e))) goto fail;
     } else {
         m->format = CM_FMT_LLAMA2C;
         m->map = map;
         m->map_size = size;
+        m->map_borrowed = borrowed;
         if ((rc = open_llama2c(m, e, sizeof e))) goto fail;
     }
     if ((rc = cm_model_validate_config(&m->cfg, e, sizeof e))) goto fail;
@@ -260,6 +266,23 @@ fail:
     if (err) snprintf(err, errlen, "%s: %s", path, e);
     cm_model_close(m);
     return rc;
+}
+
+int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen) {
+    *out = NULL;
+    void *map;
+    size_t size;
+    char e[400] = "";
+    int rc = cm_map_file(path, 1, &map, &size, e, sizeof e);
+    if (rc) {
+        if (err) snprintf(err, errlen, "%s: %s", path, e);
+        return rc;
+    }
+    return open_from(map, size, 0, path, out, err, errlen);
+}
+
+int cm_model_open_mem(const void *data, size_t size, const char *name, cm_model_file **out, char *err, size_t errlen) {
+    return open_from((void *)data, size, 1, name, out, err, errlen);
 }
 
 void cm_model_served_name(const char *model_path, const char *dummy_config, char *out, size_t len) {
@@ -272,7 +295,7 @@ void cm_model_served_name(const char *model_path, const char *dummy_config, char
 void cm_model_close(cm_model_file *m) {
     if (!m) return;
     cm_gguf_close(m->gguf);
-    if (m->map) munmap(m->map, m->map_size);
+    if (m->map && !m->map_borrowed) munmap(m->map, m->map_size);
     free(m->owned);
     free(m->tensors);
     free(m);

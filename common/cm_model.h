@@ -43,6 +43,7 @@ typedef struct cm_model_file {
     cm_gguf *gguf;       /* CM_FMT_GGUF */
     void *map;           /* CM_FMT_LLAMA2C mapping */
     size_t map_size;
+    int map_borrowed;    /* cm_model_open_mem: the caller's memory, not unmapped */
     void *owned;         /* CM_FMT_DUMMY: the tensors' memory */
     size_t owned_size;
     cm_model_config cfg;
@@ -53,6 +54,9 @@ typedef struct cm_model_file {
 /* Opens by content: GGUF magic, else a llama2.c checkpoint. err gets one line
  * naming the file and the problem. */
 int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen);
+/* The same over caller-owned memory (tests, fuzzing), which must outlive the
+ * result; name stands for the path in errors. */
+int cm_model_open_mem(const void *data, size_t size, const char *name, cm_model_file **out, char *err, size_t errlen);
 void cm_model_close(cm_model_file *m);
 /* NULL when absent. */
 const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name);

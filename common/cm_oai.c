@@ -286,6 +286,7 @@ fail:
 }
 
 #define MAX_MESSAGES 4096
+#define MAX_PARTS 1024 /* content parts in one message */
 
 int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *err, size_t errlen,
                       const char **param) {
@@ -326,6 +327,8 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
         } else if (json_is_array(content)) {
             /* text parts, joined */
             size_t tot = 0;
+            if (json_array_size(content) > MAX_PARTS)
+                BAD("messages", "messages[%zu].content has more than %d parts", i, MAX_PARTS);
             for (size_t k = 0; k < json_array_size(content); k++) {
                 json_t *part = json_array_get(content, k), *ty = json_object_get(part, "type");
                 if (!json_is_string(ty) || strcmp(json_string_value(ty), "text"))

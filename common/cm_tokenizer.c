@@ -932,6 +932,7 @@ size_t cm_detok_flush(cm_detok *d, char *out, size_t cap) {
 int32_t cm_tok_vocab(const cm_tokenizer *t) { return t->n_vocab; }
 int32_t cm_tok_bos(const cm_tokenizer *t) { return t->bos; }
 int32_t cm_tok_eos(const cm_tokenizer *t) { return t->eos; }
+int32_t cm_tok_unk(const cm_tokenizer *t) { return t->unk; }
 int cm_tok_kind(const cm_tokenizer *t) { return t->kind; }
 int cm_tok_pre(const cm_tokenizer *t) { return t->pre; }
 const char *cm_tok_chat_template(const cm_tokenizer *t) { return t->chat_template; }

@@ -60,6 +60,7 @@ char *cm_tok_decode(const cm_tokenizer *t, const int32_t *ids, size_t n, int ren
 int32_t cm_tok_vocab(const cm_tokenizer *t);
 int32_t cm_tok_bos(const cm_tokenizer *t);
 int32_t cm_tok_eos(const cm_tokenizer *t);
+int32_t cm_tok_unk(const cm_tokenizer *t); /* what a byte outside the vocabulary becomes; -1: none */
 int cm_tok_type(const cm_tokenizer *t, int32_t id);
 int cm_tok_kind(const cm_tokenizer *t);
 int cm_tok_pre(const cm_tokenizer *t);

@@ -94,21 +94,12 @@ run_tests() {
         ctest --test-dir "$ROOT/build-asan" --output-on-failure
     fi
     if command -v clang >/dev/null; then
-        local secs=${LLMSERVE_FUZZ_SECONDS:-30}
-        say "tests: libFuzzer on wire-message decoding for ${secs} s (build-fuzz)"
-        BUILD_DIR=build-fuzz CMAKE_ARGS="-DCMAKE_C_COMPILER=clang -DLLMSERVE_FUZZ=ON -DLLMSERVE_CUDA=OFF -DBUILD_TESTING=ON" \
-            build_target fuzz_envelope
-        mkdir -p "$ROOT/build-fuzz/corpus-envelope"
-        "$ROOT/build-fuzz/tests/fuzz_envelope" -max_total_time="$secs" -max_len=65536 -print_final_stats=1 \
-            "$ROOT/build-fuzz/corpus-envelope" 2>&1 | tail -n 3
+        local secs=${LLMSERVE_FUZZ_SECONDS:-8}
+        say "tests: libFuzzer, ${secs} s on each target (build-fuzz)"
+        JOBS=$JOBS "$ROOT/tools/fuzz.sh" "$secs"
     else
-        say "tests: clang not found, libFuzzer run skipped (the mutation replay ran in ctest)"
+        say "tests: clang not found, libFuzzer run skipped (the mutation replays ran in ctest)"
     fi
-}
-
-build_target() {
-    cmake -S "$ROOT" -B "$ROOT/$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
-    cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS" --target "$1"
 }
 
 case "$MODE" in

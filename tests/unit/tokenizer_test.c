@@ -214,6 +214,22 @@ static void reference_ids(const char *json_path, const char *model) {
     CHECK(strcmp(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
                       "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") == 0);
     free(out);
+    /* families with no system role: a system prompt rides with the first user
+     * turn, or is a user turn of its own when none follows (it was dropped),
+     * and a later system message is a user turn, not the model's */
+    cm_chat_msg only_sys[] = {{"system", "Be brief"}}, late_sys[] = {{"user", "Hi"}, {"system", "Now in French"}};
+    CHECK_RC(cm_chat_render(CM_CHAT_GEMMA, NULL, only_sys, 1, 1, &out), 0);
+    CHECK(strcmp(out, "<start_of_turn>user\nBe brief<end_of_turn>\n<start_of_turn>model\n") == 0);
+    free(out);
+    CHECK_RC(cm_chat_render(CM_CHAT_GEMMA, NULL, late_sys, 2, 0, &out), 0);
+    CHECK(strcmp(out, "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>user\nNow in French<end_of_turn>\n") == 0);
+    free(out);
+    CHECK_RC(cm_chat_render(CM_CHAT_LLAMA2, NULL, only_sys, 1, 1, &out), 0);
+    CHECK(strcmp(out, "<s>[INST] <<SYS>>\nBe brief\n<</SYS>>\n\n [/INST]") == 0);
+    free(out);
+    CHECK_RC(cm_chat_render(CM_CHAT_MISTRAL, NULL, late_sys, 2, 0, &out), 0);
+    CHECK(strcmp(out, "<s>[INST] Hi [/INST][INST] Now in French [/INST]") == 0);
+    free(out);
     cm_chat_msg badrole[] = {{"wizard", "Hi"}};
     CHECK_RC(cm_chat_render(CM_CHAT_CHATML, NULL, badrole, 1, 1, &out), LLM_EINVAL);
     CHECK(cm_tok_is_eog(t, cm_tok_lookup(t, "<|im_end|>")));

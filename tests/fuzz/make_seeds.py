@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Writes the committed seed corpora of the fuzz targets (tests/fuzz/corpus/).
+Run it again after changing a format; the seeds are small on purpose: the
+fuzzers and the replay driver grow them."""
+import json, os, struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+# ---- OpenAI request bodies (fuzz_oai: first byte picks completion or chat)
+comp = [
+    {"model": "m", "prompt": "Hello", "max_tokens": 8},
+    {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "logprobs": 2, "echo": True},
+    {"prompt": "x", "stop": ["\n", "END"], "stop_token_ids": [2], "logit_bias": {"5": -100, "7": 3.5},
+     "n": 2, "seed": 7, "top_k": 5, "top_p": 0.9, "min_p": 0.1, "presence_penalty": 0.5,
+     "frequency_penalty": 0.2, "repetition_penalty": 1.1, "min_tokens": 1, "ignore_eos": True,
+     "priority": 1, "cache_salt": "t", "user": "u", "stream": True, "stream_options": {"include_usage": True}},
+    {"prompt": "a\u0000b", "max_tokens": 1},
+]
+chat = [
+    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [
+        {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+        {"role": "assistant", "content": None}, {"role": "developer", "content": "d"}],
+     "max_completion_tokens": 3, "logprobs": True, "top_logprobs": 2, "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "auto", "response_format": {"type": "text"}},
+]
+for i, b in enumerate(comp):
+    put("oai", "completion-%d" % i, b"c" + json.dumps(b).encode())
+for i, b in enumerate(chat):
+    put("oai", "chat-%d" % i, b"h" + json.dumps(b).encode())
+
+# ---- chat templates (fuzz_chat): byte 0 the family, byte 1 flags, then
+# messages as role byte + text, separated by 0x01; after 0x02, a template text
+put("chat", "chatml", b"\x00\x01" + b"s be kind\x01u hello\x01a hi there\x01u more")
+put("chat", "llama3", b"\x02\x00" + b"u what?\x01a this\x02{{ bos_token }}<|start_header_id|>")
+put("chat", "smollm-template", b"\x00\x01u hi\x02{% if messages[0]['role'] != 'system' %}<|im_start|>system\n"
+    b"You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n{% endif %}")
+put("chat", "gemma", b"\x04\x01s sys\x01u a\x01u b\x01a c")
+
+# ---- tokenizer inputs (fuzz_tokenizer: byte 0 bit 0 = parse special tokens)
+for name, text in [("plain", "The quick brown fox jumps over the lazy dog."),
+                   ("specials", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
+                   ("digits", "1234567890 3.14159 2026-12-01"),
+                   ("mixed", "Жук 中文 العربية emoji 🚀 tabs\t\tnewlines\n\n"),
+                   ("spaces", "a" + " " * 200 + "b"),
+                   ("punct", "!?!?" * 50)]:
+    put("tokenizer", name, b"\x01" + text.encode())
+
+
+# ---- GGUF (fuzz_gguf): a tiny llama with a tokenizer
+def gguf(kv, tensors, align=32):
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv)))
+    def s(x):
+        b = x.encode()
+        return struct.pack("<Q", len(b)) + b
+    for k, (t, v) in kv.items():
+        out += s(k) + struct.pack("<I", t)
+        if t == 8:
+            out += s(v)
+        elif t == 4:
+            out += struct.pack("<I", v)
+        elif t == 6:
+            out += struct.pack("<f", v)
+        elif t == 7:
+            out += struct.pack("<B", v)
+        elif t == 9:
+            et, items = v
+            out += struct.pack("<IQ", et, len(items))
+            for it in items:
+                out += s(it) if et == 8 else struct.pack("<i" if et == 5 else "<f", it)
+    off, datas = 0, []
+    for name, dims, data in tensors:
+        out += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", 0, off)  # F32
+        datas.append((off, data))
+        off += (len(data) + align - 1) // align * align
+    while len(out) % align:
+        out += b"\0"
+    base = len(out)
+    out += b"\0" * off
+    for o, d in datas:
+        out[base + o:base + o + len(d)] = d
+    return bytes(out)
+
+
+D, H, V, C = 8, 16, 32, 16
+toks = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % i for i in range(16)] + ["\u2581a", "b", "c", "ab", "\u2581ab",
+                                                                       "d", "e", "de", "\u2581", "x", "y", "z", "xy"]
+kv = {"general.architecture": (8, "llama"), "general.name": (8, "tiny"), "llama.context_length": (4, C),
+      "llama.embedding_length": (4, D), "llama.feed_forward_length": (4, H), "llama.block_count": (4, 1),
+      "llama.attention.head_count": (4, 2), "llama.attention.head_count_kv": (4, 1),
+      "llama.attention.layer_norm_rms_epsilon": (6, 1e-5), "llama.rope.freq_base": (6, 10000.0),
+      "tokenizer.ggml.model": (8, "llama"), "tokenizer.ggml.tokens": (9, (8, toks)),
+      "tokenizer.ggml.scores": (9, (6, [float(-i) for i in range(len(toks))])),
+      "tokenizer.ggml.token_type": (9, (5, [2, 3, 3] + [6] * 16 + [1] * (len(toks) - 19))),
+      "tokenizer.ggml.bos_token_id": (4, 1), "tokenizer.ggml.eos_token_id": (4, 2),
+      "tokenizer.chat_template": (8, "{{ '<|im_start|>' }}")}
+f32 = lambda n: struct.pack("<%df" % n, *[((i * 37) % 17 - 8) / 64 for i in range(n)])
+KV = D // 2
+tensors = [("token_embd.weight", [D, V], f32(D * V)), ("output_norm.weight", [D], f32(D)),
+           ("blk.0.attn_norm.weight", [D], f32(D)), ("blk.0.attn_q.weight", [D, D], f32(D * D)),
+           ("blk.0.attn_k.weight", [D, KV], f32(D * KV)), ("blk.0.attn_v.weight", [D, KV], f32(D * KV)),
+           ("blk.0.attn_output.weight", [D, D], f32(D * D)), ("blk.0.ffn_norm.weight", [D], f32(D)),
+           ("blk.0.ffn_gate.weight", [D, H], f32(D * H)), ("blk.0.ffn_up.weight", [D, H], f32(D * H)),
+           ("blk.0.ffn_down.weight", [H, D], f32(H * D))]
+put("gguf", "tiny-llama", gguf(kv, tensors))
+kv2 = dict(kv)
+kv2["tokenizer.ggml.model"] = (8, "gpt2")
+kv2["tokenizer.ggml.merges"] = (9, (8, ["a b", "d e", "x y"]))
+kv2["tokenizer.ggml.pre"] = (8, "smollm")
+put("gguf", "tiny-bpe", gguf(kv2, tensors[:2]))
+
+# ---- llama2.c (fuzz_gguf takes these too: cm_model_open_mem tells them apart)
+hdr = struct.pack("<7i", D, H, 1, 2, 2, -V, C)
+n = D * V + D + D * D * 2 + D * D * 2 + D + D * H * 3 + D + C * (D // 2 // 2) * 2 + D * V
+put("gguf", "tiny-llama2c", hdr + f32(n))
+print("seeds written under", os.path.join(HERE, "corpus"))
