@@ -14,6 +14,7 @@ const char *cm_strerror(int err) {
     case LLM_EAGAIN: return "try again";
     case LLM_EDEVICE: return "device error";
     case LLM_ETIMEDOUT: return "timed out";
+    case LLM_EAUTH: return "not authenticated";
     default: return "unknown error";
     }
 }

@@ -18,6 +18,7 @@ enum {
     LLM_EAGAIN = -9,   /* non-blocking operation would block; try again */
     LLM_EDEVICE = -10, /* accelerator error or no accelerator */
     LLM_ETIMEDOUT = -11,
+    LLM_EAUTH = -12,   /* a peer without the shared secret */
 };
 
 /* Static string naming an error code; never NULL. */

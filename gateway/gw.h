@@ -81,6 +81,8 @@ struct gw_tokq;
 struct gw_req;
 
 typedef struct gw {
+    unsigned long long bad_msgs; /* undecodable or unauthenticated messages since the last log line */
+    double bad_logged;
     gw_conf conf;
     gw_auth auth;
     gw_limits lim;

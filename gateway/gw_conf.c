@@ -28,6 +28,8 @@ const gw_flag gw_flags[] = {
      F(chat_template), 0, 0},
     {"api-key", "KEY", NULL, "require this key (repeatable; also $LLMSERVE_API_KEY)", K_KEY, 1, F(api_keys), 0, 0},
     {"api-keys-file", "PATH", NULL, "require one of the keys in PATH, one per line (# comments)", K_STR, 1, F(api_keys_file), 0, 0},
+    {"rpc-secret-file", "PATH", NULL, "a secret shared with the worker groups, on every message both ways (chmod 600)",
+     K_STR, 1, F(rpc_secret_file), 0, 0},
     {"rate-limit-rps", "R", "0", "requests per second, per key and global (0: off)", K_DBL, 1, F(rps), 0, 1e9},
     {"rate-limit-tpm", "T", "0", "prompt + max tokens per minute, per key and global (0: off)", K_DBL, 1, F(tpm), 0, 1e15},
     {"max-queue", "N", "512", "requests in flight per worker group before 429", K_INT, 1, F(max_queue), 0, 1 << 24},

@@ -21,6 +21,7 @@ typedef struct {
     const char **api_keys;       /* --api-key (repeatable) and LLMSERVE_API_KEY */
     int n_api_keys;
     const char *api_keys_file;
+    const char *rpc_secret_file;
     double rps, tpm;
     int max_queue;
     double max_body;

@@ -127,6 +127,11 @@ int main(int argc, char **argv) {
         ret = 2;
         goto out;
     }
+    if (c->rpc_secret_file && pr_load_secret_file(c->rpc_secret_file, err, sizeof err)) {
+        fprintf(stderr, "llmserve-gateway: %s\n", err);
+        ret = 2;
+        goto out;
+    }
     if (gw_limits_init(&g->lim, c->rps, c->tpm, g->auth.n)) goto out;
     gw_metrics_init(&g->m);
     if ((c->model || c->model_config) && load_override(g, err, sizeof err)) {

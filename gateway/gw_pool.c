@@ -235,8 +235,15 @@ static void on_recv(evutil_socket_t fd, short what, void *arg) {
         char err[256];
         int rc = pr_decode(nng_msg_body(msg), nng_msg_len(msg), &e, NULL, err, sizeof err);
         nng_msg_free(msg);
-        if (rc) {
-            CM_WARN("bad message from a worker dropped: %s", err);
+        if (rc) { /* one line every 10 s at most: a stranger may send a flood */
+            g->bad_msgs++;
+            double t = gw_now();
+            if (t - g->bad_logged >= 10) {
+                CM_WARN("message from a worker dropped: %s (%llu since the last report)", err,
+                        (unsigned long long)g->bad_msgs);
+                g->bad_logged = t;
+                g->bad_msgs = 0;
+            }
             continue;
         }
         switch (e->body_case) {

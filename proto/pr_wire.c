@@ -1,8 +1,13 @@
 #include "pr_wire.h"
 #include "cm_error.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 void pr_env_init(pr_env *e) {
     llmserve__envelope__init(e);
@@ -18,6 +23,56 @@ int pr_nng_err(int rv) {
     case NNG_EINVAL: return LLM_EINVAL;
     default: return LLM_EIO;
     }
+}
+
+static uint8_t secret[1024];
+static size_t secret_len;
+
+int pr_set_secret(const void *s, size_t len) {
+    if (len > sizeof secret) return LLM_ERANGE;
+    memcpy(secret, s, len);
+    secret_len = len;
+    return 0;
+}
+
+int pr_load_secret_file(const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "--rpc-secret-file %s: %s", path, fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0) close(fd);
+        return LLM_EIO;
+    }
+    if (st.st_mode & 077) {
+        snprintf(err, errlen, "--rpc-secret-file %s: readable by others (mode %03o): chmod 600 it", path,
+                 (unsigned)(st.st_mode & 0777));
+        close(fd);
+        return LLM_EINVAL;
+    }
+    char buf[2048];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0) n = 0;
+    buf[n] = 0;
+    char *p = buf;
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+    size_t l = strcspn(p, "\r\n");
+    while (l && (p[l - 1] == ' ' || p[l - 1] == '\t')) l--;
+    if (l < 16 || l > sizeof secret) {
+        snprintf(err, errlen, "--rpc-secret-file %s: the secret must be 16 to %zu bytes on its first line, not %zu",
+                 path, sizeof secret, l);
+        return LLM_EINVAL;
+    }
+    return pr_set_secret(p, l);
+}
+
+/* Constant time in the secret's length: no early exit on the first difference. */
+static int secret_ok(const pr_env *e) {
+    if (!secret_len) return 1;
+    if (!e->has_secret || e->secret.len != secret_len) return 0;
+    uint8_t d = 0;
+    for (size_t i = 0; i < secret_len; i++) d |= (uint8_t)(e->secret.data[i] ^ secret[i]);
+    return d == 0;
 }
 
 int pr_decode(const void *buf, size_t len, pr_env **out, uint32_t *peer_version, char *err, size_t errlen) {
@@ -38,6 +93,11 @@ int pr_decode(const void *buf, size_t len, pr_env **out, uint32_t *peer_version,
         llmserve__envelope__free_unpacked(e, NULL);
         return LLM_EUNSUP;
     }
+    if (!secret_ok(e)) {
+        snprintf(err, errlen, "message without the shared secret (--rpc-secret-file)");
+        llmserve__envelope__free_unpacked(e, NULL);
+        return LLM_EAUTH;
+    }
     if (e->body_case == LLMSERVE__ENVELOPE__BODY__NOT_SET) {
         snprintf(err, errlen, "message without a body");
         llmserve__envelope__free_unpacked(e, NULL);
@@ -53,6 +113,11 @@ void pr_free(pr_env *e) {
 
 int pr_send(nng_socket s, pr_env *env, int flags) {
     env->version = PR_VERSION;
+    if (secret_len) {
+        env->has_secret = 1;
+        env->secret.data = secret;
+        env->secret.len = secret_len;
+    }
     size_t n = llmserve__envelope__get_packed_size(env);
     if (n > PR_MAX_MSG) return LLM_ERANGE;
     nng_msg *m;

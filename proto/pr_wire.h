@@ -31,6 +31,14 @@ int pr_send(nng_socket s, pr_env *env, int flags);
  * LLM_ETIMEDOUT when nothing came. */
 int pr_recv(nng_socket s, pr_env **out, int flags, uint32_t *peer_version, char *err, size_t errlen);
 
+/* The shared secret of a deployment (--rpc-secret-file): once set, every
+ * message sent carries it and every message received must carry the same
+ * (compared in constant time), else pr_decode refuses it with LLM_EAUTH.
+ * Reads the file's first line (surrounding whitespace trimmed, 16 to 1024
+ * bytes); a file others can read is refused. Process-wide; 0 or LLM_E*. */
+int pr_load_secret_file(const char *path, char *err, size_t errlen);
+int pr_set_secret(const void *secret, size_t len);
+
 /* An Envelope with the given body case, for building messages on the stack. */
 void pr_env_init(pr_env *e);
 

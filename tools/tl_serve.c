@@ -59,7 +59,7 @@ static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max
                                "max-num-batched-tokens", "max-step-ms", "block-size", "kv-cache-memory", "gpu-memory-utilization",
                                "kv-cache-dtype", "quantization", "dtype", "dummy-seed", "load-format", "model-config",
                                NULL};
-static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", NULL};
+static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", "rpc-secret-file", NULL};
 
 static int in(const char *const *set, const char *name) {
     for (; *set; set++)
@@ -83,7 +83,7 @@ static void help(FILE *f) {
             " --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
             "  --dtype T, --load-format dummy --model-config SPEC, --dummy-seed N,\n"
             "  --enable-prefix-caching / --no-enable-prefix-caching    engine flags, as in vLLM\n"
-            "  --served-model-name NAME, --log-level L, --shutdown-timeout S    both\n"
+            "  --served-model-name NAME, --log-level L, --shutdown-timeout S, --rpc-secret-file PATH    both\n"
             "gateway flags:\n");
     for (int i = 0; i < gw_n_flags; i++)
         if (gw_flags[i].serve && !in(both, gw_flags[i].name))

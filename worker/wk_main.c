@@ -3,6 +3,7 @@
 #include "cm_log.h"
 #include "cm_model.h"
 #include "wk_flags.h"
+#include "pr_wire.h"
 #include "wk_server.h"
 #include "wk_tp.h"
 
@@ -35,6 +36,7 @@ static void help(FILE *f) {
             "  --heartbeat-timeout MS    drop a silent gateway after MS (default 5000)\n"
             "  --max-waiting N           queued requests before refusing new ones (default 1024)\n"
             "  --shutdown-timeout S      on SIGTERM, let running requests finish for up to S seconds (default 30)\n"
+            "  --rpc-secret-file PATH    a secret shared with the gateways: messages without it are refused (chmod 600)\n"
             "  --log-level L             error|warn|info|debug (default info)\n"
             "  -h, --help\n" WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
@@ -57,7 +59,7 @@ int main(int argc, char **argv) {
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
-    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT };
+    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
@@ -70,6 +72,7 @@ int main(int argc, char **argv) {
                                        {"max-waiting", required_argument, 0, O_MAXW},
                                        {"log-level", required_argument, 0, O_LOG},
                                        {"shutdown-timeout", required_argument, 0, O_SHUT},
+                                       {"rpc-secret-file", required_argument, 0, O_SECRET},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -90,6 +93,14 @@ int main(int argc, char **argv) {
         case O_HB: bad = parse_pos("--heartbeat-timeout", optarg, 100, 3600000, &hb); break;
         case O_MAXW: bad = parse_pos("--max-waiting", optarg, 1, 1 << 20, &max_waiting); break;
         case O_SHUT: bad = parse_pos("--shutdown-timeout", optarg, 0, 86400, &shutdown_s); break;
+        case O_SECRET: {
+            char e2[512];
+            if (pr_load_secret_file(optarg, e2, sizeof e2)) {
+                fprintf(stderr, "llmserve-worker: %s\n", e2);
+                bad = 1;
+            }
+            break;
+        }
         case O_LOG:
             if (cm_log_parse_level(optarg, &lvl)) {
                 fprintf(stderr, "llmserve-worker: --log-level expects error|warn|info|debug\n");

@@ -71,6 +71,8 @@ typedef struct {
     volatile int rx_stop;
     uint64_t rx_refused;         /* Generates refused: the queue was full */
     uint64_t gw_dropped, aborted_on_drop;
+    uint64_t bad_since;          /* refused messages since the last log line */
+    int64_t bad_logged;
 } server;
 
 typedef struct rxmsg {
@@ -672,7 +674,13 @@ static void *receiver(void *arg) {
                 usleep(10000);
                 continue;
             }
-            CM_WARN("bad message dropped: %s", e2);
+            s->bad_since++;
+            int64_t t = now_ms();
+            if (t - s->bad_logged >= 10000 || s->bad_logged == 0) { /* a stranger's flood is one line every 10 s */
+                CM_WARN("message dropped: %s (%llu since the last report)", e2, (unsigned long long)s->bad_since);
+                s->bad_logged = t;
+                s->bad_since = 0;
+            }
             continue;
         }
         const char *gid = gateway_of(env);

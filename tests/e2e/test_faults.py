@@ -594,6 +594,38 @@ def deadline_checks():
     w.terminate()
 
 
+# ---- shared secret ------------------------------------------------------------
+def secret_checks():
+    """--rpc-secret-file: a gateway without the worker group's secret cannot
+    use it, nor a worker without the gateway's; with it, all works."""
+    sec, loose = os.path.join(EMPTY, "rpc.secret"), os.path.join(EMPTY, "loose.secret")
+    for path, mode in ((sec, 0o600), (loose, 0o644)):
+        with open(path, "w") as f:
+            f.write("  correct-horse-battery-staple-42\n")
+        os.chmod(path, mode)
+    r = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--rpc-secret-file", loose], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 2 and "readable by others" in r.stderr, "secret: a secret file others can read is refused (%d %s)"
+          % (r.returncode, r.stderr.strip()[:90]))
+    wp, gp, sp, tp, up = BASE + 80, BASE + 81, BASE + 82, BASE + 83, BASE + 84
+    worker(wp, "--rpc-secret-file", sec)
+    gateway(gp, [wp], "--rpc-secret-file", sec, log="secret-ok-gw.log")
+    gateway(sp, [wp], log="secret-none-gw.log")
+    check(wait_up(gp), "secret: a gateway with the group's secret is up")
+    st, d = post(gp, "/v1/completions", {"prompt": "Hello", "max_tokens": 3})
+    check(st == 200, "secret: and serves (%d)" % st)
+    check(not wait_up(sp, secs=4), "secret: a gateway without it never sees the group")
+    log = open(os.path.join(EMPTY, "worker-%d.log" % wp)).read()
+    check("without the shared secret" in log, "secret: the worker logs what it refused")
+    # the other way: a gateway with the secret does not take a worker without it
+    worker(tp)
+    gateway(up, [tp], "--rpc-secret-file", sec, log="secret-gw-only.log")
+    check(not wait_up(up, secs=4), "secret: a worker without the secret is not used")
+    glog = open(os.path.join(EMPTY, "secret-gw-only.log")).read()
+    check("without the shared secret" in glog and glog.count("message from a worker dropped") <= 2,
+          "secret: the gateway logs it, once per 10 s")
+
+
 def main():
     try:
         # LLMSERVE_FAULTS_ONLY=more,fd runs only those parts (for chasing one failure)
@@ -613,7 +645,7 @@ def main():
         if want("hangup"):
             hangup_checks(gp, sp, g.pid)
         for part, fn in (("auth", auth_checks), ("more", more_checks), ("fd", fd_checks), ("groups", group_checks),
-                         ("deadline", deadline_checks)):
+                         ("deadline", deadline_checks), ("secret", secret_checks)):
             if want(part):
                 fn()
         del w
