@@ -61,7 +61,8 @@ install_packages() {
 build() {
     say "build: $BUILD_DIR (jobs $JOBS)"
     cmake -S "$ROOT" -B "$ROOT/$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
-    cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS"
+    # shellcheck disable=SC2086
+    cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
 }
 
 sha_ok() { [ -f "$1" ] && echo "$MODEL_SHA256  $1" | sha256sum -c --status; }
@@ -92,6 +93,11 @@ run_tests() {
         say "tests: again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan)"
         BUILD_DIR=build-asan CMAKE_ARGS="-DLLMSERVE_SANITIZE=ON -DLLMSERVE_CUDA=OFF" build
         ctest --test-dir "$ROOT/build-asan" --output-on-failure
+        say "tests: the threaded parts under ThreadSanitizer (build-tsan: thread pool, engine, RPC threads, TP comm)"
+        BUILD_DIR=build-tsan CMAKE_ARGS="-DLLMSERVE_TSAN=ON -DLLMSERVE_CUDA=OFF" \
+            BUILD_TARGETS="kernels_test blocks_test gateway_test engine_test worker_test llmserve-worker" build
+        TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" \
+            ctest --test-dir "$ROOT/build-tsan" --output-on-failure -R '^(kernels_test|blocks_test|gateway_test|engine_test|worker_test)$'
     fi
     if command -v clang >/dev/null; then
         local secs=${LLMSERVE_FUZZ_SECONDS:-8}

@@ -53,7 +53,7 @@ typedef struct {
     pthread_mutex_t mu;
     Llmserve__Stats snap;
     int64_t last_progress;
-    volatile int hb_stop;
+    _Atomic int hb_stop;         /* set by the loop thread, read by the heartbeat thread */
     int max_model_len, block_size, vocab, tp;
     uint64_t incarnation;        /* random per process: gateways see a restart as a new value */
     uint8_t *tok_gguf;           /* the tokenizer for ModelInfo (cm_tok_export) */
@@ -68,7 +68,7 @@ typedef struct {
     pthread_cond_t rx_cv;
     struct rxmsg *rx_head, *rx_tail;
     int rx_n;
-    volatile int rx_stop;
+    _Atomic int rx_stop;
     uint64_t rx_refused;         /* Generates refused: the queue was full */
     uint64_t gw_dropped, aborted_on_drop;
     uint64_t bad_since;          /* refused messages since the last log line */
@@ -752,6 +752,25 @@ static void *heartbeat(void *arg) {
     return NULL;
 }
 
+/* The group is going down (a rank died, the device failed): every gateway
+ * hears it for each of its requests now, instead of after its heartbeat
+ * window. LLM_EAGAIN: one that has no token yet moves to another group. */
+static void tell_gateways_going(server *s, const char *why) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "the worker group stopped (%s)", why);
+    pthread_mutex_lock(&s->mu);
+    int told = 0;
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].used) {
+            send_error_chunk(s, s->slots[i].gw, s->slots[i].rid, LLM_EAGAIN, msg, LLMSERVE__FINISH_REASON__FINISH_ERROR);
+            told++;
+        }
+    pthread_mutex_unlock(&s->mu);
+    CM_ERR("%s: told the gateways of its %d requests", msg, told);
+    struct timespec ts = {0, 200000000}; /* let the messages leave before the sockets close */
+    nanosleep(&ts, NULL);
+}
+
 int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
     server *s = calloc(1, sizeof *s);
     if (!s) return LLM_ENOMEM;
@@ -831,6 +850,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
             clock_gettime(CLOCK_MONOTONIC, &b);
             if (rc < 0) {
                 snprintf(err, errlen, "engine step failed: %s", cm_strerror(rc));
+                tell_gateways_going(s, err);
                 break;
             }
             s->step_ms[s->step_at] = (float)((double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) * 1e-6);
