@@ -8,23 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mutate.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-typedef struct {
-    uint8_t *b;
-    size_t n;
-} seed;
-
-static seed pack(pr_env *e) {
-    seed s;
+static fuzz_seed pack(pr_env *e) {
+    fuzz_seed s;
     s.n = llmserve__envelope__get_packed_size(e);
     s.b = malloc(s.n);
     llmserve__envelope__pack(e, s.b);
@@ -33,7 +22,7 @@ static seed pack(pr_env *e) {
 
 int main(int argc, char **argv) {
     long iters = argc > 1 ? atol(argv[1]) : 200000;
-    seed seeds[8];
+    fuzz_seed seeds[8];
     int ns = 0;
     pr_env e;
     Llmserve__Hello h = LLMSERVE__HELLO__INIT;
@@ -98,32 +87,7 @@ int main(int argc, char **argv) {
     seeds[ns++] = pack(&e);
     uint8_t buf[4096];
     for (long it = 0; it < iters; it++) {
-        seed *s = &seeds[rnd() % (uint32_t)ns];
-        size_t n = s->n;
-        memcpy(buf, s->b, n);
-        int ops = 1 + (int)(rnd() % 4);
-        for (int k = 0; k < ops; k++) {
-            switch (rnd() % 5) {
-            case 0: if (n) buf[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8)); break;
-            case 1: if (n) buf[rnd() % n] = (uint8_t)rnd(); break;
-            case 2: n = n ? rnd() % n : 0; break; /* truncate */
-            case 3: { /* splice a piece of another seed */
-                seed *o = &seeds[rnd() % (uint32_t)ns];
-                size_t at = n ? rnd() % n : 0, len = rnd() % (o->n + 1);
-                if (at + len < sizeof buf) {
-                    memcpy(buf + at, o->b + (o->n - len), len);
-                    if (at + len > n) n = at + len;
-                }
-                break;
-            }
-            default: /* a huge varint length */
-                if (n > 2) {
-                    size_t at = rnd() % (n - 1);
-                    buf[at] = 0xff;
-                    buf[at + 1] = 0xff;
-                }
-            }
-        }
+        size_t n = fuzz_mutate(buf, sizeof buf, seeds, ns);
         LLVMFuzzerTestOneInput(buf, n);
     }
     for (int i = 0; i < ns; i++) free(seeds[i].b);

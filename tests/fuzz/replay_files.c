@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include "mutate.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,19 +23,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
 #define MAX_SEEDS 256
 #define MAX_SEED (1u << 20)
 #define MAX_FUZZ_INPUT (256u << 10)
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-typedef struct {
-    uint8_t *b;
-    size_t n;
-} seed;
 
 /* The input being run: a failure writes it to fuzz-crash-input (cwd) to
  * replay by hand or add to the corpus. */
@@ -66,7 +55,7 @@ int main(int argc, char **argv) {
     }
     if (LLVMFuzzerInitialize && LLVMFuzzerInitialize(&argc, &argv)) return 77;
     long iters = argc > 2 ? atol(argv[2]) : 20000;
-    static seed seeds[MAX_SEEDS];
+    static fuzz_seed seeds[MAX_SEEDS];
     int ns = 0;
     DIR *d = opendir(argv[1]);
     if (!d) {
@@ -83,7 +72,7 @@ int main(int argc, char **argv) {
         size_t n = b ? fread(b, 1, MAX_SEED, f) : 0;
         fclose(f);
         if (!b) continue;
-        seeds[ns++] = (seed){b, n};
+        seeds[ns++] = (fuzz_seed){b, n};
     }
     closedir(d);
     if (!ns) {
@@ -94,46 +83,7 @@ int main(int argc, char **argv) {
     signal(SIGSEGV, on_crash);
     uint8_t *buf = malloc(MAX_FUZZ_INPUT);
     for (int i = 0; i < ns; i++) run(seeds[i].b, seeds[i].n); /* each seed as it is */
-    for (long it = 0; it < iters; it++) {
-        seed *s = &seeds[rnd() % (uint32_t)ns];
-        size_t n = s->n < MAX_FUZZ_INPUT ? s->n : MAX_FUZZ_INPUT;
-        memcpy(buf, s->b, n);
-        int ops = 1 + (int)(rnd() % 4);
-        for (int k = 0; k < ops; k++) {
-            switch (rnd() % 7) {
-            case 0: if (n) buf[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8)); break;
-            case 1: if (n) buf[rnd() % n] = (uint8_t)rnd(); break;
-            case 2: n = n ? rnd() % n : 0; break; /* truncate */
-            case 3: { /* splice a piece of another seed */
-                seed *o = &seeds[rnd() % (uint32_t)ns];
-                size_t at = n ? rnd() % n : 0, len = rnd() % (o->n + 1);
-                if (at + len < MAX_FUZZ_INPUT) {
-                    memcpy(buf + at, o->b + (o->n - len), len);
-                    if (at + len > n) n = at + len;
-                }
-                break;
-            }
-            case 4: /* a piece repeated: long inputs */
-                if (n > 1 && rnd() % 8 == 0) {
-                    size_t from = rnd() % n, len = 1 + rnd() % (n - from < 64 ? n - from : 64);
-                    while (n + len <= MAX_FUZZ_INPUT && n < (32u << 10)) {
-                        memmove(buf + n, buf + from, len);
-                        n += len;
-                    }
-                }
-                break;
-            case 5: /* a huge length or count */
-                if (n > 8) {
-                    size_t at = rnd() % (n - 7);
-                    memset(buf + at, 0xff, 4 + rnd() % 4);
-                }
-                break;
-            default: /* a small integer where a count may be */
-                if (n > 4) buf[rnd() % n] = (uint8_t)(rnd() % 4);
-            }
-        }
-        run(buf, n);
-    }
+    for (long it = 0; it < iters; it++) run(buf, fuzz_mutate(buf, MAX_FUZZ_INPUT, seeds, ns));
     for (int i = 0; i < ns; i++) free(seeds[i].b);
     free(buf);
     printf("%s: %d seeds and %ld mutants, no crash\n", argv[0], ns, iters);
