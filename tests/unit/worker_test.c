@@ -686,7 +686,13 @@ static void test_kill_worker(const char *addr) {
             break;
         }
     }
+    /* when the last Health was read, not sent, counts: under the sanitizers
+     * this client reads its backlog of chunks slowly, and sees it later */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    CHECK(detected >= 0 && detected < 8);
+#else
     CHECK(detected >= 0 && detected < 3.6);
+#endif
     fprintf(stderr, "  worker killed mid-stream: noticed after %.2f s\n", detected);
     client_close(&c);
 }
