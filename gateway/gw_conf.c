@@ -10,7 +10,7 @@ enum { K_STR, K_INT, K_DBL, K_ON, K_OFF, K_KEY, K_ROUTE, K_LOG, K_SIZE };
 #define F(field) offsetof(gw_conf, field)
 const gw_flag gw_flags[] = {
     {"host", "H", "127.0.0.1", "address to bind", K_STR, 1, F(host), 0, 0},
-    {"port", "N", "8000", "HTTP port", K_INT, 1, F(port), 1, 65535},
+    {"port", "N", "8000", "HTTP port (0: one the kernel picks, logged)", K_INT, 1, F(port), 0, 65535},
     {"workers", "ADDR,...", "tcp://127.0.0.1:7600", "worker groups (tcp://HOST:PORT or ipc://PATH)", K_STR, 0, F(workers), 0, 0},
     {"workers-dns", "NAME:PORT", NULL, "every address NAME resolves to is a group, re-resolved every 10 s (a headless service)",
      K_STR, 0, F(workers_dns), 0, 0},

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,8 @@ typedef struct cstate {
     int keylen, in_value, is_cl;
     uint64_t clen;               /* the largest Content-Length in this header */
     uint64_t discard_left;       /* P_DISCARD: bytes still to throw away */
+    int ours;                    /* a reply of ours is being written (set by the handler's answer, cleared at its end) */
+    int swallow;                 /* evhttp's own error reply is being thrown away: ours went out instead */
     struct event *flush;         /* moves queued output on, after evhttp turned writing on */
 } cstate;
 
@@ -79,6 +82,7 @@ const char *gw_http_reason(int s) {
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
+    case 417: return "Expectation Failed";
     case 422: return "Unprocessable Entity";
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
@@ -86,6 +90,7 @@ const char *gw_http_reason(int s) {
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return s < 300 ? "OK" : s < 500 ? "Bad Request" : "Internal Server Error";
     }
 }
@@ -213,6 +218,60 @@ static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evb
     return BEV_OK;
 }
 
+/* evhttp answers a request it refuses before any handler runs (a header it
+ * cannot parse, a chunked body over the limit, an Expect it does not know,
+ * a method it does not know) with an HTML page in the request's own HTTP
+ * version, "HTTP/1.5" included. Output that is not a reply of ours and
+ * starts with a final status line is such a page: the same status goes out
+ * instead in OpenAI's JSON shape, as HTTP/1.1, and evhttp's bytes are
+ * thrown away (it closes the connection after them). 1 when it was. */
+static int own_error(cstate *cs, struct evbuffer *src, struct evbuffer *dst) {
+    char line[64];
+    ev_ssize_t n = evbuffer_copyout(src, line, sizeof line - 1);
+    if (n < 12 || memcmp(line, "HTTP/", 5)) return 0;
+    line[n] = 0;
+    const char *sp = strchr(line, ' '); /* the version is the request's, "1.-1" or 1.999… included */
+    if (!sp || sp - line + 4 > n) return 0;
+    int st = 0;
+    for (int i = 1; i <= 3; i++) st = st * 10 + (sp[i] >= '0' && sp[i] <= '9' ? sp[i] - '0' : 1000);
+    if (st < 200 || st > 599) return 0; /* 100 Continue goes out as it is */
+    const char *msg = "malformed HTTP request", *code = "bad_request";
+    char big[160];
+    if (st == 413) {
+        snprintf(big, sizeof big, "the request body is larger than --max-body-bytes %zu", cs->h->o.max_body);
+        msg = big;
+        code = "request_too_large";
+    } else if (st == 417) {
+        msg = "unsupported Expect header (only 100-continue is)";
+        code = "expectation_failed";
+    } else if (st == 501) {
+        msg = "unsupported HTTP method";
+        code = "not_implemented";
+    }
+    json_t *j = cm_oai_error_json(st, msg, NULL, code);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    size_t bl = body ? strlen(body) : 0;
+    evbuffer_drain(src, evbuffer_get_length(src));
+    cs->swallow = 1;
+    struct evbuffer *out = evbuffer_new();
+    if (out) {
+        evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nServer: llmserve\r\n"
+                            "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n", st, gw_http_reason(st), bl + 1,
+                            body ? body : "");
+        struct bufferevent *u = bufferevent_get_underlying(cs->bev);
+        int fd = u ? bufferevent_getfd(u) : -1;
+        if (fd >= 0 && evbuffer_get_length(dst) == 0)
+            while (evbuffer_get_length(out) && evbuffer_write(out, fd) > 0) {
+            }
+        evbuffer_add_buffer(dst, out);
+        evbuffer_free(out);
+    }
+    free(body);
+    if (cs->h->o.on_status) cs->h->o.on_status(cs->h->o.ctx, st);
+    return 1;
+}
+
 /* Output goes straight to the socket when nothing is queued before it.
  * evhttp closes a connection (shutdown(SHUT_WR) on the socket) as soon as
  * the filter's own buffer is empty, so a reply left in the socket
@@ -222,6 +281,11 @@ static enum bufferevent_filter_result out_filter(struct evbuffer *src, struct ev
     cstate *cs = ctx;
     (void)lim;
     (void)mode;
+    if (cs->swallow) {
+        evbuffer_drain(src, evbuffer_get_length(src));
+        return BEV_OK;
+    }
+    if (!cs->ours && cs->h && own_error(cs, src, dst)) return BEV_OK;
     struct bufferevent *u = bufferevent_get_underlying(cs->bev);
     int fd = u ? bufferevent_getfd(u) : -1;
     if (fd >= 0 && evbuffer_get_length(dst) == 0)
@@ -343,6 +407,17 @@ static void on_accept_error(struct evconnlistener *l, void *arg) {
 
 /* ---- replies ------------------------------------------------------------- */
 
+static cstate *conn_state(const gw_conn *c) {
+    struct bufferevent *b = c->evc ? evhttp_connection_get_bufferevent(c->evc) : NULL;
+    return b ? gw_map_get(&c->h->cons, (uint64_t)(uintptr_t)b) : NULL;
+}
+
+/* What goes out from here to the reply's end is ours, not evhttp's. */
+static void mark_ours(const gw_conn *c) {
+    cstate *cs = conn_state(c);
+    if (cs) cs->ours = 1;
+}
+
 static void conn_end(gw_conn *c) {
     if (c->evc) evhttp_connection_set_closecb(c->evc, NULL, NULL);
     free(c);
@@ -359,6 +434,7 @@ void gw_http_body(gw_conn *c, int status, const char *ctype, const char *data, s
     evhttp_add_header(oh, "Content-Type", ctype);
     evhttp_add_header(oh, "Server", "llmserve");
     if (c->h->o.on_status) c->h->o.on_status(c->h->o.ctx, status);
+    mark_ours(c);
     /* the reply may be written, and the connection freed, inside the send */
     struct evhttp_request *req = c->req;
     conn_end(c);
@@ -395,6 +471,7 @@ void gw_http_stream_begin(gw_conn *c) {
     evhttp_add_header(oh, "Content-Type", "text/event-stream");
     evhttp_add_header(oh, "Cache-Control", "no-cache");
     evhttp_add_header(oh, "Server", "llmserve");
+    mark_ours(c);
     evhttp_send_reply_start(c->req, 200, "OK");
     c->streaming = 1;
 }
@@ -479,6 +556,7 @@ static void on_complete(struct evhttp_request *req, void *arg) {
     struct evhttp_connection *evc = evhttp_request_get_connection(req);
     cstate *cs = evc ? gw_map_get(&h->cons, (uint64_t)(uintptr_t)evhttp_connection_get_bufferevent(evc)) : NULL;
     if (cs && cs->phase == P_HANDLING) cs->phase = P_IDLE; /* keep-alive: the next request's header starts its clock */
+    if (cs) cs->ours = 0; /* all of it has passed out_filter: evhttp calls this once its buffer is empty */
     if (evc) { /* idle between requests: evhttp's inactivity timeout again */
         double t = h->o.header_timeout;
         struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
@@ -526,6 +604,15 @@ static void on_request(struct evhttp_request *req, void *arg) {
      * stream may wait for its first token longer than a header may take */
     struct timeval day = {86400, 0};
     evhttp_connection_set_timeout_tv(evc, &day);
+    if (req->major != 1 || req->minor < 0 || req->minor > 1) { /* evhttp takes any 1.x, "1.-110" too, and would answer in it */
+        char v[64];
+        snprintf(v, sizeof v, "HTTP/%d.%d is not supported: HTTP/1.1 or HTTP/1.0", req->major, req->minor);
+        req->major = 1; /* the reply's own version */
+        req->minor = 1;
+        gw_http_header(c, "Connection", "close");
+        gw_http_error(c, 505, v, NULL, "http_version_not_supported");
+        return;
+    }
     const char *bad = bad_header(req, cs);
     if (bad) {
         gw_http_header(c, "Connection", "close");
@@ -616,3 +703,12 @@ void gw_http_free(gw_http *h) {
 }
 
 int gw_http_open_connections(const gw_http *h) { return h->open; }
+
+int gw_http_port(const gw_http *h) {
+    struct sockaddr_storage a;
+    socklen_t al = sizeof a;
+    if (getsockname(evconnlistener_get_fd(h->lst), (struct sockaddr *)&a, &al)) return -1;
+    if (a.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&a)->sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
+    return -1;
+}

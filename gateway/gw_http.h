@@ -52,6 +52,8 @@ typedef struct {
 int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out, char *err, size_t errlen);
 void gw_http_free(gw_http *h);
 int gw_http_open_connections(const gw_http *h);
+/* The port it listens on (the one the kernel chose for port 0), or -1. */
+int gw_http_port(const gw_http *h);
 
 /* A header for the reply (before it starts). */
 void gw_http_header(gw_conn *c, const char *name, const char *value);

@@ -123,3 +123,41 @@ hdr = struct.pack("<7i", D, H, 1, 2, 2, -V, C)
 n = D * V + D + D * D * 2 + D * D * 2 + D + D * H * 3 + D + C * (D // 2 // 2) * 2 + D * V
 put("gguf", "tiny-llama2c", hdr + f32(n))
 print("seeds written under", os.path.join(HERE, "corpus"))
+
+
+# ---- raw HTTP to the gateway (fuzz_http): whole requests as a client sends them
+def http(method, path, body=None, headers=None, key="fuzzkey", version="HTTP/1.1"):
+    h = ["%s %s %s" % (method, path, version), "Host: localhost"]
+    if key:
+        h.append("Authorization: Bearer " + key)
+    for k, v in (headers or {}).items():
+        h.append("%s: %s" % (k, v))
+    b = b""
+    if body is not None:
+        b = body if isinstance(body, bytes) else json.dumps(body).encode()
+        if not any(k.lower() in ("content-length", "transfer-encoding") for k in (headers or {})):
+            h.append("Content-Length: %d" % len(b))
+        h.append("Content-Type: application/json")
+    return ("\r\n".join(h) + "\r\n\r\n").encode() + b
+
+
+put("http", "health", http("GET", "/health", key=None))
+put("http", "models", http("GET", "/v1/models"))
+put("http", "metrics", http("GET", "/metrics", key=None))
+put("http", "chat", http("POST", "/v1/chat/completions", chat[0]))
+put("http", "chat-stream", http("POST", "/v1/chat/completions", dict(chat[1], stream=True)))
+put("http", "completion", http("POST", "/v1/completions", comp[2]))
+put("http", "completion-ids", http("POST", "/v1/completions", comp[1]))
+put("http", "no-key", http("POST", "/v1/completions", comp[0], key=None))
+put("http", "wrong-method", http("DELETE", "/v1/completions", comp[0]))
+put("http", "http10", http("POST", "/v1/completions", comp[0], version="HTTP/1.0"))
+body = json.dumps(comp[0]).encode()
+chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+put("http", "chunked", http("POST", "/v1/completions", chunked, {"Transfer-Encoding": "chunked"}))
+put("http", "pipelined", http("GET", "/v1/models") + http("POST", "/v1/chat/completions", chat[2]) +
+    http("GET", "/health", key=None))
+put("http", "keepalive-close", http("POST", "/v1/completions", comp[3], {"Connection": "close"}))
+put("http", "two-lengths", http("POST", "/v1/completions", body, {"Content-Length": "%d" % len(body),
+                                                                   "content-length": "%d" % len(body)}))
+put("http", "short-body", http("POST", "/v1/completions", body[:10], {"Content-Length": "%d" % len(body)}))
+put("http", "bad-json", http("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}'))
