@@ -66,13 +66,24 @@ int pr_load_secret_file(const char *path, char *err, size_t errlen) {
     return pr_set_secret(p, l);
 }
 
+size_t pr_secret(const uint8_t **s) {
+    *s = secret;
+    return secret_len;
+}
+
 /* Constant time in the secret's length: no early exit on the first difference. */
+int pr_secret_check(const void *s, size_t len) {
+    if (!secret_len) return 1;
+    if (len != secret_len) return 0;
+    const uint8_t *b = s;
+    uint8_t d = 0;
+    for (size_t i = 0; i < secret_len; i++) d |= (uint8_t)(b[i] ^ secret[i]);
+    return d == 0;
+}
+
 static int secret_ok(const pr_env *e) {
     if (!secret_len) return 1;
-    if (!e->has_secret || e->secret.len != secret_len) return 0;
-    uint8_t d = 0;
-    for (size_t i = 0; i < secret_len; i++) d |= (uint8_t)(e->secret.data[i] ^ secret[i]);
-    return d == 0;
+    return e->has_secret && pr_secret_check(e->secret.data, e->secret.len);
 }
 
 int pr_decode(const void *buf, size_t len, pr_env **out, uint32_t *peer_version, char *err, size_t errlen) {

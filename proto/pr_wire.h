@@ -38,6 +38,11 @@ int pr_recv(nng_socket s, pr_env **out, int flags, uint32_t *peer_version, char 
  * bytes); a file others can read is refused. Process-wide; 0 or LLM_E*. */
 int pr_load_secret_file(const char *path, char *err, size_t errlen);
 int pr_set_secret(const void *secret, size_t len);
+/* The secret (length 0 when none is set), for channels that are not
+ * Envelopes (the TP group's join). */
+size_t pr_secret(const uint8_t **s);
+/* 1 when s matches the secret (or none is set), in constant time. */
+int pr_secret_check(const void *s, size_t len);
 
 /* An Envelope with the given body case, for building messages on the stack. */
 void pr_env_init(pr_env *e);

@@ -1,6 +1,7 @@
 #include "wk_tp.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "pr_wire.h"
 
 #include <errno.h>
 #include <nng/nng.h>
@@ -15,7 +16,7 @@
 #include <unistd.h>
 
 #define TP_MAGIC 0x6c6d7470u
-#define TP_VERSION 1
+#define TP_VERSION 2 /* 2: the join carries the deployment's secret */
 #define JOIN_TIMEOUT_MS 120000
 
 enum { BACKEND_SHM = 1, BACKEND_NCCL = 2 };
@@ -23,6 +24,8 @@ enum { BACKEND_SHM = 1, BACKEND_NCCL = 2 };
 typedef struct {
     uint32_t magic, version, rank, size;
     int32_t pid;
+    uint32_t secret_len;         /* --rpc-secret-file: a rank without it learns nothing of the group */
+    uint8_t secret[1024];
 } join_req;
 
 typedef struct {
@@ -146,10 +149,15 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
         a.version = TP_VERSION;
         int ok = nng_msg_len(msg) == sizeof q;
         if (ok) memcpy(&q, nng_msg_body(msg), sizeof q);
-        if (!ok || q.magic != TP_MAGIC) {
+        else if (nng_msg_len(msg) >= 8) memcpy(&q, nng_msg_body(msg), 8); /* its magic and version, for the error */
+        if (nng_msg_len(msg) < 8 || q.magic != TP_MAGIC) {
             snprintf(a.err, sizeof a.err, "malformed join message");
         } else if (q.version != TP_VERSION) {
             snprintf(a.err, sizeof a.err, "rank speaks group protocol %u, rank 0 speaks %u", q.version, TP_VERSION);
+        } else if (!ok) {
+            snprintf(a.err, sizeof a.err, "malformed join message");
+        } else if (q.secret_len > sizeof q.secret || !pr_secret_check(q.secret, q.secret_len)) {
+            snprintf(a.err, sizeof a.err, "the rank lacks the group's secret (--rpc-secret-file)");
         } else if (q.size != (uint32_t)t->size || q.rank == 0 || q.rank >= (uint32_t)t->size || joined[q.rank]) {
             snprintf(a.err, sizeof a.err, "rank %u of %u refused (group of %d, already joined: %d)", q.rank, q.size,
                      t->size, q.rank < 64 ? joined[q.rank] : 0);
@@ -190,7 +198,10 @@ static int join(wk_tp *t, char *err, size_t errlen) {
     if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, JOIN_TIMEOUT_MS);
     if (!rv) rv = nng_socket_set_size(req, NNG_OPT_RECVMAXSZ, 4096);
     if (!rv) rv = nng_dial(req, t->addr, NULL, NNG_FLAG_NONBLOCK);
-    join_req q = {TP_MAGIC, TP_VERSION, (uint32_t)t->rank, (uint32_t)t->size, (int32_t)getpid()};
+    join_req q = {TP_MAGIC, TP_VERSION, (uint32_t)t->rank, (uint32_t)t->size, (int32_t)getpid(), 0, {0}};
+    const uint8_t *sec;
+    q.secret_len = (uint32_t)pr_secret(&sec);
+    memcpy(q.secret, sec, q.secret_len);
     if (!rv) rv = nng_send(req, &q, sizeof q, 0);
     void *buf = NULL;
     size_t len = 0;

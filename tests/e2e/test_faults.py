@@ -665,6 +665,27 @@ def secret_checks():
     glog = open(os.path.join(EMPTY, "secret-gw-only.log")).read()
     check("without the shared secret" in glog and glog.count("message from a worker dropped") <= 2,
           "secret: the gateway logs it, once per 10 s")
+    # a tensor-parallel group's control channel: a rank without the secret is refused, one with it joins
+    r0, cp, g2 = BASE + 85, BASE + 86, BASE + 87
+    ctl = "tcp://127.0.0.1:%d" % cp
+    tp_args = ["--tensor-parallel-size", "2", "--group-address", ctl]
+    w0 = worker(r0, "--rank", "0", "--rpc-secret-file", sec, *tp_args)
+    time.sleep(0.5)
+    r = None
+    for _ in range(20):  # until rank 0 listens
+        r = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--rank", "1", "--threads", "1"] + tp_args,
+                           capture_output=True, text=True, timeout=120)
+        if "refused" in r.stderr:
+            break
+        time.sleep(0.5)
+    check(r.returncode != 0 and "lacks the group's secret" in r.stderr,
+          "secret: a TP rank without the secret is refused by rank 0 (%s)" % r.stderr.strip()[-100:])
+    worker(BASE + 88, "--rank", "1", "--rpc-secret-file", sec, *tp_args)
+    gateway(g2, [r0], "--rpc-secret-file", sec, log="secret-tp-gw.log")
+    check(wait_up(g2, secs=90), "secret: with the secret the rank joins and the TP group serves")
+    st, d = post(g2, "/v1/completions", {"prompt": "Hello", "max_tokens": 3})
+    check(st == 200, "secret: the TP group answers (%d)" % st)
+    w0.terminate()
 
 
 def main():
