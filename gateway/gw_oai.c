@@ -282,9 +282,12 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
     } else if (!strcmp(r->path, "/v1/models")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_models(g, r);
-    } else if (!strcmp(r->path, "/health")) {
+    } else if (!strcmp(r->path, "/health") || !strcmp(r->path, "/ready")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_health(g, r);
+    } else if (!strcmp(r->path, "/live")) { /* the loop answers: alive, draining or not, workers or not */
+        if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
+        else gw_http_body(r->conn, 200, "application/json", "{\"status\":\"ok\"}\n", 16);
     } else if (!strcmp(r->path, "/metrics")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_metrics(g, r);

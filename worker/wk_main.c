@@ -37,6 +37,9 @@ static void help(FILE *f) {
             "  --max-waiting N           queued requests before refusing new ones (default 1024)\n"
             "  --shutdown-timeout S      on SIGTERM, let running requests finish for up to S seconds (default 30)\n"
             "  --rpc-secret-file PATH    a secret shared with the gateways: messages without it are refused (chmod 600)\n"
+            "  --health-port N           HTTP probes on N: /live, /ready, /health (default 0: none)\n"
+            "  --health-host HOST        the probes' address (default 0.0.0.0: the kubelet calls the pod's address)\n"
+            "  --no-warmup               take requests without running one short request first\n"
             "  --log-level L             error|warn|info|debug (default info)\n"
             "  -h, --help\n" WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
@@ -55,11 +58,13 @@ static int parse_pos(const char *flag, const char *s, long lo, long hi, int *out
 int main(int argc, char **argv) {
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
-    int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30;
+    int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
+    const char *health_host = "0.0.0.0";
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
-    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET };
+    enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET, O_HPORT, O_HHOST,
+           O_NOWARM };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
@@ -73,6 +78,9 @@ int main(int argc, char **argv) {
                                        {"log-level", required_argument, 0, O_LOG},
                                        {"shutdown-timeout", required_argument, 0, O_SHUT},
                                        {"rpc-secret-file", required_argument, 0, O_SECRET},
+                                       {"health-port", required_argument, 0, O_HPORT},
+                                       {"health-host", required_argument, 0, O_HHOST},
+                                       {"no-warmup", no_argument, 0, O_NOWARM},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -93,6 +101,9 @@ int main(int argc, char **argv) {
         case O_HB: bad = parse_pos("--heartbeat-timeout", optarg, 100, 3600000, &hb); break;
         case O_MAXW: bad = parse_pos("--max-waiting", optarg, 1, 1 << 20, &max_waiting); break;
         case O_SHUT: bad = parse_pos("--shutdown-timeout", optarg, 0, 86400, &shutdown_s); break;
+        case O_HPORT: bad = parse_pos("--health-port", optarg, 0, 65535, &health_port); break;
+        case O_HHOST: health_host = optarg; break;
+        case O_NOWARM: warmup = 0; break;
         case O_SECRET: {
             char e2[512];
             if (pr_load_secret_file(optarg, e2, sizeof e2)) {
@@ -153,6 +164,11 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[512] = "";
+    wk_health *health = NULL; /* from the start: a long load is the startup probe's to bound, not a dead pod */
+    if (health_port && wk_health_start(health_host, health_port, 30000, &health, err, sizeof err)) {
+        fprintf(stderr, "llmserve-worker: %s\n", err);
+        return 1;
+    }
     wk_tp *group_h = NULL;
     int my_rank = rank < 0 ? 0 : rank;
     if (tp > 1) {
@@ -179,6 +195,7 @@ int main(int argc, char **argv) {
             m->cfg.ctx_len, kn_isa_name(), kn_pool_size(m->pool), my_rank, tp);
     int ret = 0;
     if (my_rank > 0) {
+        wk_health_set_state(health, WK_H_READY); /* loaded and joined: it follows rank 0 from here */
         rc = wk_tp_follow(group_h, m, &eo, &stop_flag, err, sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker rank %d: %s\n", my_rank, err);
@@ -192,7 +209,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
             ret = 1;
         } else {
-            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp, shutdown_s * 1000};
+            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp, shutdown_s * 1000, health, warmup};
             rc = wk_server_run(e, &so, &stop_flag, err, sizeof err);
             if (rc) {
                 fprintf(stderr, "llmserve-worker: %s\n", err);
@@ -203,5 +220,6 @@ int main(int argc, char **argv) {
     }
     wk_tp_free(group_h); /* rank 0: stops the followers */
     wk_model_free(m);
+    wk_health_stop(health);
     return ret;
 }

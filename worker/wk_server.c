@@ -771,7 +771,41 @@ static void tell_gateways_going(server *s, const char *why) {
     nanosleep(&ts, NULL);
 }
 
+/* One short request, start to end, before the first client: the first
+ * steps pay for page faults in the weights, kernels' first launches and an
+ * unmeasured cost model (prefill estimates start high). */
+static int warm_up(wk_engine *e, char *err, size_t errlen) {
+    int32_t prompt[32];
+    int vocab = (int)wk_engine_model(e)->cfg.vocab;
+    for (int i = 0; i < 32; i++) prompt[i] = (int32_t)((1000 + 37 * i) % (vocab > 1 ? vocab : 1));
+    wk_params p;
+    wk_params_default(&p);
+    p.max_tokens = 4;
+    p.ignore_eos = 1;
+    const uint64_t id = UINT64_MAX - 7;
+    int rc = wk_engine_add(e, id, prompt, 32, &p, err, errlen);
+    if (rc) return rc;
+    for (int guard = 0; wk_engine_has_work(e) && guard < 10000; guard++) {
+        if ((rc = wk_engine_step(e)) < 0) {
+            snprintf(err, errlen, "warm-up step failed: %s", cm_strerror(rc));
+            return rc;
+        }
+        const wk_output *out;
+        wk_engine_outputs(e, &out);
+    }
+    wk_kv_event ev[64];
+    while (wk_engine_events(e, ev, 64) == 64) { /* its cache blocks are no news to gateways */
+    }
+    return 0;
+}
+
 int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
+    if (o->warmup) {
+        double t0 = (double)now_ms();
+        int rc = warm_up(e, err, errlen);
+        if (rc) return rc;
+        CM_INFO("warmed up in %.0f ms", (double)now_ms() - t0);
+    }
     server *s = calloc(1, sizeof *s);
     if (!s) return LLM_ENOMEM;
     s->e = e;
@@ -813,11 +847,14 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         return LLM_ENOMEM;
     }
     int64_t last_check = now_ms(), drain_until = 0;
+    wk_health_set_state(o->health, WK_H_READY);
     for (;;) {
+        wk_health_beat(o->health);
         if (*stop && !s->draining) { /* SIGTERM: finish what runs, take nothing new */
             pthread_mutex_lock(&s->mu);
             s->draining = 1;
             pthread_mutex_unlock(&s->mu);
+            wk_health_set_state(o->health, WK_H_DRAINING);
             int64_t ms = o->shutdown_timeout_ms >= 0 ? o->shutdown_timeout_ms : 30000;
             drain_until = now_ms() + ms;
             CM_INFO("draining: %d requests running, up to %lld ms (a second signal stops at once)", s->live, (long long)ms);

@@ -20,6 +20,7 @@
 #define WK_SERVER_H
 
 #include "wk_engine.h"
+#include "wk_health.h"
 
 #include <signal.h>
 
@@ -32,9 +33,13 @@ typedef struct {
     int send_buffer;             /* messages per gateway, default 8192 */
     int tp_size;
     int shutdown_timeout_ms;     /* drain limit after *stop (default 30000; 0: abort at once) */
+    wk_health *health;           /* probes (--health-port), or NULL: told of each pass and of ready/draining */
+    int warmup;                  /* run one short request through the engine before taking any */
 } wk_server_opts;
 
-/* Serves until *stop becomes non-zero, then drains: Health says not ready,
+/* Warms the engine up first when asked (one short request: the device's
+ * first kernels and the step cost model are ready before any client waits
+ * on them), then listens. Serves until *stop becomes non-zero, then drains: Health says not ready,
  * new requests are refused (retryable), running ones finish within
  * shutdown_timeout_ms and are then aborted; *stop > 1 ends the drain at
  * once. 0 after a drain, or an error (binding the address, the engine). */

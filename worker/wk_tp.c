@@ -52,7 +52,7 @@ struct wk_tp {
 wk_comm *wk_tp_comm(wk_tp *t) { return t ? t->comm : NULL; }
 
 static int spawn_rank(wk_tp *t, int r, int argc, char **argv, char *err, size_t errlen) {
-    char **av = calloc((size_t)argc + 5, sizeof *av);
+    char **av = calloc((size_t)argc + 7, sizeof *av);
     char rs[16];
     if (!av) return LLM_ENOMEM;
     snprintf(rs, sizeof rs, "%d", r);
@@ -62,6 +62,8 @@ static int spawn_rank(wk_tp *t, int r, int argc, char **argv, char *err, size_t 
     av[n++] = rs;
     av[n++] = "--group-address";
     av[n++] = t->addr;
+    av[n++] = "--health-port"; /* the driver's probes speak for the group: a child binding them too would fail */
+    av[n++] = "0";
     av[n] = NULL;
     pid_t ppid = getpid(), pid = fork();
     if (pid < 0) {

@@ -635,6 +635,47 @@ def deadline_checks():
     w.terminate()
 
 
+# ---- probes -------------------------------------------------------------------
+def probe_checks():
+    """--health-port: the worker's /live answers from the start, /ready only
+    once the model is loaded and warmed and not while it drains; the
+    gateway's /live answers with no worker at all, its /ready does not."""
+    wp, hp, gp = BASE + 90, BASE + 91, BASE + 92
+
+    def probe(port, path):
+        try:
+            return get(port, path, timeout=2)[0]
+        except OSError:
+            return None
+    g = gateway(gp, [wp], log="probe-gw.log")
+    for _ in range(50):
+        if probe(gp, "/live") == 200:
+            break
+        time.sleep(0.1)
+    check(probe(gp, "/live") == 200 and probe(gp, "/ready") == 503,
+          "probes: a gateway without workers is live (200) and not ready (503)")
+    w = worker(wp, "--health-port", str(hp))
+    seen, t = [], time.time()
+    while time.time() - t < 60:
+        r, l = probe(hp, "/ready"), probe(hp, "/live")
+        if r is not None and (not seen or seen[-1] != (r, l)):
+            seen.append((r, l))
+        if r == 200:
+            break
+        time.sleep(0.02)
+    check(seen and seen[-1] == (200, 200) and all(l == 200 for _, l in seen),
+          "probes: the worker is live throughout and ready once loaded and warmed (%s)" % seen)
+    check(wait_up(gp) and probe(gp, "/ready") == 200, "probes: the gateway is ready once the worker is")
+    s = Stream(gp, dict(LONG, max_tokens=300))
+    s.read(until=lambda e: True)
+    w.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    check(probe(hp, "/ready") == 503 and probe(hp, "/live") == 200,
+          "probes: draining, the worker is live but not ready")
+    s.close()
+    g.terminate()
+
+
 # ---- shared secret ------------------------------------------------------------
 def secret_checks():
     """--rpc-secret-file: a gateway without the worker group's secret cannot
@@ -707,7 +748,7 @@ def main():
         if want("hangup"):
             hangup_checks(gp, sp, g.pid)
         for part, fn in (("auth", auth_checks), ("more", more_checks), ("fd", fd_checks), ("groups", group_checks),
-                         ("deadline", deadline_checks), ("secret", secret_checks)):
+                         ("deadline", deadline_checks), ("secret", secret_checks), ("probes", probe_checks)):
             if want(part):
                 fn()
         del w

@@ -1,0 +1,124 @@
+#include "wk_health.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <nng/nng.h>
+#include <nng/supplemental/http/http.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct wk_health {
+    nng_http_server *srv;
+    _Atomic int64_t beat_ms;     /* the main loop's last pass (monotonic ms) */
+    _Atomic int state;
+    _Atomic int beating;         /* the loop calls wk_health_beat (rank 0's does; a follower's never) */
+    int live_ms;
+};
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *state_name(int s) {
+    switch (s) {
+    case WK_H_LOADING: return "loading";
+    case WK_H_READY: return "ready";
+    case WK_H_DRAINING: return "draining";
+    default: return "failed";
+    }
+}
+
+static void reply(nng_aio *aio, int status, const char *body) {
+    nng_http_res *res;
+    if (nng_http_res_alloc(&res)) {
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    nng_http_res_set_status(res, (uint16_t)status);
+    nng_http_res_set_header(res, "Content-Type", "application/json");
+    nng_http_res_set_header(res, "Cache-Control", "no-store");
+    nng_http_res_copy_data(res, body, strlen(body));
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
+static void on_live(nng_aio *aio) {
+    nng_http_handler *hd = nng_aio_get_input(aio, 1);
+    wk_health *h = nng_http_handler_get_data(hd);
+    int64_t age = mono_ms() - atomic_load(&h->beat_ms);
+    int st = atomic_load(&h->state);
+    char b[160];
+    /* a load (minutes for a 70B model) is the startup probe's to bound; ranks that follow rank 0 block
+     * between its steps and never beat: alive while the process is */
+    int ok = st == WK_H_LOADING || (st != WK_H_FAILED && (!atomic_load(&h->beating) || age <= h->live_ms));
+    snprintf(b, sizeof b, "{\"status\":\"%s\",\"state\":\"%s\",\"loop_ms_ago\":%lld}\n", ok ? "ok" : "stuck",
+             state_name(st), (long long)age);
+    reply(aio, ok ? 200 : 503, b);
+}
+
+static void on_ready(nng_aio *aio) {
+    nng_http_handler *hd = nng_aio_get_input(aio, 1);
+    wk_health *h = nng_http_handler_get_data(hd);
+    int st = atomic_load(&h->state);
+    int64_t age = mono_ms() - atomic_load(&h->beat_ms);
+    int ok = st == WK_H_READY && (!atomic_load(&h->beating) || age <= h->live_ms);
+    char b[160];
+    snprintf(b, sizeof b, "{\"status\":\"%s\",\"state\":\"%s\"}\n", ok ? "ok" : "unavailable", state_name(st));
+    reply(aio, ok ? 200 : 503, b);
+}
+
+int wk_health_start(const char *host, int port, int live_ms, wk_health **out, char *err, size_t errlen) {
+    *out = NULL;
+    wk_health *h = calloc(1, sizeof *h);
+    if (!h) return LLM_ENOMEM;
+    h->live_ms = live_ms > 0 ? live_ms : 30000;
+    atomic_store(&h->beat_ms, mono_ms());
+    atomic_store(&h->state, WK_H_LOADING);
+    char url[300];
+    snprintf(url, sizeof url, "http://%s:%d", host && *host ? host : "0.0.0.0", port);
+    nng_url *u = NULL;
+    int rv = nng_url_parse(&u, url);
+    if (!rv) rv = nng_http_server_hold(&h->srv, u);
+    const char *paths[] = {"/live", "/ready", "/health"};
+    void (*cbs[])(nng_aio *) = {on_live, on_ready, on_ready};
+    for (int i = 0; i < 3 && !rv; i++) {
+        nng_http_handler *hd;
+        rv = nng_http_handler_alloc(&hd, paths[i], cbs[i]);
+        if (!rv) rv = nng_http_handler_set_data(hd, h, NULL);
+        if (!rv && (rv = nng_http_server_add_handler(h->srv, hd))) nng_http_handler_free(hd);
+    }
+    if (!rv) rv = nng_http_server_start(h->srv);
+    if (u) nng_url_free(u);
+    if (rv) {
+        snprintf(err, errlen, "--health-port %d: cannot serve %s: %s", port, url, nng_strerror(rv));
+        if (h->srv) nng_http_server_release(h->srv);
+        free(h);
+        return LLM_EIO;
+    }
+    CM_INFO("probes on %s: /live, /ready, /health", url);
+    *out = h;
+    return 0;
+}
+
+void wk_health_beat(wk_health *h) {
+    if (!h) return;
+    atomic_store(&h->beat_ms, mono_ms());
+    atomic_store(&h->beating, 1);
+}
+
+void wk_health_set_state(wk_health *h, int state) {
+    if (h) atomic_store(&h->state, state);
+}
+
+void wk_health_stop(wk_health *h) {
+    if (!h) return;
+    nng_http_server_stop(h->srv);
+    nng_http_server_release(h->srv);
+    free(h);
+}

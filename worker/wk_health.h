@@ -1,0 +1,29 @@
+/* wk_health.h - the worker's probe endpoint for orchestrators (Kubernetes).
+ *
+ * Plain HTTP on --health-port (NNG's HTTP server, on NNG's threads: it
+ * never waits for the engine), from the start of the process, model load
+ * included. It reads two facts the worker keeps up to date:
+ *   GET /live    200 while the process's main loop has passed within
+ *                live_ms (loading counts as passing; a loop stuck in one
+ *                step for longer is not live), else 503.
+ *   GET /ready   200 once the model is loaded and warmed up and the group
+ *                takes requests (not draining), else 503 with the reason.
+ *   GET /health  the same as /ready (vLLM's path).
+ * Each answer is a small JSON object: {"status": "...", "state": "..."}. */
+#ifndef WK_HEALTH_H
+#define WK_HEALTH_H
+
+#include <stddef.h>
+
+typedef struct wk_health wk_health;
+
+enum { WK_H_LOADING = 0, WK_H_READY, WK_H_DRAINING, WK_H_FAILED };
+
+/* host: "0.0.0.0" to answer the kubelet on the pod's address. */
+int wk_health_start(const char *host, int port, int live_ms, wk_health **out, char *err, size_t errlen);
+/* The main loop passed (cheap: one atomic store). NULL h: nothing. */
+void wk_health_beat(wk_health *h);
+void wk_health_set_state(wk_health *h, int state);
+void wk_health_stop(wk_health *h);
+
+#endif
