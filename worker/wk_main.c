@@ -29,6 +29,10 @@ static void help(FILE *f) {
             "  --listen ADDR             tcp://HOST:PORT or ipc://PATH (default tcp://127.0.0.1:7600)\n"
             "  --tensor-parallel-size N  split the model over N rank processes (default 1)\n"
             "  --rank R                  (internal / multi-host) join a group as rank R\n"
+            "  --ranks-per-node K        ranks on each host (default: all of them on this one); this process runs\n"
+            "                            the first of its host's and starts the other K-1\n"
+            "  --node-index N            this host's place in a multi-host group: its ranks are N*K..N*K+K-1\n"
+            "                            (LeaderWorkerSet's LWS_WORKER_INDEX)\n"
             "  --group-address ADDR      the group's control channel (default: ipc in /tmp)\n"
             "  --threads N               CPU threads per rank (default: all CPUs / N)\n"
             "  --worker-id ID            name in Health and logs (default: hostname:pid)\n"
@@ -60,11 +64,12 @@ int main(int argc, char **argv) {
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
     int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
     const char *health_host = "0.0.0.0";
+    int per_node = 0, node_index = -1;
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
     enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET, O_HPORT, O_HHOST,
-           O_NOWARM };
+           O_NOWARM, O_PERNODE, O_NODEIDX };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
@@ -81,6 +86,8 @@ int main(int argc, char **argv) {
                                        {"health-port", required_argument, 0, O_HPORT},
                                        {"health-host", required_argument, 0, O_HHOST},
                                        {"no-warmup", no_argument, 0, O_NOWARM},
+                                       {"ranks-per-node", required_argument, 0, O_PERNODE},
+                                       {"node-index", required_argument, 0, O_NODEIDX},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -104,6 +111,8 @@ int main(int argc, char **argv) {
         case O_HPORT: bad = parse_pos("--health-port", optarg, 0, 65535, &health_port); break;
         case O_HHOST: health_host = optarg; break;
         case O_NOWARM: warmup = 0; break;
+        case O_PERNODE: bad = parse_pos("--ranks-per-node", optarg, 1, 64, &per_node); break;
+        case O_NODEIDX: bad = parse_pos("--node-index", optarg, 0, 63, &node_index); break;
         case O_SECRET: {
             char e2[512];
             if (pr_load_secret_file(optarg, e2, sizeof e2)) {
@@ -137,6 +146,17 @@ int main(int argc, char **argv) {
     }
     if (optind < argc) {
         fprintf(stderr, "llmserve-worker: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (node_index >= 0) {
+        if (!per_node) {
+            fprintf(stderr, "llmserve-worker: --node-index goes with --ranks-per-node\n");
+            return 2;
+        }
+        if (rank < 0) rank = node_index * per_node; /* a rank its host's first one started names itself */
+    }
+    if (per_node && tp % per_node) {
+        fprintf(stderr, "llmserve-worker: --ranks-per-node %d does not divide --tensor-parallel-size %d\n", per_node, tp);
         return 2;
     }
     if (rank >= tp) {
@@ -173,8 +193,11 @@ int main(int argc, char **argv) {
     int my_rank = rank < 0 ? 0 : rank;
     if (tp > 1) {
         /* rank 0 starts ranks 1..tp-1 (unless they join on their own with --rank) */
-        int rc = wk_tp_start(tp, my_rank, group, lf.device == WK_DEV_CUDA, my_rank, argc, argv, rank < 0, &group_h, err,
-                             sizeof err);
+        /* without --ranks-per-node the whole group is on this host: started bare, this process starts it */
+        int local = per_node ? per_node : tp;
+        int spawn = per_node ? (my_rank % per_node == 0 ? per_node : 1) : (rank < 0 ? tp : 1);
+        int rc = wk_tp_start(tp, my_rank, group, lf.device == WK_DEV_CUDA, my_rank % local, argc, argv, spawn, &group_h,
+                             err, sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);
             return 1;

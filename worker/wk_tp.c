@@ -113,9 +113,8 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
         snprintf(err, errlen, "cannot listen on %s: %s", t->addr, nng_strerror(rv));
         return LLM_EIO;
     }
-    if (spawn)
-        for (int r = 1; r < t->size; r++)
-            if ((rc = spawn_rank(t, r, argc, argv, err, errlen))) goto out;
+    for (int r = 1; r < spawn && r < t->size; r++) /* this host's other ranks */
+        if ((rc = spawn_rank(t, r, argc, argv, err, errlen))) goto out;
     uint8_t joined[64] = {0};
     int n_joined = 0;
     struct timespec t0, t1;
@@ -273,7 +272,10 @@ int wk_tp_start(int size, int rank, const char *group_addr, int use_nccl, int de
         free(t);
         return LLM_EINVAL;
     }
-    int rc = rank == 0 ? lead(t, spawn, argc, argv, err, errlen) : join(t, err, errlen);
+    int rc = 0;
+    if (rank > 0) /* a host's first rank starts the host's others; they join rank 0 themselves */
+        for (int r = rank + 1; r < rank + spawn && r < size && !rc; r++) rc = spawn_rank(t, r, argc, argv, err, errlen);
+    if (!rc) rc = rank == 0 ? lead(t, spawn, argc, argv, err, errlen) : join(t, err, errlen);
     if (rc) {
         wk_tp_free(t);
         return rc;

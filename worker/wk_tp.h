@@ -20,8 +20,11 @@
 
 typedef struct wk_tp wk_tp;
 
-/* spawn: rank 0 starts ranks 1..size-1 itself (argv re-run with --rank R
- * --group-address ADDR appended); otherwise they join on their own.
+/* spawn: how many ranks this host runs from this process on, itself
+ * included: it starts ranks rank+1..rank+spawn-1 as its children (argv
+ * re-run with --rank R --group-address ADDR appended), which die with it;
+ * the group's other ranks join on their own (other hosts: --node-index).
+ * 0 or 1: none.
  * use_nccl: the NCCL backend on CUDA device `device` (builds with NCCL),
  * else the CPU shared-memory one. */
 int wk_tp_start(int size, int rank, const char *group_addr, int use_nccl, int device, int argc, char **argv, int spawn,

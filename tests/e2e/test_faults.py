@@ -676,6 +676,44 @@ def probe_checks():
     g.terminate()
 
 
+# ---- a group over two "hosts" --------------------------------------------------
+def node_checks():
+    """--ranks-per-node / --node-index, as a LeaderWorkerSet starts a group:
+    two processes, each the first rank of its host, each starting its host's
+    other rank; all four join rank 0 over TCP. (Both "hosts" are this one, so
+    the shared-memory backend works; across real hosts it is NCCL's.)"""
+    lp, cp, gp = BASE + 95, BASE + 96, BASE + 97
+    # the default model has 3 KV heads: four ranks need a shape with 4 (dummy weights of a small llama)
+    cfg = os.path.join(EMPTY, "tp4-config.json")
+    with open(cfg, "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 2048,
+                   "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}, f)
+    tp_args = ["--tensor-parallel-size", "4", "--ranks-per-node", "2", "--group-address", "tcp://127.0.0.1:%d" % cp,
+               "--load-format", "dummy", "--model-config", cfg, "--threads", "1", "--kv-cache-memory", "64MiB",
+               "--max-model-len", "1024"]
+    lead = start([BUILD + "/llmserve-worker", "--listen", "tcp://127.0.0.1:%d" % lp, "--node-index", "0"] + tp_args,
+                 "node0.log")
+    other = start([BUILD + "/llmserve-worker", "--node-index", "1"] + tp_args, "node1.log")
+    g = gateway(gp, [lp], log="nodes-gw.log")
+    check(wait_up(gp, secs=90), "nodes: a TP=4 group from two processes of two ranks each is up")
+    kids = children(lead.pid, "exe") + children(other.pid, "exe")  # ranks re-run /proc/self/exe
+    check(len(kids) == 2, "nodes: each host's first rank started one more (%d children)" % len(kids))
+    st, d = post(gp, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+                                         "ignore_eos": True})
+    n = json.loads(d)["usage"]["completion_tokens"] if st == 200 else 0
+    check(st == 200 and n == 8, "nodes: the group answers (%d, %d tokens)" % (st, n))
+    other.kill()  # a host goes away: rank 0 notices at its next collective and the group ends whole
+    post(gp, "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=30)
+    try:
+        lead.wait(30)
+        gone = True
+    except subprocess.TimeoutExpired:
+        gone = False
+    check(gone, "nodes: losing a host ends the group (rank 0 exited %s)" % lead.returncode)
+    g.terminate()
+
+
 # ---- shared secret ------------------------------------------------------------
 def secret_checks():
     """--rpc-secret-file: a gateway without the worker group's secret cannot
@@ -748,7 +786,8 @@ def main():
         if want("hangup"):
             hangup_checks(gp, sp, g.pid)
         for part, fn in (("auth", auth_checks), ("more", more_checks), ("fd", fd_checks), ("groups", group_checks),
-                         ("deadline", deadline_checks), ("secret", secret_checks), ("probes", probe_checks)):
+                         ("deadline", deadline_checks), ("secret", secret_checks), ("probes", probe_checks),
+                         ("nodes", node_checks)):
             if want(part):
                 fn()
         del w
