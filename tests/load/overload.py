@@ -137,7 +137,8 @@ def one(rng):
                     if line.startswith(b"data: [DONE]"):
                         kind = "ok" if kind == "lost" else kind
                         break
-                    if b'"error"' in line:
+                    # an error event has "error" at the top: a completion whose text is "error" is not one
+                    if b'"error"' in line and "error" in json.loads(line[6:]):
                         kind = "error"
                         with lock:
                             errors.append(line[6:200].decode(errors="replace").strip())

@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""The Kubernetes manifests (deploy/), checked without a cluster.
+
+  test_manifests.py BUILD MODEL
+
+  1. deploy/gen.py's output is what is committed;
+  2. `kubectl kustomize` renders the base and every overlay, and each renders
+     exactly the objects of its profile;
+  3. the Helm chart, rendered with each profile's values file, gives the same
+     objects (a renderer for the template subset gen.py writes: no helm
+     binary is packaged here), so the chart and the overlays cannot drift;
+  4. every object validates: core kinds against the Kubernetes schemas
+     (kubernetes-validate, strict), the CRDs' specs against
+     tests/deploy/schemas/ and their pod templates as core PodTemplates;
+  5. every flag in every container's args is in that binary's --help, every
+     probe and service port names a container port, and the probe paths and
+     ports are what the binaries serve;
+  6. the cpu-small profile's own worker and gateway flags start a loopback
+     cluster (addresses moved to free loopback ports, the model to MODEL)
+     that answers a chat request and drains on SIGTERM.
+Exit 77 when kubectl or the Python packages are missing."""
+import copy, json, os, re, shutil, socket, subprocess, sys, tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+try:
+    import yaml
+    import jsonschema
+    import kubernetes_validate
+except ImportError as e:
+    print("test_manifests: %s (pip install kubernetes-validate pyyaml): skipped" % e)
+    sys.exit(77)
+if not shutil.which("kubectl"):
+    print("test_manifests: kubectl not found: skipped")
+    sys.exit(77)
+_kv = subprocess.run(["kubectl", "version", "--client", "-o", "json"], capture_output=True, text=True)
+try:
+    _minor = int(re.sub(r"\D", "", json.loads(_kv.stdout)["clientVersion"]["minor"]))
+except (ValueError, KeyError):
+    _minor = 0
+if _minor < 21:  # kustomize v4+ (the overlays' `patches`) is in kubectl 1.21 and later
+    print("test_manifests: kubectl %s predates kustomize v4 (1.21+ needed): skipped" % _minor)
+    sys.exit(77)
+import gen
+
+BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+K8S_VERSION = "1.32.0"
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+    print(("ok  " if cond else "FAIL") + " " + what, flush=True)
+
+
+def by_key(objs):
+    return {gen.key(o): o for o in objs}
+
+
+def kustomize(path):
+    out = subprocess.run(["kubectl", "kustomize", path], capture_output=True, text=True)
+    if out.returncode:
+        return None, out.stderr.strip()
+    return [o for o in yaml.safe_load_all(out.stdout) if o], ""
+
+
+# ---- a renderer for the Helm subset gen.py writes -------------------------------
+def helm_value(values, path):
+    d = values
+    for k in path.split("."):
+        d = d[k]
+    return d
+
+
+def helm_render(text, values):
+    """{{- if [not] .Values.x }} / {{- end }} lines, {{ .Values.x | toJson }},
+    {{- toYaml .Values.x | nindent N }}; comments {{/* */}}."""
+    out, stack = [], []
+    for line in text.split("\n"):
+        s = line.strip()
+        m = re.fullmatch(r"\{\{- if (not )?\.Values\.([\w.]+) \}\}", s)
+        if m:
+            stack.append(bool(helm_value(values, m.group(2))) != bool(m.group(1)))
+            continue
+        if s == "{{- end }}":
+            stack.pop()
+            continue
+        if s.startswith("{{/*") or not all(stack):
+            continue
+        m = re.fullmatch(r"\{\{- toYaml \.Values\.([\w.]+) \| nindent (\d+) \}\}", s)
+        if m:
+            v = helm_value(values, m.group(1))
+            ind = " " * int(m.group(2))
+            body = yaml.safe_dump(v, default_flow_style=False, sort_keys=False).rstrip("\n")
+            if body in ("{}", "[]"):
+                out[-1] += " " + body
+            else:
+                out.extend(ind + ln for ln in body.split("\n"))
+            continue
+        line = re.sub(r"\{\{ \.Values\.([\w.]+) \| toJson \}\}", lambda mm: json.dumps(helm_value(values, mm.group(1))), line)
+        line = re.sub(r"\{\{ \.Values\.([\w.]+) \| toString \| toJson \}\}",
+                      lambda mm: json.dumps(str(helm_value(values, mm.group(1)))), line)
+        if "{{" in line:
+            raise ValueError("template construct outside the subset: %s" % line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def helm_objects(values):
+    tdir = os.path.join(ROOT, "deploy/helm/llmserve/templates")
+    objs = []
+    for fn in sorted(os.listdir(tdir)):
+        txt = helm_render(open(os.path.join(tdir, fn)).read(), values)
+        objs += [o for o in yaml.safe_load_all(txt) if o]
+    return objs
+
+
+def normalize(objs):
+    # KEDA's trigger metadata is strings in gen's rendering and in the chart's (toJson of a number is a number)
+    for o in objs:
+        if o.get("kind") == "ScaledObject":
+            for t in o["spec"]["triggers"]:
+                t["metadata"] = {k: str(v) for k, v in t["metadata"].items()}
+    return by_key(objs)
+
+
+def diff_keys(a, b):
+    return sorted(set(a) ^ set(b)) + sorted(k for k in set(a) & set(b) if a[k] != b[k])
+
+
+# ---- schemas ------------------------------------------------------------------
+SCHEMAS = {k: json.load(open(os.path.join(ROOT, "tests/deploy/schemas", f))) for k, f in
+           (("LeaderWorkerSet", "leaderworkerset.json"), ("ScaledObject", "scaledobject.json"),
+            ("InferencePool", "inferencepool.json"), ("ServiceMonitor", "servicemonitor.json"))}
+
+
+def pod_templates(o):
+    s = o["spec"]
+    if o["kind"] == "LeaderWorkerSet":
+        t = s["leaderWorkerTemplate"]
+        return [t["leaderTemplate"], t["workerTemplate"]]
+    return []
+
+
+def validate(o):
+    kind = o["kind"]
+    if kind in SCHEMAS:
+        errs = [e.message for e in jsonschema.Draft202012Validator(SCHEMAS[kind]).iter_errors(o)]
+        for t in pod_templates(o):
+            try:
+                kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                              "template": t}, K8S_VERSION, strict=True)
+            except Exception as e:  # noqa: BLE001 - the validator's own error types
+                errs.append(str(e)[:300])
+        return errs
+    try:
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+        return []
+    except Exception as e:  # noqa: BLE001
+        return [str(e)[:300]]
+
+
+# ---- flags and ports ----------------------------------------------------------------
+HELP = {}
+
+
+def help_flags(binary):
+    if binary not in HELP:
+        out = subprocess.run([os.path.join(BUILD, binary), "--help"], capture_output=True, text=True)
+        HELP[binary] = set(re.findall(r"(--[a-z][a-z0-9-]*)", out.stdout + out.stderr))
+    return HELP[binary]
+
+
+SERVED = {"llmserve-worker": {"/live", "/ready", "/health"}, "llmserve-gateway": {"/live", "/ready", "/health", "/metrics"}}
+
+
+def containers(o):
+    spec = o.get("spec", {})
+    pods = pod_templates(o) or ([spec["template"]] if "template" in spec else [])
+    for p in pods:
+        for c in p["spec"].get("initContainers", []) + p["spec"]["containers"]:
+            yield c
+
+
+def arg_value(args, flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def flag_checks(name, objs):
+    bad = []
+    for o in objs:
+        for c in containers(o):
+            binary = c["command"][0]
+            args = c.get("args", [])
+            if binary in ("llmserve-worker", "llmserve-gateway"):
+                known = help_flags(binary)
+                bad += ["%s: %s %s" % (c["name"], binary, a) for a in args if a.startswith("--") and a not in known]
+                ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+                served_port = int(arg_value(args, "--health-port" if binary == "llmserve-worker" else "--port"))
+                for pk in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    if pk not in c:
+                        continue
+                    g = c[pk]["httpGet"]
+                    if g["path"] not in SERVED[binary]:
+                        bad.append("%s %s: %s is not served" % (c["name"], pk, g["path"]))
+                    if ports.get(g["port"]) != served_port:
+                        bad.append("%s %s: port %s is not the one %s serves (%d)" % (c["name"], pk, g["port"], binary,
+                                                                                    served_port))
+                if binary == "llmserve-worker":
+                    listen = arg_value(args, "--listen")
+                    if "rpc" in ports and not listen.endswith(":%d" % ports["rpc"]):
+                        bad.append("worker: --listen %s is not its rpc port %d" % (listen, ports["rpc"]))
+            elif binary not in ("llmserve-fetch-model", "llmserve", "sleep"):
+                bad.append("%s: %s is not in the image" % (c["name"], binary))
+    # a Service's targetPort names a port of the pods it selects
+    named = set()
+    for o in objs:
+        for c in containers(o):
+            named |= {p["name"] for p in c.get("ports", [])}
+    for o in objs:
+        if o["kind"] == "Service":
+            for p in o["spec"]["ports"]:
+                if isinstance(p["targetPort"], str) and p["targetPort"] not in named:
+                    bad.append("service %s: targetPort %s is no container's" % (o["metadata"]["name"], p["targetPort"]))
+    check(not bad, "%s: every flag is in the binary's --help, probes and services name the ports served%s" %
+          (name, "" if not bad else " (%s)" % bad[:4]))
+
+
+# ---- the loopback cluster from the manifests' own flags -------------------------
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def loopback(objs):
+    if not os.path.exists(MODEL):
+        print("test_manifests: model %s not found: loopback part skipped" % MODEL)
+        return
+    lws = [o for o in objs if o["kind"] == "LeaderWorkerSet"][0]
+    wargs = copy.copy(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"])
+    gw = [o for o in objs if o["kind"] == "Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    gargs = copy.copy(gw)
+    rpc, probe_p, group, http = free_port(), free_port(), free_port(), free_port()
+    subst = {"--model": MODEL, "--listen": "tcp://127.0.0.1:%d" % rpc, "--health-port": str(probe_p),
+             "--group-address": "tcp://127.0.0.1:%d" % group, "--kv-cache-memory": "256MiB"}
+    for f, v in subst.items():
+        wargs[wargs.index(f) + 1] = v
+    i = gargs.index("--workers-dns")  # the headless Service's name resolves to the leaders: here, one address
+    gargs[i:i + 2] = ["--workers", "tcp://127.0.0.1:%d" % rpc]
+    gargs[gargs.index("--host") + 1] = "127.0.0.1"
+    gargs[gargs.index("--port") + 1] = str(http)
+    tmp = tempfile.mkdtemp(prefix="llmserve-manifest-")
+    w = subprocess.Popen([os.path.join(BUILD, "llmserve-worker")] + wargs + ["--health-host", "127.0.0.1"],
+                         stdout=open(os.path.join(tmp, "w.log"), "w"), stderr=subprocess.STDOUT)
+    g = subprocess.Popen([os.path.join(BUILD, "llmserve-gateway")] + gargs, stdout=open(os.path.join(tmp, "g.log"), "w"),
+                         stderr=subprocess.STDOUT)
+    try:
+        def get(port, path):
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=2) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+            except OSError:
+                return None
+        t = time.time()
+        while time.time() - t < 90 and not (get(probe_p, "/ready") == 200 and get(http, "/ready") == 200):
+            time.sleep(0.2)
+        check(get(probe_p, "/ready") == 200 and get(http, "/ready") == 200,
+              "loopback: the cpu-small flags start a worker and a gateway that are ready on their probe paths")
+        body = json.dumps({"model": arg_value(wargs, "--served-model-name"), "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}).encode()
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % http, body,
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                ans = json.loads(r.read())
+            ok = ans["choices"][0]["message"]["content"] is not None
+        except OSError as e:
+            ok, ans = False, str(e)
+        check(ok, "loopback: a chat request through them is answered")
+        g.terminate()
+        w.terminate()
+        check(g.wait(40) == 0 and w.wait(70) == 0, "loopback: both drain and exit 0 on SIGTERM")
+    finally:
+        for p in (g, w):
+            if p.poll() is None:
+                p.kill()
+        if failures:
+            for n in ("w.log", "g.log"):
+                print("---- %s\n%s" % (n, open(os.path.join(tmp, n)).read()[-1500:]))
+
+
+def main():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "deploy/gen.py"), "--check"], capture_output=True, text=True)
+    check(r.returncode == 0, "gen: the committed manifests and chart are what deploy/gen.py writes (%s)" %
+          (r.stdout + r.stderr).strip()[:200])
+    cases = [("base", "deploy/k8s/base", gen.BASE)] + \
+        [(n, "deploy/k8s/overlays/" + n, v) for n, v in gen.PROFILES.items()]
+    for name, path, values in cases:
+        want = normalize(gen.render(values))
+        got, err = kustomize(os.path.join(ROOT, path))
+        check(got is not None, "%s: kubectl kustomize renders it%s" % (name, " (%s)" % err[:200] if err else ""))
+        if got is None:
+            continue
+        got = normalize(got)
+        d = diff_keys(want, got)
+        check(not d, "%s: the overlay renders exactly the profile's %d objects%s" % (name, len(want), " (differ: %s)" % d if d else ""))
+        vf = "deploy/helm/llmserve/values.yaml" if name == "base" else "deploy/helm/llmserve/values-%s.yaml" % name
+        hv = yaml.safe_load(open(os.path.join(ROOT, vf)))
+        try:
+            hobjs = normalize(helm_objects(hv))
+            d = diff_keys(want, hobjs)
+        except (ValueError, KeyError, yaml.YAMLError) as e:
+            d = ["render: %s" % e]
+        check(not d, "%s: the Helm chart with %s gives the same objects%s" % (name, os.path.basename(vf),
+                                                                               " (differ: %s)" % d[:4] if d else ""))
+        errs = {k: validate(o) for k, o in got.items()}
+        errs = {k: e for k, e in errs.items() if e}
+        check(not errs, "%s: every object validates (%s)%s" % (name, ", ".join(sorted(got)), " %s" % errs if errs else ""))
+        flag_checks(name, list(got.values()))
+    loopback(gen.render(gen.PROFILES["cpu-small"]))
+
+
+main()
+print("test_manifests: %d checks failed" % len(failures))
+sys.exit(1 if failures else 0)
