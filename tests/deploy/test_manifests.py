@@ -280,6 +280,17 @@ def loopback(objs):
         except OSError as e:
             ok, ans = False, str(e)
         check(ok, "loopback: a chat request through them is answered")
+        # every metric the dashboard, the adapter rules and the KEDA trigger read is one the gateway serves
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % http, timeout=5) as r:
+            served = set(re.findall(r"^([a-z0-9_:]+?)(?:\{| )", r.read().decode(), re.M))
+        used = set()
+        for f in ("deploy/grafana/llmserve-dashboard.json", "deploy/k8s/extras/prometheus-adapter-rules.yaml"):
+            used |= set(re.findall(r"(?<![/\w])((?:llmserve|vllm):[a-z0-9_]+)", open(os.path.join(ROOT, f)).read()))
+        for prof in gen.PROFILES.values():
+            used |= set(re.findall(r"(?<![/\w])((?:llmserve|vllm):[a-z0-9_]+)", json.dumps(gen.render(prof))))
+        missing = sorted(m for m in used if m not in served)
+        check(not missing, "metrics: the %d metrics the dashboard, adapter rules and KEDA read are served%s" %
+              (len(used), " (missing: %s)" % missing if missing else ""))
         g.terminate()
         w.terminate()
         check(g.wait(40) == 0 and w.wait(70) == 0, "loopback: both drain and exit 0 on SIGTERM")
@@ -316,6 +327,11 @@ def main():
             d = ["render: %s" % e]
         check(not d, "%s: the Helm chart with %s gives the same objects%s" % (name, os.path.basename(vf),
                                                                                " (differ: %s)" % d[:4] if d else ""))
+        if name == "base":  # the extras too: the adapter's rules and the HPA for worker groups
+            for f in sorted(os.listdir(os.path.join(ROOT, "deploy/k8s/extras"))):
+                for o in yaml.safe_load_all(open(os.path.join(ROOT, "deploy/k8s/extras", f))):
+                    e = validate(o)
+                    check(not e, "extras: %s (%s) validates%s" % (f, o["kind"], " %s" % e if e else ""))
         errs = {k: validate(o) for k, o in got.items()}
         errs = {k: e for k, e in errs.items() if e}
         check(not errs, "%s: every object validates (%s)%s" % (name, ", ".join(sorted(got)), " %s" % errs if errs else ""))
