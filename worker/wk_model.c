@@ -69,13 +69,25 @@ static int shard(wk_model *m, char *err, size_t errlen) {
     const cm_model_config *c = &m->cfg;
     int S = m->tp_size, R = m->tp_rank, nkv = (int)c->n_kv_head, group = (int)(c->n_head / c->n_kv_head);
     if (S > nkv) {
-        snprintf(err, errlen, "tensor parallel size %d exceeds the model's %d KV heads", S, nkv);
-        return LLM_EUNSUP;
+        /* more ranks than KV heads (70B's 8 over TP=16): each KV head is replicated on S/nkv ranks, which
+         * split its query heads; each rank holds one KV head (as vLLM does) */
+        int rep = S / nkv;
+        if (S % nkv || group % rep) {
+            snprintf(err, errlen, "tensor parallel size %d does not fit the model's %d KV heads (%d query heads "
+                     "each): it must divide the KV heads, or be a multiple of them that divides the query heads",
+                     S, nkv, group);
+            return LLM_EUNSUP;
+        }
+        m->kv0 = R / rep;
+        m->n_kv_l = 1;
+        m->n_head_l = group / rep;
+        m->head0 = m->kv0 * group + (R % rep) * m->n_head_l;
+    } else {
+        m->kv0 = R * nkv / S;
+        m->n_kv_l = (R + 1) * nkv / S - m->kv0;
+        m->head0 = m->kv0 * group;
+        m->n_head_l = m->n_kv_l * group;
     }
-    m->kv0 = R * nkv / S;
-    m->n_kv_l = (R + 1) * nkv / S - m->kv0;
-    m->head0 = m->kv0 * group;
-    m->n_head_l = m->n_kv_l * group;
     int hb = (int)c->hidden / 32;
     if (S > 1 && c->hidden % 32) {
         snprintf(err, errlen, "FFN size %u is not a multiple of 32: cannot split it over %d ranks", c->hidden, S);
