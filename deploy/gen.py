@@ -102,17 +102,14 @@ PROFILES = {
     "cpu-small": profile(worker__fetchModel=True, worker__modelVolume={"emptyDir": {"sizeLimit": "1Gi"}},
                          gateway__replicas=1, gateway__autoscaling={**BASE["gateway"]["autoscaling"],
                                                                     "minReplicas": 1, "maxReplicas": 3}),
-    # an 8B model on one GPU. llmserve plan --model llama-3-8b --gpu-memory 141GiB:
-    #   weights 15.0 GiB (BF16), KV 128 KiB/token; 0.9 x 141 GiB leaves ~110 GiB of KV = ~900k tokens
+    # an 8B model on one GPU (NOTES has the memory arithmetic)
     "gpu-8b": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda", worker__model="/models/llama-3-8b-instruct.gguf",
                       worker__servedModelName="llama-3-8b-instruct", worker__maxModelLen=8192, worker__maxNumSeqs=256,
                       worker__kvCacheDtype="auto", worker__resources=gpu(1, "64Gi", "8"),
                       worker__modelVolume=PVC("llmserve-models-8b"), worker__startupFailureThreshold=90,
                       worker__nodeSelector=GPU_NODE["nodeSelector"], worker__tolerations=GPU_NODE["tolerations"],
                       worker__env=NCCL_ENV, metrics__serviceMonitor=True, keda__enabled=True),
-    # 70B on 4 GPUs, FP8 weights and KV. llmserve plan --model llama-3-70b --tp 4 --quantization fp8:
-    #   weights 65.7 GiB / 4 = 16.4 GiB a GPU; KV (fp8) 160 KiB/token / 4 = 40 KiB a GPU;
-    #   0.9 x 141 GiB - 16.4 - ~4 (activations) = ~106 GiB of KV a GPU = ~2.8M tokens: 340 sequences of 8k
+    # 70B on 4 GPUs, FP8 weights and KV
     "gpu-70b-tp4-fp8": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda",
                                worker__model="/models/llama-3-70b-instruct.gguf", worker__servedModelName="llama-3-70b-instruct",
                                worker__ranksPerNode=4, worker__tensorParallelSize=4, worker__quantization="fp8",
@@ -121,8 +118,7 @@ PROFILES = {
                                worker__modelVolume=PVC("llmserve-models-70b"), worker__startupFailureThreshold=180,
                                worker__nodeSelector=GPU_NODE["nodeSelector"], worker__tolerations=GPU_NODE["tolerations"],
                                worker__env=NCCL_ENV, metrics__serviceMonitor=True, keda__enabled=True),
-    # 70B on 8 GPUs of one node, BF16. llmserve plan --model llama-3-70b --tp 8:
-    #   weights 131.4 GiB / 8 = 16.4 GiB a GPU; KV (bf16) 320 KiB/token / 8 = 40 KiB a GPU; ~2.8M tokens a GPU
+    # 70B on 8 GPUs of one node, BF16
     "gpu-70b-tp8-bf16": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda",
                                 worker__model="/models/llama-3-70b-instruct.gguf", worker__servedModelName="llama-3-70b-instruct",
                                 worker__ranksPerNode=8, worker__tensorParallelSize=8, worker__kvCacheDtype="bf16",
@@ -132,7 +128,8 @@ PROFILES = {
                                 worker__tolerations=GPU_NODE["tolerations"], worker__env=NCCL_ENV,
                                 metrics__serviceMonitor=True, keda__enabled=True),
     # 70B with TP=16 over two 8-GPU nodes: one LWS group of two pods, NCCL across them (the group's
-    # join on the leader's port 7700, NCCL's own sockets between the pods)
+    # join on the leader's port 7700, NCCL's own sockets between the pods); 8 KV heads over 16 ranks:
+    # each KV head on two ranks
     "multinode-70b-tp16": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda",
                                   worker__model="/models/llama-3-70b-instruct.gguf", worker__servedModelName="llama-3-70b-instruct",
                                   worker__nodes=2, worker__ranksPerNode=8, worker__tensorParallelSize=16,
@@ -148,6 +145,31 @@ PROFILES = {
     # the pool's endpoint picker reads its vllm: gauges
     "inference-pool": profile(gateway__enabled=False, gateway__autoscaling={**BASE["gateway"]["autoscaling"], "enabled": False},
                               inferencePool__enabled=True),
+}
+
+
+# What `llmserve plan` says of each GPU profile (H200: 141 GiB, --gpu-memory-utilization 0.9); written
+# at the top of its values file. Rerun the command after changing a profile.
+NOTES = {
+    "gpu-8b": """llmserve plan --model llama-3-8b --gpu-memory 141 --gpu-memory-utilization 0.9 --max-model-len 8192 --dtype bf16
+  weights per GPU 14.96 GiB; activations 0.78 GiB (2048 batched tokens, 256 sequences)
+  KV 131072 bytes a token (2 x 32 layers x 8 kv heads x 128 x 2 bytes), all on the one GPU
+  KV pool 111.16 GiB = 910,654 tokens: 111 full 8192-token sequences at once""",
+    "gpu-70b-tp4-fp8": """llmserve plan --model llama-3-70b --gpu-memory 141 --gpu-memory-utilization 0.9 --tensor-parallel-size 4 --quantization fp8 \\
+    --kv-cache-dtype fp8 --max-model-len 8192
+  weights per GPU 16.43 GiB (70.55B parameters in FP8 over 4); activations 0.50 GiB
+  KV 163840 bytes a token (2 x 80 layers x 8 kv heads x 128 x 1 byte), 40960 per GPU
+  KV pool per GPU 109.98 GiB = 2,882,944 tokens: 351 full 8192-token sequences at once""",
+    "gpu-70b-tp8-bf16": """llmserve plan --model llama-3-70b --gpu-memory 141 --gpu-memory-utilization 0.9 --tensor-parallel-size 8 --dtype bf16 \\
+    --max-model-len 16384
+  weights per GPU 16.43 GiB (BF16 over 8); activations 0.50 GiB
+  KV 327680 bytes a token (2 x 80 layers x 8 kv heads x 128 x 2 bytes), 40960 per GPU
+  KV pool per GPU 109.98 GiB = 2,882,944 tokens: 175 full 16384-token sequences at once""",
+    "multinode-70b-tp16": """llmserve plan --model llama-3-70b --gpu-memory 141 --gpu-memory-utilization 0.9 --tensor-parallel-size 16 --dtype bf16 \\
+    --max-model-len 32768
+  weights per GPU 8.21 GiB (BF16 over 16); activations 0.50 GiB
+  KV 327680 bytes a token; 8 KV heads over 16 ranks: one head (40960 bytes a token) on each GPU
+  KV pool per GPU 118.19 GiB = 3,098,257 tokens: 94 full 32768-token sequences at once""",
 }
 
 
@@ -552,7 +574,8 @@ def files():
          "appVersion": "0.1.0"}, sort_keys=False)
     out["helm/llmserve/values.yaml"] = HEADER + yaml.safe_dump(BASE, sort_keys=False, width=120)
     for name, values in PROFILES.items():
-        out["helm/llmserve/values-%s.yaml" % name] = HEADER + yaml.safe_dump(values, sort_keys=False, width=120)
+        note = "".join("# " + ln + "\n" for ln in NOTES[name].split("\n")) if name in NOTES else ""
+        out["helm/llmserve/values-%s.yaml" % name] = HEADER + note + yaml.safe_dump(values, sort_keys=False, width=120)
     for cond, o in objects():
         text = helm(o)
         if cond:

@@ -213,6 +213,27 @@ def flag_checks(name, objs):
                         bad.append("worker: --listen %s is not its rpc port %d" % (listen, ports["rpc"]))
             elif binary not in ("llmserve-fetch-model", "llmserve", "sleep"):
                 bad.append("%s: %s is not in the image" % (c["name"], binary))
+    # the grace period covers the preStop pause and the drain (--shutdown-timeout)
+    for o in objs:
+        spec = o.get("spec", {})
+        for pod in pod_templates(o) or ([spec["template"]] if "template" in spec else []):
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+            for c in pod["spec"]["containers"]:
+                st = arg_value(c.get("args", []), "--shutdown-timeout")
+                pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+                need = (int(pre[1]) if pre[:1] == ["sleep"] else 0) + (int(st) if st else 0)
+                if grace < need:
+                    bad.append("%s: terminationGracePeriodSeconds %d < preStop + --shutdown-timeout %d" % (
+                        c["name"], grace, need))
+    # the worker RPC (7600) and the group's join (7700) are reachable from pods of the namespace only
+    for o in objs:
+        if o["kind"] != "NetworkPolicy":
+            continue
+        for rule in o["spec"].get("ingress", []):
+            ports = {p.get("port") for p in rule.get("ports", [])}
+            if (not rule.get("ports") or ports & {gen.RPC, gen.GROUP}) and \
+                    any(set(peer) - {"podSelector"} for peer in rule.get("from", [{}])):
+                bad.append("networkpolicy: a rule opens %s beyond the namespace's pods" % (sorted(ports) or "every port"))
     # a Service's targetPort names a port of the pods it selects
     named = set()
     for o in objs:
@@ -223,7 +244,8 @@ def flag_checks(name, objs):
             for p in o["spec"]["ports"]:
                 if isinstance(p["targetPort"], str) and p["targetPort"] not in named:
                     bad.append("service %s: targetPort %s is no container's" % (o["metadata"]["name"], p["targetPort"]))
-    check(not bad, "%s: every flag is in the binary's --help, probes and services name the ports served%s" %
+    check(not bad, "%s: flags are in the binaries' --help, probes and services name the ports served, grace periods "
+          "cover the drain, the RPC stays in the namespace%s" %
           (name, "" if not bad else " (%s)" % bad[:4]))
 
 
@@ -336,6 +358,23 @@ def main():
         errs = {k: e for k, e in errs.items() if e}
         check(not errs, "%s: every object validates (%s)%s" % (name, ", ".join(sorted(got)), " %s" % errs if errs else ""))
         flag_checks(name, list(got.values()))
+    # the memory arithmetic in the GPU profiles' values files is what `llmserve plan` says today
+    for name, note in gen.NOTES.items():
+        lines = note.split("\n")
+        cmd = ""
+        while lines and (not cmd or cmd.endswith("\\")):
+            cmd = cmd.rstrip("\\ ") + " " + lines.pop(0).strip()
+        args = cmd.split()[2:]
+        out = subprocess.run([os.path.join(BUILD, "llmserve"), "plan"] + args, capture_output=True, text=True).stdout
+        pool = re.search(r"KV pool per GPU:\s+([\d.]+) GiB", out)
+        seqs = re.search(r"sequences at once: (\d+)", out)
+        mml = int(args[args.index("--max-model-len") + 1])
+        ok = pool and seqs and (pool.group(1) + " GiB") in note and (" %s full" % seqs.group(1)) in note and \
+            mml == gen.PROFILES[name]["worker"]["maxModelLen"] and \
+            int(args[args.index("--tensor-parallel-size") + 1] if "--tensor-parallel-size" in args else 1) == \
+            gen.PROFILES[name]["worker"]["tensorParallelSize"]
+        check(ok, "plan: %s's memory notes match llmserve plan (KV pool %s GiB, %s sequences)" %
+              (name, pool and pool.group(1), seqs and seqs.group(1)))
     loopback(gen.render(gen.PROFILES["cpu-small"]))
 
 
