@@ -66,11 +66,7 @@ def kustomize(path):
 
 
 # ---- a renderer for the Helm subset gen.py writes -------------------------------
-def helm_value(values, path):
-    d = values
-    for k in path.split("."):
-        d = d[k]
-    return d
+helm_value = gen.lookup  # .Values.a.b: the same walk down the values tree
 
 
 def helm_render(text, values):
