@@ -19,7 +19,7 @@ import threading
 import time
 
 build, model = sys.argv[1], sys.argv[2]
-base = 40000 + os.getpid() % 10000
+base = 20000 + os.getpid() % 12000  # below the ephemeral range (32768+)
 wp = subprocess.Popen([build + "/llmserve-worker", "--model", model, "--listen", "tcp://127.0.0.1:%d" % base,
                        "--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warn"])
 gp = subprocess.Popen([build + "/llmserve-gateway", "--model", model, "--port", str(base + 1), "--workers",

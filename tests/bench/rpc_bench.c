@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
     if (tp < 1 || conc < 1 || requests < 1 || gen < 1 || conc > requests) return 2;
     signal(SIGPIPE, SIG_IGN);
     char addr[64], tps[16];
-    snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 20000));
+    snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 12000));
     snprintf(tps, sizeof tps, "%d", tp);
     pid_t pid = fork();
     if (pid == 0) {

@@ -6,7 +6,7 @@ set -uo pipefail
 BUILD=$1
 MODEL=$2
 [ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
-PORT=$((20000 + ($$ * 13) % 20000))
+PORT=$((20000 + ($$ * 13) % 12000))  # below the ephemeral range (32768+)
 OUT=$(mktemp -d)
 "$BUILD/llmserve" serve "$MODEL" --port "$PORT" --max-model-len 1024 --kv-cache-memory 256MiB --log-level warn &
 SP=$!

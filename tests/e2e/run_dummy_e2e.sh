@@ -42,7 +42,7 @@ G=$1/llmserve-gateway
 "$G" --load-format dummy >"$OUT/o" 2>&1; rc=$?
 [ $rc = 2 ] && grep -q "go together" "$OUT/o" || { echo "FAIL: gateway --load-format dummy alone: rc $rc"; exit 1; }
 # the whole serving stack on dummy weights: gateway and worker share the stand-in tokenizer
-PORT=$((20000 + ($$ * 17) % 20000))
+PORT=$((20000 + ($$ * 17) % 12000))  # below the ephemeral range (32768+)
 "$1/llmserve" serve --load-format dummy --model-config smollm2-135m --dtype q4_0 --port "$PORT" --max-model-len 512 \
     --kv-cache-memory 64MiB --log-level warn >"$OUT/serve.log" 2>&1 &
 SP=$!

@@ -5,7 +5,7 @@ set -uo pipefail
 BUILD=$1
 MODEL=$2
 [ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
-PORT=$((20000 + ($$ * 7) % 20000))
+PORT=$((20000 + ($$ * 7) % 12000))  # below the ephemeral range (32768+)
 fail() { echo "FAIL: $*"; kill "$SP" 2>/dev/null; exit 1; }
 ask() { curl -s -m 30 "http://127.0.0.1:$PORT/v1/completions" -d '{"prompt":"Hello","max_tokens":3,"temperature":0}'; }
 "$BUILD/llmserve" serve "$MODEL" --port "$PORT" --max-model-len 1024 --kv-cache-memory 256MiB --log-level warn &

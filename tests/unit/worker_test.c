@@ -830,7 +830,7 @@ int main(int argc, char **argv) {
     make_prompts();
     test_tp_in_process(); /* before any NNG thread exists: it forks */
     test_tp_replicated_kv();
-    int base = 20000 + (int)(getpid() % 20000);
+    int base = 20000 + (int)(getpid() % 12000); /* below the ephemeral range (32768+) */
     char a1[64], a2[64], a3[64], a4[64], a5[64];
     snprintf(a1, sizeof a1, "tcp://127.0.0.1:%d", base);
     snprintf(a2, sizeof a2, "tcp://127.0.0.1:%d", base + 1);
