@@ -97,48 +97,42 @@ GPU_NODE = {"nodeSelector": {"nvidia.com/gpu.present": "true"},
 NCCL_ENV = [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]
 PVC = lambda name: {"persistentVolumeClaim": {"claimName": name, "readOnly": True}}
 
+
+
+def gpu_profile(model, claim, nodes, per_node, mem, cpu, kv_dtype, max_len, **more):
+    """A CUDA worker group of nodes x per_node GPUs serving /models/MODEL.gguf from the PVC claim, on GPU
+    nodes, with the ServiceMonitor and the KEDA trigger on."""
+    kw = dict(worker__image="localhost/llmserve:cuda", worker__device="cuda", worker__model="/models/%s.gguf" % model,
+              worker__servedModelName=model, worker__nodes=nodes, worker__ranksPerNode=per_node,
+              worker__tensorParallelSize=nodes * per_node, worker__kvCacheDtype=kv_dtype, worker__maxModelLen=max_len,
+              worker__maxNumSeqs=256, worker__resources=gpu(per_node, mem, cpu), worker__modelVolume=PVC(claim),
+              worker__startupFailureThreshold=180, worker__nodeSelector=GPU_NODE["nodeSelector"],
+              worker__tolerations=GPU_NODE["tolerations"], worker__env=NCCL_ENV, metrics__serviceMonitor=True,
+              keda__enabled=True)
+    kw.update(more)
+    return profile(**kw)
+
+
 PROFILES = {
     # a laptop cluster (kind, minikube, k3d): the default model fetched at start, one CPU group
     "cpu-small": profile(worker__fetchModel=True, worker__modelVolume={"emptyDir": {"sizeLimit": "1Gi"}},
                          gateway__replicas=1, gateway__autoscaling={**BASE["gateway"]["autoscaling"],
                                                                     "minReplicas": 1, "maxReplicas": 3}),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
-    "gpu-8b": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda", worker__model="/models/llama-3-8b-instruct.gguf",
-                      worker__servedModelName="llama-3-8b-instruct", worker__maxModelLen=8192, worker__maxNumSeqs=256,
-                      worker__kvCacheDtype="auto", worker__resources=gpu(1, "64Gi", "8"),
-                      worker__modelVolume=PVC("llmserve-models-8b"), worker__startupFailureThreshold=90,
-                      worker__nodeSelector=GPU_NODE["nodeSelector"], worker__tolerations=GPU_NODE["tolerations"],
-                      worker__env=NCCL_ENV, metrics__serviceMonitor=True, keda__enabled=True),
+    "gpu-8b": gpu_profile("llama-3-8b-instruct", "llmserve-models-8b", 1, 1, "64Gi", "8", "auto", 8192,
+                          worker__startupFailureThreshold=90),
     # 70B on 4 GPUs, FP8 weights and KV
-    "gpu-70b-tp4-fp8": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda",
-                               worker__model="/models/llama-3-70b-instruct.gguf", worker__servedModelName="llama-3-70b-instruct",
-                               worker__ranksPerNode=4, worker__tensorParallelSize=4, worker__quantization="fp8",
-                               worker__kvCacheDtype="fp8", worker__maxModelLen=8192, worker__maxNumSeqs=256,
-                               worker__resources=gpu(4, "320Gi", "32"), worker__shmSize="16Gi",
-                               worker__modelVolume=PVC("llmserve-models-70b"), worker__startupFailureThreshold=180,
-                               worker__nodeSelector=GPU_NODE["nodeSelector"], worker__tolerations=GPU_NODE["tolerations"],
-                               worker__env=NCCL_ENV, metrics__serviceMonitor=True, keda__enabled=True),
+    "gpu-70b-tp4-fp8": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 1, 4, "320Gi", "32", "fp8", 8192,
+                                   worker__quantization="fp8", worker__shmSize="16Gi"),
     # 70B on 8 GPUs of one node, BF16
-    "gpu-70b-tp8-bf16": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda",
-                                worker__model="/models/llama-3-70b-instruct.gguf", worker__servedModelName="llama-3-70b-instruct",
-                                worker__ranksPerNode=8, worker__tensorParallelSize=8, worker__kvCacheDtype="bf16",
-                                worker__maxModelLen=16384, worker__maxNumSeqs=256, worker__resources=gpu(8, "640Gi", "64"),
-                                worker__shmSize="32Gi", worker__modelVolume=PVC("llmserve-models-70b"),
-                                worker__startupFailureThreshold=180, worker__nodeSelector=GPU_NODE["nodeSelector"],
-                                worker__tolerations=GPU_NODE["tolerations"], worker__env=NCCL_ENV,
-                                metrics__serviceMonitor=True, keda__enabled=True),
+    "gpu-70b-tp8-bf16": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 1, 8, "640Gi", "64", "bf16", 16384,
+                                    worker__shmSize="32Gi"),
     # 70B with TP=16 over two 8-GPU nodes: one LWS group of two pods, NCCL across them (the group's
     # join on the leader's port 7700, NCCL's own sockets between the pods); 8 KV heads over 16 ranks:
     # each KV head on two ranks
-    "multinode-70b-tp16": profile(worker__image="localhost/llmserve:cuda", worker__device="cuda",
-                                  worker__model="/models/llama-3-70b-instruct.gguf", worker__servedModelName="llama-3-70b-instruct",
-                                  worker__nodes=2, worker__ranksPerNode=8, worker__tensorParallelSize=16,
-                                  worker__kvCacheDtype="bf16", worker__maxModelLen=32768, worker__maxNumSeqs=256,
-                                  worker__resources=gpu(8, "640Gi", "64"), worker__shmSize="32Gi",
-                                  worker__modelVolume=PVC("llmserve-models-70b"), worker__startupFailureThreshold=180,
-                                  worker__nodeSelector=GPU_NODE["nodeSelector"], worker__tolerations=GPU_NODE["tolerations"],
-                                  worker__env=NCCL_ENV + [{"name": "NCCL_IB_DISABLE", "value": "0"}],
-                                  metrics__serviceMonitor=True, keda__enabled=True),
+    "multinode-70b-tp16": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 2, 8, "640Gi", "64", "bf16", 32768,
+                                      worker__shmSize="32Gi",
+                                      worker__env=NCCL_ENV + [{"name": "NCCL_IB_DISABLE", "value": "0"}]),
     # clusters without the LWS controller: one pod a group, as a StatefulSet
     "statefulset": profile(worker__lws=False),
     # Gateway API Inference Extension (llm-d): no gateway tier; each worker pod has a gateway sidecar and

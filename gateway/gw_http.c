@@ -218,6 +218,20 @@ static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evb
     return BEV_OK;
 }
 
+/* Moves src out: straight to the socket when nothing is queued before it,
+ * the rest behind in dst. evhttp closes a connection (shutdown(SHUT_WR) on
+ * the socket) as soon as the filter's own buffer is empty, so a reply left
+ * in the socket bufferevent's buffer behind a "Connection: close" would be
+ * lost. */
+static void write_through(cstate *cs, struct evbuffer *src, struct evbuffer *dst) {
+    struct bufferevent *u = bufferevent_get_underlying(cs->bev);
+    int fd = u ? bufferevent_getfd(u) : -1;
+    if (fd >= 0 && evbuffer_get_length(dst) == 0)
+        while (evbuffer_get_length(src) && evbuffer_write(src, fd) > 0) {
+        }
+    evbuffer_add_buffer(dst, src);
+}
+
 /* evhttp answers a request it refuses before any handler runs (a header it
  * cannot parse, a chunked body over the limit, an Expect it does not know,
  * a method it does not know) with an HTML page in the request's own HTTP
@@ -259,12 +273,7 @@ static int own_error(cstate *cs, struct evbuffer *src, struct evbuffer *dst) {
         evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nServer: llmserve\r\n"
                             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n", st, gw_http_reason(st), bl + 1,
                             body ? body : "");
-        struct bufferevent *u = bufferevent_get_underlying(cs->bev);
-        int fd = u ? bufferevent_getfd(u) : -1;
-        if (fd >= 0 && evbuffer_get_length(dst) == 0)
-            while (evbuffer_get_length(out) && evbuffer_write(out, fd) > 0) {
-            }
-        evbuffer_add_buffer(dst, out);
+        write_through(cs, out, dst);
         evbuffer_free(out);
     }
     free(body);
@@ -272,10 +281,8 @@ static int own_error(cstate *cs, struct evbuffer *src, struct evbuffer *dst) {
     return 1;
 }
 
-/* Output goes straight to the socket when nothing is queued before it.
- * evhttp closes a connection (shutdown(SHUT_WR) on the socket) as soon as
- * the filter's own buffer is empty, so a reply left in the socket
- * bufferevent's buffer behind a "Connection: close" would be lost. */
+/* Every reply byte: ours through write_through; evhttp's own error pages
+ * replaced (own_error). */
 static enum bufferevent_filter_result out_filter(struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
                                                  enum bufferevent_flush_mode mode, void *ctx) {
     cstate *cs = ctx;
@@ -286,12 +293,7 @@ static enum bufferevent_filter_result out_filter(struct evbuffer *src, struct ev
         return BEV_OK;
     }
     if (!cs->ours && cs->h && own_error(cs, src, dst)) return BEV_OK;
-    struct bufferevent *u = bufferevent_get_underlying(cs->bev);
-    int fd = u ? bufferevent_getfd(u) : -1;
-    if (fd >= 0 && evbuffer_get_length(dst) == 0)
-        while (evbuffer_get_length(src) && evbuffer_write(src, fd) > 0) {
-        }
-    evbuffer_add_buffer(dst, src);
+    write_through(cs, src, dst);
     return BEV_OK;
 }
 

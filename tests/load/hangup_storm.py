@@ -24,7 +24,7 @@ ap.add_argument("build")
 ap.add_argument("model")
 ap.add_argument("--storm", type=int, default=300)
 ap.add_argument("--healthy", type=int, default=8)
-ap.add_argument("--healthy-tokens", type=int, default=0, help="default: enough to outlast the storm")
+ap.add_argument("--healthy-tokens", type=int, default=0, help="default 200: enough to outlast the storm")
 ap.add_argument("--json", default="")
 a = ap.parse_args()
 a.build, a.model = os.path.abspath(a.build), os.path.abspath(a.model)
@@ -142,8 +142,6 @@ def main():
     # the storm first, then the healthy streams, so that these outlast the storm's start
     storm = [Stream({"prompt": "Once upon a time %d" % i, "max_tokens": 900, "ignore_eos": True})
              for i in range(a.storm)]
-    htok = a.healthy_tokens or 0
-    healthy = []
     # wait for each storm stream's first token
     firsts, t0 = 0, time.time()
     pending = list(storm)
@@ -155,12 +153,11 @@ def main():
         if s.events == 0:
             break
         firsts += 1
-    check(firsts == a.storm, "storm: %d of %d storm streams have their first token (%.1f s)" %
-          (firsts, a.storm, time.time() - t0))
+    first_s = time.time() - t0
+    check(firsts == a.storm, "storm: %d of %d storm streams have their first token (%.1f s)" % (firsts, a.storm, first_s))
     # healthy streams now, in the full batch: their pace is the step time with the storm running. Each is
     # read on its own thread from here to its end.
-    if not htok:
-        htok = 200
+    htok = a.healthy_tokens or 200
     healthy = [Stream({"prompt": "The healthy stream %d says" % i, "max_tokens": htok, "ignore_eos": True,
                        "stream_options": {"include_usage": True}}) for i in range(a.healthy)]
 
@@ -223,7 +220,7 @@ def main():
     check(st == 200, "storm: the server is healthy afterwards")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"storm": a.storm, "healthy": a.healthy, "first_tokens_s": None, "step_ms": step * 1e3,
+            json.dump({"storm": a.storm, "healthy": a.healthy, "first_tokens_s": first_s, "step_ms": step * 1e3,
                        "step_after_ms": step_after * 1e3, "drain_s": drain_s, "cancelled": cancelled,
                        "dropped": dropped, "aborted": aborted, "healthy_ok": len(ok)}, f, indent=1)
 
