@@ -771,27 +771,31 @@ static void tell_gateways_going(server *s, const char *why) {
     nanosleep(&ts, NULL);
 }
 
-/* One short request, start to end, before the first client: the first
+/* Two short requests, start to end, before the first client: the first
  * steps pay for page faults in the weights, kernels' first launches and an
- * unmeasured cost model (prefill estimates start high). */
+ * unmeasured cost model (two prompt sizes and their decodes give the fit
+ * its three coefficients and the noise its scale, so the first client's
+ * deadline is judged on evidence). */
 static int warm_up(wk_engine *e, char *err, size_t errlen) {
-    int32_t prompt[32];
+    int32_t prompt[64];
     int vocab = (int)wk_engine_model(e)->cfg.vocab;
-    for (int i = 0; i < 32; i++) prompt[i] = (int32_t)((1000 + 37 * i) % (vocab > 1 ? vocab : 1));
-    wk_params p;
-    wk_params_default(&p);
-    p.max_tokens = 4;
-    p.ignore_eos = 1;
-    const uint64_t id = UINT64_MAX - 7;
-    int rc = wk_engine_add(e, id, prompt, 32, &p, err, errlen);
-    if (rc) return rc;
-    for (int guard = 0; wk_engine_has_work(e) && guard < 10000; guard++) {
-        if ((rc = wk_engine_step(e)) < 0) {
-            snprintf(err, errlen, "warm-up step failed: %s", cm_strerror(rc));
-            return rc;
+    for (int r = 0; r < 2; r++) {
+        int n = 32 << r;
+        for (int i = 0; i < n; i++) prompt[i] = (int32_t)((1000 + 37 * i + 501 * r) % (vocab > 1 ? vocab : 1));
+        wk_params p;
+        wk_params_default(&p);
+        p.max_tokens = 4;
+        p.ignore_eos = 1;
+        int rc = wk_engine_add(e, UINT64_MAX - 7 - (uint64_t)r, prompt, n, &p, err, errlen);
+        if (rc) return rc;
+        for (int guard = 0; wk_engine_has_work(e) && guard < 10000; guard++) {
+            if ((rc = wk_engine_step(e)) < 0) {
+                snprintf(err, errlen, "warm-up step failed: %s", cm_strerror(rc));
+                return rc;
+            }
+            const wk_output *out;
+            wk_engine_outputs(e, &out);
         }
-        const wk_output *out;
-        wk_engine_outputs(e, &out);
     }
     wk_kv_event ev[64];
     while (wk_engine_events(e, ev, 64) == 64) { /* its cache blocks are no news to gateways */

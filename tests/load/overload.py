@@ -57,7 +57,7 @@ def start(args, log):
 
 
 w = start([a.build + "/llmserve-worker", "--model", a.model, "--listen", "tcp://127.0.0.1:%d" % wport,
-           "--kv-cache-memory", "%dMiB" % KV_MIB, "--max-model-len", "2048", "--log-level", "warn"], "worker.log")
+           "--kv-cache-memory", "%dMiB" % KV_MIB, "--max-model-len", "2048", "--log-level", os.environ.get("LLM_WORKER_LOG", "warn")], "worker.log")
 g = start([a.build + "/llmserve-gateway", "--port", str(gport), "--workers", "tcp://127.0.0.1:%d" % wport,
            "--max-queue", str(a.max_queue), "--request-timeout", "30", "--no-log-requests"], "gateway.log")
 
