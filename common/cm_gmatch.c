@@ -360,6 +360,7 @@ int cm_gstate_allows(cm_gstate *s, const void *bytes, size_t n) {
 
 int cm_gstate_complete(const cm_gstate *s) { return s->accept; }
 int cm_gstate_done(const cm_gstate *s) { return s->accept && s->n_set == 0; }
+cm_grammar *cm_gstate_grammar(const cm_gstate *s) { return s->g; }
 
 /* ---- the vocabulary trie ------------------------------------------------ */
 

@@ -56,6 +56,8 @@ int cm_gstate_allows(cm_gstate *s, const void *bytes, size_t n);
 int cm_gstate_complete(const cm_gstate *s);
 /* Complete, and no byte may follow. */
 int cm_gstate_done(const cm_gstate *s);
+/* The grammar a parse runs. */
+cm_grammar *cm_gstate_grammar(const cm_gstate *s);
 
 /* The vocabulary as a byte trie: what each token id writes (control tokens
  * and empty pieces are left out: no grammar allows them). */

@@ -30,8 +30,9 @@ int cm_json_object_gbnf(char **gbnf);
 int cm_choice_gbnf(const char *const *choices, int n, char **gbnf, char *err, size_t errlen);
 /* A regular expression (vLLM's guided_regex), anchored at both ends:
  * literals, ., [classes] with ranges and ^, \d \w \s \D \W \S, escapes,
- * (groups), (?:groups), |, and * + ? {m} {m,} {m,n}. Backreferences,
- * lookaround and lazy quantifiers are refused by name. */
+ * (groups), (?:groups), named groups, |, and * + ? {m} {m,} {m,n} (lazy
+ * ones match the same language). Backreferences, lookaround, assertions
+ * and possessive quantifiers are refused by name. */
 int cm_regex_gbnf(const char *re, size_t len, char **gbnf, char *err, size_t errlen);
 
 #endif

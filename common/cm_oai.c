@@ -1,5 +1,7 @@
 #include "cm_oai.h"
 #include "cm_error.h"
+#include "cm_grammar.h"
+#include "cm_jsonschema.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -107,6 +109,142 @@ int cm_utf8_valid(const char *s, size_t n) {
     return 1;
 }
 
+/* A JSON Schema given as an object or as JSON text (vLLM takes both). */
+static int schema_grammar(const json_t *v, const char *name, char **out, char *err, size_t errlen) {
+    json_t *own = NULL;
+    if (json_is_string(v)) {
+        json_error_t je;
+        if (!(own = json_loads(json_string_value(v), JSON_DECODE_ANY, &je))) {
+            snprintf(err, errlen, "'%s' is not valid JSON: %s", name, je.text);
+            return LLM_EINVAL;
+        }
+        v = own;
+    }
+    char e2[400];
+    int rc = cm_schema_gbnf(v, out, e2, sizeof e2);
+    json_decref(own);
+    if (rc) snprintf(err, errlen, "'%s': %s", name, e2);
+    return rc;
+}
+
+/* Structured outputs: at most one constraint, compiled to GBNF and checked
+ * here, so a bad schema or grammar is a 400 before any worker sees it. */
+static int parse_structured(json_t *o, cm_oai_completion *c, char *err, size_t errlen, const char **param) {
+    int rc = 0, given = 0;
+    const char *from = NULL;
+    char *gb = NULL, e3[300];
+    json_t *x;
+#define ONE(name)                                                                                  \
+    do {                                                                                           \
+        if (given++) BAD(name, "'%s': only one structured-output constraint may be given (also '%s')", name, from); \
+        from = name;                                                                               \
+    } while (0)
+    if ((x = json_object_get(o, "response_format")) && !json_is_null(x)) {
+        json_t *ty = json_is_object(x) ? json_object_get(x, "type") : NULL;
+        const char *t = json_is_string(ty) ? json_string_value(ty) : "";
+        if (!strcmp(t, "json_object")) {
+            ONE("response_format");
+            if ((rc = cm_json_object_gbnf(&gb))) goto fail;
+        } else if (!strcmp(t, "json_schema")) {
+            ONE("response_format");
+            json_t *js = json_object_get(x, "json_schema"), *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!sc) BAD("response_format", "'response_format.json_schema.schema' is required");
+            if ((rc = schema_grammar(sc, "response_format.json_schema.schema", &gb, err, errlen))) FAILED("response_format");
+        } else if (strcmp(t, "text")) {
+            BAD("response_format", "'response_format.type' must be text, json_object or json_schema");
+        }
+    }
+    json_t *so = json_object_get(o, "structured_outputs");
+    if (so && !json_is_null(so) && !json_is_object(so)) BAD("structured_outputs", "'structured_outputs' must be an object");
+    struct { const char *name; json_t *v; char kind; } forms[] = {
+        {"guided_json", json_object_get(o, "guided_json"), 'j'},
+        {"guided_regex", json_object_get(o, "guided_regex"), 'r'},
+        {"guided_choice", json_object_get(o, "guided_choice"), 'c'},
+        {"guided_grammar", json_object_get(o, "guided_grammar"), 'g'},
+        {"structured_outputs.json", so ? json_object_get(so, "json") : NULL, 'j'},
+        {"structured_outputs.regex", so ? json_object_get(so, "regex") : NULL, 'r'},
+        {"structured_outputs.choice", so ? json_object_get(so, "choice") : NULL, 'c'},
+        {"structured_outputs.grammar", so ? json_object_get(so, "grammar") : NULL, 'g'},
+        {"structured_outputs.json_object", so ? json_object_get(so, "json_object") : NULL, 'o'},
+    };
+    if (so) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(so, k, v) {
+            static const char *const known[] = {"json", "regex", "choice", "grammar", "json_object", NULL};
+            int ok = 0;
+            for (const char *const *q = known; *q && !ok; q++) ok = !strcmp(*q, k);
+            if (!ok && !json_is_null(v)) BAD("structured_outputs", "'structured_outputs.%.40s' is not supported", k);
+        }
+    }
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        json_t *v = forms[i].v;
+        const char *name = forms[i].name, *pname = strchr(name, '.') ? "structured_outputs" : name;
+        if (!v || json_is_null(v) || (forms[i].kind == 'o' && json_is_false(v))) continue;
+        if (given++) BAD(pname, "'%s': only one structured-output constraint may be given (also '%s')", name, from);
+        from = name;
+        switch (forms[i].kind) {
+        case 'j':
+            if ((rc = schema_grammar(v, name, &gb, err, errlen))) FAILED(pname);
+            break;
+        case 'o':
+            if (!json_is_true(v)) BAD(pname, "'%s' must be true or false", name);
+            if ((rc = cm_json_object_gbnf(&gb))) goto fail;
+            break;
+        case 'r':
+            if (!json_is_string(v)) BAD(pname, "'%s' must be a string", name);
+            if ((rc = cm_regex_gbnf(json_string_value(v), json_string_length(v), &gb, e3, sizeof e3))) {
+                snprintf(err, errlen, "'%s': %s", name, e3);
+                FAILED(pname);
+            }
+            break;
+        case 'g':
+            if (!json_is_string(v)) BAD(pname, "'%s' must be a string of GBNF", name);
+            gb = strndup(json_string_value(v), json_string_length(v));
+            if (!gb) { rc = LLM_ENOMEM; goto fail; }
+            break;
+        case 'c': {
+            size_t n = json_is_array(v) ? json_array_size(v) : 0;
+            if (!n || n > 4096) BAD(pname, "'%s' must be an array of 1 to 4096 strings", name);
+            const char **ch = malloc(sizeof *ch * n);
+            if (!ch) { rc = LLM_ENOMEM; goto fail; }
+            for (size_t k = 0; k < n; k++) {
+                json_t *e = json_array_get(v, k);
+                ch[k] = json_is_string(e) && json_string_length(e) && strlen(json_string_value(e)) == json_string_length(e)
+                            ? json_string_value(e) : NULL;
+                if (!ch[k]) {
+                    free(ch);
+                    BAD(pname, "'%s' must hold non-empty strings", name);
+                }
+            }
+            rc = cm_choice_gbnf(ch, (int)n, &gb, err, errlen);
+            free(ch);
+            if (rc) FAILED(pname);
+            break;
+        }
+        }
+    }
+#undef ONE
+    if (gb) { /* every form is checked the same way: the worker will compile exactly this */
+        cm_grammar *g;
+        char e2[300];
+        if (cm_grammar_parse(gb, strlen(gb), &g, e2, sizeof e2)) {
+            const char *pname = strchr(from, '.') ? "structured_outputs" : from;
+            free(gb);
+            gb = NULL;
+            BAD(pname, "'%s': %s", from, e2);
+        }
+        cm_grammar_free(g);
+        c->grammar = gb;
+        c->grammar_from = from;
+    }
+    return 0;
+fail:
+    free(gb);
+    if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+    return rc ? rc : LLM_EINVAL;
+}
+
 /* The fields completions and chat share. */
 static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t errlen, const char **param) {
     int rc = 0;
@@ -145,15 +283,9 @@ static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t err
         if ((rc = get_bool(so, "include_usage", &c->include_usage, err, errlen))) FAILED("stream_options");
         if (!c->stream) BAD("stream_options", "'stream_options' is only allowed with 'stream': true");
     }
+    if ((rc = parse_structured(o, c, err, errlen, param))) goto fail;
     /* fields we do not honour yet are refused by name, never ignored */
-    json_t *rf = json_object_get(o, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(ty) || strcmp(json_string_value(ty), "text"))
-            BAD("response_format", "structured outputs ('response_format' other than {\"type\": \"text\"}) are not supported yet");
-    }
-    static const char *const unsupported[] = {"functions", "function_call", "guided_json", "guided_regex",
-                                              "guided_choice", "guided_grammar", "prompt_logprobs", NULL};
+    static const char *const unsupported[] = {"functions", "function_call", "prompt_logprobs", "guided_whitespace_pattern", NULL};
     for (const char *const *u = unsupported; *u; u++) {
         json_t *x = json_object_get(o, *u);
         if (x && !json_is_null(x)) BAD(*u, "'%s' is not supported", *u);
@@ -402,5 +534,6 @@ void cm_oai_completion_free(cm_oai_completion *c) {
     free(c->bias);
     free(c->cache_salt);
     free(c->user);
+    free(c->grammar);
     memset(c, 0, sizeof *c);
 }

@@ -7,7 +7,10 @@
  * OpenAI error body's "param"). Unknown fields are ignored, as vLLM does.
  * Beyond OpenAI's fields, vLLM's extras are understood: top_k, min_p,
  * repetition_penalty, min_tokens, ignore_eos, stop_token_ids, priority,
- * cache_salt. */
+ * cache_salt; and structured outputs: response_format (json_object,
+ * json_schema), vLLM's guided_json / guided_regex / guided_choice /
+ * guided_grammar and structured_outputs {json, regex, choice, grammar,
+ * json_object}, compiled to GBNF (cm_jsonschema.h). */
 #ifndef CM_OAI_H
 #define CM_OAI_H
 
@@ -52,6 +55,9 @@ typedef struct {
     int n_bias;
     char *cache_salt;
     char *user;
+    /* structured outputs: the GBNF the output must match (checked: it compiles), or NULL */
+    char *grammar;
+    const char *grammar_from; /* the field that asked for it (static) */
     /* chat completions */
     int is_chat;
     struct cm_oai_msg { char *role, *content; } *messages;

@@ -133,6 +133,7 @@ static int send_generate(gw *g, gw_req *q, int wi) {
     sp.n_logit_bias_ids = sp.n_logit_bias_values = (size_t)c->n_bias;
     sp.logit_bias_ids = bid;
     sp.logit_bias_values = bval;
+    sp.grammar = c->grammar;
     Llmserve__Generate gen = LLMSERVE__GENERATE__INIT;
     gen.request_id = q->rid;
     gen.n_token_ids = (size_t)q->n_tok;

@@ -3,6 +3,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "wk_cost.h"
+#include "wk_guide.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -32,6 +33,7 @@ typedef struct {
     int tok_sent;            /* generated tokens already reported */
     wk_token_lp *lp;         /* logprobs of generated tokens not yet reported */
     int n_lp, lp_cap;
+    cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
 } wk_seq;
 
 struct wk_req {
@@ -62,6 +64,7 @@ struct wk_engine {
     wk_cache *cache;
     wk_blocks *blocks;
     wk_sample_ctx sc;
+    wk_guide *guide;         /* structured outputs; made by the first request with a grammar */
     int32_t *eog;            /* end-of-generation ids of the vocabulary */
     int n_eog;
     /* queues */
@@ -237,6 +240,7 @@ static void seq_free(wk_engine *e, wk_seq *s) {
     if (!s) return;
     wk_blocks_release(e->blocks, &s->bs);
     wk_bseq_free(&s->bs);
+    wk_guide_end(e->guide, s->gs);
     free(s->tok);
     free(s->text);
     free(s->lp);
@@ -261,6 +265,7 @@ void wk_engine_free(wk_engine *e) {
     wk_blocks_free(e->blocks);
     wk_cache_free(e->cache);
     wk_sample_ctx_free(&e->sc);
+    wk_guide_free(e->guide);
     free(e->eog);
     free(e->plan);
     free(e->plan_seq);
@@ -440,6 +445,7 @@ static int check_params(const wk_engine *e, const wk_params *p, char *err, size_
         if (l == 0 || l > WK_MAX_STOP_LEN) BAD("stop strings must be 1..%d bytes", WK_MAX_STOP_LEN);
     }
     if (p->n_stop_ids < 0 || p->n_stop_ids > WK_MAX_STOP_IDS) BAD("at most %d stop token ids", WK_MAX_STOP_IDS);
+    if (p->grammar && p->grammar_len > CM_GRAMMAR_MAX_TEXT) BAD("the grammar is longer than %d bytes", CM_GRAMMAR_MAX_TEXT);
     for (int i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] < 0 || p->stop_ids[i] >= V) BAD("stop token id %d is not in the vocabulary", p->stop_ids[i]);
     return 0;
@@ -513,6 +519,16 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
     if (!s) goto oom;
     r->seqs[0] = s;
     r->n_seqs = r->n_live = 1;
+    r->p.grammar = NULL; /* the parse holds what it needs */
+    if (p->grammar) {
+        rc = e->guide ? 0 : wk_guide_create(e->m->tok, e->eog, e->n_eog, &e->guide);
+        if (!rc) rc = wk_guide_begin(e->guide, p->grammar, p->grammar_len, &s->gs, err, errlen);
+        if (rc) {
+            req_free(e, r);
+            if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+            return rc;
+        }
+    }
     s->rng = wk_rng_seed(r->p.seed, 0);
     if (push_waiting(e, s)) goto oom;
     e->reqs[e->n_reqs++] = r;
@@ -738,9 +754,11 @@ static int accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp) {
                 const char *hit = strstr(s->text + from, r->p.stop[i]);
                 if (hit && (size_t)(hit - s->text) < best) best = (size_t)(hit - s->text);
             }
-            if (best != (size_t)-1) {
+            if (best != (size_t)-1 && !s->gs) {
                 s->text_len = best;
                 s->finish = WK_FINISH_STOP;
+            } else if (best != (size_t)-1 && cm_gstate_complete(s->gs)) {
+                s->finish = WK_FINISH_STOP; /* under a grammar: once the output is whole, and never cut */
             }
         }
     }
@@ -762,10 +780,20 @@ static int sample_seq(wk_engine *e, wk_seq *s, float *row) {
         n_mask = r->n_end_ids;
     }
     wk_token_lp lp;
-    int nlp = r->p.logprobs;
-    int32_t t = wk_sample_next(&e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt, n_gen,
-                               mask, n_mask, nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);
-    return accept(e, s, t, nlp >= 0 ? &lp : NULL);
+    int nlp = r->p.logprobs, done = 0;
+    int32_t t;
+    if (s->gs) {
+        t = wk_guide_sample(e->guide, s->gs, &e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt,
+                            n_gen, mask, n_mask, r->p.stop_ids, r->p.n_stop_ids, nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);
+        if (t < 0) return t;
+        if ((done = wk_guide_advance(e->guide, s->gs, t)) < 0) return done;
+    } else {
+        t = wk_sample_next(&e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt, n_gen, mask, n_mask,
+                           nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);
+    }
+    int rc = accept(e, s, t, nlp >= 0 ? &lp : NULL);
+    if (!rc && done && !s->finish) s->finish = WK_FINISH_STOP; /* the grammar allows nothing more */
+    return rc;
 }
 
 /* After a prompt's prefill, choices 1..n-1 fork from choice 0: they share
@@ -782,7 +810,8 @@ static int fork_choices(wk_engine *e, wk_seq *s0) {
         c->n_computed = s0->n_computed;
         cm_detok_init(&c->dt, e->m->tok);
         c->dt.first = 0;
-        int rc = wk_blocks_fork(e->blocks, &s0->bs, &c->bs);
+        int rc = s0->gs ? wk_guide_fork(e->guide, s0->gs, &c->gs) : 0;
+        if (!rc) rc = wk_blocks_fork(e->blocks, &s0->bs, &c->bs);
         if (!rc) rc = push_running(e, c);
         if (rc) return rc;
     }

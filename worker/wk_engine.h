@@ -43,6 +43,8 @@ typedef struct {
     const char *stop[WK_MAX_STOP];      /* NUL-terminated, copied by add */
     int n_stop_ids;
     const int32_t *stop_ids;
+    const char *grammar;      /* GBNF the output must match (structured outputs; wk_guide.h), or NULL */
+    size_t grammar_len;
 } wk_params;
 
 void wk_params_default(wk_params *p);

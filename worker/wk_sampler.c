@@ -124,7 +124,7 @@ static void apply_penalties(wk_sample_ctx *c, const wk_sample_params *p, float *
     }
 }
 
-static void fill_logprobs(wk_sample_ctx *c, const float *raw, int32_t tok, int n_top, wk_token_lp *lp) {
+void wk_sample_logprobs(wk_sample_ctx *c, const float *raw, int32_t tok, int n_top, wk_token_lp *lp) {
     int V = c->n_vocab;
     float mx = raw[wk_argmax(raw, V)];
     double sum = 0;
@@ -200,7 +200,7 @@ int32_t wk_sample_next(wk_sample_ctx *c, const wk_sample_params *p, uint64_t *rn
             if (r < acc) { tok = c->cand[i].id; break; }
         }
     }
-    if (lp) fill_logprobs(c, c->raw, tok, n_logprobs, lp);
+    if (lp) wk_sample_logprobs(c, c->raw, tok, n_logprobs, lp);
     return tok;
 }
 

@@ -69,6 +69,10 @@ int32_t wk_sample_next(wk_sample_ctx *c, const wk_sample_params *p, uint64_t *rn
                        const int32_t *prompt, int n_prompt, const int32_t *out, int n_out, const int32_t *mask,
                        int n_mask, int n_logprobs, wk_token_lp *lp);
 
+/* lp: the logprob of tok under the raw logits raw[n_vocab], with the top
+ * n_top (<= WK_MAX_LOGPROBS) alternatives. */
+void wk_sample_logprobs(wk_sample_ctx *c, const float *raw, int32_t tok, int n_top, wk_token_lp *lp);
+
 /* A simple sampler for the single-sequence tools. */
 typedef struct {
     wk_sample_params p;

@@ -393,6 +393,10 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
         for (size_t i = 0; i < sp->n_logit_bias_ids; i++) bias[i] = (wk_bias){sp->logit_bias_ids[i], sp->logit_bias_values[i]};
         p.s.n_bias = (int)sp->n_logit_bias_ids;
         p.s.bias = bias;
+        if (sp->grammar) {
+            p.grammar = sp->grammar;
+            p.grammar_len = strlen(sp->grammar);
+        }
     }
     p.priority = g->priority;
     p.cache_salt = g->cache_salt ? cm_salt_of(g->cache_salt, strlen(g->cache_salt)) : 0;

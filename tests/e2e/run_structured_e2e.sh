@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Structured outputs end to end: a real worker and gateway on loopback, the
+# `openai` client, and `jsonschema` as the reference validator (both in the
+# e2e venv in the build folder).
+#   run_structured_e2e.sh BUILD_DIR MODEL
+# Exit 77 (skipped) when the model or the packages cannot be had.
+set -uo pipefail
+BUILD=$1
+MODEL=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+[ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
+VENV="$BUILD/.venv-e2e"
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "python3 venv unavailable"; exit 77; }
+    "$VENV/bin/pip" install -q openai jsonschema >/dev/null 2>&1 || { echo "pip install openai jsonschema failed (offline?)"; exit 77; }
+fi
+BASE=$((20000 + $$ % 12000))  # below the ephemeral range (32768+)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+"$BUILD/llmserve-worker" --model "$MODEL" --kv-cache-memory 512MiB --max-model-len 2048 --log-level warn \
+    --listen tcp://127.0.0.1:$BASE & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $((BASE + 1)) --workers tcp://127.0.0.1:$BASE --log-level warn & PIDS+=($!)
+for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$((BASE + 1))/health" >/dev/null 2>&1 && break
+    sleep 0.2
+done
+GW=http://127.0.0.1:$((BASE + 1)) "$VENV/bin/python" "$HERE/test_structured.py"
