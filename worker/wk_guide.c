@@ -57,6 +57,10 @@ int wk_guide_create(const cm_tokenizer *t, const int32_t *eog, int n_eog, wk_gui
 
 void wk_guide_free(wk_guide *g) {
     if (!g) return;
+    CM_INFO("structured outputs: %llu grammars compiled, %llu found compiled; %llu draws, %llu redrawn under a mask "
+            "(%llu masks by trie walk, %llu from cache)", (unsigned long long)g->st.compiled,
+            (unsigned long long)g->st.cache_hits, (unsigned long long)g->st.draws, (unsigned long long)g->st.redraws,
+            (unsigned long long)g->st.mask_walks, (unsigned long long)g->st.mask_hits);
     for (int i = 0; i < g->n_ent; i++) {
         free(g->ent[i].text);
         cm_grammar_free(g->ent[i].g);

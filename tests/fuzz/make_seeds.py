@@ -161,3 +161,19 @@ put("http", "two-lengths", http("POST", "/v1/completions", body, {"Content-Lengt
                                                                    "content-length": "%d" % len(body)}))
 put("http", "short-body", http("POST", "/v1/completions", body[:10], {"Content-Length": "%d" % len(body)}))
 put("http", "bad-json", http("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}'))
+
+# ---- grammars (fuzz_grammar): byte 0 the kind (0 GBNF, 1 schema, 2 regex), the text, 0x00, bytes to feed
+put("grammar", "gbnf-list", b"\x00" + b'root ::= "[" (item ("," item)*)? "]"\nitem ::= [0-9]+ | root' + b"\x00[1,[2,3],[]]")
+put("grammar", "gbnf-utf8", b"\x00" + b'root ::= [^a-z\\u00e9]{1,3} "!"? # c\n' + b"\x00\xc3\xa8\xe6\x97\xa5!")
+put("grammar", "gbnf-repeat", b"\x00" + b'root ::= x{2,5} ("a" | "b")* \nx ::= "xy"?' + b"\x00xyxyab")
+put("grammar", "schema-person", b"\x01" + json.dumps({
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},
+                                     "tags": {"type": "array", "items": {"enum": ["a", 1, None]}, "maxItems": 2}},
+    "required": ["name"], "additionalProperties": False}).encode() + b'\x00{"name":"bo","age":-3,"tags":["a",1]}')
+put("grammar", "schema-ref", b"\x01" + json.dumps({
+    "$defs": {"n": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}]}},
+    "$ref": "#/$defs/n"}).encode() + b'\x00{"next":{"next":null}}')
+put("grammar", "schema-formats", b"\x01" + json.dumps({"type": "array", "prefixItems": [
+    {"type": "string", "format": "date-time"}, {"type": "string", "format": "uuid"}], "items": False}).encode() +
+    b'\x00["2024-01-01T00:00:00Z"]')
+put("grammar", "regex", b"\x02" + b"^(?:[a-z]+\\.)*\\d{2,3}[^\\s]?$" + b"\x00ab.cd.12x")
