@@ -87,6 +87,7 @@ static void defaults(cm_oai_completion *c) {
     c->repetition_penalty = 1;
     c->n = 1;
     c->logprobs = -1;
+    c->prompt_logprobs = -1;
     c->add_generation_prompt = 1;
 }
 
@@ -266,7 +267,8 @@ static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t err
     NUM("presence_penalty", -2, 2, presence_penalty)
     NUM("frequency_penalty", -2, 2, frequency_penalty)
     NUM("repetition_penalty", 1e-6, 100, repetition_penalty)
-    INT("max_tokens", 1, INT32_MAX / 2, max_tokens)
+    INT("max_tokens", 0, INT32_MAX / 2, max_tokens) /* 0: scoring (completions with echo), checked by the caller */
+    INT("prompt_logprobs", -1, CM_OAI_MAX_LOGPROBS, prompt_logprobs)
     INT("min_tokens", 0, INT32_MAX / 2, min_tokens)
     INT("top_k", -1, INT32_MAX, top_k)
     INT("n", 1, CM_OAI_MAX_N, n)
@@ -285,7 +287,7 @@ static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t err
     }
     if ((rc = parse_structured(o, c, err, errlen, param))) goto fail;
     /* fields we do not honour yet are refused by name, never ignored */
-    static const char *const unsupported[] = {"functions", "function_call", "prompt_logprobs", "guided_whitespace_pattern", NULL};
+    static const char *const unsupported[] = {"functions", "function_call", "guided_whitespace_pattern", NULL};
     for (const char *const *u = unsupported; *u; u++) {
         json_t *x = json_object_get(o, *u);
         if (x && !json_is_null(x)) BAD(*u, "'%s' is not supported", *u);
@@ -375,8 +377,9 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     if (!o) return LLM_EINVAL;
     json_t *p = json_object_get(o, "prompt");
     if (!p) BAD("prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-        p = json_array_get(p, 0); /* a batch of one */
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0); /* a batch of one (text, or token ids) */
     if (json_is_string(p)) {
         c->prompt_len = json_string_length(p);
         c->prompt = malloc(c->prompt_len + 1);
@@ -407,7 +410,15 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     if ((rc = get_bool(o, "echo", &c->echo, err, errlen))) FAILED("echo");
     json_t *sf = json_object_get(o, "suffix");
     if (sf && !json_is_null(sf)) BAD("suffix", "'suffix' is not supported");
-    if (c->echo && c->logprobs >= 0) BAD("echo", "'echo' together with 'logprobs' is not supported");
+    json_t *mt = json_object_get(o, "max_tokens");
+    if (json_is_integer(mt) && json_integer_value(mt) == 0) { /* scoring: the prompt's logprobs, nothing generated */
+        if (!c->echo) BAD("max_tokens", "'max_tokens' 0 is only allowed with 'echo': true (to score the prompt)");
+        c->score_only = 1;
+        c->max_tokens = 1;
+    }
+    if (c->stream && ((c->echo && c->logprobs >= 0) || c->prompt_logprobs >= 0))
+        BAD(c->prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+            "the prompt's logprobs ('echo' with 'logprobs', or 'prompt_logprobs') are not streamed: use 'stream': false");
     json_decref(o);
     return 0;
 fail:
@@ -495,6 +506,10 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
         if (!c->messages[c->n_messages - 1].role) { rc = LLM_ENOMEM; goto fail; }
     }
     if ((rc = parse_sampling(o, c, err, errlen, param))) goto fail;
+    json_t *mt = json_object_get(o, "max_tokens");
+    if (json_is_integer(mt) && json_integer_value(mt) == 0) BAD("max_tokens", "'max_tokens' must be at least 1");
+    if (c->stream && c->prompt_logprobs >= 0)
+        BAD("prompt_logprobs", "'prompt_logprobs' are not streamed: use 'stream': false");
     long long v = 0;
     if ((rc = get_int(o, "max_completion_tokens", 1, INT32_MAX / 2, &v, err, errlen))) FAILED("max_completion_tokens");
     if (v) c->max_tokens = (int)v;

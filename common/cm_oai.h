@@ -43,6 +43,8 @@ typedef struct {
     double presence_penalty, frequency_penalty, repetition_penalty;
     int n;
     int logprobs;                /* -1: none */
+    int prompt_logprobs;         /* -1: none; vLLM's extra (0..CM_OAI_MAX_LOGPROBS alternatives) */
+    int score_only;              /* completions max_tokens 0 with echo: the prompt scored, nothing generated */
     int echo, stream, include_usage, ignore_eos;
     int has_seed;
     uint64_t seed;

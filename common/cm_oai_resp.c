@@ -2,6 +2,7 @@
 #include "cm_error.h"
 #include "cm_unicode.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,9 +69,12 @@ void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const ch
     r->is_chat = req->is_chat;
     r->n = req->n > 0 && req->n <= CM_OAI_MAX_N ? req->n : 1;
     r->logprobs = req->logprobs;
+    r->prompt_logprobs = req->prompt_logprobs;
+    r->score_only = req->score_only;
     r->echo = req->echo && echo_text;
     for (int i = 0; i < r->n && r->echo; i++) {
         r->ch[i].offset = echo_len;
+        r->ch[i].lp_text0 = echo_len;
         put_text(&r->ch[i], echo_text, echo_len);
     }
 }
@@ -82,6 +86,20 @@ void cm_oai_result_free(cm_oai_result *r) {
         free(r->ch[i].lp_offset);
     }
     memset(r->ch, 0, sizeof r->ch);
+    free(r->plp);
+    r->plp = NULL;
+    r->n_plp = 0;
+}
+
+int cm_oai_result_prompt(cm_oai_result *r, const int32_t *prompt, int n, const cm_oai_lp *lp, int n_lp) {
+    free(r->plp);
+    r->plp = n_lp ? malloc(sizeof *r->plp * (size_t)n_lp) : NULL;
+    if (n_lp && !r->plp) return LLM_ENOMEM;
+    if (n_lp) memcpy(r->plp, lp, sizeof *lp * (size_t)n_lp);
+    r->n_plp = n_lp;
+    r->prompt = prompt;
+    r->n_prompt = n;
+    return 0;
 }
 
 /* The bytes a token adds to the text (control tokens add none). */
@@ -146,6 +164,31 @@ static json_t *logprobs_json(const cm_oai_result *r, const cm_oai_lp *lp, const 
         return json_pack("{s:o}", "content", content);
     }
     json_t *toks = json_array(), *vals = json_array(), *tops = json_array(), *o = json_array();
+    if (r->echo && r->prompt && r->n_prompt) { /* the prompt's tokens first: the first has no logprob */
+        size_t at = 0;
+        for (int i = 0; i < r->n_prompt; i++) {
+            const cm_oai_lp *p = i && i - 1 < r->n_plp ? &r->plp[i - 1] : NULL;
+            json_array_append_new(toks, token_json(tok, r->prompt[i]));
+            json_array_append_new(vals, p ? json_real(p->logprob) : json_null());
+            json_t *top = p ? json_object() : json_null();
+            for (int k = 0; p && k < p->n_top; k++) {
+                json_t *ks = token_json(tok, p->top[k].id);
+                const char *key = json_string_value(ks);
+                if (key && !json_object_get(top, key)) json_object_set_new(top, key, json_real(p->top[k].logprob));
+                json_decref(ks);
+            }
+            if (p) { /* the prompt's own token is among the alternatives, as OpenAI's echo gives it */
+                json_t *ks = token_json(tok, r->prompt[i]);
+                const char *key = json_string_value(ks);
+                if (key && !json_object_get(top, key)) json_object_set_new(top, key, json_real(p->logprob));
+                json_decref(ks);
+            }
+            json_array_append_new(tops, top);
+            json_array_append_new(o, json_integer((json_int_t)at));
+            at += piece_len(tok, r->prompt[i]);
+        }
+        if (r->score_only) n = 0;
+    }
     for (size_t i = 0; i < n; i++) {
         json_array_append_new(toks, token_json(tok, lp[i].token));
         json_array_append_new(vals, json_real(lp[i].logprob));
@@ -164,9 +207,38 @@ static json_t *logprobs_json(const cm_oai_result *r, const cm_oai_lp *lp, const 
 
 json_t *cm_oai_usage_json(const cm_oai_result *r) {
     int out = 0;
-    for (int i = 0; i < r->n; i++) out += r->ch[i].completion_tokens;
+    for (int i = 0; i < r->n && !r->score_only; i++) out += r->ch[i].completion_tokens;
     return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", out, "total_tokens",
                      r->prompt_tokens + out, "prompt_tokens_details", "cached_tokens", r->cached_tokens);
+}
+
+/* vLLM's prompt_logprobs: null for the first token, then for each token a
+ * map from token id to {logprob, rank, decoded_token}: the token itself and
+ * its top alternatives. */
+static json_t *prompt_logprobs_json(const cm_oai_result *r, const cm_tokenizer *tok) {
+    if (r->prompt_logprobs < 0 || !r->prompt) return NULL;
+    json_t *a = json_array();
+    json_array_append_new(a, json_null());
+    for (int i = 1; i < r->n_prompt; i++) {
+        const cm_oai_lp *p = i - 1 < r->n_plp ? &r->plp[i - 1] : NULL;
+        if (!p) {
+            json_array_append_new(a, json_null());
+            continue;
+        }
+        json_t *m = json_object();
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)r->prompt[i]);
+        json_object_set_new(m, key, json_pack("{s:f,s:i,s:o}", "logprob", (double)p->logprob, "rank", p->rank,
+                                              "decoded_token", token_json(tok, r->prompt[i])));
+        for (int k = 0; k < p->n_top && k < r->prompt_logprobs; k++) {
+            snprintf(key, sizeof key, "%d", (int)p->top[k].id);
+            if (!json_object_get(m, key))
+                json_object_set_new(m, key, json_pack("{s:f,s:i,s:o}", "logprob", (double)p->top[k].logprob, "rank", k + 1,
+                                                      "decoded_token", token_json(tok, p->top[k].id)));
+        }
+        json_array_append_new(a, m);
+    }
+    return a;
 }
 
 json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
@@ -179,12 +251,23 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
             json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o},s:o,s:s?}", "index", i, "message", "role",
                                                      "assistant", "content", text, "logprobs", lp, "finish_reason",
                                                      cm_oai_finish_name(c->finish)));
-        else
-            json_array_append_new(choices, json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", text, "logprobs", lp,
-                                                     "finish_reason", cm_oai_finish_name(c->finish)));
+        else {
+            if (r->score_only) { /* nothing was asked for beyond the echo: the one generated token goes */
+                json_decref(text);
+                text = cm_oai_jbytes(c->text ? c->text : "", c->len >= c->lp_text0 ? c->lp_text0 : c->len);
+            }
+            json_t *ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", text, "logprobs", lp, "finish_reason",
+                                   r->score_only ? "length" : cm_oai_finish_name(c->finish));
+            json_t *pl = prompt_logprobs_json(r, tok);
+            if (pl) json_object_set_new(ch, "prompt_logprobs", pl);
+            json_array_append_new(choices, ch);
+        }
     }
-    return json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->id, "object", r->is_chat ? "chat.completion" : "text_completion",
-                     "created", (json_int_t)r->created, "model", r->model, "choices", choices, "usage", cm_oai_usage_json(r));
+    json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", r->id, "object", r->is_chat ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)r->created, "model", r->model, "choices", choices, "usage", cm_oai_usage_json(r));
+    json_t *pl = r->is_chat ? prompt_logprobs_json(r, tok) : NULL;
+    if (pl) json_object_set_new(j, "prompt_logprobs", pl);
+    return j;
 }
 
 static json_t *chunk_envelope(const cm_oai_result *r, json_t *choices) {

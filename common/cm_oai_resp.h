@@ -30,6 +30,7 @@ typedef struct {
     float logprob;
     int n_top;
     cm_oai_top top[CM_OAI_MAX_LOGPROBS];
+    int rank;                    /* 1: the most likely token; 0: not known */
 } cm_oai_lp;
 
 typedef struct {
@@ -39,6 +40,7 @@ typedef struct {
     size_t *lp_offset;           /* [n_lp] text_offset of each */
     size_t n_lp, cap_lp;
     size_t offset;               /* where the next token's text starts: bytes of echo + pieces so far */
+    size_t lp_text0;             /* bytes of the echoed prompt at the start of text */
     int finish;                  /* CM_OAI_FINISH_* */
     int completion_tokens;
     int role_sent;               /* streaming chat: the first delta (with the role) went out */
@@ -49,6 +51,11 @@ typedef struct {
     long created;
     int is_chat, n, logprobs, echo;
     int prompt_tokens, cached_tokens;
+    int prompt_logprobs, score_only; /* the request's */
+    const int32_t *prompt;       /* borrowed: the prompt's token ids, for its logprobs */
+    int n_prompt;
+    cm_oai_lp *plp;              /* prompt tokens 1..n_prompt-1 (owned) */
+    int n_plp;
     cm_oai_choice ch[CM_OAI_MAX_N];
 } cm_oai_result;
 
@@ -61,6 +68,10 @@ void cm_oai_result_free(cm_oai_result *r);
 int cm_oai_result_add(cm_oai_result *r, int index, const char *text, size_t len, const cm_oai_lp *lp, int n_lp,
                       const cm_tokenizer *tok);
 int cm_oai_result_done(const cm_oai_result *r); /* every choice has a finish reason */
+/* The prompt's logprobs (tokens 1..n-1 of prompt[0..n)), copied: echo with
+ * logprobs puts them before the generated tokens', prompt_logprobs in
+ * vLLM's shape; score_only (max_tokens 0) leaves the generated token out. */
+int cm_oai_result_prompt(cm_oai_result *r, const int32_t *prompt, int n, const cm_oai_lp *lp, int n_lp);
 
 /* The whole response object (chat.completion or text_completion). */
 json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok);

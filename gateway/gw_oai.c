@@ -5,6 +5,7 @@
 #include "gw_metrics.h"
 #include "gw_pool.h"
 #include "gw_req.h"
+#include "gw_tokenize.h"
 #include "gw_tokq.h"
 
 #include <math.h>
@@ -288,6 +289,14 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
     } else if (!strcmp(r->path, "/live")) { /* the loop answers: alive, draining or not, workers or not */
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else gw_http_body(r->conn, 200, "application/json", "{\"status\":\"ok\"}\n", 16);
+    } else if (!strcmp(r->path, "/tokenize") || !strcmp(r->path, "/detokenize")) {
+        int key;
+        if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
+        else if (authorized(g, r, &key)) gw_tokenize_handle(g, r, r->path[1] == 't' ? GW_TOK_TOKENIZE : GW_TOK_DETOKENIZE);
+    } else if (!strcmp(r->path, "/tokenizer_info")) {
+        int key;
+        if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
+        else if (authorized(g, r, &key)) gw_tokenize_handle(g, r, GW_TOK_INFO);
     } else if (!strcmp(r->path, "/metrics")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_metrics(g, r);

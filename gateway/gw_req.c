@@ -134,6 +134,8 @@ static int send_generate(gw *g, gw_req *q, int wi) {
     sp.logit_bias_ids = bid;
     sp.logit_bias_values = bval;
     sp.grammar = c->grammar;
+    sp.has_prompt_logprobs = 1; /* echo with logprobs scores the prompt too */
+    sp.prompt_logprobs = c->prompt_logprobs >= 0 ? c->prompt_logprobs : c->echo && c->logprobs >= 0 ? c->logprobs : -1;
     Llmserve__Generate gen = LLMSERVE__GENERATE__INIT;
     gen.request_id = q->rid;
     gen.n_token_ids = (size_t)q->n_tok;
@@ -344,8 +346,22 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
         const Llmserve__TokenLogprob *l = c->logprobs[i];
         lp[n_lp].token = l->token_id;
         lp[n_lp].logprob = l->logprob;
+        lp[n_lp].rank = l->has_rank ? l->rank : 0;
         lp[n_lp].n_top = (int)(l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS);
         for (int k = 0; k < lp[n_lp].n_top; k++) lp[n_lp].top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
+    }
+    if (c->n_prompt_logprobs) { /* once, with choice 0's first chunk */
+        cm_oai_lp *pl = malloc(sizeof *pl * c->n_prompt_logprobs);
+        for (size_t i = 0; pl && i < c->n_prompt_logprobs; i++) {
+            const Llmserve__TokenLogprob *l = c->prompt_logprobs[i];
+            pl[i].token = l->token_id;
+            pl[i].logprob = l->logprob;
+            pl[i].rank = l->has_rank ? l->rank : 0;
+            pl[i].n_top = (int)(l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS);
+            for (int k = 0; k < pl[i].n_top; k++) pl[i].top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
+        }
+        if (pl && c->n_prompt_logprobs < (size_t)q->n_tok) cm_oai_result_prompt(&q->res, q->tok, q->n_tok, pl, (int)c->n_prompt_logprobs);
+        free(pl);
     }
     const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
     const char *txt = c->has_text ? (const char *)c->text.data : "";

@@ -46,6 +46,8 @@ struct wk_req {
     wk_bias *bias;
     int n_prompt, cached;
     int forked, queried, n_seqs, n_live;
+    wk_token_lp *plp;        /* prompt logprobs: plp[p] for token p + 1 (n_prompt - 1 of them) */
+    int plp_sent;
     size_t max_stop;
     wk_seq *seqs[WK_MAX_N];
 };
@@ -54,6 +56,7 @@ typedef struct {
     uint64_t id;
     int index, n_tokens, tok_off, lp_off, finish, prompt_tokens, completion_tokens, cached_tokens;
     size_t text_off, text_len;
+    int plp_off, n_plp;
 } out_rec;
 
 struct wk_engine {
@@ -114,6 +117,7 @@ void wk_params_default(wk_params *p) {
     p->s.repetition_penalty = 1;
     p->n = 1;
     p->logprobs = -1;
+    p->prompt_logprobs = -1;
 }
 
 void wk_engine_opts_default(wk_engine_opts *o) {
@@ -253,6 +257,7 @@ static void req_free(wk_engine *e, wk_req *r) {
     free(r->stop_ids);
     free(r->end_ids);
     free(r->bias);
+    free(r->plp);
     free(r);
 }
 
@@ -355,12 +360,20 @@ static int emit(wk_engine *e, wk_seq *s) {
     }
     size_t tl = upto - s->text_sent;
     if (!nt && !tl && !s->finish) return 0;
+    int nplp = r->plp && !r->plp_sent && s->index == 0 ? r->n_prompt - 1 : 0;
     GROW(e->outs, e->cap_outs, e->n_outs + 1);
     GROW(e->otok, e->cap_otok, e->n_otok + nt);
     GROW(e->otext, e->cap_otext, e->n_otext + tl);
-    if (r->p.logprobs >= 0) GROW(e->olp, e->cap_olp, e->n_olp + nt);
+    if (r->p.logprobs >= 0 || nplp) GROW(e->olp, e->cap_olp, e->n_olp + nt + nplp);
     out_rec *o = &e->outs[e->n_outs++];
-    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl};
+    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl, -1, 0};
+    if (nplp) {
+        o->plp_off = e->n_olp;
+        o->n_plp = nplp;
+        memcpy(e->olp + e->n_olp, r->plp, sizeof(wk_token_lp) * (size_t)nplp);
+        e->n_olp += nplp;
+        r->plp_sent = 1;
+    }
     if (nt) memcpy(e->otok + e->n_otok, s->tok + r->n_prompt + s->tok_sent, sizeof(int32_t) * (size_t)nt);
     e->n_otok += nt;
     if (r->p.logprobs >= 0) {
@@ -387,8 +400,9 @@ int wk_engine_outputs(wk_engine *e, const wk_output **out) {
     for (int i = 0; i < e->n_outs; i++) {
         const out_rec *o = &e->outs[i];
         e->view[i] = (wk_output){o->id, o->index, o->n_tokens, e->otok + o->tok_off,
-                                 o->lp_off >= 0 ? e->olp + o->lp_off : NULL, e->otext + o->text_off, o->text_len,
-                                 o->finish, o->prompt_tokens, o->completion_tokens, o->cached_tokens};
+                                 o->lp_off >= 0 ? e->olp + o->lp_off : NULL,
+                                 o->plp_off >= 0 ? e->olp + o->plp_off : NULL, o->n_plp, e->otext + o->text_off,
+                                 o->text_len, o->finish, o->prompt_tokens, o->completion_tokens, o->cached_tokens};
     }
     *out = e->view;
     e->drained = 1;
@@ -446,6 +460,7 @@ static int check_params(const wk_engine *e, const wk_params *p, char *err, size_
     }
     if (p->n_stop_ids < 0 || p->n_stop_ids > WK_MAX_STOP_IDS) BAD("at most %d stop token ids", WK_MAX_STOP_IDS);
     if (p->grammar && p->grammar_len > CM_GRAMMAR_MAX_TEXT) BAD("the grammar is longer than %d bytes", CM_GRAMMAR_MAX_TEXT);
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > WK_MAX_LOGPROBS) BAD("prompt_logprobs must be 0..%d", WK_MAX_LOGPROBS);
     for (int i = 0; i < p->n_stop_ids; i++)
         if (p->stop_ids[i] < 0 || p->stop_ids[i] >= V) BAD("stop token id %d is not in the vocabulary", p->stop_ids[i]);
     return 0;
@@ -520,6 +535,7 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
     r->seqs[0] = s;
     r->n_seqs = r->n_live = 1;
     r->p.grammar = NULL; /* the parse holds what it needs */
+    if (p->prompt_logprobs >= 0 && n_prompt > 1 && !(r->plp = calloc((size_t)n_prompt - 1, sizeof *r->plp))) goto oom;
     if (p->grammar) {
         rc = e->guide ? 0 : wk_guide_create(e->m->tok, e->eog, e->n_eog, &e->guide);
         if (!rc) rc = wk_guide_begin(e->guide, p->grammar, p->grammar_len, &s->gs, err, errlen);
@@ -610,8 +626,8 @@ static wk_seq *victim(const wk_engine *e) {
 }
 
 static void plan_add(wk_engine *e, wk_seq *s, int n) {
-    int last = s->n_computed + n == s->n_tok;
-    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, last ? n - 1 : n};
+    int last = s->n_computed + n == s->n_tok, all = s->req->plp && s->n_computed < s->req->n_prompt;
+    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, all ? 0 : last ? n - 1 : n};
     e->plan_seq[e->n_plan++] = s;
 }
 
@@ -690,6 +706,10 @@ static int schedule(wk_engine *e, int *tokens) {
         if (e->n_running + seats > e->o.max_num_seqs && e->n_running) break;
         int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok);
         if (hit < 0) return hit;
+        if (hit && r->plp) { /* cached positions have no logits: the prompt is computed whole */
+            wk_blocks_release(e->blocks, &s->bs);
+            hit = 0;
+        }
         s->n_computed = hit;
         int n = s->n_tok - hit;
         if (n > budget) n = budget;
@@ -853,6 +873,15 @@ int wk_engine_step(wk_engine *e) {
         s->n_computed += e->plan[i].n;
         wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
         if (e->plan[i].logits_from == e->plan[i].n) continue;
+        if (r->plp && e->plan[i].pos0 < r->n_prompt) { /* prompt rows: the logprob of each next prompt token */
+            int prows = e->plan[i].n - e->plan[i].logits_from, sample = s->n_computed == s->n_tok;
+            for (int k = 0; k < prows - sample; k++, row += V) {
+                int pos = e->plan[i].pos0 + e->plan[i].logits_from + k;
+                if (pos + 1 < r->n_prompt)
+                    wk_sample_logprobs(&e->sc, row, s->tok[pos + 1], r->p.prompt_logprobs, &r->plp[pos]);
+            }
+            if (!sample) continue;
+        }
         if (s->n_tok == r->n_prompt && s->tok_sent == 0 && !r->forked && s->index == 0) {
             cm_detok_init(&s->dt, e->m->tok);
             s->dt.first = 0;

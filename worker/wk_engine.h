@@ -44,6 +44,9 @@ typedef struct {
     int n_stop_ids;
     const int32_t *stop_ids;
     const char *grammar;      /* GBNF the output must match (structured outputs; wk_guide.h), or NULL */
+    int prompt_logprobs;      /* -1: none; else each prompt token after the first gets its logprob and this
+                                 many alternatives (0..WK_MAX_LOGPROBS); the prompt is computed whole, not
+                                 taken from the prefix cache, since cached positions have no logits */
     size_t grammar_len;
 } wk_params;
 
@@ -75,6 +78,8 @@ typedef struct {
     int n_tokens;
     const int32_t *tokens;
     const wk_token_lp *logprobs;  /* n_tokens entries when asked, else NULL */
+    const wk_token_lp *prompt_logprobs; /* in choice 0's first output when asked: tokens 1..prompt_tokens-1 */
+    int n_prompt_logprobs;
     const char *text;             /* new text (not NUL-terminated) */
     size_t text_len;
     int finish;                   /* WK_FINISH_* */

@@ -133,6 +133,9 @@ void wk_sample_logprobs(wk_sample_ctx *c, const float *raw, int32_t tok, int n_t
     lp->token = tok;
     lp->logprob = raw[tok] - lse;
     lp->n_top = n_top;
+    int above = 0;
+    for (int i = 0; i < V; i++) above += raw[i] > raw[tok];
+    lp->rank = above + 1;
     if (!n_top) return;
     for (int i = 0; i < V; i++) c->cand[i] = (struct wk_cand){raw[i], i};
     select_top(c->cand, V, n_top);

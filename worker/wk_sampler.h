@@ -42,6 +42,7 @@ typedef struct {
     float logprob;
     int n_top;
     wk_top top[WK_MAX_LOGPROBS];
+    int rank;                   /* 1 + the tokens more likely than this one */
 } wk_token_lp;
 
 /* Scratch sized for one vocabulary, reused for every draw. */

@@ -377,6 +377,7 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
         p.min_tokens = sp->min_tokens;
         p.n = sp->has_n ? sp->n : 1;
         p.logprobs = sp->has_logprobs ? sp->logprobs : -1;
+        p.prompt_logprobs = sp->has_prompt_logprobs ? sp->prompt_logprobs : -1;
         p.ignore_eos = sp->ignore_eos;
         p.has_seed = sp->has_seed;
         p.seed = sp->seed;
@@ -525,6 +526,8 @@ static void send_outputs(server *s) {
                 llmserve__token_logprob__init(&lps[k]);
                 lps[k].token_id = l->token;
                 lps[k].logprob = l->logprob;
+                lps[k].has_rank = 1;
+                lps[k].rank = l->rank;
                 for (int t = 0; t < l->n_top; t++) {
                     llmserve__top_logprob__init(&tops[k][t]);
                     tops[k][t].token_id = l->top[t].id;
@@ -537,6 +540,37 @@ static void send_outputs(server *s) {
             }
             ch.n_logprobs = (size_t)nl;
             ch.logprobs = lpp;
+        }
+        Llmserve__TokenLogprob *plps = NULL, **plpp = NULL;
+        Llmserve__TopLogprob *ptops = NULL, **ptopp = NULL;
+        int np = o[i].n_prompt_logprobs;
+        if (np > 0) { /* thousands of them: on the heap, once per request */
+            plps = malloc(sizeof *plps * (size_t)np);
+            plpp = malloc(sizeof *plpp * (size_t)np);
+            ptops = malloc(sizeof *ptops * (size_t)np * WK_MAX_LOGPROBS);
+            ptopp = malloc(sizeof *ptopp * (size_t)np * WK_MAX_LOGPROBS);
+            if (plps && plpp && ptops && ptopp) {
+                for (int k = 0; k < np; k++) {
+                    const wk_token_lp *l = &o[i].prompt_logprobs[k];
+                    llmserve__token_logprob__init(&plps[k]);
+                    plps[k].token_id = l->token;
+                    plps[k].logprob = l->logprob;
+                    plps[k].has_rank = 1;
+                    plps[k].rank = l->rank;
+                    for (int t = 0; t < l->n_top; t++) {
+                        Llmserve__TopLogprob *tp = &ptops[k * WK_MAX_LOGPROBS + t];
+                        llmserve__top_logprob__init(tp);
+                        tp->token_id = l->top[t].id;
+                        tp->logprob = l->top[t].logprob;
+                        ptopp[k * WK_MAX_LOGPROBS + t] = tp;
+                    }
+                    plps[k].n_top = (size_t)l->n_top;
+                    plps[k].top = ptopp + k * WK_MAX_LOGPROBS;
+                    plpp[k] = &plps[k];
+                }
+                ch.n_prompt_logprobs = (size_t)np;
+                ch.prompt_logprobs = plpp;
+            }
         }
         Llmserve__Usage us = LLMSERVE__USAGE__INIT;
         if (o[i].finish) {
@@ -563,6 +597,10 @@ static void send_outputs(server *s) {
         int g = sl->gw;
         if (o[i].finish && --sl->choices_left <= 0) slot_free(s, sl);
         send_gw(s, g, &env);
+        free(plps);
+        free(plpp);
+        free(ptops);
+        free(ptopp);
     }
 }
 

@@ -166,7 +166,7 @@ static void responses(void) {
     cm_oai_result r;
     cm_oai_result_init(&r, &req, "cmpl-1", "m", 7, NULL, 0);
     r.prompt_tokens = 2;
-    cm_oai_lp lp[2] = {{3 + 'a', -0.5f, 1, {{3 + 'b', -1.0f}}}, {3 + 'c', -0.25f, 0, {{0}}}};
+    cm_oai_lp lp[2] = {{3 + 'a', -0.5f, 1, {{3 + 'b', -1.0f}}, 0}, {3 + 'c', -0.25f, 0, {{0}}, 0}};
     CHECK_RC(cm_oai_result_add(&r, 0, "ac", 2, lp, 2, t), 0);
     r.ch[0].finish = CM_OAI_FINISH_LENGTH;
     r.ch[0].completion_tokens = 2;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Structured outputs end to end: a real worker and gateway on loopback, the
-# `openai` client, and `jsonschema` as the reference validator (both in the
-# e2e venv in the build folder).
-#   run_structured_e2e.sh BUILD_DIR MODEL
+# The OpenAI API as clients use it, end to end: a real worker and gateway on
+# loopback, the `openai` client, `jsonschema` as the reference validator
+# (both in the e2e venv in the build folder), and `llmserve perplexity` as
+# the reference for prompt scoring. Runs test_structured.py and
+# test_scoring.py against the same gateway.
+#   run_api_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
 BUILD=$1
@@ -25,4 +27,7 @@ for _ in $(seq 1 300); do
     curl -sf "http://127.0.0.1:$((BASE + 1))/health" >/dev/null 2>&1 && break
     sleep 0.2
 done
-GW=http://127.0.0.1:$((BASE + 1)) "$VENV/bin/python" "$HERE/test_structured.py"
+rc=0
+GW=http://127.0.0.1:$((BASE + 1)) "$VENV/bin/python" "$HERE/test_structured.py" || rc=1
+GW=http://127.0.0.1:$((BASE + 1)) LLMSERVE="$BUILD/llmserve" MODEL="$MODEL" "$VENV/bin/python" "$HERE/test_scoring.py" || rc=1
+exit $rc

@@ -1,0 +1,128 @@
+"""Prompt scoring and the tokenizer endpoints through the openai client:
+completions with echo + logprobs (max_tokens 0 and more) agree with
+`llmserve perplexity` on the same text; token-id prompts and a batch of one;
+vLLM's prompt_logprobs on completions and chat, the same when the prompt is
+in the prefix cache; /tokenize, /detokenize and /tokenizer_info in vLLM's
+shapes, agreeing with the completions' own token counts; refusals by name."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+import openai
+
+GW = os.environ["GW"]
+client = openai.OpenAI(base_url=GW + "/v1", api_key="none", timeout=120, max_retries=0)
+MODEL = client.models.list().data[0].id
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def post(path, body):
+    r = urllib.request.Request(GW + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(r, timeout=60) as f:
+            return f.status, json.loads(f.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+TEXT = ("The quick brown fox jumps over the lazy dog. It was a sunny day in the park, "
+        "and the children were playing by the old oak tree.")
+
+# ---- the reference: llmserve perplexity on the same text ------------------
+with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+    f.write(TEXT)
+out = subprocess.run([os.environ["LLMSERVE"], "perplexity", "--model", os.environ["MODEL"], "--file", f.name],
+                     capture_output=True, text=True, timeout=300).stdout
+os.unlink(f.name)
+nll = float(re.search(r"nll: ([0-9.]+)", out).group(1))
+scored = int(re.search(r"scored: ([0-9]+)", out).group(1))
+
+# ---- echo + logprobs, max_tokens 0 ------------------------------------------
+st, tk = post("/tokenize", {"prompt": TEXT})
+check(st == 200 and tk["count"] == len(tk["tokens"]) and tk["max_model_len"] > 0, "/tokenize: count, tokens, max_model_len")
+r = client.completions.create(model=MODEL, prompt=TEXT, max_tokens=0, echo=True, logprobs=3, temperature=0)
+c = r.choices[0]
+lp = c.logprobs
+check(c.text == TEXT and r.usage.completion_tokens == 0 and c.finish_reason == "length",
+      "max_tokens 0 with echo: the prompt back, nothing generated (%r, %d tokens)" % (c.text[-12:], r.usage.completion_tokens))
+check(len(lp.tokens) == tk["count"] == r.usage.prompt_tokens and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None,
+      "echo logprobs: one entry per prompt token (%d), the first null" % len(lp.tokens))
+total = -sum(x for x in lp.token_logprobs[1:])
+check(len(lp.token_logprobs) - 1 == scored and abs(total - nll) < 1e-3 * nll,
+      "echo logprobs agree with llmserve perplexity: NLL %.4f vs %.4f over %d tokens" % (total, nll, scored))
+check(all(len(t) >= 1 and lp.token_logprobs[i] in t.values() for i, t in enumerate(lp.top_logprobs) if t),
+      "echo top_logprobs hold the prompt's own token and its alternatives")
+check(lp.text_offset[0] == 0 and all(a <= b for a, b in zip(lp.text_offset, lp.text_offset[1:])),
+      "echo text_offset starts at 0 and grows")
+
+# more tokens after the echo; the prompt as ids, and as a batch of one
+r = client.completions.create(model=MODEL, prompt=[tk["tokens"]], max_tokens=4, echo=True, logprobs=1, temperature=0)
+lp = r.choices[0].logprobs
+check(len(lp.tokens) == tk["count"] + r.usage.completion_tokens and r.choices[0].text.startswith(TEXT) and
+      abs(-sum(lp.token_logprobs[1:tk["count"]]) - nll) < 1e-3 * nll,
+      "echo with 4 generated tokens on a token-id prompt (a batch of one): prompt then completion")
+
+# ---- prompt_logprobs (vLLM) ---------------------------------------------
+def prompt_lps(body):
+    st, d = post("/v1/completions", body)
+    return st, d["choices"][0].get("prompt_logprobs") if st == 200 else d
+
+
+st, pl = prompt_lps({"prompt": TEXT, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0})
+ids = tk["tokens"]
+ok = st == 200 and pl[0] is None and len(pl) == len(ids)
+ok = ok and all(str(ids[i]) in pl[i] and 1 <= len(pl[i]) <= 3 for i in range(1, len(ids)))
+check(ok, "prompt_logprobs: null, then a map per token holding the token itself and 2 alternatives")
+total = -sum(pl[i][str(ids[i])]["logprob"] for i in range(1, len(ids))) if ok else 0
+check(ok and abs(total - nll) < 1e-3 * nll, "prompt_logprobs agree with llmserve perplexity (%.4f vs %.4f)" % (total, nll))
+ranks_ok = ok and all(pl[i][str(ids[i])]["rank"] >= 1 and
+                      all(v["rank"] <= pl[i][str(ids[i])]["rank"] for k, v in pl[i].items()
+                          if v["logprob"] >= pl[i][str(ids[i])]["logprob"]) for i in range(1, len(ids)))
+check(ranks_ok, "prompt_logprobs ranks: 1 for the most likely, more likely tokens rank lower")
+st2, pl2 = prompt_lps({"prompt": TEXT, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0})
+check(st2 == 200 and pl2 == pl, "prompt_logprobs again (the prompt is now in the prefix cache): the same values")
+st, d = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2,
+                                      "prompt_logprobs": 0})
+st2, tc = post("/tokenize", {"messages": [{"role": "user", "content": "Hello there"}]})
+check(st == 200 and st2 == 200 and d["prompt_logprobs"][0] is None and len(d["prompt_logprobs"]) == tc["count"] ==
+      d["usage"]["prompt_tokens"], "chat prompt_logprobs: one per prompt token, as many as /tokenize counts for the messages")
+
+# ---- tokenizer endpoints ------------------------------------------------
+st, dt = post("/detokenize", {"tokens": tk["tokens"]})
+check(st == 200 and dt["prompt"] == TEXT, "/detokenize of /tokenize is the text")
+st, t2 = post("/tokenize", {"prompt": "Hi", "add_special_tokens": False, "return_token_strs": True})
+check(st == 200 and t2["token_strs"] and "".join(t2["token_strs"]) == "Hi", "/tokenize return_token_strs: %s" % t2.get("token_strs"))
+with urllib.request.urlopen(GW + "/tokenizer_info", timeout=10) as f:
+    info = json.loads(f.read())
+check(info.get("eos_token") and "chat_template" in info and info.get("model_max_length", 0) > 0,
+      "/tokenizer_info: eos_token %r, a chat template, model_max_length %s" % (info.get("eos_token"), info.get("model_max_length")))
+st, e = post("/detokenize", {"tokens": [10 ** 9]})
+check(st == 400 and e["error"]["param"] == "tokens", "/detokenize of an id outside the vocabulary: 400 naming 'tokens'")
+st, e = post("/tokenize", {"prompt": "a", "messages": []})
+check(st == 400, "/tokenize with both prompt and messages: 400")
+
+# ---- refusals -------------------------------------------------------------
+def refused(**kw):
+    try:
+        client.completions.create(model=MODEL, prompt="Hi", **kw)
+    except openai.BadRequestError as e:
+        return e.body.get("param") if isinstance(e.body, dict) else None
+    return "accepted"
+
+
+check(refused(max_tokens=0) == "max_tokens", "max_tokens 0 without echo: 400 naming max_tokens")
+check(refused(max_tokens=2, echo=True, logprobs=1, stream=True) == "echo", "streamed echo with logprobs: 400 naming echo")
+
+print("scoring: %d checks failed" % len(failures))
+sys.exit(1 if failures else 0)
