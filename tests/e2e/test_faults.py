@@ -300,7 +300,9 @@ def http_checks(port):
                         ({"prompt": "x", "max_tokens": 2, "min_tokens": 5}, "min_tokens"),
                         ({"prompt": [1, 2, 9999999]}, "prompt"),
                         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-                        ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format")):
+                        ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}},
+                         "response_format"),
+                        ({"prompt": "x", "guided_grammar": "root ::= undefined"}, "guided_grammar")):
         s = Stream(port, body) if "stream_options" not in body else None
         if s is None:
             st, d = post(port, "/v1/completions", body)

@@ -233,10 +233,14 @@ static void responses(void) {
     /* fields not honoured are refused by name; \u0000 is accepted */
     struct { const char *body, *param; } refused[] = {
         {"{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", "stream_options"},
-        {"{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", "response_format"},
+        {"{\"prompt\":\"x\",\"response_format\":{\"type\":\"structural_tag\"}}", "response_format"},
+        {"{\"prompt\":\"x\",\"guided_whitespace_pattern\":\" \"}", "guided_whitespace_pattern"},
+        {"{\"prompt\":\"x\",\"structured_outputs\":{\"structural_tag\":{}}}", "structured_outputs"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", "tool_choice"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools"},
-        {"{\"prompt\":\"x\",\"guided_json\":{}}", "guided_json"},
+        {"{\"prompt\":\"x\",\"guided_json\":{\"type\":\"integer\",\"minimum\":1}}", "guided_json"},
+        {"{\"prompt\":\"x\",\"guided_json\":{},\"guided_regex\":\"a\"}", "guided_regex"},
+        {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         int chat = refused[i].body[2] == 'm';
@@ -245,6 +249,12 @@ static void responses(void) {
         CHECK_RC(rc, LLM_EINVAL);
         CHECK(param && !strcmp(param, refused[i].param));
     }
+    /* structured outputs become a grammar the gateway has read */
+    const char so[] = "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+                      "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}}";
+    CHECK_RC(cm_oai_parse_completion(so, sizeof so - 1, &req, err, sizeof err, &param), 0);
+    CHECK(req.grammar && strstr(req.grammar, "root ::=") && !strcmp(req.grammar_from, "response_format"));
+    cm_oai_completion_free(&req);
     const char nul[] = "{\"prompt\":\"a\\u0000b\"}";
     CHECK_RC(cm_oai_parse_completion(nul, sizeof nul - 1, &req, err, sizeof err, &param), 0);
     CHECK(req.prompt_len == 3 && req.prompt[1] == 0);
