@@ -2,8 +2,10 @@
 # The OpenAI API as clients use it, end to end: a real worker and gateway on
 # loopback, the `openai` client, `jsonschema` as the reference validator
 # (both in the e2e venv in the build folder), and `llmserve perplexity` as
-# the reference for prompt scoring. Runs test_structured.py and
-# test_scoring.py against the same gateway.
+# the reference for prompt scoring. Runs test_structured.py,
+# test_scoring.py, test_langchain.py (langchain-openai) and test_lmeval.py
+# (lm-evaluation-harness) against the same gateway; the last two skip, saying
+# so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
@@ -28,6 +30,17 @@ for _ in $(seq 1 300); do
     sleep 0.2
 done
 rc=0
-GW=http://127.0.0.1:$((BASE + 1)) "$VENV/bin/python" "$HERE/test_structured.py" || rc=1
-GW=http://127.0.0.1:$((BASE + 1)) LLMSERVE="$BUILD/llmserve" MODEL="$MODEL" "$VENV/bin/python" "$HERE/test_scoring.py" || rc=1
+export GW=http://127.0.0.1:$((BASE + 1))
+"$VENV/bin/python" "$HERE/test_structured.py" || rc=1
+LLMSERVE="$BUILD/llmserve" MODEL="$MODEL" "$VENV/bin/python" "$HERE/test_scoring.py" || rc=1
+if "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/pip" install -q langchain-openai >/dev/null 2>&1; then
+    "$VENV/bin/python" "$HERE/test_langchain.py" || rc=1
+else
+    echo "skip langchain: pip install langchain-openai failed (offline?)"
+fi
+if [ -x "$VENV/bin/lm_eval" ] || "$VENV/bin/pip" install -q "lm_eval[api]" >/dev/null 2>&1; then
+    LMEVAL="$VENV/bin/lm_eval" "$VENV/bin/python" "$HERE/test_lmeval.py" || rc=1
+else
+    echo "skip lm-eval: pip install lm_eval[api] failed (offline?)"
+fi
 exit $rc
