@@ -397,13 +397,42 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
             c->prompt_ids[i] = (int32_t)json_integer_value(t);
         }
         c->n_prompt_ids = (int)n;
+    } else if (json_is_array(p) && json_array_size(p) > 1) { /* a batch: all strings, or all token-id lists */
+        size_t n = json_array_size(p);
+        if (n > CM_OAI_MAX_CHOICES) BAD("prompt", "at most %d prompts in one request", CM_OAI_MAX_CHOICES);
+        int text = json_is_string(json_array_get(p, 0));
+        c->batch = calloc(n, sizeof *c->batch);
+        if (!c->batch) { rc = LLM_ENOMEM; goto fail; }
+        for (size_t i = 0; i < n; i++, c->n_batch++) {
+            json_t *e = json_array_get(p, i);
+            cm_oai_prompt *b = &c->batch[i];
+            if (text) {
+                if (!json_is_string(e)) BAD("prompt", "prompt[%zu]: a batch is all strings or all token-id arrays", i);
+                b->len = json_string_length(e);
+                if (!(b->text = malloc(b->len + 1))) { rc = LLM_ENOMEM; goto fail; }
+                memcpy(b->text, json_string_value(e), b->len + 1);
+                continue;
+            }
+            size_t m = json_is_array(e) ? json_array_size(e) : 0;
+            if (!m) BAD("prompt", "prompt[%zu]: a batch is all strings or all non-empty token-id arrays", i);
+            if (m > CM_OAI_MAX_PROMPT_IDS) BAD("prompt", "prompt[%zu] has more than %d token ids", i, CM_OAI_MAX_PROMPT_IDS);
+            if (!(b->ids = malloc(sizeof(int32_t) * m))) { rc = LLM_ENOMEM; goto fail; }
+            for (size_t k = 0; k < m; k++) {
+                json_t *t = json_array_get(e, k);
+                if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+                    BAD("prompt", "prompt[%zu][%zu] is not a non-negative integer", i, k);
+                b->ids[k] = (int32_t)json_integer_value(t);
+            }
+            b->n_ids = (int)m;
+        }
     } else if (json_is_array(p)) {
-        BAD("prompt", "'prompt' must be a string, an array of one string, or an array of token ids "
-                      "(batches of several prompts are not supported)");
+        BAD("prompt", "'prompt' must not be empty");
     } else {
         BAD("prompt", "'prompt' must be a string or an array of token ids");
     }
     if ((rc = parse_sampling(o, c, err, errlen, param))) goto fail;
+    if (c->n_batch && c->n_batch * c->n > CM_OAI_MAX_CHOICES)
+        BAD("n", "%d prompts x n %d is more than %d choices", c->n_batch, c->n, CM_OAI_MAX_CHOICES);
     long long v = -1;
     if ((rc = get_int(o, "logprobs", 0, CM_OAI_MAX_LOGPROBS, &v, err, errlen))) FAILED("logprobs");
     c->logprobs = (int)v;
@@ -536,7 +565,38 @@ fail:
     return rc ? rc : LLM_EINVAL;
 }
 
+static int dup_str(const char *s, char **out) {
+    *out = NULL;
+    return s && !(*out = strdup(s)) ? LLM_ENOMEM : 0;
+}
+
+int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completion *d) {
+    *d = *src;
+    d->prompt = NULL, d->prompt_len = 0, d->prompt_ids = NULL, d->n_prompt_ids = 0, d->batch = NULL, d->n_batch = 0;
+    d->messages = NULL, d->n_messages = 0;
+    d->model = d->cache_salt = d->user = d->grammar = NULL;
+    d->bias = NULL;
+    for (int i = 0; i < d->n_stop; i++) d->stop[i] = NULL;
+    int rc = dup_str(src->model, &d->model) | dup_str(src->cache_salt, &d->cache_salt) | dup_str(src->user, &d->user) |
+             dup_str(src->grammar, &d->grammar);
+    for (int i = 0; i < src->n_stop; i++) rc |= dup_str(src->stop[i], &d->stop[i]);
+    if (src->n_bias && (d->bias = malloc(sizeof *d->bias * (size_t)src->n_bias)))
+        memcpy(d->bias, src->bias, sizeof *d->bias * (size_t)src->n_bias);
+    else if (src->n_bias)
+        rc = LLM_ENOMEM;
+    if (rc) {
+        cm_oai_completion_free(d);
+        return LLM_ENOMEM;
+    }
+    return 0;
+}
+
 void cm_oai_completion_free(cm_oai_completion *c) {
+    for (int i = 0; i < c->n_batch; i++) {
+        free(c->batch[i].text);
+        free(c->batch[i].ids);
+    }
+    free(c->batch);
     for (int i = 0; i < c->n_messages; i++) {
         free(c->messages[i].role);
         free(c->messages[i].content);

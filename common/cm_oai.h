@@ -24,6 +24,15 @@
 #define CM_OAI_MAX_N 16
 #define CM_OAI_MAX_LOGPROBS 20
 #define CM_OAI_MAX_PROMPT_IDS (1 << 20)
+#define CM_OAI_MAX_CHOICES 256   /* prompts x n in one request */
+
+/* One prompt of a batch: text, or token ids. */
+typedef struct {
+    char *text;
+    size_t len;
+    int32_t *ids;
+    int n_ids;
+} cm_oai_prompt;
 
 typedef struct {
     int32_t id;
@@ -36,6 +45,8 @@ typedef struct {
     size_t prompt_len;
     int32_t *prompt_ids;         /* token id prompt */
     int n_prompt_ids;
+    cm_oai_prompt *batch;        /* prompt as a list of 2 or more prompts (then prompt and prompt_ids are unset) */
+    int n_batch;
     int max_tokens;              /* 0: absent (the caller picks the default) */
     int min_tokens;
     double temperature, top_p, min_p;
@@ -77,6 +88,9 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *out
 int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *out, char *err, size_t errlen,
                       const char **param);
 void cm_oai_completion_free(cm_oai_completion *c);
+/* A deep copy of everything but the prompt(s) and messages: one prompt of a
+ * batch runs as a request of its own with these parameters. */
+int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completion *dst);
 /* Whether s[0..n) is valid UTF-8. */
 int cm_utf8_valid(const char *s, size_t n);
 

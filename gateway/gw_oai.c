@@ -76,6 +76,44 @@ static void prep_run(gw_job *j) {
             too_long(p, q, nt, "messages");
             return;
         }
+    } else if (q->c.n_batch) { /* each prompt as a request of its own; the parent counts their sum */
+        if (!(q->prompts = calloc((size_t)q->c.n_batch, sizeof *q->prompts))) REFUSE(500, NULL, "internal_error", "out of memory");
+        for (int i = 0; i < q->c.n_batch; i++) {
+            const cm_oai_prompt *b = &q->c.batch[i];
+            struct gw_prompt *pp = &q->prompts[i];
+            size_t k = 0;
+            if (b->text) {
+                rc = cm_tok_encode_limit(m->tok, b->text, b->len, -1, 1, limit, &pp->tok, &k);
+                if (rc == LLM_ERANGE) {
+                    too_long(p, q, k, "prompt");
+                    return;
+                }
+                if (rc) REFUSE(400, "prompt", "invalid_value", "prompt[%d] cannot be tokenized: %s", i, cm_strerror(rc));
+                if (q->c.echo && (pp->echo = malloc(b->len + 1))) memcpy(pp->echo, b->text, b->len + 1), pp->echo_len = b->len;
+            } else {
+                for (int t = 0; t < b->n_ids; t++)
+                    if (b->ids[t] >= p->vocab)
+                        REFUSE(400, "prompt", "invalid_value", "prompt[%d] token id %d is outside the vocabulary (%d tokens)",
+                               i, b->ids[t], p->vocab);
+                if ((size_t)b->n_ids > limit) {
+                    too_long(p, q, (size_t)b->n_ids + 1, "prompt");
+                    return;
+                }
+                k = (size_t)b->n_ids;
+                if (!(pp->tok = malloc(sizeof(int32_t) * k))) REFUSE(500, NULL, "internal_error", "out of memory");
+                memcpy(pp->tok, b->ids, sizeof(int32_t) * k);
+                if (q->c.echo && (pp->echo = cm_tok_decode(m->tok, pp->tok, k, 0))) pp->echo_len = strlen(pp->echo);
+            }
+            if (!k) REFUSE(400, "prompt", "invalid_value", "prompt[%d] is empty", i);
+            int mt = q->c.max_tokens ? q->c.max_tokens : 16;
+            if ((int64_t)k + mt > p->max_len)
+                REFUSE(400, "max_tokens", "context_length_exceeded",
+                       "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in "
+                       "prompt[%d], %d in the completion). Please reduce the length of the prompt or completion.",
+                       p->max_len, (long long)k + mt, k, i, mt);
+            pp->n_tok = (int)k;
+            nt += k;
+        }
     } else if (q->c.prompt) {
         rc = cm_tok_encode_limit(m->tok, q->c.prompt, q->c.prompt_len, -1, 1, limit, &q->tok, &nt);
         if (rc == LLM_ERANGE) {
@@ -115,7 +153,7 @@ static void prep_run(gw_job *j) {
                    q->c.stop_ids[i], p->vocab);
     int L = p->max_len;
     q->max_tokens = q->c.max_tokens ? q->c.max_tokens : p->chat ? L - (int)nt : 16;
-    if ((int64_t)nt + q->max_tokens > L)
+    if (!q->c.n_batch && (int64_t)nt + q->max_tokens > L) /* a batch's prompts were checked one by one */
         REFUSE(400, p->chat ? "messages" : "max_tokens", "context_length_exceeded",
                "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in the %s, %d in "
                "the completion). Please reduce the length of the %s or completion.",
@@ -124,6 +162,7 @@ static void prep_run(gw_job *j) {
     if (q->c.min_tokens > q->max_tokens)
         REFUSE(400, "min_tokens", "invalid_value", "'min_tokens' (%d) must not exceed max_tokens (%d)", q->c.min_tokens,
                q->max_tokens);
+    if (q->c.n_batch) q->max_tokens *= q->c.n_batch; /* what the rate limits count: every prompt's */
 }
 
 /* Back on the loop. */

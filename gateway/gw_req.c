@@ -18,7 +18,7 @@
 
 static void log_request(gw_req *q, int status, const char *code) {
     gw *g = q->g;
-    if (!g->conf.log_requests) return;
+    if (!g->conf.log_requests || q->parent || q->abandon) return; /* a batch logs once, as its parent */
     double t = gw_now();
     int out = 0;
     for (int i = 0; i < q->res.n; i++) out += q->res.ch[i].completion_tokens;
@@ -41,22 +41,64 @@ void gw_req_free(gw_req *q) {
     if (q->timer) event_free(q->timer);
     free(q->tok);
     free(q->echo);
+    for (int i = 0; q->prompts && i < q->c.n_batch; i++) {
+        free(q->prompts[i].tok);
+        free(q->prompts[i].echo);
+    }
+    free(q->prompts);
+    free(q->kids);
+    json_decref(q->choices);
     cm_oai_result_free(&q->res);
     cm_oai_completion_free(&q->c);
     gw_model_unref(q->model);
     free(q);
 }
 
+static void kid_done(gw_req *par, gw_req *kid, int status, const char *msg, const char *code);
+
+/* A batch's response: its kids' choices, and their usage summed. */
+static json_t *batch_usage(const gw_req *q) {
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", q->sum_prompt, "completion_tokens", q->sum_completion,
+                     "total_tokens", q->sum_prompt + q->sum_completion, "prompt_tokens_details", "cached_tokens",
+                     q->sum_cached);
+}
+
+static json_t *batch_json(const gw_req *q, json_t *choices) { /* takes choices */
+    return json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", q->id, "object", "text_completion", "created",
+                     (json_int_t)q->res.created, "model", q->g->served, "choices", choices, "usage", batch_usage(q));
+}
+
 void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     gw *g = q->g;
+    int kid = q->parent || q->abandon;
     if (q->worker >= 0) {
         if (status != 200 && q->on_worker) gw_pool_cancel(g, q->worker, q->rid); /* it may still run there */
         if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
     }
     if (status == 200) {
-        gw_hist_add(&g->m.e2e, gw_now() - q->t_arrive);
+        if (!kid) gw_hist_add(&g->m.e2e, gw_now() - q->t_arrive);
         for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
     }
+    if (q->parent) { /* a batch's prompt: the parent answers */
+        gw_req *par = q->parent;
+        q->parent = NULL;
+        kid_done(par, q, status, msg, code);
+        gw_req_free(q);
+        return;
+    }
+    if (kid) { /* its parent ended first */
+        gw_req_free(q);
+        return;
+    }
+    for (int i = 0; q->kids && i < q->n_kids; i++) /* a parent ending early: what still runs ends soon, unseen */
+        if (q->kids[i]) {
+            gw_req *k = q->kids[i];
+            k->parent = NULL;
+            k->abandon = 1;
+            struct timeval now = {0, 0};
+            if (k->timer) evtimer_add(k->timer, &now);
+            q->kids[i] = NULL;
+        }
     if (q->conn) {
         gw_conn *c = q->conn;
         q->conn = NULL;
@@ -64,13 +106,14 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
         if (streaming) g->open_streams--;
         if (status == 200 && streaming) {
             if (q->c.include_usage) {
-                json_t *j = cm_oai_usage_chunk_json(&q->res);
+                json_t *j = q->kids ? batch_json(q, json_array()) : cm_oai_usage_chunk_json(&q->res);
                 gw_http_stream_event(c, j);
                 json_decref(j);
             }
             gw_http_stream_end(c);
         } else if (status == 200) {
-            json_t *j = cm_oai_response_json(&q->res, q->model ? q->model->tok : NULL);
+            json_t *j = q->kids ? batch_json(q, json_incref(q->choices))
+                                : cm_oai_response_json(&q->res, q->model ? q->model->tok : NULL);
             gw_http_json(c, 200, j);
             json_decref(j);
         } else if (streaming) { /* the 200 went out: the error is an event the client sees, then [DONE] */
@@ -188,7 +231,7 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
     gw *g = q->g;
     int old = q->worker;
     if (kind == GW_FAIL_WORKER_LOST) g->m.worker_lost++;
-    if (q->conn && !q->got_token && !q->retried && !g->draining) {
+    if ((q->parent ? q->parent->conn : q->conn) && !q->got_token && !q->retried && !g->draining) {
         int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
                                old, &hit);
         if (wi >= 0) {
@@ -214,6 +257,10 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     gw *g = q->g;
+    if (q->abandon) {
+        gw_req_finish(q, 499, "the rest of its batch ended", "client_closed");
+        return;
+    }
     const gw_conf *cf = &g->conf;
     double t = gw_now();
     const char *why = NULL;
@@ -231,7 +278,100 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
     evtimer_add(q->timer, &tv);
 }
 
+/* ---- batches: a parent answers the client, one kid runs each prompt --- */
+
+static void kid_done(gw_req *par, gw_req *kid, int status, const char *msg, const char *code) {
+    for (int i = 0; i < par->n_kids; i++)
+        if (par->kids[i] == kid) par->kids[i] = NULL;
+    if (status != 200) {
+        if (par->starting) { /* the parent ends once every kid has been started (or not) */
+            if (!par->kid_status) {
+                par->kid_status = status;
+                snprintf(par->kid_msg, sizeof par->kid_msg, "%s", msg ? msg : "");
+                par->kid_code = code;
+                par->param = kid->param;
+            }
+            return;
+        }
+        par->param = kid->param;
+        gw_req_finish(par, status, msg, code);
+        return;
+    }
+    par->sum_prompt += kid->res.prompt_tokens;
+    par->sum_cached += kid->res.cached_tokens;
+    for (int i = 0; i < kid->res.n && !kid->c.score_only; i++) par->sum_completion += kid->res.ch[i].completion_tokens;
+    if (!par->c.stream) { /* its choices, renumbered into the batch's */
+        json_t *j = cm_oai_response_json(&kid->res, kid->model ? kid->model->tok : NULL);
+        json_t *ch = json_object_get(j, "choices");
+        for (size_t i = 0; i < json_array_size(ch); i++) {
+            json_t *c = json_array_get(ch, i);
+            json_object_set_new(c, "index", json_integer(kid->base + (int)i));
+            json_array_set(par->choices, (size_t)kid->base + i, c);
+        }
+        json_decref(j);
+    }
+    if (--par->kids_left == 0 && !par->starting) gw_req_finish(par, 200, NULL, NULL);
+}
+
+static void start_batch(gw *g, gw_req *q) {
+    int P = q->c.n_batch, n = q->c.n;
+    snprintf(q->id, sizeof q->id, "cmpl-%s%llxb", g->id, (unsigned long long)(g->next_rid + 1));
+    q->res.created = (long)time(NULL);
+    q->kids = calloc((size_t)P, sizeof *q->kids);
+    q->choices = json_array();
+    for (int i = 0; q->choices && i < P * n; i++) json_array_append_new(q->choices, json_null());
+    if (!q->kids || !q->choices) {
+        gw_req_finish(q, 500, "out of memory", "internal_error");
+        return;
+    }
+    q->next = g->req_list;
+    if (g->req_list) g->req_list->prev = q;
+    g->req_list = q;
+    gw_http_on_gone(q->conn, on_gone, q);
+    q->timer = evtimer_new(g->base, on_timer, q);
+    struct timeval tv = {0, 200000};
+    if (q->timer) evtimer_add(q->timer, &tv);
+    if (q->c.stream) {
+        gw_http_stream_begin(q->conn);
+        g->open_streams++;
+    }
+    q->starting = 1;
+    q->n_kids = P;
+    for (int i = 0; i < P && !q->kid_status; i++) {
+        gw_req *k = calloc(1, sizeof *k);
+        if (!k || cm_oai_completion_copy_params(&q->c, &k->c)) {
+            free(k);
+            q->kid_status = 500;
+            snprintf(q->kid_msg, sizeof q->kid_msg, "out of memory");
+            q->kid_code = "internal_error";
+            break;
+        }
+        k->g = g;
+        k->parent = q;
+        k->base = i * n;
+        k->worker = -1;
+        k->key = q->key;
+        k->t_arrive = q->t_arrive;
+        k->model = gw_model_ref(q->model);
+        k->tok = q->prompts[i].tok, k->n_tok = q->prompts[i].n_tok;
+        k->echo = q->prompts[i].echo, k->echo_len = q->prompts[i].echo_len;
+        q->prompts[i].tok = NULL, q->prompts[i].echo = NULL;
+        k->max_tokens = q->max_tokens / P;
+        snprintf(k->id, sizeof k->id, "%s", q->id);
+        q->kids[i] = k;
+        q->kids_left++;
+        gw_req_start(g, k); /* a refusal comes back through kid_done */
+    }
+    q->starting = 0;
+    if (q->kid_status) gw_req_finish(q, q->kid_status, q->kid_msg, q->kid_code);
+    else if (!q->kids_left) gw_req_finish(q, 200, NULL, NULL);
+}
+
 void gw_req_start(gw *g, gw_req *q) {
+    if (q->c.n_batch) {
+        start_batch(g, q);
+        return;
+    }
     int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
                            -1, &hit);
     if (wi < 0) {
@@ -240,13 +380,15 @@ void gw_req_start(gw *g, gw_req *q) {
         return;
     }
     if (g->conf.max_queue > 0 && g->w[wi].inflight >= g->conf.max_queue) {
-        gw_http_header(q->conn, "Retry-After", "1");
+        gw_conn *cc = q->parent ? q->parent->conn : q->conn;
+        if (cc && !gw_http_streaming(cc)) gw_http_header(cc, "Retry-After", "1");
         g->m.overloaded++;
         gw_req_finish(q, 429, "the server is at capacity; retry shortly", "overloaded");
         return;
     }
     q->t_sent = gw_now();
-    snprintf(q->id, sizeof q->id, "%s-%s%llx", q->c.is_chat ? "chatcmpl" : "cmpl", g->id, (unsigned long long)(g->next_rid + 1));
+    if (!q->parent) /* a batch's prompts answer under their parent's id */
+        snprintf(q->id, sizeof q->id, "%s-%s%llx", q->c.is_chat ? "chatcmpl" : "cmpl", g->id, (unsigned long long)(g->next_rid + 1));
     if (assign_rid(g, q)) {
         gw_req_finish(q, 500, "out of memory", "internal_error");
         return;
@@ -268,14 +410,26 @@ void gw_req_start(gw *g, gw_req *q) {
     g->w[wi].routed_hit_tokens += (uint64_t)hit;
     g->m.prompt_tokens += (uint64_t)q->n_tok;
     gw_hist_add(&g->m.queue, q->t_sent - q->t_arrive);
-    gw_http_on_gone(q->conn, on_gone, q);
+    if (!q->parent) gw_http_on_gone(q->conn, on_gone, q);
     q->timer = evtimer_new(g->base, on_timer, q);
     struct timeval tv = {0, 200000};
     if (q->timer) evtimer_add(q->timer, &tv);
-    if (q->c.stream) {
+    if (q->c.stream && !q->parent) {
         gw_http_stream_begin(q->conn);
         g->open_streams++;
     }
+}
+
+/* A chunk to the client; a batch's prompt renumbers its choices into the batch's. */
+static void stream_out(gw_req *q, gw_conn *out, json_t *j) {
+    if (q->base) {
+        json_t *ch = json_object_get(j, "choices");
+        for (size_t i = 0; i < json_array_size(ch); i++) {
+            json_t *c = json_array_get(ch, i);
+            json_object_set_new(c, "index", json_integer(q->base + json_integer_value(json_object_get(c, "index"))));
+        }
+    }
+    gw_http_stream_event(out, j);
 }
 
 static int finish_code(int f) {
@@ -366,22 +520,27 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
     const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
     const char *txt = c->has_text ? (const char *)c->text.data : "";
     size_t tl = c->has_text ? c->text.len : 0;
-    if (q->c.stream && q->conn) {
+    gw_conn *out = q->parent ? q->parent->conn : q->conn;
+    if (q->parent) { /* the batch's clocks: its first token, its idle time */
+        if (c->n_token_ids && !q->parent->got_token) q->parent->got_token = 1, q->parent->t_first = t;
+        q->parent->t_last = t;
+    }
+    if (q->c.stream && out) {
         if (q->echo) { /* completions with echo: the prompt first, once per choice */
             for (int i = 0; i < q->res.n; i++) {
                 json_t *j = cm_oai_chunk_json(&q->res, i, q->echo, q->echo_len, NULL, 0, 0, tok);
-                if (j) gw_http_stream_event(q->conn, j);
+                if (j) stream_out(q, out, j);
                 json_decref(j);
             }
             free(q->echo);
             q->echo = NULL;
         }
         json_t *j = cm_oai_chunk_json(&q->res, c->index, txt, tl, n_lp ? lp : NULL, n_lp, fin, tok);
-        if (j) gw_http_stream_event(q->conn, j);
+        if (j) stream_out(q, out, j);
         json_decref(j);
-        if (gw_http_backlog(q->conn) > GW_MAX_BACKLOG) {
+        if (gw_http_backlog(out) > GW_MAX_BACKLOG) {
             g->m.cancelled++;
-            CM_WARN("request %s: the client reads too slowly (%zu bytes unsent): cut off", q->id, gw_http_backlog(q->conn));
+            CM_WARN("request %s: the client reads too slowly (%zu bytes unsent): cut off", q->id, gw_http_backlog(out));
             gw_req_finish(q, 499, "the client is not reading its stream", "client_too_slow");
             return;
         }

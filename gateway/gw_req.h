@@ -37,6 +37,18 @@ typedef struct gw_req {
     char *echo;                  /* completions with echo: the prompt's text */
     size_t echo_len;
     const char *param;           /* the request field an error is about (static string), or NULL */
+    /* batches (completions with a list of prompts): a parent answers the client, one kid runs each prompt */
+    struct gw_req *parent;       /* a kid's: NULL once the parent ended */
+    int base;                    /* a kid's first choice in the response */
+    int abandon;                 /* a kid whose parent ended: it ends at its next timer */
+    struct gw_req **kids;        /* a parent's, n_kids of them; NULL once each ends */
+    int n_kids, kids_left, starting;
+    json_t *choices;             /* a parent's response choices, by index */
+    int sum_prompt, sum_completion, sum_cached;
+    int kid_status;              /* a kid failed while the parent was starting them */
+    char kid_msg[256];
+    const char *kid_code;
+    struct gw_prompt { int32_t *tok; int n_tok; char *echo; size_t echo_len; } *prompts; /* a parent's, from prep */
 } gw_req;
 
 enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };

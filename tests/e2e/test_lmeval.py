@@ -1,7 +1,8 @@
 """lm-evaluation-harness against the gateway: `lm-eval --model
 local-completions` with the remote tokenizer (our /tokenize, /detokenize,
 /tokenizer_info) on two small tasks of our own (tests/e2e/lmeval): one
-loglikelihood (multiple choice), one generate_until. Every loglikelihood
+loglikelihood (multiple choice), one generate_until, in batches of 4
+prompts per request. Every loglikelihood
 lm-eval records must equal the one our /v1/completions echo gives for the
 same tokens, and every generation the one a direct greedy request gives."""
 import json
@@ -75,7 +76,7 @@ args = [LMEVAL, "run", "--model", "local-completions", "--model_args",
         "model=%s,base_url=%s/v1/completions,tokenizer_backend=remote,tokenized_requests=True,num_concurrent=1,"
         "max_retries=1,timeout=120" % (MODEL, GW),
         "--tasks", "llmserve_mc,llmserve_gen", "--include_path", tmp, "--output_path", os.path.join(tmp, "out"),
-        "--log_samples", "--batch_size", "1"]
+        "--log_samples", "--batch_size", "4"]  # batches of 4: lists of prompts
 p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
 if p.returncode:
     args.remove("run")  # older lm-eval has no subcommands

@@ -112,6 +112,40 @@ check(st == 400 and e["error"]["param"] == "tokens", "/detokenize of an id outsi
 st, e = post("/tokenize", {"prompt": "a", "messages": []})
 check(st == 400, "/tokenize with both prompt and messages: 400")
 
+# ---- batched prompts --------------------------------------------------------
+PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3,"]
+single = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0).choices[0].text for p in PROMPTS]
+r = client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=6, temperature=0, n=2)
+ch = sorted(r.choices, key=lambda c: c.index)
+check([c.index for c in ch] == list(range(6)) and [c.text for c in ch] == [t for t in single for _ in range(2)],
+      "a batch of 3 prompts x n=2: six choices, prompt-major (vLLM's order), each as its prompt alone gives")
+check(r.usage.prompt_tokens == sum(post("/tokenize", {"prompt": p})[1]["count"] for p in PROMPTS) and
+      6 <= r.usage.completion_tokens <= 36, "a batch's usage sums its prompts and choices (%d prompt, %d completion tokens)"
+      % (r.usage.prompt_tokens, r.usage.completion_tokens))
+texts, fins = {}, {}
+for chunk in client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=6, temperature=0, stream=True):
+    for c in chunk.choices:
+        texts[c.index] = texts.get(c.index, "") + c.text
+        if c.finish_reason:
+            fins[c.index] = c.finish_reason
+check([texts.get(i) for i in range(3)] == single and len(fins) == 3, "a streamed batch: each index's deltas join into its text")
+ids = [post("/tokenize", {"prompt": p})[1]["tokens"] for p in PROMPTS]
+r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
+check(sorted(len(c.logprobs.tokens) for c in r.choices) == sorted(len(t) for t in ids),
+      "a batch of token-id prompts scored with echo: each choice carries its own prompt")
+try:
+    client.completions.create(model=MODEL, prompt=["ok", "x " * 5000], max_tokens=4000)
+    param = "accepted"
+except openai.BadRequestError as e:
+    param = e.body.get("param")
+check(param in ("max_tokens", "prompt"), "a batch with one prompt past the context: 400 (%s)" % param)
+try:
+    client.completions.create(model=MODEL, prompt=["a"] * 100, n=3, max_tokens=1)
+    param = "accepted"
+except openai.BadRequestError as e:
+    param = e.body.get("param")
+check(param == "n", "100 prompts x n=3 is past 256 choices: 400 naming n")
+
 # ---- refusals -------------------------------------------------------------
 def refused(**kw):
     try:
