@@ -432,13 +432,11 @@ out:
     return g->failed ? -1 : r;
 }
 
-int cm_schema_gbnf(const json_t *s, char **gbnf, char *err, size_t errlen) {
-    *gbnf = NULL;
+int cm_schema_rules(const json_t *s, int *next_rule, char **rules, int *root, char *err, size_t errlen) {
+    *rules = NULL;
     gen g = {0};
-    g.root = s, g.err = err, g.errlen = errlen;
-    put(&g.out, "%s", BASE);
+    g.root = s, g.err = err, g.errlen = errlen, g.n_rules = *next_rule;
     int r = schema(&g, s);
-    if (r >= 0) put(&g.out, "root ::= s%d\n", r);
     for (int i = 0; i < g.n_refs; i++) free(g.refs[i].ptr);
     free(g.refs);
     if (r < 0 || g.out.oom || g.out.n > CM_GRAMMAR_MAX_TEXT) {
@@ -446,7 +444,29 @@ int cm_schema_gbnf(const json_t *s, char **gbnf, char *err, size_t errlen) {
         free(g.out.s);
         return g.out.oom ? LLM_ENOMEM : LLM_EINVAL;
     }
-    *gbnf = g.out.s;
+    *rules = g.out.s ? g.out.s : strdup("");
+    *root = r;
+    *next_rule = g.n_rules;
+    return *rules ? 0 : LLM_ENOMEM;
+}
+
+const char *cm_json_base_gbnf(void) { return BASE; }
+
+int cm_schema_gbnf(const json_t *s, char **gbnf, char *err, size_t errlen) {
+    *gbnf = NULL;
+    int next = 0, root;
+    char *rules;
+    int rc = cm_schema_rules(s, &next, &rules, &root, err, errlen);
+    if (rc) return rc;
+    buf b = {0};
+    put(&b, "%s%sroot ::= s%d\n", BASE, rules, root);
+    free(rules);
+    if (b.oom || b.n > CM_GRAMMAR_MAX_TEXT) {
+        snprintf(err, errlen, b.oom ? "out of memory" : "the schema's grammar is too large");
+        free(b.s);
+        return b.oom ? LLM_ENOMEM : LLM_EINVAL;
+    }
+    *gbnf = b.s;
     return 0;
 }
 

@@ -24,6 +24,11 @@
 
 /* The schema as GBNF (*gbnf malloc'd). */
 int cm_schema_gbnf(const json_t *schema, char **gbnf, char *err, size_t errlen);
+/* The schema's rules alone, numbered from *next_rule (advanced past them),
+ * so several schemas share one grammar; *root is the schema's rule (named
+ * "s<root>"). They use the shared rules of cm_json_base_gbnf(). */
+int cm_schema_rules(const json_t *schema, int *next_rule, char **rules, int *root, char *err, size_t errlen);
+const char *cm_json_base_gbnf(void);
 /* Any JSON object (response_format json_object). */
 int cm_json_object_gbnf(char **gbnf);
 /* Exactly one of the strings (vLLM's guided_choice). */

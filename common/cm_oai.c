@@ -2,6 +2,7 @@
 #include "cm_error.h"
 #include "cm_grammar.h"
 #include "cm_jsonschema.h"
+#include "cm_tools.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -457,6 +458,88 @@ fail:
     return rc ? rc : LLM_EINVAL;
 }
 
+static int valid_name(const char *n) {
+    size_t l = strlen(n);
+    if (!l || l > 64) return 0;
+    for (const char *q = n; *q; q++)
+        if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '_' || *q == '-' || *q == '.'))
+            return 0;
+    return 1;
+}
+
+/* tools, tool_choice, parallel_tool_calls; "required" and a named choice
+ * become the request's grammar (cm_tools.h). */
+static int parse_tools(json_t *o, cm_oai_completion *c, char *err, size_t errlen, const char **param) {
+    int rc = 0;
+    json_t *tools = json_object_get(o, "tools"), *tc = json_object_get(o, "tool_choice");
+    static const char *const legacy[] = {"functions", "function_call", NULL};
+    for (const char *const *l = legacy; *l; l++) {
+        json_t *x = json_object_get(o, *l);
+        if (x && !json_is_null(x)) BAD(*l, "'%s' is not supported: use 'tools' and 'tool_choice'", *l);
+    }
+    c->parallel_tool_calls = 1;
+    if ((rc = get_bool(o, "parallel_tool_calls", &c->parallel_tool_calls, err, errlen))) FAILED("parallel_tool_calls");
+    size_t n = tools && !json_is_null(tools) ? (json_is_array(tools) ? json_array_size(tools) : (size_t)-1) : 0;
+    if (n == (size_t)-1 || n > CM_OAI_MAX_TOOLS) BAD("tools", "'tools' must be an array of at most %d tools", CM_OAI_MAX_TOOLS);
+    if (n && !(c->tools = calloc(n, sizeof *c->tools))) { rc = LLM_ENOMEM; goto fail; }
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(tools, i), *ty = json_object_get(t, "type"), *f = json_object_get(t, "function");
+        if (!json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_object(f))
+            BAD("tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+        json_t *fn = json_object_get(f, "name"), *fd = json_object_get(f, "description"), *fp = json_object_get(f, "parameters");
+        if (!json_is_string(fn) || !valid_name(json_string_value(fn)))
+            BAD("tools", "tools[%zu].function.name must be 1 to 64 of a-z A-Z 0-9 _ - .", i);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(c->tools[k].name, json_string_value(fn))) BAD("tools", "two tools are named '%s'", json_string_value(fn));
+        if (fd && !json_is_null(fd) && !json_is_string(fd)) BAD("tools", "tools[%zu].function.description must be a string", i);
+        if (fp && !json_is_null(fp) && !json_is_object(fp)) BAD("tools", "tools[%zu].function.parameters must be a schema object", i);
+        cm_oai_tool *d = &c->tools[c->n_tools++];
+        d->name = strdup(json_string_value(fn));
+        d->description = json_is_string(fd) ? strdup(json_string_value(fd)) : NULL;
+        d->parameters = json_is_object(fp) ? json_dumps(fp, JSON_COMPACT) : NULL;
+        if (!d->name || (json_is_string(fd) && !d->description) || (json_is_object(fp) && !d->parameters)) { rc = LLM_ENOMEM; goto fail; }
+    }
+    c->tool_choice = n ? CM_TOOL_AUTO : CM_TOOL_NONE;
+    if (tc && !json_is_null(tc)) {
+        const char *s = json_is_string(tc) ? json_string_value(tc) : NULL;
+        json_t *nm = json_is_object(tc) ? json_object_get(json_object_get(tc, "function"), "name") : NULL;
+        if (s && !strcmp(s, "none")) c->tool_choice = CM_TOOL_NONE;
+        else if (s && !strcmp(s, "auto")) c->tool_choice = CM_TOOL_AUTO;
+        else if (s && !strcmp(s, "required")) c->tool_choice = CM_TOOL_REQUIRED;
+        else if (json_is_string(nm)) {
+            c->tool_choice = CM_TOOL_NAMED;
+            c->tool_named = -1;
+            for (int k = 0; k < c->n_tools; k++)
+                if (!strcmp(c->tools[k].name, json_string_value(nm))) c->tool_named = k;
+            if (c->tool_named < 0) BAD("tool_choice", "'tool_choice' names '%.64s', which is not in 'tools'", json_string_value(nm));
+        } else {
+            BAD("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        }
+        if (!n && c->tool_choice != CM_TOOL_NONE) BAD("tool_choice", "'tool_choice' needs 'tools'");
+    }
+    if (c->tool_choice == CM_TOOL_REQUIRED || c->tool_choice == CM_TOOL_NAMED) {
+        if (c->grammar) BAD("tool_choice", "'tool_choice' %s together with '%s' is not supported",
+                            c->tool_choice == CM_TOOL_NAMED ? "naming a function" : "required", c->grammar_from);
+        char *gb = NULL, e2[400];
+        if ((rc = cm_tools_gbnf(c, &gb, e2, sizeof e2))) {
+            snprintf(err, errlen, "%s", e2);
+            FAILED("tools");
+        }
+        cm_grammar *g;
+        if (cm_grammar_parse(gb, strlen(gb), &g, e2, sizeof e2)) {
+            free(gb);
+            BAD("tools", "the tools' grammar does not read: %s", e2);
+        }
+        cm_grammar_free(g);
+        c->grammar = gb;
+        c->grammar_from = "tool_choice";
+    }
+    return 0;
+fail:
+    if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+    return rc ? rc : LLM_EINVAL;
+}
+
 #define MAX_MESSAGES 4096
 #define MAX_PARTS 1024 /* content parts in one message */
 
@@ -466,6 +549,7 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     c->is_chat = 1;
     *param = NULL;
     int rc = 0;
+    char *calls_json = NULL, *tcid_s = NULL; /* a message's, until it is stored */
     json_t *o = load_object(body, len, err, errlen);
     if (!o) return LLM_EINVAL;
     json_t *ms = json_object_get(o, "messages");
@@ -479,8 +563,31 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
         if (!json_is_object(m)) BAD("messages", "messages[%zu] must be an object", i);
         if (!json_is_string(role)) BAD("messages", "messages[%zu].role must be a string", i);
         const char *r = json_string_value(role);
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))
-            BAD("messages", "messages[%zu].role '%.32s' is not one of system, developer, user, assistant", i, r);
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer") && strcmp(r, "tool"))
+            BAD("messages", "messages[%zu].role '%.32s' is not one of system, developer, user, assistant, tool", i, r);
+        json_t *calls = !strcmp(r, "assistant") ? json_object_get(m, "tool_calls") : NULL;
+        if (calls && !json_is_null(calls)) { /* an assistant's earlier calls: [{name, arguments}] for the prompt */
+            if (!json_is_array(calls) || json_array_size(calls) > 64)
+                BAD("messages", "messages[%zu].tool_calls must be an array of at most 64 calls", i);
+            json_t *flat = json_array();
+            for (size_t k = 0; k < json_array_size(calls); k++) {
+                json_t *f = json_object_get(json_array_get(calls, k), "function");
+                json_t *fn = json_object_get(f, "name"), *fa = json_object_get(f, "arguments");
+                if (!json_is_string(fn) || !json_is_string(fa)) {
+                    json_decref(flat);
+                    BAD("messages", "messages[%zu].tool_calls[%zu] needs function.name and function.arguments (a string)", i, k);
+                }
+                json_t *args = json_loads(json_string_value(fa), JSON_DECODE_ANY, NULL);
+                json_array_append_new(flat, json_pack("{s:O,s:o}", "name", fn, "arguments", args ? args : json_incref(fa)));
+            }
+            calls_json = json_dumps(flat, JSON_COMPACT);
+            json_decref(flat);
+            if (!calls_json) { rc = LLM_ENOMEM; goto fail; }
+            if (!content || json_is_null(content)) content = NULL;
+        }
+        json_t *tcid = !strcmp(r, "tool") ? json_object_get(m, "tool_call_id") : NULL;
+        if (tcid && !json_is_null(tcid) && !json_is_string(tcid)) BAD("messages", "messages[%zu].tool_call_id must be a string", i);
+        if (json_is_string(tcid) && !(tcid_s = strdup(json_string_value(tcid)))) { rc = LLM_ENOMEM; goto fail; }
         char *text = NULL;
         if (json_is_string(content)) {
             /* a NUL (\u0000) cannot pass through the C-string templates: it becomes U+FFFD */
@@ -519,17 +626,20 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
                 }
                 text[o2] = 0;
             }
-        } else if (json_is_null(content) && !strcmp(r, "assistant")) {
+        } else if ((!content || json_is_null(content)) && !strcmp(r, "assistant")) {
             text = strdup("");
         } else {
             BAD("messages", "messages[%zu].content must be a string or an array of text parts", i);
         }
         if (!text) { rc = LLM_ENOMEM; goto fail; }
-        if (!text[0] && strcmp(r, "assistant")) {
+        if (!text[0] && strcmp(r, "assistant") && strcmp(r, "tool")) {
             free(text);
             BAD("messages", "messages[%zu].content is empty", i);
         }
         c->messages[c->n_messages].content = text;
+        c->messages[c->n_messages].tool_calls = calls_json;
+        c->messages[c->n_messages].tool_call_id = tcid_s;
+        calls_json = tcid_s = NULL;
         c->messages[c->n_messages].role = strdup(!strcmp(r, "developer") ? "system" : r);
         c->n_messages++;
         if (!c->messages[c->n_messages - 1].role) { rc = LLM_ENOMEM; goto fail; }
@@ -549,17 +659,13 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     if (v && !lp) BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     c->logprobs = lp ? (int)v : -1;
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
-    json_t *tools = json_object_get(o, "tools");
-    if (tools && !json_is_null(tools) && json_array_size(tools)) BAD("tools", "tool calling is not supported yet");
-    json_t *tc = json_object_get(o, "tool_choice");
-    if (tc && !json_is_null(tc) && !(json_is_string(tc) && !strcmp(json_string_value(tc), "none")))
-        BAD("tool_choice", "'tool_choice' needs 'tools'");
-    json_t *ptc = json_object_get(o, "parallel_tool_calls");
-    if (ptc && !json_is_null(ptc) && !(tools && json_array_size(tools))) BAD("parallel_tool_calls", "'parallel_tool_calls' needs 'tools'");
+    if ((rc = parse_tools(o, c, err, errlen, param))) goto fail;
     json_decref(o);
     return 0;
 fail:
     if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+    free(calls_json);
+    free(tcid_s);
     json_decref(o);
     cm_oai_completion_free(c);
     return rc ? rc : LLM_EINVAL;
@@ -573,7 +679,7 @@ static int dup_str(const char *s, char **out) {
 int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completion *d) {
     *d = *src;
     d->prompt = NULL, d->prompt_len = 0, d->prompt_ids = NULL, d->n_prompt_ids = 0, d->batch = NULL, d->n_batch = 0;
-    d->messages = NULL, d->n_messages = 0;
+    d->messages = NULL, d->n_messages = 0, d->tools = NULL, d->n_tools = 0;
     d->model = d->cache_salt = d->user = d->grammar = NULL;
     d->bias = NULL;
     for (int i = 0; i < d->n_stop; i++) d->stop[i] = NULL;
@@ -592,6 +698,12 @@ int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completio
 }
 
 void cm_oai_completion_free(cm_oai_completion *c) {
+    for (int i = 0; i < c->n_tools; i++) {
+        free(c->tools[i].name);
+        free(c->tools[i].description);
+        free(c->tools[i].parameters);
+    }
+    free(c->tools);
     for (int i = 0; i < c->n_batch; i++) {
         free(c->batch[i].text);
         free(c->batch[i].ids);
@@ -600,6 +712,8 @@ void cm_oai_completion_free(cm_oai_completion *c) {
     for (int i = 0; i < c->n_messages; i++) {
         free(c->messages[i].role);
         free(c->messages[i].content);
+        free(c->messages[i].tool_calls);
+        free(c->messages[i].tool_call_id);
     }
     free(c->messages);
     free(c->model);

@@ -39,6 +39,16 @@ typedef struct {
     float bias;
 } cm_oai_bias;
 
+#define CM_OAI_MAX_TOOLS 128
+enum { CM_TOOL_AUTO = 0, CM_TOOL_NONE, CM_TOOL_REQUIRED, CM_TOOL_NAMED };
+
+/* A function the model may call. */
+typedef struct cm_oai_tool {
+    char *name;                  /* [A-Za-z0-9_.-]{1,64} */
+    char *description;           /* or NULL */
+    char *parameters;            /* its JSON Schema as compact JSON, or NULL (any object) */
+} cm_oai_tool;
+
 typedef struct {
     char *model;                 /* NULL when absent */
     char *prompt;                /* text prompt (NUL-terminated), or NULL when ids are given */
@@ -73,9 +83,18 @@ typedef struct {
     const char *grammar_from; /* the field that asked for it (static) */
     /* chat completions */
     int is_chat;
-    struct cm_oai_msg { char *role, *content; } *messages;
+    struct cm_oai_msg {
+        char *role, *content;
+        char *tool_calls;        /* an assistant's calls, as compact JSON [{name, arguments}], or NULL */
+        char *tool_call_id;      /* a tool result's, or NULL */
+    } *messages;
     int n_messages;
     int add_generation_prompt;
+    cm_oai_tool *tools;
+    int n_tools;
+    int tool_choice;             /* CM_TOOL_*; AUTO when tools are given, NONE when not */
+    int tool_named;              /* CM_TOOL_NAMED: the index in tools */
+    int parallel_tool_calls;     /* default 1 */
 } cm_oai_completion;
 
 /* Parses a /v1/completions body. On error returns LLM_EINVAL with a message

@@ -1,5 +1,6 @@
 #include "cm_oai_resp.h"
 #include "cm_error.h"
+#include "cm_tools.h"
 #include "cm_unicode.h"
 
 #include <stdio.h>
@@ -71,6 +72,7 @@ void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const ch
     r->logprobs = req->logprobs;
     r->prompt_logprobs = req->prompt_logprobs;
     r->score_only = req->score_only;
+    if (req->is_chat && req->n_tools && req->tool_choice != CM_TOOL_NONE) r->tools = req->tools, r->n_tools = req->n_tools;
     r->echo = req->echo && echo_text;
     for (int i = 0; i < r->n && r->echo; i++) {
         r->ch[i].offset = echo_len;
@@ -212,6 +214,45 @@ json_t *cm_oai_usage_json(const cm_oai_result *r) {
                      r->prompt_tokens + out, "prompt_tokens_details", "cached_tokens", r->cached_tokens);
 }
 
+static json_t *chunk_envelope(const cm_oai_result *r, json_t *choices);
+
+/* Tool call ids: from the response id and the choice, so a response reads the same twice. */
+static unsigned long long call_seed(const cm_oai_result *r, int index) {
+    unsigned long long h = 1469598103934665603ull;
+    for (const char *p = r->id ? r->id : ""; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h ^ (unsigned long long)index;
+}
+
+json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_tokenizer *tok) {
+    (void)tok;
+    json_t *out = json_array();
+    if (index < 0 || index >= r->n) return out;
+    const cm_oai_choice *c = &r->ch[index];
+    json_t *calls = NULL;
+    char *rest = NULL;
+    cm_tools_parse(r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, index), &calls, &rest);
+    json_t *delta = json_pack("{s:s}", "role", "assistant");
+    if (!calls || rest) json_object_set_new(delta, "content", calls ? cm_oai_jbytes(rest, strlen(rest))
+                                                                    : cm_oai_jbytes(c->text ? c->text : "", c->len));
+    free(rest);
+    json_t *one = json_array();
+    json_array_append_new(one, json_pack("{s:i,s:o,s:n,s:n}", "index", index, "delta", delta, "logprobs", "finish_reason"));
+    json_array_append_new(out, chunk_envelope(r, one));
+    for (size_t k = 0; calls && k < json_array_size(calls); k++) {
+        json_t *tc = json_deep_copy(json_array_get(calls, k));
+        json_object_set_new(tc, "index", json_integer((json_int_t)k));
+        json_t *d = json_pack("{s:[o]}", "tool_calls", tc), *ch = json_array();
+        json_array_append_new(ch, json_pack("{s:i,s:o,s:n,s:n}", "index", index, "delta", d, "logprobs", "finish_reason"));
+        json_array_append_new(out, chunk_envelope(r, ch));
+    }
+    json_t *fin = json_array();
+    json_array_append_new(fin, json_pack("{s:i,s:{},s:n,s:s?}", "index", index, "delta", "logprobs", "finish_reason",
+                                         calls ? "tool_calls" : cm_oai_finish_name(c->finish)));
+    json_array_append_new(out, chunk_envelope(r, fin));
+    json_decref(calls);
+    return out;
+}
+
 /* vLLM's prompt_logprobs: null for the first token, then for each token a
  * map from token id to {logprob, rank, decoded_token}: the token itself and
  * its top alternatives. */
@@ -247,10 +288,19 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
         const cm_oai_choice *c = &r->ch[i];
         json_t *text = cm_oai_jbytes(c->text ? c->text : "", c->len);
         json_t *lp = r->logprobs >= 0 ? logprobs_json(r, c->lp, c->lp_offset, c->n_lp, tok) : json_null();
+        json_t *calls = NULL;
+        char *rest = NULL;
+        if (r->is_chat && r->tools)
+            cm_tools_parse(r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, i), &calls, &rest);
+        if (calls) { /* the content is what is left around the calls, or null */
+            json_decref(text);
+            text = rest ? cm_oai_jbytes(rest, strlen(rest)) : json_null();
+            free(rest);
+        }
         if (r->is_chat)
-            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o},s:o,s:s?}", "index", i, "message", "role",
-                                                     "assistant", "content", text, "logprobs", lp, "finish_reason",
-                                                     cm_oai_finish_name(c->finish)));
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:o*},s:o,s:s?}", "index", i, "message", "role",
+                                                     "assistant", "content", text, "tool_calls", calls, "logprobs", lp,
+                                                     "finish_reason", calls ? "tool_calls" : cm_oai_finish_name(c->finish)));
         else {
             if (r->score_only) { /* nothing was asked for beyond the echo: the one generated token goes */
                 json_decref(text);

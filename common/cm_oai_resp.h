@@ -56,6 +56,8 @@ typedef struct {
     int n_prompt;
     cm_oai_lp *plp;              /* prompt tokens 1..n_prompt-1 (owned) */
     int n_plp;
+    const cm_oai_tool *tools;    /* borrowed from the request: when set, outputs are parsed for tool calls */
+    int n_tools;
     cm_oai_choice ch[CM_OAI_MAX_N];
 } cm_oai_result;
 
@@ -80,6 +82,10 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok);
  * choice's offset and role state; finish is CM_OAI_FINISH_*. */
 json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t len, const cm_oai_lp *lp, int n_lp,
                           int finish, const cm_tokenizer *tok);
+/* A choice held back because tools may be called (its text is collected
+ * even when streaming), as the stream chunks it makes: the content, the
+ * tool calls (each whole, arguments in one piece), the finish. A new array. */
+json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_tokenizer *tok);
 /* The final usage chunk (stream_options.include_usage): empty choices. */
 json_t *cm_oai_usage_chunk_json(const cm_oai_result *r);
 json_t *cm_oai_usage_json(const cm_oai_result *r);

@@ -6,6 +6,7 @@
 #include "gw_pool.h"
 #include "gw_req.h"
 #include "gw_tokenize.h"
+#include "cm_tools.h"
 #include "gw_tokq.h"
 
 #include <math.h>
@@ -62,12 +63,11 @@ static void prep_run(gw_job *j) {
         REFUSE(404, "model", "model_not_found", "The model `%.128s` does not exist.", q->c.model);
     size_t nt = 0, limit = (size_t)p->max_len; /* the prompt alone may not fill the context */
     if (p->chat) {
-        cm_chat_msg *msgs = malloc(sizeof *msgs * (size_t)q->c.n_messages);
+        cm_tools_prompt tp; /* the messages with tools, calls and results written out (cm_tools.h) */
         char *text = NULL;
-        if (!msgs) REFUSE(500, NULL, "internal_error", "out of memory");
-        for (int i = 0; i < q->c.n_messages; i++) msgs[i] = (cm_chat_msg){q->c.messages[i].role, q->c.messages[i].content};
-        rc = cm_chat_render(m->chat_kind, m->default_system, msgs, (size_t)q->c.n_messages, q->c.add_generation_prompt, &text);
-        free(msgs);
+        if (cm_tools_render(&q->c, m->default_system, &tp)) REFUSE(500, NULL, "internal_error", "out of memory");
+        rc = cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
+        cm_tools_free(&tp);
         if (rc || !text) REFUSE(400, "messages", "invalid_value", "cannot render the messages with the %s chat template",
                                 cm_chat_name(m->chat_kind));
         rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, limit, &q->tok, &nt);

@@ -105,6 +105,11 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
         int streaming = gw_http_streaming(c);
         if (streaming) g->open_streams--;
         if (status == 200 && streaming) {
+            for (int i = 0; q->res.tools && i < q->res.n; i++) { /* the held choices: content, calls, finish */
+                json_t *a = cm_oai_tool_chunks_json(&q->res, i, q->model ? q->model->tok : NULL);
+                for (size_t k = 0; k < json_array_size(a); k++) gw_http_stream_event(c, json_array_get(a, k));
+                json_decref(a);
+            }
             if (q->c.include_usage) {
                 json_t *j = q->kids ? batch_json(q, json_array()) : cm_oai_usage_chunk_json(&q->res);
                 gw_http_stream_event(c, j);
@@ -525,7 +530,7 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
         if (c->n_token_ids && !q->parent->got_token) q->parent->got_token = 1, q->parent->t_first = t;
         q->parent->t_last = t;
     }
-    if (q->c.stream && out) {
+    if (q->c.stream && out && !q->res.tools) { /* with tools, the text is held: calls are parsed at the end */
         if (q->echo) { /* completions with echo: the prompt first, once per choice */
             for (int i = 0; i < q->res.n; i++) {
                 json_t *j = cm_oai_chunk_json(&q->res, i, q->echo, q->echo_len, NULL, 0, 0, tok);

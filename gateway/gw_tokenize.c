@@ -3,6 +3,7 @@
 #include "cm_error.h"
 #include "cm_oai.h"
 #include "cm_oai_resp.h"
+#include "cm_tools.h"
 #include "gw_tokq.h"
 
 #include <stdio.h>
@@ -55,7 +56,7 @@ static void tokenize(tjob *j, json_t *o) {
         if (!json_is_boolean(v)) FAIL(400, "return_token_strs", "'return_token_strs' must be true or false");
         want_strs = json_is_true(v);
     }
-    static const char *const refused[] = {"chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs", NULL};
+    static const char *const refused[] = {"chat_template", "chat_template_kwargs", "mm_processor_kwargs", NULL};
     for (const char *const *r = refused; *r; r++)
         if ((v = json_object_get(o, *r)) && !json_is_null(v)) FAIL(400, *r, "'%s' is not supported", *r);
     json_t *prompt = json_object_get(o, "prompt"), *msgs = json_object_get(o, "messages");
@@ -67,11 +68,10 @@ static void tokenize(tjob *j, json_t *o) {
         const char *param = NULL;
         char perr[400];
         if ((rc = cm_oai_parse_chat(j->body, j->len, &c, perr, sizeof perr, &param))) FAIL(400, param, "%s", perr);
-        cm_chat_msg *m = malloc(sizeof *m * (size_t)c.n_messages);
-        if (!m) FAIL(500, NULL, "out of memory");
-        for (int i = 0; i < c.n_messages; i++) m[i] = (cm_chat_msg){c.messages[i].role, c.messages[i].content};
-        rc = cm_chat_render(j->m->chat_kind, j->m->default_system, m, (size_t)c.n_messages, c.add_generation_prompt, &text);
-        free(m);
+        cm_tools_prompt tp;
+        if (cm_tools_render(&c, j->m->default_system, &tp)) FAIL(500, NULL, "out of memory");
+        rc = cm_chat_render(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n, c.add_generation_prompt, &text);
+        cm_tools_free(&tp);
         if (rc || !text) FAIL(400, "messages", "cannot render the messages with the %s chat template", cm_chat_name(j->m->chat_kind));
         rc = cm_tok_encode(t, text, strlen(text), add, 1, &ids, &n);
     }

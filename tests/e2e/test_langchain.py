@@ -1,6 +1,7 @@
 """LangChain against the gateway: ChatOpenAI(...).with_structured_output()
 with a Pydantic model, by JSON Schema (response_format json_schema) and by
-JSON mode; every answer must come back as a validated object."""
+JSON mode, and bind_tools with tool_choice "any" and a named tool; every
+answer must come back as a validated object or tool call."""
 import os
 import sys
 from typing import List, Literal, Optional
@@ -57,5 +58,31 @@ except Exception as e:
     print("     %s: %s" % (type(e).__name__, str(e)[:300]))
     ok = False
 check(ok, "with_structured_output(method='json_mode'): a dict")
+from langchain_core.tools import tool  # noqa: E402
+
+
+@tool
+def get_weather(city: constr(max_length=30), unit: Literal["celsius", "fahrenheit"]) -> str:
+    """The current weather in a city."""
+    return "sunny"
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+for choice, want in (("any", ("get_weather", "add")), ("add", ("add",))):
+    try:
+        ai = greedy.bind_tools([get_weather, add], tool_choice=choice).invoke("What is the weather in Paris?")
+        tc = ai.tool_calls
+        ok = len(tc) >= 1 and all(t["name"] in want and isinstance(t["args"], dict) for t in tc)
+        for t in tc:  # the arguments fit the tool's own schema
+            (get_weather if t["name"] == "get_weather" else add).args_schema.model_validate(t["args"])
+    except Exception as e:
+        print("     %s: %s" % (type(e).__name__, str(e)[:300]))
+        ok, tc = False, None
+    check(ok, "bind_tools(tool_choice=%r): %s" % (choice, [(t["name"], t["args"]) for t in tc or []]))
 print("langchain: %d checks failed" % len(failures))
 sys.exit(1 if failures else 0)

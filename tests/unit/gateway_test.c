@@ -6,6 +6,8 @@
 #include "cm_hash.h"
 #include "cm_oai.h"
 #include "cm_oai_resp.h"
+#include "cm_grammar.h"
+#include "cm_tools.h"
 #include "gw.h"
 #include "gw_auth.h"
 #include "gw_conf.h"
@@ -266,6 +268,70 @@ static void responses(void) {
     cm_tok_free(t);
 }
 
+/* Tool calls: parsed out of a model's text, rendered into the prompt, and
+ * enforced by a grammar that accepts a valid call and nothing else. */
+static void test_tools(void) {
+    cm_oai_tool tools[2] = {{"get_weather", "w", "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+                                                 "\"required\":[\"city\"],\"additionalProperties\":false}"},
+                            {"add", NULL, NULL}};
+    json_t *calls;
+    char *content;
+    const char *t = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+                    "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call><tool_call>\n{\"name\": \"add\", \"arguments\": "
+                    "\"{\\\"a\\\": 1}\"}\n</tool_call> <tool_call>{\"name\": \"add\"";
+    CHECK_RC(cm_tools_parse(tools, 2, t, strlen(t), 7, &calls, &content), 0);
+    CHECK(json_array_size(calls) == 2);
+    json_t *f0 = json_object_get(json_array_get(calls, 0), "function"), *f1 = json_object_get(json_array_get(calls, 1), "function");
+    CHECK(f0 && !strcmp(json_string_value(json_object_get(f0, "name")), "get_weather") &&
+          !strcmp(json_string_value(json_object_get(f0, "arguments")), "{\"city\":\"Paris\"}"));
+    CHECK(f1 && !strcmp(json_string_value(json_object_get(f1, "arguments")), "{\"a\": 1}"));
+    const char *id0 = json_string_value(json_object_get(json_array_get(calls, 0), "id")),
+               *id1 = json_string_value(json_object_get(json_array_get(calls, 1), "id"));
+    CHECK(id0 && id1 && strlen(id0) == 29 && !strncmp(id0, "call_", 5) && strcmp(id0, id1));
+    /* the unknown function's block and the unterminated one stay text */
+    CHECK(content && strstr(content, "Let me check.") && strstr(content, "nope") && strstr(content, "{\"name\": \"add\"") &&
+          !strstr(content, "Paris"));
+    json_decref(calls);
+    free(content);
+    CHECK_RC(cm_tools_parse(tools, 2, "plain text", 10, 1, &calls, &content), 0);
+    CHECK(!calls && !content);
+    /* the prompt: tools in the system message, an earlier call and its result written out */
+    cm_oai_completion c;
+    char err[300];
+    const char *param;
+    const char body[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},{\"role\":\"assistant\",\"content\":null,"
+                        "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                        "\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
+                        "\"content\":\"sunny\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
+                        "\"tool_choice\":\"required\",\"parallel_tool_calls\":false}";
+    CHECK_RC(cm_oai_parse_chat(body, sizeof body - 1, &c, err, sizeof err, &param), 0);
+    CHECK(c.n_tools == 1 && c.tool_choice == CM_TOOL_REQUIRED && !c.parallel_tool_calls && c.grammar);
+    cm_tools_prompt tp;
+    CHECK_RC(cm_tools_render(&c, "Be brief.", &tp), 0);
+    CHECK(tp.n == 4 && !strcmp(tp.msgs[0].role, "system") && strstr(tp.msgs[0].content, "Be brief.") &&
+          strstr(tp.msgs[0].content, "<tools>") && strstr(tp.msgs[0].content, "\"get_weather\""));
+    CHECK(tp.n == 4 && strstr(tp.msgs[2].content, "<tool_call>") && strstr(tp.msgs[2].content, "Rome") &&
+          !strcmp(tp.msgs[3].role, "user") && strstr(tp.msgs[3].content, "<tool_response>\nsunny\n</tool_response>"));
+    cm_tools_free(&tp);
+    cm_grammar *g = NULL;
+    CHECK_RC(cm_grammar_parse(c.grammar, strlen(c.grammar), &g, err, sizeof err), 0);
+    const char *good = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    const char *bad[] = {"<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>", "Sure!", good - 0 + 1,
+                         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 5}}\n</tool_call>"};
+    cm_gstate *st;
+    for (int k = -1; g && k < 4; k++) {
+        const char *x = k < 0 ? good : bad[k];
+        CHECK_RC(cm_gstate_new(g, &st), 0);
+        int ok = cm_gstate_feed(st, x, strlen(x)) == 0 && cm_gstate_complete(st);
+        CHECK(ok == (k < 0));
+        if (k < 0) CHECK(cm_gstate_done(st)); /* one call: nothing may follow */
+        cm_gstate_free(st);
+    }
+    cm_grammar_free(g);
+    cm_oai_completion_free(&c);
+}
+
 int main(void) {
     limits();
     auth();
@@ -273,5 +339,6 @@ int main(void) {
     route();
     conf();
     responses();
+    test_tools();
     return tst_done("gateway_test");
 }
