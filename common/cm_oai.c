@@ -1,5 +1,6 @@
 #include "cm_oai.h"
 #include "cm_error.h"
+#include "cm_log.h"
 #include "cm_grammar.h"
 #include "cm_jsonschema.h"
 #include "cm_tools.h"
@@ -354,6 +355,68 @@ fail:
     return rc ? rc : LLM_EINVAL;
 }
 
+/* Every field OpenAI or vLLM defines is honoured (parsed above), harmless
+ * at the value given, or refused by name; a field neither defines is
+ * ignored, as vLLM does, with a debug line. */
+static const char *const HONOURED[] = {
+    "model", "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "max_tokens",
+    "min_tokens", "top_k", "n", "priority", "stream", "ignore_eos", "stream_options", "response_format",
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "best_of", "seed", "stop",
+    "stop_token_ids", "logit_bias", "cache_salt", "user", "prompt_logprobs", "logprobs", "functions", "function_call",
+    "guided_whitespace_pattern", NULL};
+static const char *const COMPLETION_ONLY[] = {"prompt", "echo", "suffix", NULL};
+static const char *const CHAT_ONLY[] = {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "tools",
+                                        "tool_choice", "parallel_tool_calls", NULL};
+/* accepted only at this value (JSON), or, for NULL, at any value (identifiers, hints) */
+static const struct { const char *name, *ok; } SETTLED[] = {
+    {"metadata", NULL}, {"safety_identifier", NULL}, {"prompt_cache_key", NULL}, {"request_id", NULL},
+    {"guided_decoding_backend", NULL}, {"service_tier", NULL}, {"store", "false"},
+    {"skip_special_tokens", "true"}, {"spaces_between_special_tokens", "true"}, {"include_stop_str_in_output", "false"},
+    {"use_beam_search", "false"}, {"length_penalty", "1"}, {"continue_final_message", "false"},
+    {"return_tokens_as_token_ids", "false"}, {"add_special_tokens", "false"}, {"modalities", "[\"text\"]"},
+    {"logits_processors", "[]"}, {"bad_words", "[]"}, {"allowed_token_ids", "null"}, {"truncate_prompt_tokens", "null"},
+    {"audio", "null"}, {"prediction", "null"}, {"reasoning_effort", "null"}, {"verbosity", "null"},
+    {"web_search_options", "null"}, {"documents", "null"}, {"chat_template", "null"}, {"chat_template_kwargs", "null"},
+    {"mm_processor_kwargs", "null"}, {"structural_tag", "null"}, {"kv_transfer_params", "null"}, {"vllm_xargs", "null"},
+    {"thinking_token_budget", "null"}, {"echo", "false"}};
+
+static int in_names(const char *k, const char *const *l) {
+    for (; *l; l++)
+        if (!strcmp(k, *l)) return 1;
+    return 0;
+}
+
+static int check_fields(json_t *o, int chat, char *err, size_t errlen, const char **param) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        if (in_names(k, HONOURED) || in_names(k, chat ? CHAT_ONLY : COMPLETION_ONLY)) continue;
+        int known = 0;
+        for (size_t i = 0; i < sizeof SETTLED / sizeof SETTLED[0] && !known; i++) {
+            if (strcmp(k, SETTLED[i].name)) continue;
+            known = 1;
+            if (!SETTLED[i].ok || json_is_null(v)) break;
+            json_t *want = json_loads(SETTLED[i].ok, JSON_DECODE_ANY, NULL);
+            int same = want && (json_equal(v, want) || (json_is_number(v) && json_is_number(want) &&
+                                                        json_number_value(v) == json_number_value(want)));
+            json_decref(want);
+            if (!same) {
+                *param = SETTLED[i].name;
+                snprintf(err, errlen, "'%s' is not supported%s%s", SETTLED[i].name,
+                         strcmp(SETTLED[i].ok, "null") ? " other than " : "", strcmp(SETTLED[i].ok, "null") ? SETTLED[i].ok : "");
+                return LLM_EINVAL;
+            }
+        }
+        if (!known && !in_names(k, chat ? COMPLETION_ONLY : CHAT_ONLY)) CM_LOG(CM_LOG_DEBUG, "ignoring the unknown field '%.64s'", k);
+        else if (!known) { /* the other endpoint's field */
+            *param = k;
+            snprintf(err, errlen, "'%.64s' is a %s field", k, chat ? "completions" : "chat completions");
+            return LLM_EINVAL;
+        }
+    }
+    return 0;
+}
+
 static json_t *load_object(const char *body, size_t len, char *err, size_t errlen) {
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je); /* \u0000 is valid JSON */
@@ -440,6 +503,7 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
     if ((rc = get_bool(o, "echo", &c->echo, err, errlen))) FAILED("echo");
     json_t *sf = json_object_get(o, "suffix");
     if (sf && !json_is_null(sf)) BAD("suffix", "'suffix' is not supported");
+    if ((rc = check_fields(o, 0, err, errlen, param))) goto fail;
     json_t *mt = json_object_get(o, "max_tokens");
     if (json_is_integer(mt) && json_integer_value(mt) == 0) { /* scoring: the prompt's logprobs, nothing generated */
         if (!c->echo) BAD("max_tokens", "'max_tokens' 0 is only allowed with 'echo': true (to score the prompt)");
@@ -660,6 +724,7 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     c->logprobs = lp ? (int)v : -1;
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
     if ((rc = parse_tools(o, c, err, errlen, param))) goto fail;
+    if ((rc = check_fields(o, 1, err, errlen, param))) goto fail;
     json_decref(o);
     return 0;
 fail:

@@ -150,6 +150,17 @@ static json_t *token_json(const cm_tokenizer *tok, int32_t id) {
     return cm_oai_jbytes(p, l);
 }
 
+/* A token's bytes as OpenAI gives them (a list of integers): what its text
+ * is made of even when it is part of a character. */
+static json_t *token_bytes(const cm_tokenizer *tok, int32_t id) {
+    const char *p;
+    size_t l;
+    json_t *a = json_array();
+    if (tok && !cm_tok_piece(tok, id, 1, &p, &l))
+        for (size_t i = 0; i < l; i++) json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
 /* Logprobs of n entries in the request's API shape. */
 static json_t *logprobs_json(const cm_oai_result *r, const cm_oai_lp *lp, const size_t *offs, size_t n,
                              const cm_tokenizer *tok) {
@@ -158,10 +169,11 @@ static json_t *logprobs_json(const cm_oai_result *r, const cm_oai_lp *lp, const 
         for (size_t i = 0; i < n; i++) {
             json_t *tops = json_array();
             for (int k = 0; k < lp[i].n_top; k++)
-                json_array_append_new(tops, json_pack("{s:o,s:f}", "token", token_json(tok, lp[i].top[k].id), "logprob",
-                                                      (double)lp[i].top[k].logprob));
-            json_array_append_new(content, json_pack("{s:o,s:f,s:o}", "token", token_json(tok, lp[i].token), "logprob",
-                                                     (double)lp[i].logprob, "top_logprobs", tops));
+                json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", token_json(tok, lp[i].top[k].id), "logprob",
+                                                      (double)lp[i].top[k].logprob, "bytes", token_bytes(tok, lp[i].top[k].id)));
+            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:o}", "token", token_json(tok, lp[i].token), "logprob",
+                                                     (double)lp[i].logprob, "bytes", token_bytes(tok, lp[i].token),
+                                                     "top_logprobs", tops));
         }
         return json_pack("{s:o}", "content", content);
     }

@@ -98,6 +98,13 @@ st2, tc = post("/tokenize", {"messages": [{"role": "user", "content": "Hello the
 check(st == 200 and st2 == 200 and d["prompt_logprobs"][0] is None and len(d["prompt_logprobs"]) == tc["count"] ==
       d["usage"]["prompt_tokens"], "chat prompt_logprobs: one per prompt token, as many as /tokenize counts for the messages")
 
+r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4, logprobs=True,
+                                   top_logprobs=2, temperature=0)
+ents = r.choices[0].logprobs.content
+check(ents and all(e.bytes is not None and bytes(e.bytes).decode("utf-8", "replace") == e.token and len(e.top_logprobs) == 2 and
+                   all(t.bytes is not None for t in e.top_logprobs) for e in ents),
+      "chat logprobs carry bytes (the token's own, and each alternative's)")
+
 # ---- tokenizer endpoints ------------------------------------------------
 st, dt = post("/detokenize", {"tokens": tk["tokens"]})
 check(st == 200 and dt["prompt"] == TEXT, "/detokenize of /tokenize is the text")

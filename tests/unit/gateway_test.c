@@ -243,6 +243,11 @@ static void responses(void) {
         {"{\"prompt\":\"x\",\"guided_json\":{\"type\":\"integer\",\"minimum\":1}}", "guided_json"},
         {"{\"prompt\":\"x\",\"guided_json\":{},\"guided_regex\":\"a\"}", "guided_regex"},
         {"{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens"},
+        {"{\"prompt\":\"x\",\"use_beam_search\":true}", "use_beam_search"},
+        {"{\"prompt\":\"x\",\"truncate_prompt_tokens\":5}", "truncate_prompt_tokens"},
+        {"{\"prompt\":\"x\",\"messages\":[]}", "messages"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", "echo"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"high\"}", "reasoning_effort"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         int chat = refused[i].body[2] == 'm';
@@ -256,6 +261,11 @@ static void responses(void) {
                       "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}}";
     CHECK_RC(cm_oai_parse_completion(so, sizeof so - 1, &req, err, sizeof err, &param), 0);
     CHECK(req.grammar && strstr(req.grammar, "root ::=") && !strcmp(req.grammar_from, "response_format"));
+    cm_oai_completion_free(&req);
+    /* harmless at their defaults, and fields nobody defines, are accepted */
+    const char ok_fields[] = "{\"prompt\":\"x\",\"use_beam_search\":false,\"length_penalty\":1.0,\"metadata\":{\"a\":\"b\"},"
+                             "\"store\":false,\"x_custom\":7}";
+    CHECK_RC(cm_oai_parse_completion(ok_fields, sizeof ok_fields - 1, &req, err, sizeof err, &param), 0);
     cm_oai_completion_free(&req);
     const char nul[] = "{\"prompt\":\"a\\u0000b\"}";
     CHECK_RC(cm_oai_parse_completion(nul, sizeof nul - 1, &req, err, sizeof err, &param), 0);
