@@ -196,7 +196,7 @@ static int array_rule(gen *g, const json_t *s) {
         if (!json_is_array(prefix) || json_array_size(prefix) > 64)
             return bad(g, "'prefixItems' must be an array of at most 64 schemas");
         for (size_t i = 0; i < json_array_size(prefix); i++) {
-            char seg[32];
+            char seg[48];
             snprintf(seg, sizeof seg, "prefixItems/%zu", i);
             int p = sub(g, json_array_get(prefix, i), seg);
             if (p < 0) return -1;
