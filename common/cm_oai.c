@@ -380,10 +380,11 @@ static const struct { const char *name, *ok; } SETTLED[] = {
     {"mm_processor_kwargs", "null"}, {"structural_tag", "null"}, {"kv_transfer_params", "null"}, {"vllm_xargs", "null"},
     {"thinking_token_budget", "null"}, {"echo", "false"}};
 
-static int in_names(const char *k, const char *const *l) {
+/* The list's own copy of k (static, so an error can name it after the body is freed), or NULL. */
+static const char *in_names(const char *k, const char *const *l) {
     for (; *l; l++)
-        if (!strcmp(k, *l)) return 1;
-    return 0;
+        if (!strcmp(k, *l)) return *l;
+    return NULL;
 }
 
 static int check_fields(json_t *o, int chat, char *err, size_t errlen, const char **param) {
@@ -407,9 +408,10 @@ static int check_fields(json_t *o, int chat, char *err, size_t errlen, const cha
                 return LLM_EINVAL;
             }
         }
-        if (!known && !in_names(k, chat ? COMPLETION_ONLY : CHAT_ONLY)) CM_LOG(CM_LOG_DEBUG, "ignoring the unknown field '%.64s'", k);
+        const char *other = known ? NULL : in_names(k, chat ? COMPLETION_ONLY : CHAT_ONLY);
+        if (!known && !other) CM_LOG(CM_LOG_DEBUG, "ignoring the unknown field '%.64s'", k);
         else if (!known) { /* the other endpoint's field */
-            *param = k;
+            *param = other;
             snprintf(err, errlen, "'%.64s' is a %s field", k, chat ? "completions" : "chat completions");
             return LLM_EINVAL;
         }

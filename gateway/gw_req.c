@@ -425,6 +425,14 @@ void gw_req_start(gw *g, gw_req *q) {
     }
 }
 
+static void lp_from_wire(cm_oai_lp *o, const Llmserve__TokenLogprob *l) {
+    o->token = l->token_id;
+    o->logprob = l->logprob;
+    o->rank = l->has_rank ? l->rank : 0;
+    o->n_top = (int)(l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS);
+    for (int k = 0; k < o->n_top; k++) o->top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
+}
+
 /* A chunk to the client; a batch's prompt renumbers its choices into the batch's. */
 static void stream_out(gw_req *q, gw_conn *out, json_t *j) {
     if (q->base) {
@@ -501,24 +509,10 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
     }
     cm_oai_lp lp[8];
     int n_lp = 0;
-    for (size_t i = 0; i < c->n_logprobs && n_lp < 8; i++, n_lp++) {
-        const Llmserve__TokenLogprob *l = c->logprobs[i];
-        lp[n_lp].token = l->token_id;
-        lp[n_lp].logprob = l->logprob;
-        lp[n_lp].rank = l->has_rank ? l->rank : 0;
-        lp[n_lp].n_top = (int)(l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS);
-        for (int k = 0; k < lp[n_lp].n_top; k++) lp[n_lp].top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
-    }
+    for (size_t i = 0; i < c->n_logprobs && n_lp < 8; i++) lp_from_wire(&lp[n_lp++], c->logprobs[i]);
     if (c->n_prompt_logprobs) { /* once, with choice 0's first chunk */
         cm_oai_lp *pl = malloc(sizeof *pl * c->n_prompt_logprobs);
-        for (size_t i = 0; pl && i < c->n_prompt_logprobs; i++) {
-            const Llmserve__TokenLogprob *l = c->prompt_logprobs[i];
-            pl[i].token = l->token_id;
-            pl[i].logprob = l->logprob;
-            pl[i].rank = l->has_rank ? l->rank : 0;
-            pl[i].n_top = (int)(l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS);
-            for (int k = 0; k < pl[i].n_top; k++) pl[i].top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
-        }
+        for (size_t i = 0; pl && i < c->n_prompt_logprobs; i++) lp_from_wire(&pl[i], c->prompt_logprobs[i]);
         if (pl && c->n_prompt_logprobs < (size_t)q->n_tok) cm_oai_result_prompt(&q->res, q->tok, q->n_tok, pl, (int)c->n_prompt_logprobs);
         free(pl);
     }

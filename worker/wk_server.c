@@ -501,6 +501,24 @@ static int finish_code(int f) {
     }
 }
 
+/* A logprob for the wire; tops and topp hold its alternatives (WK_MAX_LOGPROBS each). */
+static void lp_to_wire(Llmserve__TokenLogprob *w, Llmserve__TopLogprob *tops, Llmserve__TopLogprob **topp,
+                       const wk_token_lp *l) {
+    llmserve__token_logprob__init(w);
+    w->token_id = l->token;
+    w->logprob = l->logprob;
+    w->has_rank = 1;
+    w->rank = l->rank;
+    for (int t = 0; t < l->n_top; t++) {
+        llmserve__top_logprob__init(&tops[t]);
+        tops[t].token_id = l->top[t].id;
+        tops[t].logprob = l->top[t].logprob;
+        topp[t] = &tops[t];
+    }
+    w->n_top = (size_t)l->n_top;
+    w->top = topp;
+}
+
 static void send_outputs(server *s) {
     const wk_output *o;
     int n = wk_engine_outputs(s->e, &o);
@@ -522,20 +540,7 @@ static void send_outputs(server *s) {
         if (o[i].logprobs) {
             int nl = o[i].n_tokens < 8 ? o[i].n_tokens : 8;
             for (int k = 0; k < nl; k++) {
-                const wk_token_lp *l = &o[i].logprobs[k];
-                llmserve__token_logprob__init(&lps[k]);
-                lps[k].token_id = l->token;
-                lps[k].logprob = l->logprob;
-                lps[k].has_rank = 1;
-                lps[k].rank = l->rank;
-                for (int t = 0; t < l->n_top; t++) {
-                    llmserve__top_logprob__init(&tops[k][t]);
-                    tops[k][t].token_id = l->top[t].id;
-                    tops[k][t].logprob = l->top[t].logprob;
-                    topp[k][t] = &tops[k][t];
-                }
-                lps[k].n_top = (size_t)l->n_top;
-                lps[k].top = topp[k];
+                lp_to_wire(&lps[k], tops[k], topp[k], &o[i].logprobs[k]);
                 lpp[k] = &lps[k];
             }
             ch.n_logprobs = (size_t)nl;
@@ -551,21 +556,7 @@ static void send_outputs(server *s) {
             ptopp = malloc(sizeof *ptopp * (size_t)np * WK_MAX_LOGPROBS);
             if (plps && plpp && ptops && ptopp) {
                 for (int k = 0; k < np; k++) {
-                    const wk_token_lp *l = &o[i].prompt_logprobs[k];
-                    llmserve__token_logprob__init(&plps[k]);
-                    plps[k].token_id = l->token;
-                    plps[k].logprob = l->logprob;
-                    plps[k].has_rank = 1;
-                    plps[k].rank = l->rank;
-                    for (int t = 0; t < l->n_top; t++) {
-                        Llmserve__TopLogprob *tp = &ptops[k * WK_MAX_LOGPROBS + t];
-                        llmserve__top_logprob__init(tp);
-                        tp->token_id = l->top[t].id;
-                        tp->logprob = l->top[t].logprob;
-                        ptopp[k * WK_MAX_LOGPROBS + t] = tp;
-                    }
-                    plps[k].n_top = (size_t)l->n_top;
-                    plps[k].top = ptopp + k * WK_MAX_LOGPROBS;
+                    lp_to_wire(&plps[k], ptops + k * WK_MAX_LOGPROBS, ptopp + k * WK_MAX_LOGPROBS, &o[i].prompt_logprobs[k]);
                     plpp[k] = &plps[k];
                 }
                 ch.n_prompt_logprobs = (size_t)np;

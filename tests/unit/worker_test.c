@@ -793,7 +793,7 @@ static void test_control_plane(const char *addr) {
     stream st;
     CHECK_RC(collect(&q, 50, &st, 30000, 2), 0);
     q.last_hello = now() + 1e9; /* no more Hellos from it: past the 3 s timeout it is dropped */
-    end = now() + 10;
+    end = now() + 25;              /* a loaded machine (sanitizers, a neighbour) stretches the 3 s */
     int reported = 0;
     while (now() < end && reported < 3) {
         pump(&q, 100);
