@@ -246,7 +246,7 @@ void cm_gstate_free(cm_gstate *s) {
 static int take_set(cm_gstate *s, int from, int accept) {
     int n = s->n_tmp - from;
     if (grow((void **)&s->set, &s->cap_set, n, sizeof *s->set)) return LLM_ENOMEM;
-    memcpy(s->set, s->tmp + from, sizeof *s->set * (size_t)n);
+    if (n) memcpy(s->set, s->tmp + from, sizeof *s->set * (size_t)n); /* n may be 0 with both NULL */
     s->n_set = n;
     s->accept = accept;
     s->n_tmp = from;
@@ -283,9 +283,9 @@ int cm_gstate_clone(const cm_gstate *s, cm_gstate **out) {
         cm_gstate_free(c);
         return LLM_ENOMEM;
     }
-    memcpy(c->nd, s->nd, sizeof *c->nd * (size_t)s->n_nd);
+    if (s->n_nd) memcpy(c->nd, s->nd, sizeof *c->nd * (size_t)s->n_nd);
     c->n_nd = s->n_nd;
-    memcpy(c->set, s->set, sizeof *c->set * (size_t)s->n_set);
+    if (s->n_set) memcpy(c->set, s->set, sizeof *c->set * (size_t)s->n_set);
     c->n_set = s->n_set;
     c->accept = s->accept;
     int cap = 1024;
@@ -326,14 +326,14 @@ static int compact(cm_gstate *s) {
 static int run(cm_gstate *s, const uint8_t *b, size_t n, int *accept) {
     *accept = s->accept;
     if (grow((void **)&s->tmp, &s->cap_tmp, s->n_set, sizeof *s->tmp)) return LLM_ENOMEM;
-    memcpy(s->tmp, s->set, sizeof *s->tmp * (size_t)s->n_set);
+    if (s->n_set) memcpy(s->tmp, s->set, sizeof *s->tmp * (size_t)s->n_set);
     s->n_tmp = s->n_set;
     for (size_t i = 0; i < n; i++) {
         int cur = s->n_tmp, rc = advance(s, 0, cur, b[i], accept);
         if (rc) return rc;
         int next = s->n_tmp - cur;
         if (!next && (!*accept || i + 1 < n)) return LLM_EINVAL;
-        memmove(s->tmp, s->tmp + cur, sizeof *s->tmp * (size_t)next); /* the new set replaces the old */
+        if (next) memmove(s->tmp, s->tmp + cur, sizeof *s->tmp * (size_t)next); /* the new set replaces the old */
         s->n_tmp = next;
     }
     return 0;
@@ -486,7 +486,7 @@ static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
     memset(bits, 0, sizeof *bits * (size_t)((V + 63) / 64));
     s->n_tmp = 0;
     if (grow((void **)&s->tmp, &s->cap_tmp, s->n_set, sizeof *s->tmp)) return LLM_ENOMEM;
-    memcpy(s->tmp, s->set, sizeof *s->tmp * (size_t)s->n_set);
+    if (s->n_set) memcpy(s->tmp, s->set, sizeof *s->tmp * (size_t)s->n_set);
     s->n_tmp = s->n_set;
     int mark0 = s->n_nd;
     if (grow((void **)&st, &cap, 1, sizeof *st)) return LLM_ENOMEM;
