@@ -67,17 +67,6 @@ static uint64_t mix(uint64_t a, uint64_t b) {
     return z ^ (z >> 31);
 }
 
-static int grow(void **p, int *cap, int need, size_t size) {
-    if (need <= *cap) return 0;
-    int c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * size);
-    if (!q) return LLM_ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 /* ---- nodes -------------------------------------------------------------- */
 
 static int ht_rebuild(cm_gstate *s, int cap) {
@@ -110,7 +99,7 @@ static int32_t node(cm_gstate *s, int32_t pos, int32_t parent) {
         if (s->nd[id].h == h && s->nd[id].pos == pos && s->nd[id].parent == parent) return id;
     }
     if (slot == (size_t)-1) slot = k;
-    if (grow((void **)&s->nd, &s->cap_nd, s->n_nd + 1, sizeof *s->nd)) return -1;
+    if (g_grow((void **)&s->nd, &s->cap_nd, s->n_nd + 1, sizeof *s->nd)) return -1;
     int32_t id = s->n_nd++;
     s->nd[id] = (gnode){pos, parent, h};
     if (s->ht[slot] < 0) s->ht_used++;
@@ -167,7 +156,7 @@ static int first_visit(cm_gstate *s, int32_t pos, int32_t parent) {
 }
 
 static int push_work(cm_gstate *s, int *n, int32_t pos, int32_t parent) {
-    if (grow((void **)&s->work, &s->cap_work, 2 * (*n + 1), sizeof *s->work)) return LLM_ENOMEM;
+    if (g_grow((void **)&s->work, &s->cap_work, 2 * (*n + 1), sizeof *s->work)) return LLM_ENOMEM;
     s->work[2 * *n] = pos;
     s->work[2 * *n + 1] = parent;
     (*n)++;
@@ -191,7 +180,7 @@ static int expand(cm_gstate *s, int32_t pos0, int32_t parent0, int *accept) {
             else if (push_work(s, &n, s->nd[parent].pos, s->nd[parent].parent)) return LLM_ENOMEM;
         } else if (e.kind == G_CHARS) {
             int32_t id = node(s, pos, parent);
-            if (id < 0 || grow((void **)&s->tmp, &s->cap_tmp, s->n_tmp + 1, sizeof *s->tmp)) return LLM_ENOMEM;
+            if (id < 0 || g_grow((void **)&s->tmp, &s->cap_tmp, s->n_tmp + 1, sizeof *s->tmp)) return LLM_ENOMEM;
             s->tmp[s->n_tmp++] = id;
         } else {
             const g_rule *ru = &g->rules[e.arg];
@@ -245,7 +234,7 @@ void cm_gstate_free(cm_gstate *s) {
 /* s->tmp[from..n_tmp) becomes the state's set. */
 static int take_set(cm_gstate *s, int from, int accept) {
     int n = s->n_tmp - from;
-    if (grow((void **)&s->set, &s->cap_set, n, sizeof *s->set)) return LLM_ENOMEM;
+    if (g_grow((void **)&s->set, &s->cap_set, n, sizeof *s->set)) return LLM_ENOMEM;
     if (n) memcpy(s->set, s->tmp + from, sizeof *s->set * (size_t)n); /* n may be 0 with both NULL */
     s->n_set = n;
     s->accept = accept;
@@ -277,8 +266,8 @@ int cm_gstate_clone(const cm_gstate *s, cm_gstate **out) {
     cm_gstate *c = calloc(1, sizeof *c);
     if (!c) return LLM_ENOMEM;
     int rc = state_init(c, s->g);
-    if (!rc) rc = grow((void **)&c->nd, &c->cap_nd, s->n_nd, sizeof *c->nd);
-    if (!rc) rc = grow((void **)&c->set, &c->cap_set, s->n_set, sizeof *c->set);
+    if (!rc) rc = g_grow((void **)&c->nd, &c->cap_nd, s->n_nd, sizeof *c->nd);
+    if (!rc) rc = g_grow((void **)&c->set, &c->cap_set, s->n_set, sizeof *c->set);
     if (rc) {
         cm_gstate_free(c);
         return LLM_ENOMEM;
@@ -325,7 +314,7 @@ static int compact(cm_gstate *s) {
  * and *accept says whether the input may end. */
 static int run(cm_gstate *s, const uint8_t *b, size_t n, int *accept) {
     *accept = s->accept;
-    if (grow((void **)&s->tmp, &s->cap_tmp, s->n_set, sizeof *s->tmp)) return LLM_ENOMEM;
+    if (g_grow((void **)&s->tmp, &s->cap_tmp, s->n_set, sizeof *s->tmp)) return LLM_ENOMEM;
     if (s->n_set) memcpy(s->tmp, s->set, sizeof *s->tmp * (size_t)s->n_set);
     s->n_tmp = s->n_set;
     for (size_t i = 0; i < n; i++) {
@@ -485,11 +474,11 @@ static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
     int V = v->vocab;
     memset(bits, 0, sizeof *bits * (size_t)((V + 63) / 64));
     s->n_tmp = 0;
-    if (grow((void **)&s->tmp, &s->cap_tmp, s->n_set, sizeof *s->tmp)) return LLM_ENOMEM;
+    if (g_grow((void **)&s->tmp, &s->cap_tmp, s->n_set, sizeof *s->tmp)) return LLM_ENOMEM;
     if (s->n_set) memcpy(s->tmp, s->set, sizeof *s->tmp * (size_t)s->n_set);
     s->n_tmp = s->n_set;
     int mark0 = s->n_nd;
-    if (grow((void **)&st, &cap, 1, sizeof *st)) return LLM_ENOMEM;
+    if (g_grow((void **)&st, &cap, 1, sizeof *st)) return LLM_ENOMEM;
     st[sp++] = (struct fr){0, 0, 0, s->n_set, s->n_nd};
     while (sp) {
         struct fr *f = &st[sp - 1];
@@ -514,7 +503,7 @@ static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
                 bits[id >> 6] |= 1ull << (id & 63);
             }
         if (alive && v->n_child[child]) {
-            if ((rc = grow((void **)&st, &cap, sp + 1, sizeof *st))) break;
+            if ((rc = g_grow((void **)&st, &cap, sp + 1, sizeof *st))) break;
             st[sp++] = (struct fr){child, 0, start, alive, mark};
         } else {
             s->n_tmp = start;
@@ -556,7 +545,7 @@ int cm_gstate_mask(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
     }
     g_mask *m = NULL;
     if (g->n_masks < MASK_CACHE) {
-        if (!grow((void **)&g->masks, &g->cap_masks, g->n_masks + 1, sizeof *g->masks) && (m = calloc(1, sizeof *m))) {
+        if (!g_grow((void **)&g->masks, &g->cap_masks, g->n_masks + 1, sizeof *g->masks) && (m = calloc(1, sizeof *m))) {
             m->bits = malloc(sizeof *bits * words);
             if (!m->bits) {
                 free(m);

@@ -45,20 +45,9 @@ static int fail(rd *r, const char *fmt, ...) {
     return LLM_EINVAL;
 }
 
-static int grow(void **p, int *cap, int need, size_t size) {
-    if (need <= *cap) return 0;
-    int c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * size);
-    if (!q) return LLM_ENOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 static int seq_push(rd *r, seq *s, g_el e) {
     if (s->n >= CM_GRAMMAR_MAX_ELEMENTS) return fail(r, "the grammar expands to more than %d elements", CM_GRAMMAR_MAX_ELEMENTS);
-    if (grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return fail(r, "out of memory");
+    if (g_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return fail(r, "out of memory");
     s->v[s->n++] = e;
     return 0;
 }
@@ -67,7 +56,7 @@ static int new_class(rd *r, const uint8_t set[32]) {
     cm_grammar *g = r->g;
     for (int i = g->n_cls - 1; i >= 0 && i >= g->n_cls - 64; i--) /* recent classes repeat (literals' bytes) */
         if (!memcmp(g->cls[i], set, 32)) return i;
-    if (grow((void **)&g->cls, &g->cap_cls, g->n_cls + 1, sizeof *g->cls)) return fail(r, "out of memory");
+    if (g_grow((void **)&g->cls, &g->cap_cls, g->n_cls + 1, sizeof *g->cls)) return fail(r, "out of memory");
     memcpy(g->cls[g->n_cls], set, 32);
     return g->n_cls++;
 }
@@ -82,7 +71,7 @@ static int byte_el(rd *r, seq *s, unsigned lo, unsigned hi) {
 static int new_rule(rd *r, const char *name, size_t len) {
     cm_grammar *g = r->g;
     if (g->n_rules >= (1 << 24)) return fail(r, "too many rules");
-    if (grow((void **)&g->rules, &g->cap_rules, g->n_rules + 1, sizeof *g->rules)) return fail(r, "out of memory");
+    if (g_grow((void **)&g->rules, &g->cap_rules, g->n_rules + 1, sizeof *g->rules)) return fail(r, "out of memory");
     g_rule *ru = &g->rules[g->n_rules];
     memset(ru, 0, sizeof *ru);
     ru->name = name ? strndup(name, len) : NULL;
@@ -102,9 +91,9 @@ static int rule_by_name(rd *r, const char *name, size_t len) {
 static int add_alt(rd *r, int rule, const g_el *v, int n) {
     cm_grammar *g = r->g;
     if (g->n_el + n + 1 > CM_GRAMMAR_MAX_ELEMENTS) return fail(r, "the grammar expands to more than %d elements", CM_GRAMMAR_MAX_ELEMENTS);
-    if (grow((void **)&g->el, &g->cap_el, g->n_el + n + 1, sizeof *g->el)) return fail(r, "out of memory");
+    if (g_grow((void **)&g->el, &g->cap_el, g->n_el + n + 1, sizeof *g->el)) return fail(r, "out of memory");
     g_rule *ru = &g->rules[rule];
-    if (grow((void **)&ru->alts, &ru->cap_alts, ru->n_alts + 1, sizeof *ru->alts)) return fail(r, "out of memory");
+    if (g_grow((void **)&ru->alts, &ru->cap_alts, ru->n_alts + 1, sizeof *ru->alts)) return fail(r, "out of memory");
     ru->alts[ru->n_alts++] = g->n_el;
     if (n) memcpy(g->el + g->n_el, v, sizeof *v * (size_t)n);
     g->n_el += n;
@@ -301,7 +290,7 @@ static int read_class(rd *r, seq *out) {
             if (hi < 0) { rc = LLM_EINVAL; goto done; }
             if (hi < lo) { rc = fail(r, "class range out of order"); goto done; }
         }
-        if (grow((void **)&rg, &cap, n + 1, sizeof *rg)) { rc = fail(r, "out of memory"); goto done; }
+        if (g_grow((void **)&rg, &cap, n + 1, sizeof *rg)) { rc = fail(r, "out of memory"); goto done; }
         rg[n++] = (cp_range){(uint32_t)lo, (uint32_t)hi};
     }
     if (n) { /* merge */

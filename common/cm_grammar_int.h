@@ -3,7 +3,10 @@
 #ifndef CM_GRAMMAR_INT_H
 #define CM_GRAMMAR_INT_H
 
+#include "cm_error.h"
 #include "cm_grammar.h"
+
+#include <stdlib.h>
 
 /* An element: the grammar is one array of them, each alternative a run
  * ended by G_END, so "the next element" is always index + 1. */
@@ -37,5 +40,18 @@ struct cm_grammar {
 };
 
 static inline int g_has(const uint8_t *set, unsigned b) { return set[b >> 3] >> (b & 7) & 1; }
+
+/* Grows the array *p (of *cap elements of size bytes) to hold need, doubling
+ * from 16; LLM_ENOMEM (and *p as it was) when it cannot. */
+static inline int g_grow(void **p, int *cap, int need, size_t size) {
+    if (need <= *cap) return 0;
+    int c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q) return LLM_ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}
 
 #endif

@@ -9,14 +9,7 @@ from typing import List, Literal, Optional
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, constr
 
-GW = os.environ["GW"]
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
+from apiutil import GW, check, failures, model_id, post as post_status, finish as report  # noqa: E402,F401
 
 
 class Address(BaseModel):
@@ -84,5 +77,4 @@ for choice, want in (("any", ("get_weather", "add")), ("add", ("add",))):
         print("     %s: %s" % (type(e).__name__, str(e)[:300]))
         ok, tc = False, None
     check(ok, "bind_tools(tool_choice=%r): %s" % (choice, [(t["name"], t["args"]) for t in tc or []]))
-print("langchain: %d checks failed" % len(failures))
-sys.exit(1 if failures else 0)
+report("langchain")

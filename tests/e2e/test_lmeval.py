@@ -12,22 +12,13 @@ import sys
 import tempfile
 import urllib.request
 
-GW = os.environ["GW"]
+from apiutil import GW, check, failures, model_id, post as post_status, finish as report  # noqa: E402,F401
 LMEVAL = os.environ["LMEVAL"]
 HERE = os.path.dirname(os.path.abspath(__file__))
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 def post(path, body):
-    r = urllib.request.Request(GW + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(r, timeout=120) as f:
-        return json.loads(f.read())
+    return post_status(path, body)[1]
 
 
 with urllib.request.urlopen(GW + "/v1/models", timeout=10) as f:
@@ -125,5 +116,4 @@ for s in gen:
     r = post("/v1/completions", {"model": MODEL, "prompt": ctx, "max_tokens": 16, "temperature": 0, "stop": ["\n", "Q:"]})
     same += r["choices"][0]["text"] == s["resps"][0][0]
 check(len(gen) == 4 and same == 4, "lm-eval's generations equal direct greedy requests (%d of %d)" % (same, len(gen)))
-print("lmeval: %d checks failed" % len(failures))
-sys.exit(1 if failures else 0)
+report("lmeval")

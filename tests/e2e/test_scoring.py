@@ -15,25 +15,12 @@ import urllib.request
 
 import openai
 
-GW = os.environ["GW"]
+from apiutil import GW, check, failures, model_id, post as post_status, finish as report  # noqa: E402,F401
 client = openai.OpenAI(base_url=GW + "/v1", api_key="none", timeout=120, max_retries=0)
 MODEL = client.models.list().data[0].id
-failures = []
 
 
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def post(path, body):
-    r = urllib.request.Request(GW + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(r, timeout=60) as f:
-            return f.status, json.loads(f.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+post = post_status
 
 
 TEXT = ("The quick brown fox jumps over the lazy dog. It was a sunny day in the park, "
@@ -165,5 +152,4 @@ def refused(**kw):
 check(refused(max_tokens=0) == "max_tokens", "max_tokens 0 without echo: 400 naming max_tokens")
 check(refused(max_tokens=2, echo=True, logprobs=1, stream=True) == "echo", "streamed echo with logprobs: 400 naming echo")
 
-print("scoring: %d checks failed" % len(failures))
-sys.exit(1 if failures else 0)
+report("scoring")

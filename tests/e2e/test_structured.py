@@ -10,16 +10,9 @@ import sys
 import jsonschema
 import openai
 
-GW = os.environ["GW"]
+from apiutil import GW, check, failures, model_id, post as post_status, finish as report  # noqa: E402,F401
 client = openai.OpenAI(base_url=GW + "/v1", api_key="none", timeout=120, max_retries=0)
-failures = []
 MODEL = client.models.list().data[0].id
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 PERSON = {
@@ -129,5 +122,4 @@ check(param == "guided_grammar" and "not defined" in msg, "a bad grammar is refu
 param, msg = refusal(extra_body={"guided_regex": "(a)\\1"})
 check(param == "guided_regex" and "backreference" in msg, "an unsupported regex is refused: %s" % msg[:120])
 
-print("structured: %d checks failed" % len(failures))
-sys.exit(1 if failures else 0)
+report("structured")

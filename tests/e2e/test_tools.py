@@ -10,16 +10,9 @@ import urllib.request
 import jsonschema
 import openai
 
-GW = os.environ["GW"]
+from apiutil import GW, check, failures, model_id, post as post_status, finish as report  # noqa: E402,F401
 client = openai.OpenAI(base_url=GW + "/v1", api_key="none", timeout=120, max_retries=0)
 MODEL = client.models.list().data[0].id
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 30},
@@ -131,5 +124,4 @@ check(refusal(tools=TOOLS, tool_choice="required", response_format={"type": "jso
 check(refusal(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
     "x": {"type": "string", "pattern": "a+"}}}}}], tool_choice="required") == "tools",
       "a tool whose parameters use an unsupported keyword, under required: 400 naming tools")
-print("tools: %d checks failed" % len(failures))
-sys.exit(1 if failures else 0)
+report("tools")

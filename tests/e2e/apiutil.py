@@ -1,0 +1,35 @@
+"""What the API e2e scripts share: the gateway's address (GW), a check that
+prints and counts, a plain JSON POST, the served model's id, and the exit."""
+import json
+import os
+import sys
+import urllib.request
+
+GW = os.environ["GW"]
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def post(path, body, timeout=120):
+    """(status, JSON body) of a POST to the gateway; HTTP errors are answers too."""
+    r = urllib.request.Request(GW + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(r, timeout=timeout) as f:
+            return f.status, json.loads(f.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def model_id():
+    with urllib.request.urlopen(GW + "/v1/models", timeout=10) as f:
+        return json.loads(f.read())["data"][0]["id"]
+
+
+def finish(name):
+    print("%s: %d checks failed" % (name, len(failures)))
+    sys.exit(1 if failures else 0)
