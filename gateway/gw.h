@@ -60,6 +60,7 @@ typedef struct {
     uint64_t gateways_dropped, aborted_on_drop, messages_refused; /* the group's own counts, all its gateways */
     gw_keyset cached;
     uint64_t routed, routed_hit_tokens;
+    int idx, wake_fd;            /* its index, and where its connection's loss is told (from an NNG thread) */
 } gw_worker;
 
 typedef struct {
@@ -72,7 +73,7 @@ typedef struct {
 
 typedef struct {
     uint64_t requests[6];        /* by status class: 2xx 4xx(other) 401 429 5xx 504 */
-    uint64_t prompt_tokens, completion_tokens, rate_limited, timed_out, cancelled, retried, worker_lost, overloaded;
+    uint64_t prompt_tokens, completion_tokens, rate_limited, timed_out, cancelled, retried, resumed, worker_lost, overloaded;
     gw_hist ttft, itl, e2e, queue;
 } gw_metrics;
 
@@ -101,7 +102,8 @@ typedef struct gw {
     char dns_name[256], dns_port[16];
     nng_socket pull;
     char reply[256], id[64];
-    struct event *recv_ev, *tick_ev;
+    struct event *recv_ev, *tick_ev, *lost_ev;
+    int lost_pipe[2], lost_pipe_ok; /* a group's connection closed: its index, one byte, from NNG's pipe callback */
     /* requests (gw_req) */
     gw_map reqs;                 /* rid -> gw_req */
     struct gw_req *req_list;     /* every live request, for worker loss and drain */

@@ -106,6 +106,9 @@ char *gw_metrics_text(const gw *g, size_t *len) {
     counter(o, "llmserve:client_cancelled_total", "Requests cancelled because the client went away.", g->m.cancelled);
     counter(o, "llmserve:retried_total", "Requests retried on another worker group before their first token.",
             g->m.retried);
+    counter(o, "llmserve:resumed_total",
+            "Streams whose worker group was lost after their first tokens, resumed on another after the output delivered.",
+            g->m.resumed);
     counter(o, "llmserve:worker_lost_total", "Requests whose worker group died or restarted under them.", g->m.worker_lost);
     counter(o, "llmserve:overloaded_total", "Requests refused with 503 because the gateway or a group was full.",
             g->m.overloaded);

@@ -6,12 +6,15 @@
 #include "gw_route.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int gw_pool_routable(const gw *g, int i) {
     const gw_worker *w = &g->w[i];
@@ -295,8 +298,20 @@ static void hello_all(gw *g) {
     }
 }
 
+/* NNG's thread: a connection to a group closed (a killed process closes
+ * its sockets at once). The loop hears of it through the pipe. */
+static void on_pipe_gone(nng_pipe p, nng_pipe_ev ev, void *arg) {
+    const gw_worker *w = arg;
+    (void)p;
+    (void)ev;
+    unsigned char b = (unsigned char)w->idx;
+    int fd = __atomic_load_n(&w->wake_fd, __ATOMIC_ACQUIRE);
+    if (fd >= 0) (void)!write(fd, &b, 1);
+}
+
 static int dial(gw_worker *w) {
     int rv = nng_push0_open(&w->push);
+    if (!rv) rv = nng_pipe_notify(w->push, NNG_PIPE_EV_REM_POST, on_pipe_gone, w);
     if (!rv) rv = nng_socket_set_int(w->push, NNG_OPT_SENDBUF, 4096);
     if (!rv) rv = nng_socket_set_ms(w->push, NNG_OPT_RECONNMINT, 100);
     if (!rv) rv = nng_socket_set_ms(w->push, NNG_OPT_RECONNMAXT, 1000);
@@ -313,6 +328,8 @@ static int add_worker(gw *g, const char *addr) {
     gw_worker *w = &g->w[g->n_workers];
     memset(w, 0, sizeof *w);
     snprintf(w->addr, sizeof w->addr, "%s", addr);
+    w->idx = g->n_workers;
+    w->wake_fd = g->lost_pipe[1];
     if (dial(w)) return LLM_EIO;
     g->n_workers++;
     return 0;
@@ -359,6 +376,19 @@ static void resolve_workers(gw *g) {
     update_max_len(g);
 }
 
+/* Group i is taken for dead until its next Health: what it held moves or ends now. */
+static void lost(gw *g, int i, const char *what, const char *why) {
+    gw_worker *w = &g->w[i];
+    w->alive = 0;
+    /* its numbers are unknown now: a dead group reports zeros, not its last values */
+    w->running = w->waiting = 0;
+    w->blocks_total = w->blocks_free = w->rss_bytes = w->gpu_bytes = 0;
+    gw_keyset_clear(&w->cached);
+    CM_WARN("worker group %s %s; its requests move or end now", w->addr, what);
+    gw_req_worker_lost(g, i, why);
+    update_max_len(g);
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
     gw *g = arg;
     (void)fd;
@@ -366,18 +396,23 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     if (g->dns_name[0] && g->tick++ % 10 == 0) resolve_workers(g);
     hello_all(g);
     double t = gw_now();
-    for (int i = 0; i < g->n_workers; i++) {
-        gw_worker *w = &g->w[i];
-        if (!w->alive || t - w->last_health <= GW_LIVENESS_S) continue;
-        w->alive = 0;
-        /* its numbers are unknown now: a dead group reports zeros, not its last values */
-        w->running = w->waiting = 0;
-        w->blocks_total = w->blocks_free = w->rss_bytes = w->gpu_bytes = 0;
-        gw_keyset_clear(&w->cached);
-        CM_WARN("worker group %s stopped answering; its requests move or end now", w->addr);
-        gw_req_worker_lost(g, i, "the worker group serving this request stopped answering");
-        update_max_len(g);
-    }
+    for (int i = 0; i < g->n_workers; i++)
+        if (g->w[i].alive && t - g->w[i].last_health > GW_LIVENESS_S)
+            lost(g, i, "stopped answering", "the worker group serving this request stopped answering");
+}
+
+/* A connection closed: the group is not waited for until the heartbeat
+ * window ends. If it lives (a cut, not a death), its next Health brings it
+ * back; what moved stays moved. */
+static void on_lost(evutil_socket_t fd, short what, void *arg) {
+    gw *g = arg;
+    (void)what;
+    unsigned char b[64];
+    ssize_t n;
+    while ((n = read(fd, b, sizeof b)) > 0)
+        for (ssize_t k = 0; k < n; k++)
+            if (b[k] < g->n_workers && g->w[b[k]].alive && !g->w[b[k]].gone)
+                lost(g, b[k], "closed its connection", "the worker group serving this request closed its connection");
 }
 
 int gw_pool_start(gw *g, char *err, size_t errlen) {
@@ -391,6 +426,16 @@ int gw_pool_start(gw *g, char *err, size_t errlen) {
         }
         memcpy(g->dns_name, c->workers_dns, (size_t)(colon - c->workers_dns));
         snprintf(g->dns_port, sizeof g->dns_port, "%s", colon + 1);
+    }
+    if (pipe(g->lost_pipe)) {
+        snprintf(err, errlen, "pipe: %s", strerror(errno));
+        return LLM_EIO;
+    }
+    g->lost_pipe_ok = 1;
+    if (fcntl(g->lost_pipe[0], F_SETFL, O_NONBLOCK) || fcntl(g->lost_pipe[1], F_SETFL, O_NONBLOCK) ||
+        fcntl(g->lost_pipe[0], F_SETFD, FD_CLOEXEC) || fcntl(g->lost_pipe[1], F_SETFD, FD_CLOEXEC)) {
+        snprintf(err, errlen, "pipe: %s", strerror(errno));
+        return LLM_EIO;
     }
     nng_listener l;
     int rv = nng_pull0_open(&g->pull);
@@ -438,8 +483,10 @@ int gw_pool_start(gw *g, char *err, size_t errlen) {
     if (g->dns_name[0]) resolve_workers(g);
     g->recv_ev = event_new(g->base, recv_fd, EV_READ | EV_PERSIST, on_recv, g);
     g->tick_ev = event_new(g->base, -1, EV_PERSIST, on_tick, g);
-    if (!g->recv_ev || !g->tick_ev) return LLM_ENOMEM;
+    g->lost_ev = event_new(g->base, g->lost_pipe[0], EV_READ | EV_PERSIST, on_lost, g);
+    if (!g->recv_ev || !g->tick_ev || !g->lost_ev) return LLM_ENOMEM;
     event_add(g->recv_ev, NULL);
+    event_add(g->lost_ev, NULL);
     struct timeval one = {1, 0};
     event_add(g->tick_ev, &one);
     hello_all(g);
@@ -449,10 +496,17 @@ int gw_pool_start(gw *g, char *err, size_t errlen) {
 void gw_pool_stop(gw *g) {
     if (g->recv_ev) event_free(g->recv_ev);
     if (g->tick_ev) event_free(g->tick_ev);
-    g->recv_ev = g->tick_ev = NULL;
+    if (g->lost_ev) event_free(g->lost_ev);
+    g->recv_ev = g->tick_ev = g->lost_ev = NULL;
     for (int i = 0; i < g->n_workers; i++) {
+        __atomic_store_n(&g->w[i].wake_fd, -1, __ATOMIC_RELEASE); /* closing its socket tells no one */
         if (!g->w[i].gone) nng_close(g->w[i].push);
         free(g->w[i].cached.k);
     }
     nng_close(g->pull);
+    if (g->lost_pipe_ok) {
+        close(g->lost_pipe[0]);
+        close(g->lost_pipe[1]);
+        g->lost_pipe_ok = 0;
+    }
 }

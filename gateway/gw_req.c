@@ -40,6 +40,7 @@ void gw_req_free(gw_req *q) {
     }
     if (q->timer) event_free(q->timer);
     free(q->tok);
+    free(q->out_tok);
     free(q->echo);
     for (int i = 0; q->prompts && i < q->c.n_batch; i++) {
         free(q->prompts[i].tok);
@@ -182,8 +183,8 @@ static int send_generate(gw *g, gw_req *q, int wi) {
     sp.logit_bias_ids = bid;
     sp.logit_bias_values = bval;
     sp.grammar = c->grammar;
-    sp.has_prompt_logprobs = 1; /* echo with logprobs scores the prompt too */
-    sp.prompt_logprobs = c->prompt_logprobs >= 0 ? c->prompt_logprobs : c->echo && c->logprobs >= 0 ? c->logprobs : -1;
+    sp.has_prompt_logprobs = 1; /* echo with logprobs scores the prompt too (once: a resumed request has them) */
+    sp.prompt_logprobs = q->got_token ? -1 : c->prompt_logprobs >= 0 ? c->prompt_logprobs : c->echo && c->logprobs >= 0 ? c->logprobs : -1;
     Llmserve__Generate gen = LLMSERVE__GENERATE__INIT;
     gen.request_id = q->rid;
     gen.n_token_ids = (size_t)q->n_tok;
@@ -194,6 +195,12 @@ static int send_generate(gw *g, gw_req *q, int wi) {
     gen.cache_salt = c->cache_salt;
     gen.gateway_id = g->id;
     gen.reply_address = g->reply;
+    if (q->got_token) { /* moved after its first tokens: it goes on after what the client has */
+        gen.n_resume_token_ids = (size_t)q->n_out;
+        gen.resume_token_ids = q->out_tok;
+        gen.has_resume_text_bytes = 1;
+        gen.resume_text_bytes = (uint32_t)q->out_text;
+    }
     /* the deadlines, on the wall clock the worker shares: it refuses a prompt it cannot compute in time */
     struct timespec wt;
     clock_gettime(CLOCK_REALTIME, &wt);
@@ -202,7 +209,7 @@ static int send_generate(gw *g, gw_req *q, int wi) {
         gen.has_deadline_ms = 1;
         gen.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - since) * 1e3);
     }
-    if (g->conf.ttft_timeout > 0) {
+    if (g->conf.ttft_timeout > 0 && !q->got_token) {
         gen.has_first_token_deadline_ms = 1;
         gen.first_token_deadline_ms = (uint64_t)(wall_ms + (g->conf.ttft_timeout - since) * 1e3);
     }
@@ -236,7 +243,9 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
     gw *g = q->g;
     int old = q->worker;
     if (kind == GW_FAIL_WORKER_LOST) g->m.worker_lost++;
-    if ((q->parent ? q->parent->conn : q->conn) && !q->got_token && !q->retried && !g->draining) {
+    /* once (a request that kills its group must not take a second); a draining gateway moves them too */
+    int resumable = !q->got_token || (q->c.n == 1 && q->n_out > 0);
+    if ((q->parent ? q->parent->conn : q->conn) && resumable && !q->retried) {
         int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
                                old, &hit);
         if (wi >= 0) {
@@ -248,8 +257,13 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
             q->on_worker = 0;
             if (!assign_rid(g, q) && !send_generate(g, q, wi)) {
                 q->retried = 1;
-                g->m.retried++;
-                CM_INFO("request %s moved from group %d to %d (%s)", q->id, old, wi, msg);
+                if (q->got_token) {
+                    g->m.resumed++;
+                    CM_INFO("request %s resumed on group %d after %d tokens (group %d: %s)", q->id, wi, q->n_out, old, msg);
+                } else {
+                    g->m.retried++;
+                    CM_INFO("request %s moved from group %d to %d (%s)", q->id, old, wi, msg);
+                }
                 return;
             }
         }
@@ -486,9 +500,25 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
     int fin = c->has_finish ? finish_code(c->finish) : CM_OAI_FINISH_NONE;
     if (fin == CM_OAI_FINISH_ABORT) { /* the worker ended it: it drained past its deadline, or dropped us */
         q->on_worker = 0;
-        gw_req_finish(q, 503, "the worker aborted the request", "aborted");
+        gw_req_retry(q, GW_FAIL_WORKER_LOST, 503, "the worker aborted the request", "aborted");
         return;
     }
+    if (c->index == 0 && q->c.n == 1 && c->n_token_ids) { /* what a resume needs */
+        if (q->n_out + (int)c->n_token_ids > q->cap_out) {
+            int cap = q->cap_out ? q->cap_out : 64;
+            while (cap < q->n_out + (int)c->n_token_ids) cap *= 2;
+            int32_t *t = realloc(q->out_tok, sizeof *t * (size_t)cap);
+            if (!t) {
+                gw_req_finish(q, 500, "out of memory", "internal_error");
+                return;
+            }
+            q->out_tok = t;
+            q->cap_out = cap;
+        }
+        memcpy(q->out_tok + q->n_out, c->token_ids, sizeof *q->out_tok * c->n_token_ids);
+        q->n_out += (int)c->n_token_ids;
+    }
+    if (c->index == 0 && c->has_text) q->out_text += c->text.len;
     double t = gw_now();
     if (c->n_token_ids) {
         if (!q->got_token) {

@@ -29,6 +29,10 @@ typedef struct gw_req {
     uint64_t worker_inc;         /* that group's incarnation when sent */
     int got_token, retried, on_worker;
     uint32_t next_seq;
+    /* the output delivered so far (n = 1): a request whose group is lost resumes after it on another */
+    int32_t *out_tok;
+    int n_out, cap_out;
+    size_t out_text;
     int key;                     /* API key index, -1 */
     char id[128];
     double t_arrive, t_sent, t_first, t_last;
@@ -57,8 +61,10 @@ enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
  * reply (SSE headers for a stream). On failure the client is answered and q
  * freed. */
 void gw_req_start(gw *g, gw_req *q);
-/* A failure of kind GW_FAIL_*: tries another group when nothing reached
- * the client yet, else ends with status and msg. */
+/* A failure of kind GW_FAIL_*: tries another group once, when nothing
+ * reached the client yet or, for one choice, resuming after the output it
+ * has (a lost group's stream goes on elsewhere); else ends with status and
+ * msg. */
 void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *code);
 /* The one end. status 200: the collected response (or [DONE]); else an
  * error the client sees (HTTP error, or an SSE error event and [DONE]). */

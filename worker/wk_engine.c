@@ -475,15 +475,22 @@ static wk_req *find_req(const wk_engine *e, uint64_t id, int *at) {
     return NULL;
 }
 
+static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t text_sent, char *err, size_t errlen);
+static void seq_finish(wk_engine *e, wk_seq *s, int finish);
+
 int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt, const wk_params *p, char *err,
                   size_t errlen) {
     out_begin(e);
     int rc;
     if ((rc = check_params(e, p, err, errlen))) return rc;
-    if (n_prompt <= 0) BAD("the prompt is empty");
+    if (p->n_resume < 0 || p->n_resume >= n_prompt) BAD("a resumed output of %d tokens needs a prompt before it", p->n_resume);
+    if (p->n_resume && (p->n != 1 || p->prompt_logprobs >= 0)) BAD("a resumed request has n = 1 and no prompt_logprobs");
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || (uint32_t)prompt[i] >= e->m->cfg.vocab)
             BAD("prompt token %d at position %d is not in the vocabulary of %u", prompt[i], i, e->m->cfg.vocab);
+    const int32_t *resumed = prompt + n_prompt - p->n_resume;
+    n_prompt -= p->n_resume;
+    if (n_prompt <= 0) BAD("the prompt is empty");
     int L = e->o.max_model_len;
     if (n_prompt >= L) {
         snprintf(err, errlen, "this model's maximum context length is %d tokens; the prompt has %d", L, n_prompt);
@@ -546,6 +553,18 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
         }
     }
     s->rng = wk_rng_seed(r->p.seed, 0);
+    if (p->n_resume && (rc = resume(e, s, resumed, p->n_resume, p->resume_text, err, errlen))) {
+        req_free(e, r);
+        if (rc == LLM_ENOMEM) snprintf(err, errlen, "out of memory");
+        return rc;
+    }
+    if (s->finish) { /* the output it resumes had ended: only its end is reported */
+        seq_finish(e, s, s->finish);
+        rc = emit(e, s);
+        e->st.requests_finished++;
+        req_free(e, r);
+        return rc;
+    }
     if (push_waiting(e, s)) goto oom;
     e->reqs[e->n_reqs++] = r;
     return 0;
@@ -790,6 +809,32 @@ static int accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp) {
     return 0;
 }
 
+/* A moved request's delivered output, taken as if sampled here: the text,
+ * the stop checks and the parse all advance; nothing is reported again. */
+static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t text_sent, char *err, size_t errlen) {
+    wk_req *r = s->req;
+    cm_detok_init(&s->dt, e->m->tok);
+    s->dt.first = 0;
+    uint64_t generated = e->st.tokens_generated;
+    int rc = 0;
+    for (int i = 0; i < n && !s->finish && !rc; i++) {
+        int done = 0;
+        if (s->gs && !is_stop_token(e, r, out[i]) && (done = wk_guide_advance(e->guide, s->gs, out[i])) < 0) {
+            snprintf(err, errlen, "the resumed output's token %d (at %d) does not fit the grammar", out[i], i);
+            return LLM_EINVAL;
+        }
+        rc = accept(e, s, out[i], NULL);
+        if (!rc && done && !s->finish) s->finish = WK_FINISH_STOP;
+    }
+    e->st.tokens_generated = generated;
+    if (rc) return rc;
+    if (text_sent > s->text_len) BAD("resume_text_bytes %zu is past the %zu bytes of the resumed output's text", text_sent,
+                                     s->text_len);
+    s->tok_sent = s->n_tok - r->n_prompt;
+    s->text_sent = text_sent;
+    return 0;
+}
+
 static int sample_seq(wk_engine *e, wk_seq *s, float *row) {
     wk_req *r = s->req;
     int n_gen = s->n_tok - r->n_prompt;
@@ -806,7 +851,15 @@ static int sample_seq(wk_engine *e, wk_seq *s, float *row) {
         t = wk_guide_sample(e->guide, s->gs, &e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt,
                             n_gen, mask, n_mask, r->p.stop_ids, r->p.n_stop_ids, nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);
         if (t < 0) return t;
-        if ((done = wk_guide_advance(e->guide, s->gs, t)) < 0) return done;
+        /* a stop id ends the choice (sampled only once the output is whole): its text is not parsed */
+        if (!is_stop_token(e, r, t) && (done = wk_guide_advance(e->guide, s->gs, t)) < 0) {
+            if (done != LLM_EINVAL) return done;
+            /* the parse broke: this choice ends, never the step (nor the worker) */
+            CM_ERR("request %llu choice %d: its grammar refused the token sampled under it (%d); aborted",
+                   (unsigned long long)r->id, s->index, t);
+            s->finish = WK_FINISH_ABORT;
+            return 0;
+        }
     } else {
         t = wk_sample_next(&e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt, n_gen, mask, n_mask,
                            nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);

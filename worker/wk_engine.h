@@ -48,6 +48,12 @@ typedef struct {
                                  many alternatives (0..WK_MAX_LOGPROBS); the prompt is computed whole, not
                                  taken from the prefix cache, since cached positions have no logits */
     size_t grammar_len;
+    /* A request moved here from a lost worker after its first tokens: the last n_resume of the tokens given
+       to wk_engine_add are output already delivered. They count as generated (max_tokens, penalties, stop
+       strings, the grammar), are not reported again, nor are the first resume_text bytes of their text.
+       n must be 1 and prompt_logprobs -1. */
+    int n_resume;
+    size_t resume_text;
 } wk_params;
 
 void wk_params_default(wk_params *p);
@@ -106,7 +112,10 @@ void wk_engine_free(wk_engine *e);
 
 /* Queues a request. LLM_EINVAL for bad parameters or token ids, LLM_ERANGE
  * when prompt + max_tokens exceed max_model_len, LLM_EAGAIN for a duplicate
- * live id; err says which. */
+ * live id; err says which. With p->n_resume, the prompt is the first
+ * n_prompt - n_resume tokens; a resumed output that already ends (a stop
+ * token or string, max_tokens, the grammar's end) finishes at once, its
+ * output ready at the next wk_engine_outputs. */
 int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt, const wk_params *p, char *err,
                   size_t errlen);
 /* Ends a request at once and frees everything it held; its choices report

@@ -312,6 +312,7 @@ static void on_hello(server *s, const Llmserve__Hello *h) {
 }
 
 static void on_hello(server *s, const Llmserve__Hello *h);
+static void start_generate(server *s, int gi, const Llmserve__Generate *g, const int32_t *toks, int n_toks, wk_params *pp);
 
 static void on_generate(server *s, const Llmserve__Generate *g) {
     gateway *gw = find_gw(s, g->gateway_id);
@@ -401,20 +402,43 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
     }
     p.priority = g->priority;
     p.cache_salt = g->cache_salt ? cm_salt_of(g->cache_salt, strlen(g->cache_salt)) : 0;
-    if (g->n_token_ids > (size_t)INT32_MAX) {
+    if (g->n_token_ids > (size_t)INT32_MAX / 2 || g->n_resume_token_ids > (size_t)INT32_MAX / 2) {
         send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;
     }
+    /* a request moved here after its first tokens: the prompt, then the output delivered so far */
+    int32_t *all = NULL;
+    const int32_t *toks = g->token_ids;
+    size_t n_all = g->n_token_ids;
+    if (g->n_resume_token_ids) {
+        n_all += g->n_resume_token_ids;
+        if (!(all = malloc(sizeof *all * n_all))) {
+            send_error_chunk(s, gi, g->request_id, LLM_ENOMEM, "out of memory", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+            return;
+        }
+        if (g->n_token_ids) memcpy(all, g->token_ids, sizeof *all * g->n_token_ids);
+        memcpy(all + g->n_token_ids, g->resume_token_ids, sizeof *all * g->n_resume_token_ids);
+        toks = all;
+        p.n_resume = (int)g->n_resume_token_ids;
+        p.resume_text = g->resume_text_bytes;
+    }
+    start_generate(s, gi, g, toks, (int)n_all, &p);
+    free(all);
+}
+
+/* The rest of on_generate, on the whole context (prompt and resumed output). */
+static void start_generate(server *s, int gi, const Llmserve__Generate *g, const int32_t *toks, int n_toks, wk_params *pp) {
+    wk_params p = *pp;
     /* a prompt that cannot be computed before its deadline is refused now, not timed out later */
     int64_t due = (int64_t)g->deadline_ms;
     if (g->first_token_deadline_ms && (!due || (int64_t)g->first_token_deadline_ms < due)) due = (int64_t)g->first_token_deadline_ms;
     if (due) {
-        double est = wk_engine_prompt_estimate_ms(s->e, g->token_ids, (int)g->n_token_ids, p.cache_salt);
+        double est = wk_engine_prompt_estimate_ms(s->e, toks, n_toks, p.cache_salt);
         int64_t left = due - wall_ms();
         if (est > 0 && est > (double)left) {
             char m[200];
-            snprintf(m, sizeof m, "the prompt's %zu tokens would take about %.0f ms to compute here, past the request's "
-                     "deadline (%lld ms from now)", g->n_token_ids, est, (long long)left);
+            snprintf(m, sizeof m, "the prompt's %d tokens would take about %.0f ms to compute here, past the request's "
+                     "deadline (%lld ms from now)", n_toks, est, (long long)left);
             send_error_chunk(s, gi, g->request_id, LLM_ETIMEDOUT, m, LLMSERVE__FINISH_REASON__FINISH_TIMEOUT);
             return;
         }
@@ -426,7 +450,7 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
     }
     uint64_t eid = (++s->counter << SLOT_BITS) | (uint64_t)(sl - s->slots);
     char err[512] = "";
-    int rc = wk_engine_add(s->e, eid, g->token_ids, (int)g->n_token_ids, &p, err, sizeof err);
+    int rc = wk_engine_add(s->e, eid, toks, n_toks, &p, err, sizeof err);
     if (rc) {
         send_error_chunk(s, gi, g->request_id, rc, err[0] ? err : cm_strerror(rc), LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;

@@ -1,8 +1,12 @@
 """A cluster that loses nothing: two stateless gateways (started in an empty
 folder, no model file) in front of two worker groups, behind a real load
-balancer (haproxy, health-checking /health), under a streaming load:
+balancer (haproxy, health-checking /health).
 
-  kill -9 one gateway, restart it; kill -9 one worker group, restart it;
+First a greedy stream whose group is killed mid-stream must go on on the
+other group with the unbroken run's text. Then, under a streaming load:
+
+  kill -9 one gateway, restart it; kill -9 one worker group, restart it
+  (its streams resume on the other group: none may end with it);
   then SIGTERM the other gateway while streams run through it.
 
   test_cluster.py BUILD_DIR MODEL
@@ -122,6 +126,67 @@ def one_request(port, max_tokens):
     return r
 
 
+def metric(port, name, label):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    c.request("GET", "/metrics")
+    for line in c.getresponse().read().decode().splitlines():
+        if (line.startswith(name + "{") and label in line) or (not label and line.startswith(name + " ")):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def resume_checks():
+    """A greedy stream whose worker group is killed mid-stream goes on on the
+    other group after the tokens the client has: the text is the unbroken run's."""
+    body = {"prompt": "The history of the printing press", "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+    c = http.client.HTTPConnection("127.0.0.1", G1, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    ref = json.loads(c.getresponse().read())["choices"][0]["text"]
+    body.update(stream=True, stream_options={"include_usage": True})
+    c = http.client.HTTPConnection("127.0.0.1", G1, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = c.getresponse()
+    text, events, usage, errors, killed = "", 0, None, [], None
+    while True:
+        line = resp.fp.readline()
+        if not line:
+            errors.append("cut without [DONE]")
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        if line == b"data: [DONE]":
+            break
+        ev = json.loads(line[6:])
+        if "error" in ev:
+            errors.append(ev["error"].get("code"))
+            continue
+        if ev.get("usage"):
+            usage = ev["usage"]
+        if ev.get("choices"):
+            text += ev["choices"][0].get("text", "")
+            events += 1
+        if events == 15 and killed is None:  # mid-stream: kill the group it runs on
+            on = [n for n, port in (("wa", WA), ("wb", WB))
+                  if metric(G1, "llmserve:gateway_inflight", "127.0.0.1:%d" % port) == 1]
+            killed = on[0] if len(on) == 1 else ""
+            if killed:
+                procs[killed].kill()
+                procs[killed].wait()
+    check(killed, "resume: the stream ran on one group (%s), killed after 15 events" % killed)
+    check(not errors and text == ref and usage and usage["completion_tokens"] == 120,
+          "resume: the stream went on on the other group: no error (%s), the text is the unbroken run's (%s), "
+          "120 tokens (%s)" % (errors, text == ref, usage and usage["completion_tokens"]))
+    if text != ref:
+        print("   want %r\n   got  %r" % (ref, text))
+    log = open(os.path.join(EMPTY, "g1.log")).read()
+    n = metric(G1, "llmserve:resumed_total", "")
+    check("resumed on group" in log and n == 1, "resume: logged, and llmserve:resumed_total is %s" % n)
+    if killed:
+        worker(killed, WA if killed == "wa" else WB)
+    check(wait(lambda: health(G1, 2) and health(G2, 2)), "resume: the killed group restarted, both gateways use it")
+
+
 def load(results, stop, seed):
     rnd = random.Random(seed)
     while not stop.is_set():
@@ -170,6 +235,7 @@ backend gateways
     try:
         check(wait(lambda: health(G1, 2) and health(G2, 2)), "two gateways from an empty folder see both groups")
         check(wait(lambda: health(LB, 2)), "haproxy answers through them")
+        resume_checks()
         results, stop = [], threading.Event()
         clients = [threading.Thread(target=load, args=(results, stop, i)) for i in range(6)]
         for c in clients:
@@ -211,6 +277,8 @@ backend gateways
                 print("   %s at +%.1fs via %s: %s" % (r.kind, r.t0 - results[0].t0, r.gw, r.why))
         check(kinds["hung"] == 0, "no request hung")
         check(kinds["ok"] >= len(results) * 0.8, "most requests completed across the faults")
+        lost = [r for r in results if r.why in ("worker_lost", "aborted") or (r.why or "").startswith("short")]
+        check(not lost, "no stream ended with its worker group: each went on on the other (%d lost)" % len(lost))
         drained = [r for r in results if r.gw and r.gw.startswith(g2) and r.t0 < marks["sigterm g2"] < r.t1]
         check(drained and all(r.kind == "ok" for r in drained),
               "the %d streams in flight through g2 when it got SIGTERM finished whole" % len(drained))

@@ -439,6 +439,138 @@ static void test_abort_and_errors(void) {
     CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), LLM_ERANGE);
 }
 
+/* A request moved from a lost worker resumes after the output it delivered:
+ * the rest of a greedy run (penalties and the stop-string hold included) is
+ * what the unbroken run produced, byte for byte, under a grammar too; an
+ * output that had already ended ends at once; bad resumes are refused. */
+static void test_resume(void) {
+    enum { GEN = 40 };
+    char err[256];
+    wk_engine_opts o;
+    opts(&o, 64, 8);
+    wk_engine *e;
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    static result r[MAXR];
+    memset(r, 0, sizeof r);
+    int32_t p[200 + GEN];
+    prompt(5, 60, p);
+    wk_params gp = greedy(GEN);
+    gp.s.frequency_penalty = 0.7f; /* the resumed tokens must count as output */
+    gp.n_stop = 1;
+    gp.stop[0] = "@#@#@"; /* never met: the last 4 bytes are held back each step */
+    /* the unbroken run, noting how much text had gone out with each token */
+    size_t text_at[GEN + 1] = {0};
+    CHECK_RC(wk_engine_add(e, 0, p, 60, &gp, err, sizeof err), 0);
+    while (wk_engine_has_work(e)) {
+        CHECK(wk_engine_step(e) >= 0);
+        collect(e, r);
+        if (r[0].n[0] <= GEN) text_at[r[0].n[0]] = r[0].tlen[0];
+    }
+    CHECK_INT(r[0].n[0], GEN);
+    for (int k = 1; k <= GEN; k++)
+        if (!text_at[k]) text_at[k] = text_at[k - 1];
+    int ks[] = {1, 9, 27};
+    for (int i = 0; i < 3; i++) {
+        int k = ks[i], id = 1 + i;
+        memcpy(p + 60, r[0].tok[0], sizeof(int32_t) * (size_t)k);
+        wk_params rp = gp;
+        rp.n_resume = k;
+        rp.resume_text = text_at[k];
+        CHECK_RC(wk_engine_add(e, (uint64_t)id, p, 60 + k, &rp, err, sizeof err), 0);
+        run_all(e, r);
+        CHECK_INT(r[id].n[0], GEN - k);
+        CHECK(!memcmp(r[id].tok[0], r[0].tok[0] + k, sizeof(int32_t) * (size_t)(GEN - k)));
+        CHECK_INT(r[id].tlen[0] + text_at[k], r[0].tlen[0]);
+        CHECK(!memcmp(r[id].text[0], r[0].text[0] + text_at[k], r[id].tlen[0]));
+        CHECK_INT(r[id].finish[0], WK_FINISH_LENGTH);
+    }
+    /* an output that had ended: at max_tokens, or on a stop id */
+    memcpy(p + 60, r[0].tok[0], sizeof(int32_t) * GEN);
+    wk_params rp = gp;
+    rp.n_resume = GEN;
+    rp.resume_text = text_at[GEN];
+    CHECK_RC(wk_engine_add(e, 10, p, 60 + GEN, &rp, err, sizeof err), 0);
+    CHECK(!wk_engine_has_work(e));
+    collect(e, r);
+    CHECK_INT(r[10].finish[0], WK_FINISH_LENGTH);
+    CHECK_INT(r[10].n[0], 0);
+    int32_t stop_id = r[0].tok[0][5];
+    rp = gp;
+    rp.n_stop_ids = 1;
+    rp.stop_ids = &stop_id;
+    rp.n_resume = 6;
+    rp.resume_text = 0;
+    CHECK_RC(wk_engine_add(e, 11, p, 66, &rp, err, sizeof err), 0);
+    CHECK(!wk_engine_has_work(e));
+    collect(e, r);
+    CHECK_INT(r[11].finish[0], WK_FINISH_STOP);
+    CHECK_INT(r[11].n[0], 0);
+    /* refused: text past the output's, n > 1, no prompt before it */
+    rp = gp;
+    rp.n_resume = 3;
+    rp.resume_text = 100000;
+    CHECK_RC(wk_engine_add(e, 12, p, 63, &rp, err, sizeof err), LLM_EINVAL);
+    CHECK(strstr(err, "resume_text_bytes") != NULL);
+    rp.resume_text = 0;
+    rp.n = 2;
+    CHECK_RC(wk_engine_add(e, 13, p, 63, &rp, err, sizeof err), LLM_EINVAL);
+    rp.n = 1;
+    rp.n_resume = 63;
+    CHECK_RC(wk_engine_add(e, 14, p, 63, &rp, err, sizeof err), LLM_EINVAL);
+    CHECK(!wk_engine_has_work(e));
+    /* under a grammar: the parse advances over the resumed tokens */
+    static const char *gbnf = "root ::= \"Once upon a time, in a land far away, there lived a \" [a-z]+ \".\"";
+    wk_params gg = greedy(60);
+    gg.ignore_eos = 0;
+    gg.grammar = gbnf;
+    gg.grammar_len = strlen(gbnf);
+    CHECK_RC(wk_engine_add(e, 20, p, 30, &gg, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_INT(r[20].finish[0], WK_FINISH_STOP);
+    CHECK(r[20].n[0] > 6);
+    CHECK(!strncmp(r[20].text[0], "Once upon a time, in a land", 27));
+    int k = 4, n20 = r[20].n[0];
+    memcpy(p + 30, r[20].tok[0], sizeof(int32_t) * (size_t)k);
+    wk_params gr = gg;
+    gr.n_resume = k;
+    CHECK_RC(wk_engine_add(e, 21, p, 30 + k, &gr, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_INT(r[21].finish[0], WK_FINISH_STOP);
+    CHECK_INT(r[21].n[0] + k, n20);
+    CHECK(!memcmp(r[21].tok[0], r[20].tok[0] + k, sizeof(int32_t) * (size_t)(n20 - k)));
+    CHECK_INT(r[21].tlen[0], r[20].tlen[0]); /* resume_text 0: the whole text comes again */
+    int32_t *z;
+    size_t nz;
+    CHECK_RC(cm_tok_encode(model->tok, "zebra", 5, 0, 0, &z, &nz), 0);
+    p[30] = z[0]; /* the grammar's output starts "Once" */
+    free(z);
+    gr.n_resume = 1;
+    CHECK_RC(wk_engine_add(e, 22, p, 31, &gr, err, sizeof err), LLM_EINVAL);
+    CHECK(strstr(err, "grammar") != NULL);
+    CHECK(!wk_engine_has_work(e));
+    /* a stop id whose text the grammar does not take ends a whole output (it once failed the step) */
+    CHECK_RC(cm_tok_encode(model->tok, "}", 1, 0, 0, &z, &nz), 0);
+    int32_t brace = z[0];
+    free(z);
+    static const char *yes = "root ::= \"yes\" \"!\"*"; /* whole after \"yes\", more allowed */
+    wk_params gy = greedy(20);
+    gy.ignore_eos = 0;
+    gy.grammar = yes;
+    gy.grammar_len = strlen(yes);
+    gy.n_stop_ids = 1;
+    gy.stop_ids = &brace;
+    wk_bias force = {brace, 100};
+    gy.s.n_bias = 1;
+    gy.s.bias = &force;
+    CHECK_RC(wk_engine_add(e, 23, p, 30, &gy, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK_INT(r[23].finish[0], WK_FINISH_STOP);
+    CHECK(r[23].tlen[0] == 3 && !memcmp(r[23].text[0], "yes", 3));
+    CHECK_INT(r[23].tok[0][r[23].n[0] - 1], brace);
+    wk_engine_free(e);
+    fprintf(stderr, "  resume: after 1, 9, 27 of %d tokens the rest is the unbroken run's; ended outputs end at once\n", GEN);
+}
+
 static void *touch_from_another_thread(void *e) {
     wk_engine_abort(e, 1);
     return NULL;
@@ -600,6 +732,7 @@ int main(int argc, char **argv) {
     test_cost_model_noisy();
     test_step_budget();
     test_abort_and_errors();
+    test_resume();
     test_sampling();
     test_prefix_cache();
     if (!UNDER_TSAN) { /* under ThreadSanitizer, 20 times slower: the thread pool's races show in the tests above */
