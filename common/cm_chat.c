@@ -73,9 +73,10 @@ static void add(sbuf *b, const char *fmt, ...) {
 int cm_chat_render(int kind, const char *def_sys, const cm_chat_msg *m, size_t n, int gen, char **out) {
     sbuf b = {0};
     *out = NULL;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) /* and tool turns where the family has them: Llama 3's ipython, Mistral's raw text */
         if (!m[i].role || !m[i].content ||
-            (strcmp(m[i].role, "system") && strcmp(m[i].role, "user") && strcmp(m[i].role, "assistant")))
+            (strcmp(m[i].role, "system") && strcmp(m[i].role, "user") && strcmp(m[i].role, "assistant") &&
+             !(kind == CM_CHAT_LLAMA3 && !strcmp(m[i].role, "ipython")) && !(kind == CM_CHAT_MISTRAL && !strcmp(m[i].role, "raw"))))
             return LLM_EINVAL;
     int has_sys = n > 0 && strcmp(m[0].role, "system") == 0;
     const char *sys = has_sys ? m[0].content : def_sys;
@@ -115,7 +116,9 @@ int cm_chat_render(int kind, const char *def_sys, const cm_chat_msg *m, size_t n
             started = 1;
         }
         for (size_t i = first; i < n; i++) {
-            if (strcmp(m[i].role, "assistant") != 0) {
+            if (!strcmp(m[i].role, "raw")) { /* Mistral's tool blocks, written out by cm_tools */
+                add(&b, "%s%s", started ? "" : "<s>", m[i].content);
+            } else if (strcmp(m[i].role, "assistant") != 0) {
                 if (kind == CM_CHAT_LLAMA2 && attach && i == first)
                     add(&b, "<s>[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", sys, m[i].content);
                 else if (kind == CM_CHAT_MISTRAL && attach && i == first)

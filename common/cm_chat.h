@@ -12,7 +12,7 @@ enum { CM_CHAT_CHATML = 0, CM_CHAT_LLAMA2, CM_CHAT_LLAMA3, CM_CHAT_MISTRAL, CM_C
        CM_CHAT_COUNT };
 
 typedef struct {
-    const char *role;    /* system | user | assistant */
+    const char *role;    /* system | user | assistant; ipython (llama3), raw (mistral: text as is) */
     const char *content;
 } cm_chat_msg;
 

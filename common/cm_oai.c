@@ -533,6 +533,28 @@ static int valid_name(const char *n) {
     return 1;
 }
 
+int cm_oai_tools_grammar(cm_oai_completion *c, int format, char *err, size_t errlen) {
+    if (c->tool_choice != CM_TOOL_REQUIRED && c->tool_choice != CM_TOOL_NAMED) return 0;
+    char *gb = NULL, e2[400];
+    int rc = cm_tools_gbnf(c, format, &gb, e2, sizeof e2);
+    if (rc) {
+        snprintf(err, errlen, "%s", e2);
+        return rc;
+    }
+    cm_grammar *g;
+    if (cm_grammar_parse(gb, strlen(gb), &g, e2, sizeof e2)) {
+        free(gb);
+        snprintf(err, errlen, "the tools' grammar does not read: %s", e2);
+        return LLM_EINVAL;
+    }
+    cm_grammar_free(g);
+    free(c->grammar);
+    c->grammar = gb;
+    c->grammar_from = "tool_choice";
+    c->tool_format = format;
+    return 0;
+}
+
 /* tools, tool_choice, parallel_tool_calls; "required" and a named choice
  * become the request's grammar (cm_tools.h). */
 static int parse_tools(json_t *o, cm_oai_completion *c, char *err, size_t errlen, const char **param) {
@@ -586,19 +608,7 @@ static int parse_tools(json_t *o, cm_oai_completion *c, char *err, size_t errlen
     if (c->tool_choice == CM_TOOL_REQUIRED || c->tool_choice == CM_TOOL_NAMED) {
         if (c->grammar) BAD("tool_choice", "'tool_choice' %s together with '%s' is not supported",
                             c->tool_choice == CM_TOOL_NAMED ? "naming a function" : "required", c->grammar_from);
-        char *gb = NULL, e2[400];
-        if ((rc = cm_tools_gbnf(c, &gb, e2, sizeof e2))) {
-            snprintf(err, errlen, "%s", e2);
-            FAILED("tools");
-        }
-        cm_grammar *g;
-        if (cm_grammar_parse(gb, strlen(gb), &g, e2, sizeof e2)) {
-            free(gb);
-            BAD("tools", "the tools' grammar does not read: %s", e2);
-        }
-        cm_grammar_free(g);
-        c->grammar = gb;
-        c->grammar_from = "tool_choice";
+        if ((rc = cm_oai_tools_grammar(c, CM_TOOLS_HERMES, err, errlen))) FAILED("tools");
     }
     return 0;
 fail:
@@ -644,7 +654,9 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
                     BAD("messages", "messages[%zu].tool_calls[%zu] needs function.name and function.arguments (a string)", i, k);
                 }
                 json_t *args = json_loads(json_string_value(fa), JSON_DECODE_ANY, NULL);
-                json_array_append_new(flat, json_pack("{s:O,s:o}", "name", fn, "arguments", args ? args : json_incref(fa)));
+                json_t *id = json_object_get(json_array_get(calls, k), "id");
+                json_array_append_new(flat, json_pack("{s:O,s:o,s:O*}", "name", fn, "arguments", args ? args : json_incref(fa),
+                                                      "id", json_is_string(id) ? id : NULL));
             }
             calls_json = json_dumps(flat, JSON_COMPACT);
             json_decref(flat);

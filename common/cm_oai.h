@@ -85,7 +85,7 @@ typedef struct {
     int is_chat;
     struct cm_oai_msg {
         char *role, *content;
-        char *tool_calls;        /* an assistant's calls, as compact JSON [{name, arguments}], or NULL */
+        char *tool_calls;        /* an assistant's calls, as compact JSON [{name, arguments, id?}], or NULL */
         char *tool_call_id;      /* a tool result's, or NULL */
     } *messages;
     int n_messages;
@@ -95,6 +95,7 @@ typedef struct {
     int tool_choice;             /* CM_TOOL_*; AUTO when tools are given, NONE when not */
     int tool_named;              /* CM_TOOL_NAMED: the index in tools */
     int parallel_tool_calls;     /* default 1 */
+    int tool_format;             /* CM_TOOLS_* (cm_tools.h): the model's family, set by the caller after parsing */
 } cm_oai_completion;
 
 /* Parses a /v1/completions body. On error returns LLM_EINVAL with a message
@@ -109,6 +110,9 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *out, char
 void cm_oai_completion_free(cm_oai_completion *c);
 /* A deep copy of everything but the prompt(s) and messages: one prompt of a
  * batch runs as a request of its own with these parameters. */
+/* tool_choice required or named: the request's grammar, for a tool format
+ * (CM_TOOLS_*; parsing makes the Hermes one), replacing the one it has. */
+int cm_oai_tools_grammar(cm_oai_completion *c, int format, char *err, size_t errlen);
 int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completion *dst);
 /* Whether s[0..n) is valid UTF-8. */
 int cm_utf8_valid(const char *s, size_t n);

@@ -72,7 +72,7 @@ void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const ch
     r->logprobs = req->logprobs;
     r->prompt_logprobs = req->prompt_logprobs;
     r->score_only = req->score_only;
-    if (req->is_chat && req->n_tools && req->tool_choice != CM_TOOL_NONE) r->tools = req->tools, r->n_tools = req->n_tools;
+    if (req->is_chat && req->n_tools && req->tool_choice != CM_TOOL_NONE) r->tools = req->tools, r->n_tools = req->n_tools, r->tool_format = req->tool_format;
     r->echo = req->echo && echo_text;
     for (int i = 0; i < r->n && r->echo; i++) {
         r->ch[i].offset = echo_len;
@@ -242,7 +242,7 @@ json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_toke
     const cm_oai_choice *c = &r->ch[index];
     json_t *calls = NULL;
     char *rest = NULL;
-    cm_tools_parse(r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, index), &calls, &rest);
+    cm_tools_parse(r->tool_format, r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, index), &calls, &rest);
     json_t *delta = json_pack("{s:s}", "role", "assistant");
     if (!calls || rest) json_object_set_new(delta, "content", calls ? cm_oai_jbytes(rest, strlen(rest))
                                                                     : cm_oai_jbytes(c->text ? c->text : "", c->len));
@@ -303,7 +303,7 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
         json_t *calls = NULL;
         char *rest = NULL;
         if (r->is_chat && r->tools)
-            cm_tools_parse(r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, i), &calls, &rest);
+            cm_tools_parse(r->tool_format, r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, i), &calls, &rest);
         if (calls) { /* the content is what is left around the calls, or null */
             json_decref(text);
             text = rest ? cm_oai_jbytes(rest, strlen(rest)) : json_null();

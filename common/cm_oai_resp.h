@@ -57,7 +57,7 @@ typedef struct {
     cm_oai_lp *plp;              /* prompt tokens 1..n_prompt-1 (owned) */
     int n_plp;
     const cm_oai_tool *tools;    /* borrowed from the request: when set, outputs are parsed for tool calls */
-    int n_tools;
+    int n_tools, tool_format;     /* CM_TOOLS_* */
     cm_oai_choice ch[CM_OAI_MAX_N];
 } cm_oai_result;
 

@@ -42,96 +42,169 @@ void cm_tools_free(cm_tools_prompt *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* The tools as Hermes lists them: one JSON object a line. */
-static char *tools_block(const cm_oai_completion *c) {
-    json_t *lines = json_array();
-    size_t total = 0;
-    for (int i = 0; i < c->n_tools; i++) {
-        const cm_oai_tool *t = &c->tools[i];
-        json_t *params = t->parameters ? json_loads(t->parameters, 0, NULL) : json_object();
-        json_t *f = json_pack("{s:s,s:{s:s,s:s,s:o}}", "type", "function", "function", "name", t->name, "description",
-                              t->description ? t->description : "", "parameters", params ? params : json_object());
-        char *s = f ? json_dumps(f, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+/* One tool as OpenAI sends it: {"type": "function", "function": {name, description, parameters}}. */
+static json_t *tool_json(const cm_oai_tool *t) {
+    json_t *params = t->parameters ? json_loads(t->parameters, 0, NULL) : NULL;
+    return json_pack("{s:s,s:{s:s,s:s,s:o}}", "type", "function", "function", "name", t->name, "description",
+                     t->description ? t->description : "", "parameters", params ? params : json_object());
+}
+
+/* The tools, each dumped with flags, each followed by sep; malloc'd. */
+static char *tools_list(const cm_oai_completion *c, size_t flags, const char *sep) {
+    char *out = strdup("");
+    for (int i = 0; out && i < c->n_tools; i++) {
+        json_t *f = tool_json(&c->tools[i]);
+        char *s = f ? json_dumps(f, flags) : NULL;
         json_decref(f);
-        if (!s) {
-            json_decref(lines);
-            return NULL;
-        }
-        total += strlen(s) + 1;
-        json_array_append_new(lines, json_string(s));
+        char *n = s ? fmt("%s%s%s", out, s, sep) : NULL;
         free(s);
+        free(out);
+        out = n;
     }
-    const char *head =
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n";
-    const char *tail = "</tools>\n\nFor each function call, return a json object with function name and arguments "
-                       "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-                       "\"arguments\": <args-json-object>}\n</tool_call>";
-    char *out = malloc(strlen(head) + total + strlen(tail) + 1);
-    if (out) {
-        strcpy(out, head);
-        for (size_t i = 0; i < json_array_size(lines); i++) {
-            strcat(out, json_string_value(json_array_get(lines, i)));
-            strcat(out, "\n");
-        }
-        strcat(out, tail);
-    }
-    json_decref(lines);
     return out;
 }
 
-/* An assistant's calls ([{name, arguments}] as compact JSON) as tool_call blocks. */
-static char *calls_text(const char *content, const char *calls) {
-    json_t *a = json_loads(calls, 0, NULL);
-    size_t cap = (content ? strlen(content) : 0) + strlen(calls) * 2 + 64 * (json_array_size(a) + 1);
-    char *out = malloc(cap);
-    if (!a || !out) {
-        json_decref(a);
-        free(out);
-        return NULL;
+/* Hermes: one JSON object a line in the system prompt. */
+static char *hermes_block(const cm_oai_completion *c) {
+    char *lines = tools_list(c, JSON_COMPACT | JSON_ENSURE_ASCII, "\n");
+    char *out = lines ? fmt("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n%s"
+                            "</tools>\n\nFor each function call, return a json object with function name and arguments "
+                            "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                            "\"arguments\": <args-json-object>}\n</tool_call>", lines) : NULL;
+    free(lines);
+    return out;
+}
+
+/* Llama 3.1: Meta's instruction and the tools, indented, before the first user message. */
+static char *llama3_block(const cm_oai_completion *c) {
+    char *list = tools_list(c, JSON_INDENT(4), "\n\n");
+    char *out = list ? fmt("Given the following functions, please respond with a JSON for a function call with its proper "
+                           "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function "
+                           "name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n%s",
+                           list) : NULL;
+    free(list);
+    return out;
+}
+
+/* Mistral's 9-character call ids: the last letters and digits of the id, padded. */
+static void mistral_id(const char *id, char out[10]) {
+    char alnum[10];
+    int n = 0;
+    for (const char *p = id ? id + strlen(id) : NULL; p && p > id && n < 9;) {
+        char ch = *--p;
+        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) alnum[n++] = ch;
     }
-    out[0] = 0;
-    if (content && content[0]) strcat(strcpy(out, content), "\n");
-    for (size_t i = 0; i < json_array_size(a); i++) {
-        char *s = json_dumps(json_array_get(a, i), JSON_COMPACT | JSON_ENSURE_ASCII);
-        if (!s) continue;
-        size_t l = strlen(out);
-        snprintf(out + l, cap - l, "%s" OPEN "\n%s\n" CLOSE, i ? "\n" : "", s);
-        free(s);
+    for (int i = 0; i < 9; i++) out[i] = i < n ? alnum[n - 1 - i] : '0';
+    out[9] = 0;
+}
+
+/* An assistant's calls ([{name, arguments, id?}] as compact JSON) in the format's words. */
+static char *calls_text(int format, const char *content, const char *calls) {
+    json_t *a = json_loads(calls, 0, NULL);
+    char *out = strdup(format == CM_TOOLS_HERMES && content && content[0] ? content : "");
+    if (format == CM_TOOLS_MISTRAL) out = out ? (free(out), strdup("[TOOL_CALLS] [")) : NULL;
+    for (size_t i = 0; a && out && i < json_array_size(a); i++) {
+        json_t *x = json_array_get(a, i), *one;
+        char id[10];
+        if (format == CM_TOOLS_MISTRAL) {
+            mistral_id(json_string_value(json_object_get(x, "id")), id);
+            one = json_pack("{s:O,s:O,s:s}", "name", json_object_get(x, "name"), "arguments", json_object_get(x, "arguments"),
+                            "id", id);
+        } else {
+            one = json_pack("{s:O,s:O}", "name", json_object_get(x, "name"), format == CM_TOOLS_LLAMA3 ? "parameters" : "arguments",
+                            json_object_get(x, "arguments"));
+        }
+        char *j = one ? json_dumps(one, format == CM_TOOLS_HERMES ? JSON_COMPACT | JSON_ENSURE_ASCII : JSON_ENSURE_ASCII) : NULL;
+        json_decref(one);
+        char *n = NULL;
+        if (j && format == CM_TOOLS_HERMES) n = fmt("%s%s" OPEN "\n%s\n" CLOSE, out, out[0] ? "\n" : "", j);
+        else if (j) n = fmt("%s%s%s", out, i ? (format == CM_TOOLS_LLAMA3 ? "; " : ", ") : "", j);
+        free(j);
+        free(out);
+        out = n;
+    }
+    if (format == CM_TOOLS_MISTRAL && out) {
+        char *n = fmt("%s]</s>", out);
+        free(out);
+        out = n;
     }
     json_decref(a);
     return out;
 }
 
-int cm_tools_render(const cm_oai_completion *c, const char *default_system, cm_tools_prompt *p) {
+int cm_tools_format(int chat_kind) {
+    return chat_kind == CM_CHAT_LLAMA3 ? CM_TOOLS_LLAMA3 : chat_kind == CM_CHAT_MISTRAL ? CM_TOOLS_MISTRAL : CM_TOOLS_HERMES;
+}
+
+/* A tool result: Hermes's user turn, Llama's ipython turn, Mistral's [TOOL_RESULTS] (raw). */
+static cm_chat_msg result_msg(cm_tools_prompt *p, int format, const struct cm_oai_msg *m) {
+    if (format == CM_TOOLS_LLAMA3) return (cm_chat_msg){"ipython", m->content};
+    if (format == CM_TOOLS_HERMES)
+        return (cm_chat_msg){"user", keep(p, fmt("<tool_response>\n%s\n</tool_response>", m->content))};
+    char id[10];
+    mistral_id(m->tool_call_id, id);
+    json_t *v = json_loads(m->content, JSON_DECODE_ANY, NULL);
+    if (!v) v = json_string(m->content);
+    char *cj = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : NULL;
+    json_decref(v);
+    char *s = cj ? fmt("[TOOL_RESULTS] {\"content\": %s, \"call_id\": \"%s\"}[/TOOL_RESULTS]", cj, id) : NULL;
+    free(cj);
+    return (cm_chat_msg){"raw", keep(p, s)};
+}
+
+int cm_tools_render(const cm_oai_completion *c, int format, const char *default_system, cm_tools_prompt *p) {
     memset(p, 0, sizeof *p);
-    p->msgs = calloc((size_t)c->n_messages + 1, sizeof *p->msgs);
+    p->msgs = calloc((size_t)c->n_messages + 2, sizeof *p->msgs);
     if (!p->msgs) return LLM_ENOMEM;
     int first_system = c->n_messages && !strcmp(c->messages[0].role, "system");
-    if (c->n_tools && c->tool_choice != CM_TOOL_NONE) {
-        char *block = tools_block(c);
+    int tools = c->n_tools && c->tool_choice != CM_TOOL_NONE;
+    int first_user = -1, last_user = -1;
+    for (int i = first_system; i < c->n_messages; i++)
+        if (!strcmp(c->messages[i].role, "user")) {
+            if (first_user < 0) first_user = i;
+            last_user = i;
+        }
+    char *block = NULL;
+    if (tools) {
+        block = format == CM_TOOLS_LLAMA3 ? llama3_block(c) : format == CM_TOOLS_MISTRAL ? tools_list(c, JSON_ENSURE_ASCII, ", ")
+                                                                                       : hermes_block(c);
+        if (!block) goto oom;
+        if (format == CM_TOOLS_MISTRAL) { /* "a, b, " -> "[AVAILABLE_TOOLS] [a, b][/AVAILABLE_TOOLS]" */
+            size_t l = strlen(block);
+            if (l >= 2) block[l - 2] = 0;
+            char *b = fmt("[AVAILABLE_TOOLS] [%s][/AVAILABLE_TOOLS]", block);
+            free(block);
+            if (!(block = b)) goto oom;
+        }
+        if (!keep(p, block)) goto oom;
+    }
+    if (tools && format == CM_TOOLS_HERMES) {
         const char *sys = first_system ? c->messages[0].content : default_system;
-        char *s = block ? keep(p, sys && sys[0] ? fmt("%s\n\n%s", sys, block) : fmt("%s", block)) : NULL;
-        free(block);
+        char *s = keep(p, sys && sys[0] ? fmt("%s\n\n%s", sys, block) : fmt("%s", block));
         if (!s) goto oom;
         p->msgs[p->n++] = (cm_chat_msg){"system", s};
     } else if (first_system) {
         p->msgs[p->n++] = (cm_chat_msg){"system", c->messages[0].content};
     }
+    if (tools && format == CM_TOOLS_LLAMA3 && first_user < 0) p->msgs[p->n++] = (cm_chat_msg){"user", block};
     for (int i = first_system; i < c->n_messages; i++) {
         const struct cm_oai_msg *m = &c->messages[i];
+        cm_chat_msg out = {m->role, m->content};
         if (!strcmp(m->role, "tool")) {
-            char *s = keep(p, fmt("<tool_response>\n%s\n</tool_response>", m->content));
-            if (!s) goto oom;
-            p->msgs[p->n++] = (cm_chat_msg){"user", s};
+            out = result_msg(p, format, m);
         } else if (m->tool_calls) {
-            char *s = keep(p, calls_text(m->content, m->tool_calls));
-            if (!s) goto oom;
-            p->msgs[p->n++] = (cm_chat_msg){"assistant", s};
-        } else {
-            p->msgs[p->n++] = (cm_chat_msg){m->role, m->content};
+            out.content = keep(p, calls_text(format, m->content, m->tool_calls));
+            if (format == CM_TOOLS_MISTRAL) out.role = "raw";
+        } else if (tools && format == CM_TOOLS_LLAMA3 && i == first_user) {
+            out.content = keep(p, fmt("%s%s", block, m->content));
+        } else if (tools && format == CM_TOOLS_MISTRAL && i == last_user) {
+            p->msgs[p->n++] = (cm_chat_msg){"raw", block};
         }
+        if (!out.content) goto oom;
+        p->msgs[p->n++] = out;
     }
+    if (tools && format == CM_TOOLS_MISTRAL && last_user < 0) p->msgs[p->n++] = (cm_chat_msg){"raw", block};
     return 0;
 oom:
     cm_tools_free(p);
@@ -164,7 +237,7 @@ static char *append(char *s, const char *add) {
     return q;
 }
 
-int cm_tools_gbnf(const cm_oai_completion *c, char **gbnf, char *err, size_t errlen) {
+int cm_tools_gbnf(const cm_oai_completion *c, int format, char **gbnf, char *err, size_t errlen) {
     *gbnf = NULL;
     char *alts = strdup("call ::="), *defs = strdup("");
     int next = 0, first = 1;
@@ -184,16 +257,25 @@ int cm_tools_gbnf(const cm_oai_completion *c, char **gbnf, char *err, size_t err
         }
         char name[300], *alt;
         lit_json_string(name, sizeof name, t->name);
-        alt = fmt("%s \"" OPEN "\\n{\\\"name\\\": %s, \\\"arguments\\\": \" s%d \"}\\n" CLOSE "\"",
-                  first ? "" : " |", name, root);
+        if (format == CM_TOOLS_HERMES)
+            alt = fmt("%s \"" OPEN "\\n{\\\"name\\\": %s, \\\"arguments\\\": \" s%d \"}\\n" CLOSE "\"",
+                      first ? "" : " |", name, root);
+        else
+            alt = fmt("%s \"{\\\"name\\\": %s, \\\"%s\\\": \" s%d \"}\"", first ? "" : " |", name,
+                      format == CM_TOOLS_LLAMA3 ? "parameters" : "arguments", root);
         first = 0;
         alts = alt ? append(alts, alt) : (free(alts), NULL);
         defs = defs ? append(defs, rules) : NULL;
         free(alt);
         free(rules);
     }
-    char *out = alts && defs ? fmt("%s%s\n%sroot ::= call%s\n", cm_json_base_gbnf(), alts, defs,
-                                   c->parallel_tool_calls ? " (\"\\n\" call)*" : "") : NULL;
+    /* several calls: Hermes's blocks a line apart, Llama's joined by "; ", Mistral's in one array */
+    const char *sep = format == CM_TOOLS_HERMES ? "\\n" : format == CM_TOOLS_LLAMA3 ? "; " : ", ";
+    char more[64] = "";
+    if (c->parallel_tool_calls) snprintf(more, sizeof more, " (\"%s\" call)*", sep);
+    char *out = alts && defs ? fmt("%s%s\n%sroot ::= %scall%s%s\n", cm_json_base_gbnf(), alts, defs,
+                                   format == CM_TOOLS_MISTRAL ? "\"[\" " : "", more, format == CM_TOOLS_MISTRAL ? " \"]\"" : "")
+                             : NULL;
     free(alts);
     free(defs);
     if (!out) {
@@ -212,10 +294,81 @@ static const char *find(const char *s, const char *end, const char *needle) {
     return NULL;
 }
 
-int cm_tools_parse(const cm_oai_tool *tools, int n_tools, const char *text, size_t len, unsigned long long seed,
-                   json_t **calls, char **content) {
+/* Appends {id, type, function: {name, arguments}} when name is a tool's
+ * and args an object or a string; 0 when it is not a call we know. */
+static int add_call(json_t *arr, const cm_oai_tool *tools, int n_tools, json_t *name, json_t *args, unsigned long long seed) {
+    int known = 0;
+    for (int i = 0; json_is_string(name) && i < n_tools && !known; i++) known = !strcmp(tools[i].name, json_string_value(name));
+    if (!known || !(json_is_object(args) || json_is_string(args))) return 0;
+    char *a = json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
+    char id[40];
+    unsigned long long h = seed * 0x9e3779b97f4a7c15ull + json_array_size(arr) + 1;
+    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    strcpy(id, "call_");
+    for (int k = 0; k < 24; k++) {
+        h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
+        id[5 + k] = al[h % 62];
+    }
+    id[29] = 0;
+    json_array_append_new(arr, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name",
+                                         json_string_value(name), "arguments", a ? a : "{}"));
+    free(a);
+    return 1;
+}
+
+static const char *skip_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')) p++;
+    return p;
+}
+
+/* Llama 3's and Mistral's: the output is the calls, JSON first thing (after
+ * <|python_tag|> or [TOOL_CALLS], where the text keeps them), or it is all
+ * content. Llama: objects joined by ";"; Mistral: one array. */
+static int parse_json_calls(int format, const cm_oai_tool *tools, int n_tools, const char *text, size_t len,
+                            unsigned long long seed, json_t **calls, char **content) {
+    const char *p = skip_ws(text, text + len), *end = text + len;
+    const char *tag = format == CM_TOOLS_LLAMA3 ? "<|python_tag|>" : "[TOOL_CALLS]";
+    if ((size_t)(end - p) >= strlen(tag) && !memcmp(p, tag, strlen(tag))) p = skip_ws(p + strlen(tag), end);
+    json_t *arr = json_array();
+    int ok = p < end && *p == (format == CM_TOOLS_LLAMA3 ? '{' : '[');
+    while (ok && p < end) {
+        json_error_t e;
+        json_t *j = json_loadb(p, (size_t)(end - p), JSON_DISABLE_EOF_CHECK, &e);
+        if (!j) {
+            ok = 0;
+            break;
+        }
+        p += e.position;
+        for (size_t k = 0; ok && k < (json_is_array(j) ? json_array_size(j) : 1); k++) {
+            json_t *x = json_is_array(j) ? json_array_get(j, k) : j, *args = json_object_get(x, "arguments");
+            if (format == CM_TOOLS_LLAMA3 && !args) args = json_object_get(x, "parameters");
+            ok = json_is_object(x) && add_call(arr, tools, n_tools, json_object_get(x, "name"), args, seed);
+        }
+        json_decref(j);
+        p = skip_ws(p, end);
+        if (format == CM_TOOLS_MISTRAL || p >= end || *p != ';') break;
+        p = skip_ws(p + 1, end);
+    }
+    if (!ok || !json_array_size(arr)) {
+        json_decref(arr);
+        return 0;
+    }
+    *calls = arr;
+    const char *r = skip_ws(p, end);
+    size_t rl = (size_t)(end - r);
+    while (rl && (r[rl - 1] == ' ' || r[rl - 1] == '\n' || r[rl - 1] == '\t' || r[rl - 1] == '\r')) rl--;
+    if (rl && (*content = malloc(rl + 1))) {
+        memcpy(*content, r, rl);
+        (*content)[rl] = 0;
+    }
+    return 0;
+}
+
+int cm_tools_parse(int format, const cm_oai_tool *tools, int n_tools, const char *text, size_t len,
+                   unsigned long long seed, json_t **calls, char **content) {
     *calls = NULL;
     *content = NULL;
+    if (format != CM_TOOLS_HERMES) return parse_json_calls(format, tools, n_tools, text, len, seed, calls, content);
     const char *p = text, *end = text + len;
     char *rest = malloc(len + 1);
     if (!rest) return LLM_ENOMEM;
@@ -227,22 +380,7 @@ int cm_tools_parse(const cm_oai_tool *tools, int n_tools, const char *text, size
         json_t *j = json_loadb(o + strlen(OPEN), (size_t)(cl - o - strlen(OPEN)), 0, NULL);
         json_t *name = json_object_get(j, "name"), *args = json_object_get(j, "arguments");
         if (!args) args = json_object_get(j, "parameters");
-        int known = 0;
-        for (int i = 0; json_is_string(name) && i < n_tools && !known; i++) known = !strcmp(tools[i].name, json_string_value(name));
-        if (known && (json_is_object(args) || json_is_string(args))) {
-            char *a = json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
-            char id[40];
-            unsigned long long h = seed * 0x9e3779b97f4a7c15ull + json_array_size(arr) + 1;
-            static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-            strcpy(id, "call_");
-            for (int k = 0; k < 24; k++) {
-                h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
-                id[5 + k] = al[h % 62];
-            }
-            id[29] = 0;
-            json_array_append_new(arr, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name",
-                                                 json_string_value(name), "arguments", a ? a : "{}"));
-            free(a);
+        if (add_call(arr, tools, n_tools, name, args, seed)) {
             memcpy(rest + rn, p, (size_t)(o - p)); /* the text before the call */
             rn += (size_t)(o - p);
         } else {

@@ -1,15 +1,22 @@
 /* cm_tools.h - tool calling: tools rendered into the prompt, the output
  * parsed back into OpenAI tool_calls, and tool_choice "required" or a named
  * function enforced with a grammar (cm_grammar) whose arguments follow each
- * function's parameters schema.
+ * function's parameters schema. Three formats, by the model's template
+ * family:
  *
- * The format is Hermes / Qwen 2.5's, which ChatML models (the default one
- * among them) follow: the tools as JSON inside <tools></tools> in the
- * system prompt, each call as {"name": ..., "arguments": {...}} inside
- * <tool_call></tool_call>, each result inside <tool_response></tool_response>
- * in a user turn. Other families get the same text as a generic fallback
- * (their native formats, Llama 3's JSON calls and Mistral's [TOOL_CALLS],
- * are not written yet). */
+ * - Hermes / Qwen 2.5 (ChatML models, the default one among them; the
+ *   generic fallback for the other families): the tools as JSON lines
+ *   inside <tools></tools> in the system prompt, each call as
+ *   {"name": ..., "arguments": {...}} inside <tool_call></tool_call>, each
+ *   result inside <tool_response></tool_response> in a user turn.
+ * - Llama 3.1 / 3.2 JSON tool calling (Meta's template, tools in the first
+ *   user message): the tools as indented JSON after Meta's instruction, a
+ *   call as {"name": ..., "parameters": {...}} (several joined by "; ",
+ *   an optional <|python_tag|> first), results as ipython turns.
+ * - Mistral (v3 tokenizers' control tokens): [AVAILABLE_TOOLS] [...]
+ *   [/AVAILABLE_TOOLS] before the last user turn, calls as [TOOL_CALLS]
+ *   [{"name": ..., "arguments": {...}, "id": 9 chars}], results as
+ *   [TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]. */
 #ifndef CM_TOOLS_H
 #define CM_TOOLS_H
 
@@ -18,6 +25,10 @@
 
 #include <jansson.h>
 #include <stddef.h>
+
+enum { CM_TOOLS_HERMES = 0, CM_TOOLS_LLAMA3, CM_TOOLS_MISTRAL };
+/* The format for a chat template family (CM_CHAT_*). */
+int cm_tools_format(int chat_kind);
 
 /* The request's messages with the tools in the system prompt, assistant
  * tool calls and tool results written out, ready for cm_chat_render.
@@ -28,18 +39,18 @@ typedef struct {
     char **own;
     int n_own;
 } cm_tools_prompt;
-int cm_tools_render(const cm_oai_completion *c, const char *default_system, cm_tools_prompt *out);
+int cm_tools_render(const cm_oai_completion *c, int format, const char *default_system, cm_tools_prompt *out);
 void cm_tools_free(cm_tools_prompt *p);
 
 /* GBNF for tool_choice "required" (any tool) or a named one: one call, or
  * several when parallel_tool_calls. */
-int cm_tools_gbnf(const cm_oai_completion *c, char **gbnf, char *err, size_t errlen);
+int cm_tools_gbnf(const cm_oai_completion *c, int format, char **gbnf, char *err, size_t errlen);
 
 /* The calls in a model's text: *calls an OpenAI tool_calls array (ids
  * made from seed) or NULL when there are none; *content what is left
  * outside the calls (NULL when nothing is). Calls to unknown functions and
  * unreadable JSON stay in the content. */
-int cm_tools_parse(const cm_oai_tool *tools, int n_tools, const char *text, size_t len, unsigned long long seed,
-                   json_t **calls, char **content);
+int cm_tools_parse(int format, const cm_oai_tool *tools, int n_tools, const char *text, size_t len,
+                   unsigned long long seed, json_t **calls, char **content);
 
 #endif

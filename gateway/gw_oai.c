@@ -65,7 +65,11 @@ static void prep_run(gw_job *j) {
     if (p->chat) {
         cm_tools_prompt tp; /* the messages with tools, calls and results written out (cm_tools.h) */
         char *text = NULL;
-        if (cm_tools_render(&q->c, m->default_system, &tp)) REFUSE(500, NULL, "internal_error", "out of memory");
+        int tf = cm_tools_format(m->chat_kind);
+        q->c.tool_format = tf;
+        if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
+            REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
+        if (cm_tools_render(&q->c, tf, m->default_system, &tp)) REFUSE(500, NULL, "internal_error", "out of memory");
         rc = cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
         cm_tools_free(&tp);
         if (rc || !text) REFUSE(400, "messages", "invalid_value", "cannot render the messages with the %s chat template",

@@ -69,7 +69,7 @@ static void tokenize(tjob *j, json_t *o) {
         char perr[400];
         if ((rc = cm_oai_parse_chat(j->body, j->len, &c, perr, sizeof perr, &param))) FAIL(400, param, "%s", perr);
         cm_tools_prompt tp;
-        if (cm_tools_render(&c, j->m->default_system, &tp)) FAIL(500, NULL, "out of memory");
+        if (cm_tools_render(&c, cm_tools_format(j->m->chat_kind), j->m->default_system, &tp)) FAIL(500, NULL, "out of memory");
         rc = cm_chat_render(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n, c.add_generation_prompt, &text);
         cm_tools_free(&tp);
         if (rc || !text) FAIL(400, "messages", "cannot render the messages with the %s chat template", cm_chat_name(j->m->chat_kind));

@@ -3,9 +3,12 @@
  * a role byte and its text, separated by 0x01; after a 0x02, the rest is a
  * model's template text (detected, and its default system prompt taken).
  * Rendering either succeeds with every message's text in the output, or
- * refuses an unknown role with LLM_EINVAL. */
+ * refuses an unknown role with LLM_EINVAL. The same text, read as a model's
+ * output, is parsed for tool calls in each format (cm_tools): every call
+ * found names a known tool and carries string arguments. */
 #include "cm_chat.h"
 #include "cm_error.h"
+#include "cm_tools.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -23,13 +26,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = strlen(s); /* texts stop at a NUL, as C strings */
     char *tmpl = memchr(s, 2, len);
     if (tmpl) *tmpl++ = 0;
-    static const char *roles[] = {"system", "user", "assistant", "tool"};
+    static const char *roles[] = {"system", "user", "assistant", "tool", "ipython", "raw"};
     cm_chat_msg m[64];
     size_t n = 0;
     for (char *p = s; p && *p && n < 64;) {
         char *next = strchr(p, 1);
         if (next) *next++ = 0;
-        m[n].role = roles[(unsigned char)p[0] % 4];
+        m[n].role = roles[(unsigned char)p[0] % 6];
         m[n].content = p + 1;
         n++;
         p = next;
@@ -48,6 +51,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(out);
     } else if (rc != LLM_EINVAL) {
         abort();
+    }
+    static const cm_oai_tool tools[2] = {{"get_weather", NULL, NULL}, {"add", NULL, NULL}};
+    for (int f = CM_TOOLS_HERMES; f <= CM_TOOLS_MISTRAL; f++) {
+        json_t *calls;
+        char *content;
+        if (cm_tools_parse(f, tools, 2, (const char *)data + 2, size - 2, 1, &calls, &content)) abort();
+        for (size_t k = 0; k < json_array_size(calls); k++) {
+            json_t *fn = json_object_get(json_array_get(calls, k), "function");
+            const char *name = json_string_value(json_object_get(fn, "name"));
+            if (!name || (strcmp(name, "get_weather") && strcmp(name, "add")) || !json_is_string(json_object_get(fn, "arguments")))
+                abort();
+        }
+        json_decref(calls);
+        free(content);
     }
     free(sys);
     free(s);

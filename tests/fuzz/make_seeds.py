@@ -44,6 +44,11 @@ put("chat", "llama3", b"\x02\x00" + b"u what?\x01a this\x02{{ bos_token }}<|star
 put("chat", "smollm-template", b"\x00\x01u hi\x02{% if messages[0]['role'] != 'system' %}<|im_start|>system\n"
     b"You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n{% endif %}")
 put("chat", "gemma", b"\x04\x01s sys\x01u a\x01u b\x01a c")
+# model outputs with tool calls, in the three formats (the same bytes are parsed as an output)
+put("chat", "tools-hermes", b"\x00\x00a<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>")
+put("chat", "tools-llama3", b"\x02\x00<|python_tag|>{\"name\": \"add\", \"parameters\": {\"a\": 1}}; "
+    b"{\"name\": \"get_weather\", \"parameters\": {}}")
+put("chat", "tools-mistral", b"\x03\x00[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": [1, 2]}, \"id\": \"a1b2c3d4e\"}]")
 
 # ---- tokenizer inputs (fuzz_tokenizer: byte 0 bit 0 = parse special tokens)
 for name, text in [("plain", "The quick brown fox jumps over the lazy dog."),

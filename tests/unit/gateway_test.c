@@ -280,6 +280,101 @@ static void responses(void) {
 
 /* Tool calls: parsed out of a model's text, rendered into the prompt, and
  * enforced by a grammar that accepts a valid call and nothing else. */
+/* Does GBNF text accept x whole? */
+static int grammar_takes(const char *gbnf, const char *x) {
+    cm_grammar *g = NULL;
+    char err[200];
+    if (cm_grammar_parse(gbnf, strlen(gbnf), &g, err, sizeof err)) return -1;
+    cm_gstate *st;
+    int ok = !cm_gstate_new(g, &st) && cm_gstate_feed(st, x, strlen(x)) == 0 && cm_gstate_complete(st);
+    cm_gstate_free(st);
+    cm_grammar_free(g);
+    return ok;
+}
+
+/* Llama 3.1's and Mistral's native formats: the prompt as their templates
+ * write it, the calls parsed back, the grammar in their shape. */
+static void test_tool_formats(void) {
+    const char body[] = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"weather?\"},"
+                        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_abcdefghijkl\",\"type\":\"function\","
+                        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}}]},"
+                        "{\"role\":\"tool\",\"tool_call_id\":\"call_abcdefghijkl\",\"content\":\"sunny\"},"
+                        "{\"role\":\"user\",\"content\":\"and Oslo?\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                        "{\"name\":\"get_weather\",\"description\":\"Weather\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                        "{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}],\"tool_choice\":\"required\"}";
+    cm_oai_completion c;
+    char err[300], *text = NULL;
+    const char *param;
+    CHECK_RC(cm_oai_parse_chat(body, sizeof body - 1, &c, err, sizeof err, &param), 0);
+    cm_tools_prompt tp;
+    /* Llama 3.1: the tools before the first user message, the call as JSON with "parameters", the result an ipython turn */
+    CHECK_INT(cm_tools_format(CM_CHAT_LLAMA3), CM_TOOLS_LLAMA3);
+    CHECK_RC(cm_tools_render(&c, CM_TOOLS_LLAMA3, NULL, &tp), 0);
+    CHECK_RC(cm_chat_render(CM_CHAT_LLAMA3, NULL, tp.msgs, tp.n, 1, &text), 0);
+    const char *want_l =
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function "
+        "call with its proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+        "\"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n{\n    \"type\": \"function\",\n"
+        "    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"Weather\",\n        \"parameters\": "
+        "{\n            \"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n                    "
+        "\"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n"
+        "            ]\n        }\n    }\n}\n\nweather?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>"
+        "\n\nsunny<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nand Oslo?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    CHECK(text && !strcmp(text, want_l));
+    if (text && strcmp(text, want_l)) fprintf(stderr, "llama3 tools prompt:\n%s\n", text);
+    free(text);
+    cm_tools_free(&tp);
+    /* Mistral: [AVAILABLE_TOOLS] before the last user turn, [TOOL_CALLS] with 9-character ids, [TOOL_RESULTS] */
+    CHECK_INT(cm_tools_format(CM_CHAT_MISTRAL), CM_TOOLS_MISTRAL);
+    CHECK_RC(cm_tools_render(&c, CM_TOOLS_MISTRAL, NULL, &tp), 0);
+    CHECK_RC(cm_chat_render(CM_CHAT_MISTRAL, NULL, tp.msgs, tp.n, 1, &text), 0);
+    const char *want_m =
+        "<s>[INST] Be brief.\n\nweather? [/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}, "
+        "\"id\": \"defghijkl\"}]</s>[TOOL_RESULTS] {\"content\": \"sunny\", \"call_id\": \"defghijkl\"}[/TOOL_RESULTS]"
+        "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather\", "
+        "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]"
+        "[/AVAILABLE_TOOLS][INST] and Oslo? [/INST]";
+    CHECK(text && !strcmp(text, want_m));
+    if (text && strcmp(text, want_m)) fprintf(stderr, "mistral tools prompt:\n%s\n", text);
+    free(text);
+    cm_tools_free(&tp);
+    /* the grammars, in each format's shape */
+    CHECK_RC(cm_oai_tools_grammar(&c, CM_TOOLS_LLAMA3, err, sizeof err), 0);
+    CHECK_INT(grammar_takes(c.grammar, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"), 1);
+    CHECK_INT(grammar_takes(c.grammar, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; "
+                                       "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Bergen\"}}"), 1);
+    CHECK_INT(grammar_takes(c.grammar, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"), 0);
+    CHECK_RC(cm_oai_tools_grammar(&c, CM_TOOLS_MISTRAL, err, sizeof err), 0);
+    CHECK_INT(grammar_takes(c.grammar, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"), 1);
+    CHECK_INT(grammar_takes(c.grammar, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}, "
+                                       "{\"name\": \"get_weather\", \"arguments\": {}}]"), 0); /* city is required */
+    CHECK_INT(grammar_takes(c.grammar, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"), 0);
+    /* the outputs parsed back */
+    json_t *calls;
+    char *content;
+    const char *lo = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; "
+                     "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bergen\"}}";
+    CHECK_RC(cm_tools_parse(CM_TOOLS_LLAMA3, c.tools, c.n_tools, lo, strlen(lo), 3, &calls, &content), 0);
+    CHECK(json_array_size(calls) == 2 && !content);
+    json_t *f = json_object_get(json_array_get(calls, 1), "function");
+    CHECK(f && !strcmp(json_string_value(json_object_get(f, "arguments")), "{\"city\":\"Bergen\"}"));
+    json_decref(calls);
+    const char *prose = "The weather in Oslo is {\"name\": \"get_weather\"} fine";
+    CHECK_RC(cm_tools_parse(CM_TOOLS_LLAMA3, c.tools, c.n_tools, prose, strlen(prose), 3, &calls, &content), 0);
+    CHECK(!calls && !content);
+    const char *mo = " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}, \"id\": \"a1b2c3d4e\"}]";
+    CHECK_RC(cm_tools_parse(CM_TOOLS_MISTRAL, c.tools, c.n_tools, mo, strlen(mo), 3, &calls, &content), 0);
+    CHECK(json_array_size(calls) == 1 && !content);
+    json_decref(calls);
+    const char *mu = "[TOOL_CALLS] [{\"name\": \"unknown\", \"arguments\": {}}]";
+    CHECK_RC(cm_tools_parse(CM_TOOLS_MISTRAL, c.tools, c.n_tools, mu, strlen(mu), 3, &calls, &content), 0);
+    CHECK(!calls && !content);
+    cm_oai_completion_free(&c);
+}
+
 static void test_tools(void) {
     cm_oai_tool tools[2] = {{"get_weather", "w", "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
                                                  "\"required\":[\"city\"],\"additionalProperties\":false}"},
@@ -289,7 +384,7 @@ static void test_tools(void) {
     const char *t = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
                     "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call><tool_call>\n{\"name\": \"add\", \"arguments\": "
                     "\"{\\\"a\\\": 1}\"}\n</tool_call> <tool_call>{\"name\": \"add\"";
-    CHECK_RC(cm_tools_parse(tools, 2, t, strlen(t), 7, &calls, &content), 0);
+    CHECK_RC(cm_tools_parse(CM_TOOLS_HERMES, tools, 2, t, strlen(t), 7, &calls, &content), 0);
     CHECK(json_array_size(calls) == 2);
     json_t *f0 = json_object_get(json_array_get(calls, 0), "function"), *f1 = json_object_get(json_array_get(calls, 1), "function");
     CHECK(f0 && !strcmp(json_string_value(json_object_get(f0, "name")), "get_weather") &&
@@ -303,7 +398,7 @@ static void test_tools(void) {
           !strstr(content, "Paris"));
     json_decref(calls);
     free(content);
-    CHECK_RC(cm_tools_parse(tools, 2, "plain text", 10, 1, &calls, &content), 0);
+    CHECK_RC(cm_tools_parse(CM_TOOLS_HERMES, tools, 2, "plain text", 10, 1, &calls, &content), 0);
     CHECK(!calls && !content);
     /* the prompt: tools in the system message, an earlier call and its result written out */
     cm_oai_completion c;
@@ -318,7 +413,7 @@ static void test_tools(void) {
     CHECK_RC(cm_oai_parse_chat(body, sizeof body - 1, &c, err, sizeof err, &param), 0);
     CHECK(c.n_tools == 1 && c.tool_choice == CM_TOOL_REQUIRED && !c.parallel_tool_calls && c.grammar);
     cm_tools_prompt tp;
-    CHECK_RC(cm_tools_render(&c, "Be brief.", &tp), 0);
+    CHECK_RC(cm_tools_render(&c, CM_TOOLS_HERMES, "Be brief.", &tp), 0);
     CHECK(tp.n == 4 && !strcmp(tp.msgs[0].role, "system") && strstr(tp.msgs[0].content, "Be brief.") &&
           strstr(tp.msgs[0].content, "<tools>") && strstr(tp.msgs[0].content, "\"get_weather\""));
     CHECK(tp.n == 4 && strstr(tp.msgs[2].content, "<tool_call>") && strstr(tp.msgs[2].content, "Rome") &&
@@ -350,5 +445,6 @@ int main(void) {
     conf();
     responses();
     test_tools();
+    test_tool_formats();
     return tst_done("gateway_test");
 }
