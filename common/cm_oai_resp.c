@@ -371,6 +371,51 @@ json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t 
     return chunk_envelope(r, arr);
 }
 
+int cm_oai_tools_stream(const cm_oai_result *r) { return r->tools && r->tool_format == CM_TOOLS_HERMES; }
+
+typedef struct {
+    cm_oai_result *r;
+    int index;
+    json_t *out;
+} tool_stream_ctx;
+
+/* One delta chunk: the role with the choice's first. */
+static void tool_delta(tool_stream_ctx *x, json_t *delta, const char *finish) {
+    cm_oai_choice *c = &x->r->ch[x->index];
+    if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
+    c->role_sent = 1;
+    json_t *one = json_array();
+    json_array_append_new(one, json_pack("{s:i,s:o,s:n,s:s?}", "index", x->index, "delta", delta, "logprobs", "finish_reason",
+                                         finish));
+    json_array_append_new(x->out, chunk_envelope(x->r, one));
+}
+
+static void on_tool_event(void *ctx, const cm_tools_event *ev) {
+    tool_stream_ctx *x = ctx;
+    json_t *d;
+    if (ev->kind == CM_TOOLS_EV_CONTENT) {
+        d = json_pack("{s:o}", "content", cm_oai_jbytes(ev->s, ev->n));
+    } else if (ev->kind == CM_TOOLS_EV_CALL) {
+        d = json_pack("{s:[{s:i,s:s,s:s,s:{s:o,s:s}}]}", "tool_calls", "index", ev->call, "id", ev->id, "type", "function",
+                      "function", "name", cm_oai_jbytes(ev->s, ev->n), "arguments", "");
+    } else {
+        d = json_pack("{s:[{s:i,s:{s:o}}]}", "tool_calls", "index", ev->call, "function", "arguments",
+                      cm_oai_jbytes(ev->s, ev->n));
+    }
+    if (d) tool_delta(x, d, NULL);
+}
+
+json_t *cm_oai_tool_stream_json(cm_oai_result *r, int index, int final) {
+    json_t *out = json_array();
+    if (index < 0 || index >= r->n) return out;
+    cm_oai_choice *c = &r->ch[index];
+    tool_stream_ctx x = {r, index, out};
+    cm_tools_stream_feed(&c->ts, r->tools, r->n_tools, c->text ? c->text : "", c->len, final, call_seed(r, index),
+                         on_tool_event, &x);
+    if (final) tool_delta(&x, json_object(), c->ts.n_calls ? "tool_calls" : cm_oai_finish_name(c->finish));
+    return out;
+}
+
 json_t *cm_oai_usage_chunk_json(const cm_oai_result *r) {
     json_t *j = chunk_envelope(r, json_array());
     json_object_set_new(j, "usage", cm_oai_usage_json(r));

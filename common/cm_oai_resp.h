@@ -12,6 +12,7 @@
 
 #include "cm_oai.h"
 #include "cm_tokenizer.h"
+#include "cm_tools.h"
 
 #include <jansson.h>
 #include <stddef.h>
@@ -44,6 +45,7 @@ typedef struct {
     int finish;                  /* CM_OAI_FINISH_* */
     int completion_tokens;
     int role_sent;               /* streaming chat: the first delta (with the role) went out */
+    cm_tools_stream ts;          /* streaming with tools (Hermes): what of the text went out as deltas */
 } cm_oai_choice;
 
 typedef struct {
@@ -86,6 +88,13 @@ json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t 
  * even when streaming), as the stream chunks it makes: the content, the
  * tool calls (each whole, arguments in one piece), the finish. A new array. */
 json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_tokenizer *tok);
+/* Streaming with tools: 1 when the calls go out as they are written (the
+ * Hermes format), 0 when the text is held to the end (cm_oai_tool_chunks_json). */
+int cm_oai_tools_stream(const cm_oai_result *r);
+/* The chunks the choice's text so far makes (content, a call's id and
+ * name, argument pieces); final: the rest, and the finish (tool_calls when
+ * a call was made). A new array. */
+json_t *cm_oai_tool_stream_json(cm_oai_result *r, int index, int final);
 /* The final usage chunk (stream_options.include_usage): empty choices. */
 json_t *cm_oai_usage_chunk_json(const cm_oai_result *r);
 json_t *cm_oai_usage_json(const cm_oai_result *r);

@@ -294,6 +294,17 @@ static const char *find(const char *s, const char *end, const char *needle) {
     return NULL;
 }
 
+void cm_tools_call_id(unsigned long long seed, size_t k, char out[30]) {
+    unsigned long long h = seed * 0x9e3779b97f4a7c15ull + k + 1;
+    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    memcpy(out, "call_", 5);
+    for (int i = 0; i < 24; i++) {
+        h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
+        out[5 + i] = al[h % 62];
+    }
+    out[29] = 0;
+}
+
 /* Appends {id, type, function: {name, arguments}} when name is a tool's
  * and args an object or a string; 0 when it is not a call we know. */
 static int add_call(json_t *arr, const cm_oai_tool *tools, int n_tools, json_t *name, json_t *args, unsigned long long seed) {
@@ -301,15 +312,8 @@ static int add_call(json_t *arr, const cm_oai_tool *tools, int n_tools, json_t *
     for (int i = 0; json_is_string(name) && i < n_tools && !known; i++) known = !strcmp(tools[i].name, json_string_value(name));
     if (!known || !(json_is_object(args) || json_is_string(args))) return 0;
     char *a = json_is_string(args) ? strdup(json_string_value(args)) : json_dumps(args, JSON_COMPACT);
-    char id[40];
-    unsigned long long h = seed * 0x9e3779b97f4a7c15ull + json_array_size(arr) + 1;
-    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    strcpy(id, "call_");
-    for (int k = 0; k < 24; k++) {
-        h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
-        id[5 + k] = al[h % 62];
-    }
-    id[29] = 0;
+    char id[30];
+    cm_tools_call_id(seed, json_array_size(arr), id);
     json_array_append_new(arr, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function", "name",
                                          json_string_value(name), "arguments", a ? a : "{}"));
     free(a);
@@ -376,19 +380,24 @@ int cm_tools_parse(int format, const cm_oai_tool *tools, int n_tools, const char
     json_t *arr = json_array();
     while (p < end) {
         const char *o = find(p, end, OPEN), *cl = o ? find(o + strlen(OPEN), end, CLOSE) : NULL;
-        if (!o || !cl) break;
+        size_t lc = strlen(CLOSE);
+        if (!o) break;
+        if (!cl) cl = end, lc = 0; /* the output ended inside the block: a whole call still counts */
         json_t *j = json_loadb(o + strlen(OPEN), (size_t)(cl - o - strlen(OPEN)), 0, NULL);
         json_t *name = json_object_get(j, "name"), *args = json_object_get(j, "arguments");
         if (!args) args = json_object_get(j, "parameters");
-        if (add_call(arr, tools, n_tools, name, args, seed)) {
+        int ok = add_call(arr, tools, n_tools, name, args, seed);
+        json_decref(j);
+        if (ok) {
             memcpy(rest + rn, p, (size_t)(o - p)); /* the text before the call */
             rn += (size_t)(o - p);
+        } else if (!lc) {
+            break; /* an unfinished block stays text */
         } else {
-            memcpy(rest + rn, p, (size_t)(cl + strlen(CLOSE) - p)); /* not a call we know: it stays text */
-            rn += (size_t)(cl + strlen(CLOSE) - p);
+            memcpy(rest + rn, p, (size_t)(cl + lc - p)); /* not a call we know: it stays text */
+            rn += (size_t)(cl + lc - p);
         }
-        json_decref(j);
-        p = cl + strlen(CLOSE);
+        p = cl + lc;
     }
     memcpy(rest + rn, p, (size_t)(end - p));
     rn += (size_t)(end - p);
@@ -409,4 +418,179 @@ int cm_tools_parse(int format, const cm_oai_tool *tools, int n_tools, const char
         free(rest);
     }
     return 0;
+}
+
+/* ---- streaming (Hermes) ------------------------------------------------- */
+
+enum { ST_TEXT = 0, ST_HEAD, ST_ARGS, ST_TAIL, ST_HOLD };
+
+static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+/* Content [a, b): leading whitespace dropped until some content went out,
+ * trailing whitespace held until more content follows (as the parse trims). */
+static void content(cm_tools_stream *st, const char *t, size_t a, size_t b, cm_tools_emit emit, void *ctx) {
+    if (!st->content_sent)
+        while (a < b && is_ws(t[a])) a++;
+    size_t e = b;
+    while (e > a && is_ws(t[e - 1])) e--;
+    if (e == a) { /* only whitespace: held with what was held */
+        if (st->content_sent && b > a) {
+            if (st->ws_b != a) st->ws_a = a;
+            st->ws_b = b;
+        }
+        return;
+    }
+    cm_tools_event ev = {CM_TOOLS_EV_CONTENT, 0, NULL, 0, NULL};
+    if (st->ws_b > st->ws_a) {
+        ev.s = t + st->ws_a, ev.n = st->ws_b - st->ws_a;
+        emit(ctx, &ev);
+    }
+    ev.s = t + a, ev.n = e - a;
+    emit(ctx, &ev);
+    st->content_sent = 1;
+    st->ws_a = e, st->ws_b = b;
+}
+
+/* {"name": "NAME", "arguments": at t[0..n) (after <tool_call>): 1 with the
+ * name's span and where the arguments begin, 0 when more text is needed,
+ * -1 when the block is written otherwise. */
+static int head(const char *t, size_t n, size_t *na, size_t *nb, size_t *args) {
+    size_t i = 0;
+#define WS() while (i < n && is_ws(t[i])) i++
+#define LIT(s)                                                                                     \
+    do {                                                                                           \
+        for (const char *q = (s); *q; q++, i++) {                                                  \
+            if (i >= n) return 0;                                                                  \
+            if (t[i] != *q) return -1;                                                             \
+        }                                                                                          \
+    } while (0)
+    WS();
+    LIT("{");
+    WS();
+    LIT("\"name\"");
+    WS();
+    LIT(":");
+    WS();
+    LIT("\"");
+    *na = i;
+    while (i < n && t[i] != '"') {
+        if (t[i] == '\\' || i - *na > 64) return -1; /* tool names have no escapes */
+        i++;
+    }
+    if (i >= n) return 0;
+    *nb = i++;
+    WS();
+    LIT(",");
+    WS();
+    LIT("\"arguments\"");
+    WS();
+    LIT(":");
+    WS();
+    if (i >= n) return 0;
+    if (t[i] != '{') return -1;
+    *args = i;
+    return 1;
+#undef WS
+#undef LIT
+}
+
+int cm_tools_stream_feed(cm_tools_stream *st, const cm_oai_tool *tools, int n_tools, const char *t, size_t len, int final,
+                         unsigned long long seed, cm_tools_emit emit, void *ctx) {
+    const size_t lo = strlen(OPEN), lc = strlen(CLOSE);
+    for (;;) {
+        if (st->state == ST_TEXT) {
+            const char *o = find(t + st->pos, t + len, OPEN);
+            if (o) {
+                content(st, t, st->pos, (size_t)(o - t), emit, ctx);
+                st->call_at = (size_t)(o - t);
+                st->pos = st->call_at + lo;
+                st->state = ST_HEAD;
+                continue;
+            }
+            size_t hold = 0; /* what could be the start of <tool_call> */
+            for (size_t k = lo - 1; !final && k > 0 && !hold; k--)
+                if (len - st->pos >= k && !memcmp(t + len - k, OPEN, k)) hold = k;
+            content(st, t, st->pos, len - hold, emit, ctx);
+            st->pos = len - hold;
+            return 0;
+        }
+        if (st->state == ST_HEAD) {
+            size_t na, nb, args;
+            int h = head(t + st->pos, len - st->pos, &na, &nb, &args), known = 0;
+            for (int i = 0; h == 1 && i < n_tools && !known; i++)
+                known = strlen(tools[i].name) == nb - na && !memcmp(tools[i].name, t + st->pos + na, nb - na);
+            if (h == 0 && !final) return 0;
+            if (h != 1 || !known) {
+                st->state = ST_HOLD;
+                continue;
+            }
+            char id[30];
+            cm_tools_call_id(seed, (size_t)st->n_calls, id);
+            cm_tools_event ev = {CM_TOOLS_EV_CALL, st->n_calls, t + st->pos + na, nb - na, id};
+            emit(ctx, &ev);
+            st->n_calls++;
+            st->pos += args;
+            st->depth = st->in_str = st->esc = 0;
+            st->state = ST_ARGS;
+            continue;
+        }
+        if (st->state == ST_ARGS) { /* the object's bytes as they come, to its closing brace */
+            size_t i = st->pos, end = 0;
+            for (; i < len && !end; i++) {
+                char c = t[i];
+                if (st->in_str) {
+                    if (st->esc) st->esc = 0;
+                    else if (c == '\\') st->esc = 1;
+                    else if (c == '"') st->in_str = 0;
+                } else if (c == '"') {
+                    st->in_str = 1;
+                } else if (c == '{' || c == '[') {
+                    st->depth++;
+                } else if ((c == '}' || c == ']') && --st->depth == 0) {
+                    end = i + 1;
+                }
+            }
+            if (i > st->pos) {
+                cm_tools_event ev = {CM_TOOLS_EV_ARGS, st->n_calls - 1, t + st->pos, i - st->pos, NULL};
+                emit(ctx, &ev);
+            }
+            st->pos = i;
+            if (!end) return 0;
+            st->state = ST_TAIL;
+            continue;
+        }
+        if (st->state == ST_TAIL) { /* the call's closing brace and </tool_call> */
+            const char *c = find(t + st->pos, t + len, CLOSE);
+            if (!c) return 0;
+            st->pos = (size_t)(c - t) + lc;
+            st->state = ST_TEXT;
+            continue;
+        }
+        /* ST_HOLD: the block whole, read as the parse reads it */
+        const char *c = find(t + st->call_at + lo, t + len, CLOSE);
+        if (!c && !final) return 0;
+        size_t b = c ? (size_t)(c - t) + lc : len;
+        json_t *calls = NULL;
+        char *rest = NULL;
+        int rc = cm_tools_parse(CM_TOOLS_HERMES, tools, n_tools, t + st->call_at, b - st->call_at, 0, &calls, &rest);
+        if (rc) return rc;
+        if (calls) {
+            json_t *f = json_object_get(json_array_get(calls, 0), "function");
+            const char *name = json_string_value(json_object_get(f, "name")), *a = json_string_value(json_object_get(f, "arguments"));
+            char id[30];
+            cm_tools_call_id(seed, (size_t)st->n_calls, id);
+            cm_tools_event ev = {CM_TOOLS_EV_CALL, st->n_calls, name, strlen(name), id};
+            emit(ctx, &ev);
+            ev = (cm_tools_event){CM_TOOLS_EV_ARGS, st->n_calls, a, strlen(a), NULL};
+            emit(ctx, &ev);
+            st->n_calls++;
+        } else {
+            content(st, t, st->call_at, b, emit, ctx);
+        }
+        json_decref(calls);
+        free(rest);
+        st->pos = b;
+        st->state = ST_TEXT;
+        if (!c) return 0;
+    }
 }

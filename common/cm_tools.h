@@ -53,4 +53,29 @@ int cm_tools_gbnf(const cm_oai_completion *c, int format, char **gbnf, char *err
 int cm_tools_parse(int format, const cm_oai_tool *tools, int n_tools, const char *text, size_t len,
                    unsigned long long seed, json_t **calls, char **content);
 
+/* The id of a response's k-th call (0-based) from its seed: "call_" and 24 letters and digits. */
+void cm_tools_call_id(unsigned long long seed, size_t k, char out[30]);
+
+/* Hermes calls streamed as they are written, as OpenAI's deltas: the
+ * content before a call, then the call's id and name once its name is
+ * whole, then its arguments piece by piece. Feed the whole text so far
+ * each time (it only grows); final once it has ended. A block that does not
+ * begin {"name": ..., "arguments": {...} is held to its end and then read
+ * as cm_tools_parse reads it. Content is trimmed as the parse trims it. */
+enum { CM_TOOLS_EV_CONTENT = 1, CM_TOOLS_EV_CALL, CM_TOOLS_EV_ARGS };
+typedef struct {
+    int kind;                /* CM_TOOLS_EV_* */
+    int call;                /* the call's index (CALL, ARGS) */
+    const char *s;           /* CONTENT / ARGS text, CALL the name */
+    size_t n;
+    const char *id;          /* CALL */
+} cm_tools_event;
+typedef struct {
+    int state, n_calls, content_sent, depth, in_str, esc;
+    size_t pos, call_at, ws_a, ws_b;
+} cm_tools_stream;
+typedef void (*cm_tools_emit)(void *ctx, const cm_tools_event *ev);
+int cm_tools_stream_feed(cm_tools_stream *st, const cm_oai_tool *tools, int n_tools, const char *text, size_t len,
+                         int final, unsigned long long seed, cm_tools_emit emit, void *ctx);
+
 #endif

@@ -106,8 +106,9 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
         int streaming = gw_http_streaming(c);
         if (streaming) g->open_streams--;
         if (status == 200 && streaming) {
-            for (int i = 0; q->res.tools && i < q->res.n; i++) { /* the held choices: content, calls, finish */
-                json_t *a = cm_oai_tool_chunks_json(&q->res, i, q->model ? q->model->tok : NULL);
+            for (int i = 0; q->res.tools && i < q->res.n; i++) { /* with tools: what is left, the calls, the finish */
+                json_t *a = cm_oai_tools_stream(&q->res) ? cm_oai_tool_stream_json(&q->res, i, 1)
+                                                         : cm_oai_tool_chunks_json(&q->res, i, q->model ? q->model->tok : NULL);
                 for (size_t k = 0; k < json_array_size(a); k++) gw_http_stream_event(c, json_array_get(a, k));
                 json_decref(a);
             }
@@ -575,6 +576,11 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
         }
     } else {
         cm_oai_result_add(&q->res, c->index, txt, tl, n_lp ? lp : NULL, n_lp, tok);
+        if (q->c.stream && out && cm_oai_tools_stream(&q->res)) { /* Hermes calls go out as they are written */
+            json_t *a = cm_oai_tool_stream_json(&q->res, c->index, 0);
+            for (size_t k = 0; k < json_array_size(a); k++) gw_http_stream_event(out, json_array_get(a, k));
+            json_decref(a);
+        }
     }
     if (fin) ch->finish = fin;
     if (cm_oai_result_done(&q->res)) {

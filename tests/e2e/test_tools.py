@@ -62,11 +62,14 @@ tcs = r.choices[0].message.tool_calls or []
 check(len(tcs) >= 1 and all(valid_call(t) for t in tcs), "parallel_tool_calls (the default): %d valid calls" % len(tcs))
 
 # ---- streamed ------------------------------------------------------------------
-acc, fin = {}, None
+acc, fin, pieces, first = {}, None, 0, None
 for ch in client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS, tool_choice="required", temperature=1.0,
                                          seed=5, max_tokens=200, stream=True, parallel_tool_calls=False):
     for c in ch.choices:
         for tc in c.delta.tool_calls or []:
+            if first is None:
+                first = tc
+            pieces += 1
             a = acc.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
             a["id"] += tc.id or ""
             a["name"] += tc.function.name or "" if tc.function else ""
@@ -79,6 +82,9 @@ try:
 except (ValueError, KeyError, jsonschema.ValidationError):
     ok = False
 check(ok, "streamed: the tool call's deltas join into a valid call, finish_reason tool_calls (%s)" % acc)
+# as OpenAI streams them: the id, type and name first, then the arguments as they are written
+check(first is not None and first.id and first.type == "function" and first.function.name and pieces >= 4,
+      "streamed: the call goes out as it is written: id and name first, arguments in %d deltas" % pieces)
 
 # ---- a round trip: the call and its result go back in -------------------------
 r = client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS, tool_choice="required", temperature=0,

@@ -375,6 +375,80 @@ static void test_tool_formats(void) {
     cm_oai_completion_free(&c);
 }
 
+typedef struct {
+    char content[1024], args[8][512], names[8][70], ids[8][30];
+    size_t nc;
+    int calls, bad;
+} tool_events;
+
+static void on_tool_ev(void *ctx, const cm_tools_event *ev) {
+    tool_events *e = ctx;
+    if (ev->kind == CM_TOOLS_EV_CONTENT) {
+        if (e->nc + ev->n < sizeof e->content) memcpy(e->content + e->nc, ev->s, ev->n), e->nc += ev->n;
+    } else if (ev->kind == CM_TOOLS_EV_CALL) {
+        if (ev->call != e->calls || ev->call >= 8 || ev->n >= 70) { e->bad = 1; return; }
+        memcpy(e->names[ev->call], ev->s, ev->n);
+        snprintf(e->ids[ev->call], 30, "%s", ev->id);
+        e->calls++;
+    } else {
+        if (ev->call < 0 || ev->call >= e->calls) { e->bad = 1; return; }
+        size_t l = strlen(e->args[ev->call]);
+        if (l + ev->n < 512) memcpy(e->args[ev->call] + l, ev->s, ev->n);
+    }
+}
+
+/* Hermes calls streamed as written: whatever the chunking, the deltas add
+ * up to what the whole-text parse finds (content, names, ids, arguments). */
+static void test_tool_stream(void) {
+    cm_oai_tool tools[2] = {{"get_weather", NULL, NULL}, {"add", NULL, NULL}};
+    const char *texts[] = {
+        "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\\\"is}\"}}\n</tool_call>\n"
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": [1, {\"b\": \"}\"}]}}\n</tool_call>",
+        "Hello <tool world, <tool_cal and more",
+        "A\n<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>\nB",
+        "<tool_call>{\"arguments\": {\"x\": 2}, \"name\": \"add\"}</tool_call>",
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}",
+        "text then <tool_",
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>\n\nDone.",
+    };
+    unsigned rng = 12345;
+    for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+        const char *t = texts[k];
+        size_t len = strlen(t);
+        json_t *calls;
+        char *content;
+        CHECK_RC(cm_tools_parse(CM_TOOLS_HERMES, tools, 2, t, len, 99, &calls, &content), 0);
+        for (int split = 0; split < 20; split++) {
+            tool_events e;
+            memset(&e, 0, sizeof e);
+            cm_tools_stream st;
+            memset(&st, 0, sizeof st);
+            for (size_t at = 0; at < len;) {
+                size_t step = split == 0 ? 1 : 1 + (rng = rng * 1103515245u + 12345u) % 9;
+                at = at + step > len ? len : at + step;
+                CHECK_RC(cm_tools_stream_feed(&st, tools, 2, t, at, 0, 99, on_tool_ev, &e), 0);
+            }
+            CHECK_RC(cm_tools_stream_feed(&st, tools, 2, t, len, 1, 99, on_tool_ev, &e), 0);
+            int ok = !e.bad && (size_t)e.calls == json_array_size(calls) &&
+                     !strcmp(e.content, content ? content : (calls ? "" : t));
+            for (int c = 0; ok && c < e.calls; c++) {
+                json_t *x = json_array_get(calls, (size_t)c), *f = json_object_get(x, "function");
+                json_t *want = json_loads(json_string_value(json_object_get(f, "arguments")), 0, NULL),
+                       *got = json_loads(e.args[c], 0, NULL);
+                ok = !strcmp(e.names[c], json_string_value(json_object_get(f, "name"))) &&
+                     !strcmp(e.ids[c], json_string_value(json_object_get(x, "id"))) && json_equal(want, got);
+                json_decref(want);
+                json_decref(got);
+            }
+            CHECK(ok);
+            if (!ok) fprintf(stderr, "  text %zu split %d: content '%s' vs '%s', %d calls\n", k, split, e.content,
+                             content ? content : "(null)", e.calls);
+        }
+        json_decref(calls);
+        free(content);
+    }
+}
+
 static void test_tools(void) {
     cm_oai_tool tools[2] = {{"get_weather", "w", "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
                                                  "\"required\":[\"city\"],\"additionalProperties\":false}"},
@@ -446,5 +520,6 @@ int main(void) {
     responses();
     test_tools();
     test_tool_formats();
+    test_tool_stream();
     return tst_done("gateway_test");
 }
