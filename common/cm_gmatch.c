@@ -49,6 +49,9 @@ struct cm_vtrie {
     int32_t *toks;
     uint32_t *off; /* token id's bytes: bytes[off[id] .. off[id + 1]) */
     uint8_t *bytes;
+    int32_t *sorted;           /* the tokens by bytes: node i's subtree is sorted[lo[i] .. hi[i]) */
+    int32_t *lo, *hi;
+    uint64_t *sub;             /* [4 * i]: every byte below node i (its children's and deeper), 256 bits */
 };
 
 struct g_mask {
@@ -363,6 +366,10 @@ void cm_vtrie_free(cm_vtrie *v) {
     free(v->toks);
     free(v->off);
     free(v->bytes);
+    free(v->sorted);
+    free(v->lo);
+    free(v->hi);
+    free(v->sub);
     free(v);
 }
 
@@ -412,7 +419,10 @@ int cm_vtrie_build(const cm_tokenizer *t, cm_vtrie **out) {
     v->tok0 = malloc(sizeof(int32_t) * cap_nodes);
     v->n_tok = calloc(cap_nodes, sizeof(int32_t));
     v->toks = malloc(sizeof(int32_t) * ((size_t)V + 1));
-    if (!v->off || !v->bytes || !order || !q || !v->child0 || !v->n_child || !v->byte || !v->tok0 || !v->n_tok || !v->toks) {
+    v->lo = malloc(sizeof(int32_t) * cap_nodes);
+    v->hi = malloc(sizeof(int32_t) * cap_nodes);
+    if (!v->off || !v->bytes || !order || !q || !v->child0 || !v->n_child || !v->byte || !v->tok0 || !v->n_tok || !v->toks ||
+        !v->lo || !v->hi) {
         free(order);
         free(q);
         cm_vtrie_free(v);
@@ -437,6 +447,8 @@ int cm_vtrie_build(const cm_tokenizer *t, cm_vtrie **out) {
     while (head < tail) {
         struct run r = q[head++];
         int lo = r.lo;
+        v->lo[r.node] = r.lo;
+        v->hi[r.node] = r.hi;
         v->tok0[r.node] = ntok;
         while (lo < r.hi && v->off[order[lo] + 1] - v->off[order[lo]] == (uint32_t)r.depth) v->toks[ntok++] = order[lo++];
         v->n_tok[r.node] = ntok - v->tok0[r.node];
@@ -452,8 +464,19 @@ int cm_vtrie_build(const cm_tokenizer *t, cm_vtrie **out) {
         }
     }
     v->n_nodes = nodes;
-    free(order);
     free(q);
+    v->sorted = order;
+    /* the bytes below each node, children before parents (breadth-first ids grow downward) */
+    v->sub = calloc((size_t)nodes * 4, sizeof *v->sub);
+    if (!v->sub) {
+        cm_vtrie_free(v);
+        return LLM_ENOMEM;
+    }
+    for (int i = nodes - 1; i >= 0; i--)
+        for (int c = v->child0[i]; c < v->child0[i] + v->n_child[i]; c++) {
+            for (int w = 0; w < 4; w++) v->sub[4 * i + w] |= v->sub[4 * c + w];
+            v->sub[4 * i + v->byte[c] / 64] |= 1ull << (v->byte[c] % 64);
+        }
     *out = v;
     return 0;
 }
@@ -468,8 +491,27 @@ static int cmp_u64(const void *a, const void *b) {
 /* Depth first over the trie from the root with the state's set; a token is
  * allowed where the walk reaches its node with a stack alive, or with the
  * input able to end there. */
+/* The bytes on which the stacks s->tmp[set0..set0+n) lead back to themselves, the same stacks (a
+ * state that loops, such as the inside of a JSON string): 256 bits. */
+static int loop_bytes(cm_gstate *s, int set0, int n, uint64_t lb[4]) {
+    memset(lb, 0, sizeof(uint64_t) * 4);
+    for (unsigned c = 0; c < 256; c++) {
+        int any = 0;
+        for (int i = 0; i < n && !any; i++) any = g_has(s->g->cls[s->g->el[s->nd[s->tmp[set0 + i]].pos].arg], c);
+        if (!any) continue;
+        int start = s->n_tmp, mark = s->n_nd, accept = 0, rc = advance(s, set0, n, c, &accept);
+        if (rc) return rc;
+        if (s->n_tmp - start == n && !memcmp(s->tmp + start, s->tmp + set0, sizeof *s->tmp * (size_t)n))
+            lb[c / 64] |= 1ull << (c % 64);
+        s->n_tmp = start;
+        s->n_nd = mark;
+    }
+    return 0;
+}
+
 static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
-    struct fr { int32_t node, next, set0, nset, mark; } *st = NULL;
+    /* loop: 1 when lb holds the loop bytes of the frame's stacks (0: not yet known) */
+    struct fr { int32_t node, next, set0, nset, mark, loop; uint64_t lb[4]; } *st = NULL;
     int cap = 0, sp = 0, rc = 0;
     int V = v->vocab;
     memset(bits, 0, sizeof *bits * (size_t)((V + 63) / 64));
@@ -479,7 +521,7 @@ static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
     s->n_tmp = s->n_set;
     int mark0 = s->n_nd;
     if (g_grow((void **)&st, &cap, 1, sizeof *st)) return LLM_ENOMEM;
-    st[sp++] = (struct fr){0, 0, 0, s->n_set, s->n_nd};
+    st[sp++] = (struct fr){0, 0, 0, s->n_set, s->n_nd, 0, {0, 0, 0, 0}};
     while (sp) {
         struct fr *f = &st[sp - 1];
         if (f->next >= v->n_child[f->node]) { /* done below this node: its sets and nodes go */
@@ -497,6 +539,28 @@ static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
         int start = s->n_tmp, mark = s->n_nd, accept = 0;
         if ((rc = advance(s, f->set0, f->nset, b, &accept))) break;
         int alive = s->n_tmp - start;
+        int same = alive == f->nset && !memcmp(s->tmp + start, s->tmp + f->set0, sizeof *s->tmp * (size_t)alive);
+        if (same && v->n_child[child]) {
+            /* b led back to the same stacks: when every byte below the child does too, every token below is
+               allowed, and the subtree is marked without walking it (a string's inside, most of a vocabulary) */
+            if (!f->loop) {
+                s->n_tmp = start; /* the child's stacks are the frame's own: nothing of them is needed */
+                s->n_nd = mark;
+                if ((rc = loop_bytes(s, f->set0, f->nset, f->lb))) break;
+                f->loop = 1;
+                if ((rc = advance(s, f->set0, f->nset, b, &accept))) break;
+            }
+            const uint64_t *sb = v->sub + 4 * (size_t)child;
+            if (!(sb[0] & ~f->lb[0]) && !(sb[1] & ~f->lb[1]) && !(sb[2] & ~f->lb[2]) && !(sb[3] & ~f->lb[3])) {
+                for (int k = v->lo[child]; k < v->hi[child]; k++) {
+                    int32_t id = v->sorted[k];
+                    bits[id >> 6] |= 1ull << (id & 63);
+                }
+                s->n_tmp = start;
+                s->n_nd = mark;
+                continue;
+            }
+        }
         if (alive || accept)
             for (int k = 0; k < v->n_tok[child]; k++) {
                 int32_t id = v->toks[v->tok0[child] + k];
@@ -504,7 +568,10 @@ static int walk(cm_gstate *s, const cm_vtrie *v, uint64_t *bits) {
             }
         if (alive && v->n_child[child]) {
             if ((rc = g_grow((void **)&st, &cap, sp + 1, sizeof *st))) break;
-            st[sp++] = (struct fr){child, 0, start, alive, mark};
+            f = &st[sp - 1];
+            st[sp] = (struct fr){child, 0, start, alive, mark, same && f->loop, {0, 0, 0, 0}};
+            if (same && f->loop) memcpy(st[sp].lb, f->lb, sizeof st[sp].lb);
+            sp++;
         } else {
             s->n_tmp = start;
             s->n_nd = mark;

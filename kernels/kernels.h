@@ -105,6 +105,10 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
              const float *inv_freq);
 void kn_silu_mul(float *a, const float *b, int n); /* a = silu(a) * b */
 void kn_softmax(float *x, int n);
+/* out[i] = exp((x[i] - mx) * scale), exactly 0 where (x[i] - mx) * scale is
+ * below -87 (a masked logit, -inf, has probability 0); returns their sum.
+ * mx >= every x[i]. The sampler's softmax over the vocabulary. */
+float kn_exp_sum(const float *x, int n, float mx, float scale, float *out);
 
 /* KV cache element types. F16 (or BF16, the range of f32) halves what
  * decode attention reads per token; FP8 (E4M3, no scale, as vLLM's default

@@ -915,6 +915,7 @@ int wk_engine_step(wk_engine *e) {
              att, ms, wk_cost_predict(&e->cost, tokens, att), e->st.step_token_budget);
     wk_cost_observe(&e->cost, tokens, att, ms);
     e->st.ms_per_token = wk_cost_known(&e->cost) ? (float)wk_cost_predict(&e->cost, 1, 0) : 0;
+    e->st.last_forward_ms = (float)ms;
     e->st.steps++;
     e->st.tokens_computed += (uint64_t)tokens;
     size_t V = e->m->cfg.vocab;

@@ -101,6 +101,7 @@ typedef struct {
     size_t kv_bytes_per_token;
     float ms_per_token;           /* measured cost of a token in a step (moving average; 0: not yet known) */
     int step_token_budget;        /* tokens the last step was allowed, after the time target */
+    float last_forward_ms;        /* the last step's forward pass; the rest of its time is sampling (and masks) */
 } wk_engine_stats;
 
 typedef struct wk_engine wk_engine;

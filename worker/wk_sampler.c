@@ -1,5 +1,6 @@
 #include "wk_sampler.h"
 #include "cm_error.h"
+#include "kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,7 +25,8 @@ int wk_sample_ctx_init(wk_sample_ctx *c, int n_vocab) {
     c->mark = calloc((size_t)n_vocab, sizeof *c->mark);
     c->count = malloc(sizeof *c->count * (size_t)n_vocab);
     c->raw = malloc(sizeof *c->raw * (size_t)n_vocab);
-    if (!c->cand || !c->mark || !c->count || !c->raw) {
+    c->ex = malloc(sizeof *c->ex * (size_t)n_vocab);
+    if (!c->cand || !c->mark || !c->count || !c->raw || !c->ex) {
         wk_sample_ctx_free(c);
         return LLM_ENOMEM;
     }
@@ -36,6 +38,7 @@ void wk_sample_ctx_free(wk_sample_ctx *c) {
     free(c->mark);
     free(c->count);
     free(c->raw);
+    free(c->ex);
     memset(c, 0, sizeof *c);
 }
 
@@ -155,11 +158,28 @@ int32_t wk_sample_next(wk_sample_ctx *c, const wk_sample_params *p, uint64_t *rn
         tok = wk_argmax(lg, V);
     } else {
         float mx = lg[wk_argmax(lg, V)], inv_t = 1.f / p->temperature;
-        int m = 0;
-        for (int i = 0; i < V; i++) {
-            float e = expf((lg[i] - mx) * inv_t);
-            if (e > 0) c->cand[m++] = (struct wk_cand){e, i};
+        float mass = kn_exp_sum(lg, V, mx, inv_t, c->ex); /* vectorized: most of a draw's time */
+        if (p->top_k <= 0 && !(p->top_p > 0 && p->top_p < 1) && !(p->min_p > 0)) {
+            /* the whole distribution (OpenAI's defaults): one scan of the cumulative mass, no candidates */
+            double r = (double)(wk_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0) * mass, acc = 0;
+            tok = -1;
+            int last = 0;
+            for (int i = 0; i < V; i++) {
+                if (c->ex[i] <= 0) continue;
+                last = i;
+                acc += c->ex[i];
+                if (r < acc) {
+                    tok = i;
+                    break;
+                }
+            }
+            if (tok < 0) tok = last; /* rounding: the sum in float, the scan in double */
+            if (lp) wk_sample_logprobs(c, c->raw, tok, n_logprobs, lp);
+            return tok;
         }
+        int m = 0;
+        for (int i = 0; i < V; i++)
+            if (c->ex[i] > 0) c->cand[m++] = (struct wk_cand){c->ex[i], i};
         if (p->top_k > 0 && p->top_k < m) {
             select_top(c->cand, m, p->top_k);
             m = p->top_k;

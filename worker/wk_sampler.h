@@ -53,6 +53,7 @@ typedef struct {
     int32_t *count;
     uint32_t stamp;
     float *raw;                  /* copy of the logits for logprobs */
+    float *ex;                   /* exp((logit - max) / temperature) of every token */
 } wk_sample_ctx;
 
 int wk_sample_ctx_init(wk_sample_ctx *c, int n_vocab);

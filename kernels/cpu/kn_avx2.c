@@ -138,5 +138,38 @@ static float dot_avx2(const float *a, const float *b, int n) {
     return s;
 }
 
+/* exp(x) for -87 <= x <= 0: 2^(x log2 e) as 2^n * p(f), p the degree-7
+ * Taylor polynomial of 2^f on |f| <= 0.5 (as exp_avx512), 2^n built in the
+ * exponent bits (n >= -126 here, a normal float). */
+static inline __m256 exp_avx2(__m256 x) {
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.525273e-05f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.540353e-04f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.333356e-03f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129e-03f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550411e-02f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265e-01f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472e-01f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static float exp_sum_avx2(const float *x, int n, float mx, float scale, float *out) {
+    const __m256 vm = _mm256_set1_ps(mx), vs = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-87.f);
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm), vs);
+        __m256 live = _mm256_cmp_ps(v, lo, _CMP_GE_OQ); /* -inf (masked) and NaN: 0 */
+        __m256 e = _mm256_and_ps(live, exp_avx2(_mm256_max_ps(v, lo)));
+        _mm256_storeu_ps(out + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    return hsum8(acc) + kn_exp_sum_scalar(x + i, n - i, mx, scale, out + i);
+}
+
 const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2,
-                              kn_attn_group_generic, kn_f32_to_f16_scalar, kn_silu_mul_scalar};
+                              kn_attn_group_generic, kn_f32_to_f16_scalar, kn_silu_mul_scalar, exp_sum_avx2};

@@ -311,5 +311,19 @@ static void silu_mul_avx512(float *a, const float *b, int n) {
     kn_silu_mul_scalar(a + i, b + i, n - i);
 }
 
+static float exp_sum_avx512(const float *x, int n, float mx, float scale, float *out) {
+    const __m512 vm = _mm512_set1_ps(mx), vs = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-87.f);
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm), vs);
+        __mmask16 live = _mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ); /* -inf (masked) and NaN: 0 */
+        __m512 e = _mm512_maskz_mov_ps(live, exp_avx512(_mm512_max_ps(v, lo)));
+        _mm512_storeu_ps(out + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc) + kn_exp_sum_scalar(x + i, n - i, mx, scale, out + i);
+}
+
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, dot_avx512,
-                                attn_group_avx512, f32_to_f16_avx512, silu_mul_avx512};
+                                attn_group_avx512, f32_to_f16_avx512, silu_mul_avx512, exp_sum_avx512};

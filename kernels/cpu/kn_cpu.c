@@ -329,6 +329,19 @@ void kn_silu_mul(float *a, const float *b, int n) {
     else impl->silu_mul(a, b, n);
 }
 
+float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out) {
+    float sum = 0;
+    for (int i = 0; i < n; i++) {
+        float v = (x[i] - mx) * scale;
+        sum += (out[i] = v >= -87.f ? expf(v) : 0.f);
+    }
+    return sum;
+}
+
+float kn_exp_sum(const float *x, int n, float mx, float scale, float *out) {
+    return act_f32 ? kn_exp_sum_scalar(x, n, mx, scale, out) : impl->exp_sum(x, n, mx, scale, out);
+}
+
 void kn_softmax(float *x, int n) {
     float mx = -INFINITY, sum = 0;
     for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;

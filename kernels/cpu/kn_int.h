@@ -36,12 +36,14 @@ typedef struct {
                        float *s, float *out);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int n);
     void (*silu_mul)(float *a, const float *b, int n); /* a = silu(a) * b */
+    float (*exp_sum)(const float *x, int n, float mx, float scale, float *out); /* kn_exp_sum */
 } kn_impl;
 
 void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
                            float *out);
 void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
 void kn_silu_mul_scalar(float *a, const float *b, int n);
+float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out);
 
 /* Frees the calling thread's scratch; pool workers call it as they exit. */
 void kn_thread_cleanup(void);

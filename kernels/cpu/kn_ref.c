@@ -188,7 +188,7 @@ void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n) {
 
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
                                 dot_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar,
-                                kn_silu_mul_scalar};
+                                kn_silu_mul_scalar, kn_exp_sum_scalar};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
     kn_quant_block_ref(x, q, d, ds);

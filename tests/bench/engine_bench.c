@@ -11,13 +11,23 @@
  * ratio to c = 1 measured in the same run. TTFT: a request whose
  * system-len-token prefix is already cached (an earlier request with the
  * same prefix finished) against one whose prefix is not (a different
- * prefix each time), medians. */
+ * prefix each time), medians.
+ *
+ * With --json-schema FILE: at each concurrency the same requests also run
+ * under that schema (structured outputs, temperature --temperature, 1 by
+ * default for both modes), interleaved with plain runs, and the table adds
+ * the median time of a pure decode step of all c sequences in each mode
+ * (steps that computed exactly c tokens; the first gen/3 of each run, so
+ * that both modes are compared at the same positions although an output
+ * under a schema may end early): the mask's cost per step. */
 #include "cm_error.h"
+#include "cm_jsonschema.h"
 #include "cm_log.h"
 #include "wk_engine.h"
 #include "wk_flags.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,13 +62,32 @@ static void make_prompt(uint64_t seed, int len, int32_t *out) {
     for (int i = 0; i < len; i++) out[i] = corpus[(off + (size_t)i * (1 + seed % 3)) % n_corpus];
 }
 
+static double *dsteps, *dsample; /* pure decode steps of `dwant` sequences: their ms, and the ms outside the forward pass */
+static int n_dsteps, cap_dsteps, dwant, dkeep; /* the first dkeep such steps of a run (the same positions in both modes) */
+
 /* Runs until every request finished; returns the first-token time of request `watch` (relative to t0). */
 static double drain(wk_engine *e, uint64_t watch, double t0) {
     double first = -1;
     while (wk_engine_has_work(e)) {
-        if (wk_engine_step(e) < 0) {
+        double a = now();
+        int rc = wk_engine_step(e);
+        if (rc < 0) {
             fprintf(stderr, "engine step failed\n");
             exit(1);
+        }
+        if (dwant && rc == dwant && n_dsteps < dkeep) {
+            if (n_dsteps == cap_dsteps) {
+                cap_dsteps = cap_dsteps ? cap_dsteps * 2 : 1024;
+                dsteps = realloc(dsteps, sizeof *dsteps * (size_t)cap_dsteps);
+                dsample = realloc(dsample, sizeof *dsample * (size_t)cap_dsteps);
+                if (!dsteps || !dsample) exit(1);
+            }
+            wk_engine_stats st;
+            wk_engine_get_stats(e, &st);
+            double ms = (now() - a) * 1e3;
+            dsteps[n_dsteps] = ms;
+            dsample[n_dsteps] = ms - st.last_forward_ms;
+            n_dsteps++;
         }
         const wk_output *o;
         int n = wk_engine_outputs(e, &o);
@@ -71,9 +100,11 @@ static double drain(wk_engine *e, uint64_t watch, double t0) {
 int main(int argc, char **argv) {
     const char *model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *conc = "1,4,16,32,64";
     int prompt_len = 128, gen = 128, repeats = 3, sys_len = 1000, threads = 0;
+    const char *schema_path = NULL;
+    double temperature = -1;
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
-    enum { O_MODEL = 1, O_CONC, O_PL, O_GEN, O_REP, O_SYS, O_THR };
+    enum { O_MODEL = 1, O_CONC, O_PL, O_GEN, O_REP, O_SYS, O_THR, O_SCHEMA, O_TEMP };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"concurrency", required_argument, 0, O_CONC},
                                        {"prompt-len", required_argument, 0, O_PL},
@@ -81,6 +112,8 @@ int main(int argc, char **argv) {
                                        {"repeats", required_argument, 0, O_REP},
                                        {"system-len", required_argument, 0, O_SYS},
                                        {"threads", required_argument, 0, O_THR},
+                                       {"json-schema", required_argument, 0, O_SCHEMA},
+                                       {"temperature", required_argument, 0, O_TEMP},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -96,9 +129,12 @@ int main(int argc, char **argv) {
         case O_REP: repeats = atoi(optarg); break;
         case O_SYS: sys_len = atoi(optarg); break;
         case O_THR: threads = atoi(optarg); break;
+        case O_SCHEMA: schema_path = optarg; break;
+        case O_TEMP: temperature = atof(optarg); break;
         case 'h':
             printf("usage: llmserve-engine-bench [--model PATH] [--concurrency LIST] [--prompt-len N] [--gen N]\n"
-                   "       [--repeats N] [--system-len N] [--threads N]\n%s%s", WK_ENGINE_FLAGS_HELP,
+                   "       [--repeats N] [--system-len N] [--threads N] [--json-schema FILE [--temperature T]]\n%s%s",
+                   WK_ENGINE_FLAGS_HELP,
                    WK_MODEL_FLAGS_HELP);
             return 0;
         default:
@@ -112,6 +148,23 @@ int main(int argc, char **argv) {
         return 2;
     }
     char err[512] = "";
+    char *gbnf = NULL;
+    if (schema_path) {
+        json_error_t je;
+        json_t *sc = json_load_file(schema_path, 0, &je);
+        if (!sc) {
+            fprintf(stderr, "%s: %s\n", schema_path, je.text);
+            return 2;
+        }
+        int rc = cm_schema_gbnf(sc, &gbnf, err, sizeof err);
+        json_decref(sc);
+        if (rc) {
+            fprintf(stderr, "%s: %s\n", schema_path, err);
+            return 2;
+        }
+        if (temperature < 0) temperature = 1;
+    }
+    if (temperature < 0) temperature = 0;
     wk_model *m;
     wk_model_opts mo = {.model_path = model_path, .threads = threads, .max_batch = eo.max_num_batched_tokens};
     if (wk_model_flags_apply(&lf, &mo)) return 2;
@@ -130,14 +183,28 @@ int main(int argc, char **argv) {
     int32_t *p = malloc(sizeof(int32_t) * (size_t)maxp);
     printf("model %s, %d threads, isa %s, prompt %d tokens, %d generated per request, budget %d tokens/step\n",
            m->file->path, kn_pool_size(m->pool), kn_isa_name(), prompt_len, gen, eo.max_num_batched_tokens);
-    printf("%-12s %10s %12s %10s %14s\n", "concurrency", "tok/s", "vs c=1", "wall s", "step ms (med)");
+    if (gbnf) printf("structured outputs: %s, temperature %g; decode step: median ms of a step decoding all c sequences\n",
+                     schema_path, temperature);
+    printf("%-12s %10s %12s %10s %14s", "concurrency", "tok/s", "vs c=1", "wall s", "step ms (med)");
+    if (gbnf) printf(" %12s %12s %10s %9s %9s", "decode plain", "decode schema", "schema/plain", "samp pl", "samp sch");
+    printf("\n");
     double base = 0;
     uint64_t seed = 1;
     for (const char *s = conc; *s;) {
         int cc = atoi(s);
         if (cc < 1) break;
-        double tps[100], wall[100], stepms[100];
-        for (int r = 0; r < repeats; r++) {
+        double tps[100], wall[100], stepms[100], dec[2] = {0, 0};
+        double *dmode[2] = {NULL, NULL}, *smode[2] = {NULL, NULL}, samp[2] = {0, 0};
+        int ndmode[2] = {0, 0};
+        for (int r = 0; r < repeats * (gbnf ? 2 : 1); r++) {
+            /* plain and schema runs alternate, in turn first (P S S P P S ...): the machine's noise and any
+               order effect fall on both alike */
+            int under = gbnf && ((r & 1) ^ ((r >> 1) & 1));
+            int slot = gbnf ? r / 2 : r;
+            if (gbnf && (r & 1)) seed -= (uint64_t)cc; /* the second of a pair: the first's prompts and seeds */
+            dwant = cc;
+            dkeep = gen / 3; /* an output under a schema may end early: the steps compared are at the same positions */
+            n_dsteps = 0;
             wk_engine_opts o = eo;
             if (o.max_num_seqs < cc) o.max_num_seqs = cc;
             wk_engine *e;
@@ -148,9 +215,15 @@ int main(int argc, char **argv) {
             for (int i = 0; i < cc; i++) {
                 wk_params wp;
                 wk_params_default(&wp);
-                wp.s.temperature = 0;
+                wp.s.temperature = (float)temperature;
+                wp.has_seed = 1;
+                wp.seed = seed;
                 wp.max_tokens = gen;
                 wp.ignore_eos = 1;
+                if (under) {
+                    wp.grammar = gbnf;
+                    wp.grammar_len = strlen(gbnf);
+                }
                 make_prompt(seed++, prompt_len, p);
                 if (wk_engine_add(e, (uint64_t)i, p, prompt_len, &wp, err, sizeof err)) {
                     fprintf(stderr, "%s\n", err);
@@ -159,16 +232,33 @@ int main(int argc, char **argv) {
             }
             double t0 = now();
             drain(e, (uint64_t)-1, t0);
-            wall[r] = now() - t0;
+            double w = now() - t0;
             wk_engine_stats st;
             wk_engine_get_stats(e, &st);
-            tps[r] = (double)st.tokens_generated / wall[r];
-            stepms[r] = 1e3 * wall[r] / (double)st.steps;
+            if (!under) {
+                wall[slot] = w;
+                tps[slot] = (double)st.tokens_generated / w;
+                stepms[slot] = 1e3 * w / (double)st.steps;
+            }
+            int mi = under ? 1 : 0;
+            dmode[mi] = realloc(dmode[mi], sizeof(double) * (size_t)(ndmode[mi] + n_dsteps + 1));
+            smode[mi] = realloc(smode[mi], sizeof(double) * (size_t)(ndmode[mi] + n_dsteps + 1));
+            if (!dmode[mi] || !smode[mi]) return 1;
+            memcpy(dmode[mi] + ndmode[mi], dsteps, sizeof(double) * (size_t)n_dsteps);
+            memcpy(smode[mi] + ndmode[mi], dsample, sizeof(double) * (size_t)n_dsteps);
+            ndmode[mi] += n_dsteps;
             wk_engine_free(e);
         }
+        dwant = 0;
+        for (int k = 0; k < 2; k++)
+            if (ndmode[k]) dec[k] = median(dmode[k], ndmode[k]), samp[k] = median(smode[k], ndmode[k]);
         double t = median(tps, repeats);
         if (!base) base = t;
-        printf("%-12d %10.1f %11.2fx %10.2f %14.1f\n", cc, t, t / base, median(wall, repeats), median(stepms, repeats));
+        printf("%-12d %10.1f %11.2fx %10.2f %14.1f", cc, t, t / base, median(wall, repeats), median(stepms, repeats));
+        if (gbnf) printf(" %12.2f %12.2f %+9.1f%% %9.2f %9.2f  (%d / %d steps)", dec[0], dec[1],
+                         dec[0] > 0 ? (dec[1] / dec[0] - 1) * 100 : 0, samp[0], samp[1], ndmode[0], ndmode[1]);
+        printf("\n");
+        for (int k = 0; k < 2; k++) free(dmode[k]), free(smode[k]);
         fflush(stdout);
         s = strchr(s, ',');
         if (!s) break;
@@ -209,6 +299,9 @@ int main(int argc, char **argv) {
     wk_engine_free(e);
     free(p);
     free(corpus);
+    free(gbnf);
+    free(dsteps);
+    free(dsample);
     wk_model_free(m);
     return 0;
 }

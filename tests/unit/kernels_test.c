@@ -256,6 +256,39 @@ static void test_elementwise(void) {
         for (int i = 0; i < n; i++) err = fmax(err, fabs(y[i] - x[i] / (1 + exp(-x[i])) * w[i]) / (1 + fabs(x[i] * w[i])));
         CHECK(err < 1e-6);
     }
+    /* the sampler's exp and sum, every path: against float64, -inf exactly 0, odd lengths */
+    {
+        enum { NV = 49157 };
+        float *lg = malloc(sizeof(float) * NV), *ex = malloc(sizeof(float) * NV);
+        float mx = -INFINITY;
+        for (int i = 0; i < NV; i++) {
+            lg[i] = i % 97 == 0 ? -INFINITY : 30 * frand();
+            if (lg[i] > mx) mx = lg[i];
+        }
+        for (int is = 0; is < 3; is++) {
+            if (kn_set_isa(isas[is])) continue;
+            for (int k = 0; k < 3; k++) {
+                float scale = k == 0 ? 1.f : k == 1 ? 1.f / 0.7f : 50.f; /* temperatures 1, 0.7, 0.02 */
+                int len = NV - k * 5;
+                double want = 0, rel = 0;
+                int zero_ok = 1;
+                float got = kn_exp_sum(lg, len, mx, scale, ex);
+                for (int i = 0; i < len; i++) {
+                    float vf = (lg[i] - mx) * scale; /* the argument as the kernels round it */
+                    double e = vf >= -87.f ? exp((double)vf) : 0;
+                    want += e;
+                    if (e > 1e-30) rel = fmax(rel, fabs(ex[i] - e) / e);
+                    if (isinf(lg[i]) && ex[i] != 0) zero_ok = 0;
+                }
+                if (!(rel < 1e-5)) fprintf(stderr, "  exp_sum %s scale %g: rel %.3g\n", isas[is], scale, rel);
+                CHECK(rel < 1e-5); /* the argument x log2(e) rounds to float: a few 1e-6 */
+                CHECK(zero_ok);
+                CHECK_NEAR(got / want, 1, 1e-5);
+            }
+        }
+        free(lg);
+        free(ex);
+    }
     kn_init();
     /* rope, both conventions, against a float64 rotation */
     int hd = 16, heads = 3, pos = 37;
