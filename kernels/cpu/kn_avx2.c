@@ -145,14 +145,8 @@ static inline __m256 exp_avx2(__m256 x) {
     __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
     __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(1.525273e-05f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.540353e-04f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.333356e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129e-03f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550411e-02f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    __m256 p = _mm256_set1_ps(kn_exp2_poly[0]);
+    for (int k = 1; k < 8; k++) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kn_exp2_poly[k]));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }

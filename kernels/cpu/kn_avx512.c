@@ -180,14 +180,8 @@ static inline __m512 exp_avx512(__m512 x) {
     __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.525273e-05f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.540353e-04f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333356e-03f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129e-03f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550411e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    __m512 p = _mm512_set1_ps(kn_exp2_poly[0]);
+    for (int k = 1; k < 8; k++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kn_exp2_poly[k]));
     return _mm512_scalef_ps(p, _mm512_max_ps(n, _mm512_set1_ps(-200.f)));
 }
 
