@@ -606,9 +606,10 @@ static void on_request(struct evhttp_request *req, void *arg) {
      * stream may wait for its first token longer than a header may take */
     struct timeval day = {86400, 0};
     evhttp_connection_set_timeout_tv(evc, &day);
-    if (req->major != 1 || req->minor < 0 || req->minor > 1) { /* evhttp takes any 1.x, "1.-110" too, and would answer in it */
+    int major = (signed char)req->major, minor = (signed char)req->minor; /* char: unsigned on ARM */
+    if (major != 1 || minor < 0 || minor > 1) { /* evhttp takes any 1.x, "1.-110" too, and would answer in it */
         char v[64];
-        snprintf(v, sizeof v, "HTTP/%d.%d is not supported: HTTP/1.1 or HTTP/1.0", req->major, req->minor);
+        snprintf(v, sizeof v, "HTTP/%d.%d is not supported: HTTP/1.1 or HTTP/1.0", major, minor);
         req->major = 1; /* the reply's own version */
         req->minor = 1;
         gw_http_header(c, "Connection", "close");

@@ -56,10 +56,13 @@ typedef struct kn_pool kn_pool;
 typedef void (*kn_task_fn)(void *ctx, int ith, int nth);
 
 /* ---- set-up -------------------------------------------------------------- */
-/* Picks the SIMD path (cpuid, overridable by LLMSERVE_ISA=scalar|avx2|avx512). */
+/* Picks the SIMD path: LLMSERVE_ISA=scalar|avx2|avx512|neon|neon-dotprod if set and present; else the
+ * CPU's best, and where it has both AVX-512 and AVX2, the one a short GEMM measures faster. */
 void kn_init(void);
 const char *kn_isa_name(void);
-/* Forces a path for tests: "scalar", "avx2", "avx512"; LLM_EUNSUP if the CPU lacks it. */
+/* Why kn_init chose the path (for the start-up log line). */
+const char *kn_isa_reason(void);
+/* Forces a path for tests (a name above); LLM_EUNSUP if the CPU lacks it. */
 int kn_set_isa(const char *name);
 
 /* A fixed pool of n threads (the caller is thread 0), created once. */

@@ -5,6 +5,9 @@
 #   tools/setup.sh serve [serve flags...]      set up, then `llmserve serve` (http://127.0.0.1:8000)
 #   tools/setup.sh test                        set up, then run the whole test suite (ctest)
 #   tools/setup.sh build                       set up only
+#   tools/setup.sh cross                       add what the NEON test needs on an x86 Debian host
+#                                              (gcc-aarch64-linux-gnu, qemu-user, arm64 -dev libraries;
+#                                              `test` does this too when CI=true or LLMSERVE_CROSS=1)
 #
 # Idempotent: every step checks first and skips what is already there.
 # Environment: BUILD_DIR (default build), JOBS, LLMSERVE_SANITIZE_TESTS=1 to
@@ -57,6 +60,31 @@ install_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# The ARM NEON path is tested on x86 by cross-building for aarch64 and running under qemu-user
+# (ctest neon_qemu). It adds the arm64 architecture to dpkg, so a developer's `test` asks for it
+# (LLMSERVE_CROSS=1); CI always does.
+CROSS_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user file)
+CROSS_ARM64_LIBS=(libc6-dev:arm64 libevent-dev:arm64 libjansson-dev:arm64 libxxhash-dev:arm64 libprotobuf-c-dev:arm64
+                  libnng-dev:arm64)
+install_cross() {
+    [ "$(uname -m)" = x86_64 ] || { say "cross: not an x86_64 host; NEON runs natively here"; return; }
+    command -v apt-get >/dev/null || { say "cross: no apt-get; the NEON test will skip"; return; }
+    local missing=() sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    for p in "${CROSS_PACKAGES[@]}" "${CROSS_ARM64_LIBS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then
+        say "cross: all present"
+        return
+    fi
+    say "cross: installing ${missing[*]}"
+    dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+        say "cross: install failed; the NEON test will skip"
+}
+
 build() {
     say "build: $BUILD_DIR (jobs $JOBS)"
     cmake -S "$ROOT" -B "$ROOT/$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
@@ -98,12 +126,17 @@ serve)
     exec "$ROOT/$BUILD_DIR/llmserve" serve "$MODEL_DIR/$MODEL_FILE" "$@"
     ;;
 test)
-    install_packages; build; fetch_model; run_tests
+    install_packages
+    if [ "${CI:-}" = true ] || [ "${LLMSERVE_CROSS:-0}" = 1 ]; then install_cross; fi
+    build; fetch_model; run_tests
+    ;;
+cross)
+    install_cross
     ;;
 build)
     install_packages; build; fetch_model
     ;;
 *)
-    die "unknown mode '$MODE' (serve | test | build)"
+    die "unknown mode '$MODE' (serve | test | build | cross)"
     ;;
 esac

@@ -22,6 +22,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
 #define MAX_RANKS 64
 #define SLOT_BYTES ((size_t)8 << 20)
 
@@ -71,7 +79,7 @@ static int shm_barrier(wk_comm *c) {
     }
     for (uint64_t spin = 0; atomic_load_explicit(&h->gen, memory_order_acquire) == g; spin++) {
         if (spin < 20000) {
-            __builtin_ia32_pause();
+            CPU_RELAX();
             continue;
         }
         if (spin % 64 == 0) {

@@ -213,9 +213,9 @@ int main(int argc, char **argv) {
         wk_tp_free(group_h);
         return 1;
     }
-    CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s, %d threads, rank %d of %d",
+    CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s (%s), %d threads, rank %d of %d",
             m->file->path, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
-            m->cfg.ctx_len, kn_isa_name(), kn_pool_size(m->pool), my_rank, tp);
+            m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool), my_rank, tp);
     int ret = 0;
     if (my_rank > 0) {
         wk_health_set_state(health, WK_H_READY); /* loaded and joined: it follows rank 0 from here */

@@ -3,6 +3,7 @@
 #include "kn_int.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 static inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -51,77 +52,92 @@ static void quant_act_avx2(const float *x, int64_t k, int8_t *qs, float *d, floa
     }
 }
 
-static void gemm_q4_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
-                         int64_t g0, int64_t g1) {
-    int64_t nb = w->k / 32;
-    const kn_pq4 *P = w->packed;
+#ifndef BT2
+#define BT2 4 /* activation rows per register tile */
+#endif
+
+/* One 8-row half h of a 16-row group against activation rows [b0, b0+bn):
+ * each block's nibbles are unpacked once into registers and used for every
+ * row of the tile. Per row the arithmetic is the same whatever the tile, so
+ * a sequence's logits do not depend on its batch. */
+static inline void q4_half(const kn_pq4 *P, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    for (int64_t g = g0; g < g1; g++)
-        for (int h = 0; h < 2; h++) {
-            int64_t r0 = g * KN_ROWS + 8 * h;
-            if (r0 >= w->n) break;
-            for (int b = 0; b < B; b++) {
-                __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-                for (int64_t blk = 0; blk < nb; blk++) {
-                    const kn_pq4 *p = &P[g * nb + blk];
-                    if (h == 0 && b == 0) /* see kn_avx512.c: prefetchers stop at page ends */
-                        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
-                    const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
-                    __m256i s = _mm256_setzero_si256();
-                    for (int c = 0; c < 4; c++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
-                        __m256i lo = _mm256_and_si256(v, m4);
-                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        __m256i t0 = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xb[2 * c]));
-                        __m256i t1 = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb[2 * c + 1]));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(t0, t1), ones));
-                    }
-                    size_t ai = (size_t)b * a->nblk + blk;
-                    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
-                    __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m + 8 * h)));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc);
-                    accm = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->ds[ai]), accm);
-                }
-                acc = _mm256_add_ps(acc, accm);
-                float tmp[8];
-                _mm256_storeu_ps(tmp, acc);
-                for (int r = 0; r < 8 && r0 + r < w->n; r++) y[(size_t)b * ldy + r0 + r] = tmp[r];
-            }
+    for (int t = 0; t < bn; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq4 *p = &P[blk];
+        if (h == 0) /* see kn_avx512.c: prefetchers stop at page ends */
+            for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
+        __m256i lo[4], hi[4];
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
+            lo[c] = _mm256_and_si256(v, m4);
+            hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
+        __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m + 8 * h)));
+        for (int t = 0; t < bn; t++) {
+            const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
+            __m256i s = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) { /* nibble pairs x int8: |sum| <= 2*2*15*128, in int16 */
+                __m256i t0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(xb[2 * c]));
+                __m256i t1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(xb[2 * c + 1]));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(t0, t1), ones));
+            }
+            size_t ai = (size_t)(b0 + t) * a->nblk + blk;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
+            acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->ds[ai]), acc[t]);
+        }
+    }
 }
 
-static void gemm_q8_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
-                         int64_t g0, int64_t g1) {
-    int64_t nb = w->k / 32;
-    const kn_pq8 *P = w->packed;
+/* Q8: weights stored q+128; xor gives signed q, and |q| * sign(x, q) keeps
+ * vpmaddubsw's pair sums within int16. The block's |q| stays in registers
+ * for the tile; q's signs are read again from L1 per row. */
+static inline void q8_half(const kn_pq8 *P, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < bn; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq8 *p = &P[blk];
+        if (h == 0)
+            for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
+        __m256i aw[8];
+        for (int c = 0; c < 8; c++)
+            aw[c] = _mm256_abs_epi8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h)), flip));
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
+        for (int t = 0; t < bn; t++) {
+            const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
+            __m256i s = _mm256_setzero_si256();
+            for (int c = 0; c < 8; c++) {
+                __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h)), flip);
+                __m256i tt = _mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(_mm256_set1_epi32(xb[c]), q));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(tt, ones));
+            }
+            size_t ai = (size_t)(b0 + t) * a->nblk + blk;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
+        }
+    }
+}
+
+static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
+    int64_t nb = w->k / 32;
     for (int64_t g = g0; g < g1; g++)
         for (int h = 0; h < 2; h++) {
             int64_t r0 = g * KN_ROWS + 8 * h;
             if (r0 >= w->n) break;
-            for (int b = 0; b < B; b++) {
-                __m256 acc = _mm256_setzero_ps();
-                for (int64_t blk = 0; blk < nb; blk++) {
-                    const kn_pq8 *p = &P[g * nb + blk];
-                    if (h == 0 && b == 0)
-                        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
-                    const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
-                    __m256i s = _mm256_setzero_si256();
-                    for (int c = 0; c < 8; c++) {
-                        /* stored q+128: xor gives signed q; |q| * sign(x, q) keeps
-                         * vpmaddubsw's pair sums within int16 */
-                        __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h)), flip);
-                        __m256i x = _mm256_set1_epi32(xb[c]);
-                        __m256i t = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(t, ones));
+            for (int b0 = 0; b0 < B; b0 += BT2) {
+                int bn = B - b0 < BT2 ? B - b0 : BT2;
+                __m256 acc[BT2];
+                if (w->pack == KN_PACK_Q8) q8_half((const kn_pq8 *)w->packed + g * nb, nb, h, a, b0, bn, acc);
+                else q4_half((const kn_pq4 *)w->packed + g * nb, nb, h, a, b0, bn, acc);
+                for (int t = 0; t < bn; t++) {
+                    float *yr = y + (size_t)(b0 + t) * ldy + r0;
+                    if (r0 + 8 <= w->n) _mm256_storeu_ps(yr, acc[t]);
+                    else {
+                        float tmp[8];
+                        _mm256_storeu_ps(tmp, acc[t]);
+                        for (int r = 0; r < 8 && r0 + r < w->n; r++) yr[r] = tmp[r];
                     }
-                    size_t ai = (size_t)b * a->nblk + blk;
-                    __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc);
                 }
-                float tmp[8];
-                _mm256_storeu_ps(tmp, acc);
-                for (int r = 0; r < 8 && r0 + r < w->n; r++) y[(size_t)b * ldy + r0 + r] = tmp[r];
             }
         }
 }
@@ -165,5 +181,144 @@ static float exp_sum_avx2(const float *x, int n, float mx, float scale, float *o
     return hsum8(acc) + kn_exp_sum_scalar(x + i, n - i, mx, scale, out + i);
 }
 
-const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_q4_avx2, gemm_q8_avx2, dot_avx2,
-                              kn_attn_group_generic, kn_f32_to_f16_scalar, kn_silu_mul_scalar, exp_sum_avx2};
+/* 8 elements starting at element i of the row at p. */
+static inline __m256 kv_load8(const char *p, int i, int kind) {
+    if (kind == KN_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    if (kind == KN_KV_BF16) /* bf16 is the top half of an f32 */
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    if (kind == KN_KV_FP8) { /* E4M3 bits placed in an f16's, read as the value times 2^-8 (kn_avx512.c) */
+        __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i)));
+        __m128i hb = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                  _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+        return _mm256_mul_ps(_mm256_cvtph_ps(hb), _mm256_set1_ps(256.f));
+    }
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* r[p] = sum of the 8 lanes of a[p], p = 0..7. */
+static inline __m256 reduce8(const __m256 *a) {
+    __m256 b0 = _mm256_hadd_ps(a[0], a[1]), b1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 b2 = _mm256_hadd_ps(a[4], a[5]), b3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 c0 = _mm256_hadd_ps(b0, b1), c1 = _mm256_hadd_ps(b2, b3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c0, c1, 0x31));
+}
+
+/* The scores of one head, 8 positions per register (K rows come from L1
+ * for the group's other heads), and their exp; returns the sum. */
+static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int len, int nv, float scale, float *sh,
+                                int kind) {
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= len; j += 8) {
+        __m256 acc[8];
+        for (int p = 0; p < 8; p++) {
+            const char *row = kv->k + kn_kv_off(kv, j + p);
+            acc[p] = _mm256_mul_ps(_mm256_loadu_ps(qh), kv_load8(row, 0, kind));
+            for (int v = 1; v < nv; v++) acc[p] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), kv_load8(row, 8 * v, kind), acc[p]);
+        }
+        __m256 sc = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+        _mm256_storeu_ps(sh + j, sc);
+        vmx = _mm256_max_ps(vmx, sc);
+    }
+    float mx = hmax8(vmx);
+    for (; j < len; j++) {
+        const char *row = kv->k + kn_kv_off(kv, j);
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qh), kv_load8(row, 0, kind));
+        for (int v = 1; v < nv; v++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), kv_load8(row, 8 * v, kind), acc);
+        sh[j] = hsum8(acc) * scale;
+        mx = sh[j] > mx ? sh[j] : mx;
+    }
+    /* softmax numerators: positions' scores minus the max, never below -87 after scaling by 1 */
+    __m256 vm = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= len; j += 8) {
+        __m256 e = exp_avx2(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(sh + j), vm), _mm256_set1_ps(-87.f)));
+        _mm256_storeu_ps(sh + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum8(vs);
+    for (; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
+    return sum;
+}
+
+/* out[h] = sum_j s[h][j] V_j / sums[h] for G heads (G <= 3) and 32 columns
+ * from c: each V row is read once for the heads, 12 accumulators in
+ * registers. */
+static inline void pv_avx2(const kn_kv_rows *kv, const float *s, int len, int hd, int G, int c, const float *inv,
+                           float *out, int kind) {
+    __m256 o[3][4];
+    for (int h = 0; h < G; h++)
+        for (int v = 0; v < 4; v++) o[h][v] = _mm256_setzero_ps();
+    for (int j = 0; j < len; j++) {
+        const char *row = kv->v + kn_kv_off(kv, j);
+        __m256 p[3];
+        for (int h = 0; h < G; h++) p[h] = _mm256_broadcast_ss(s + (size_t)h * len + j);
+        for (int v = 0; v < 4; v++) {
+            __m256 vv = kv_load8(row, c + 8 * v, kind);
+            for (int h = 0; h < G; h++) o[h][v] = _mm256_fmadd_ps(p[h], vv, o[h][v]);
+        }
+    }
+    for (int h = 0; h < G; h++)
+        for (int v = 0; v < 4; v++)
+            _mm256_storeu_ps(out + (size_t)h * hd + c + 8 * v, _mm256_mul_ps(o[h][v], _mm256_set1_ps(inv[h])));
+}
+
+/* nv = hd/8 and the cache type are constants at each call site. Heads go
+ * through the V pass 3 at a time; a head's arithmetic is the same whichever
+ * heads share its pass, so the result never depends on the batch. */
+static inline void attn_body_avx2(const float *q, const kn_kv_rows *kv, int len, int nv, int g, float scale, float *s,
+                                  float *out, int kind) {
+    int hd = 8 * nv;
+    float inv[8];
+    for (int h = 0; h < g; h++) inv[h] = 1.f / scores_avx2(q + (size_t)h * hd, kv, len, nv, scale, s + (size_t)h * len, kind);
+    for (int h0 = 0; h0 < g; h0 += 3) {
+        int G = g - h0 < 3 ? g - h0 : 3;
+        const float *sh = s + (size_t)h0 * len;
+        float *oh = out + (size_t)h0 * hd;
+        for (int c = 0; c < hd; c += 32) {
+            if (G == 3) pv_avx2(kv, sh, len, hd, 3, c, inv + h0, oh, kind);
+            else if (G == 2) pv_avx2(kv, sh, len, hd, 2, c, inv + h0, oh, kind);
+            else pv_avx2(kv, sh, len, hd, 1, c, inv + h0, oh, kind);
+        }
+    }
+}
+
+static void attn_group_avx2(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
+                            float *out) {
+    if (hd % 32 || hd > 256 || g > 8) {
+        kn_attn_group_generic(q, kv, len, hd, g, scale, s, out);
+        return;
+    }
+    if (hd == 64 && kv->kind == KN_KV_F16) attn_body_avx2(q, kv, len, 8, g, scale, s, out, KN_KV_F16);
+    else if (hd == 128 && kv->kind == KN_KV_F16) attn_body_avx2(q, kv, len, 16, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_F16) attn_body_avx2(q, kv, len, hd / 8, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_FP8) attn_body_avx2(q, kv, len, hd / 8, g, scale, s, out, KN_KV_FP8);
+    else if (kv->kind == KN_KV_BF16) attn_body_avx2(q, kv, len, hd / 8, g, scale, s, out, KN_KV_BF16);
+    else attn_body_avx2(q, kv, len, hd / 8, g, scale, s, out, KN_KV_F32);
+}
+
+static void f32_to_f16_avx2(const float *src, uint16_t *dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    kn_f32_to_f16_scalar(src + i, dst + i, n - i);
+}
+
+/* silu(a) * b = a * b / (1 + exp(-a)); exp_avx2 takes -87 <= x: beyond it
+ * 1 + exp(-a) is huge and the result -0-ish, so -a is clamped to 87 above
+ * (exp(87) ~ 6e37 keeps a*b/that at 0 for any float a*b that matters) and
+ * -87 below (exp(-87) ~ 0: the result is a*b). */
+static void silu_mul_avx2(float *a, const float *b, int n) {
+    const __m256 one = _mm256_set1_ps(1.f), lo = _mm256_set1_ps(-87.f), hi = _mm256_set1_ps(87.f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        __m256 e = exp_avx2(_mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), lo), hi));
+        _mm256_storeu_ps(a + i, _mm256_div_ps(_mm256_mul_ps(x, _mm256_loadu_ps(b + i)), _mm256_add_ps(one, e)));
+    }
+    kn_silu_mul_scalar(a + i, b + i, n - i);
+}
+
+const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, dot_avx2,
+                              attn_group_avx2, f32_to_f16_avx2, silu_mul_avx2, exp_sum_avx2};

@@ -5,8 +5,13 @@
 #include "kn_int.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#endif
 
 static const kn_impl *impl = &kn_impl_scalar;
 static int initialised;
@@ -20,35 +25,125 @@ int kn_weight_wants_act(const kn_weight *w) {
     return w->pack != KN_PACK_NONE && !act_f32;
 }
 
-static int cpu_has(const char *what) {
+static const kn_impl *isa_impl(const char *what) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (strcmp(what, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &kn_impl_avx2 : NULL;
     if (strcmp(what, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-               __builtin_cpu_supports("avx512dq");
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                       __builtin_cpu_supports("avx512dq")
+                   ? &kn_impl_avx512
+                   : NULL;
 #endif
-    return strcmp(what, "scalar") == 0;
+#if defined(__aarch64__)
+    if (strcmp(what, "neon") == 0) return &kn_impl_neon; /* Advanced SIMD is part of ARMv8-A */
+    if (strcmp(what, "neon-dotprod") == 0) return getauxval(AT_HWCAP) & HWCAP_ASIMDDP ? &kn_impl_neon_dot : NULL;
+#endif
+    return strcmp(what, "scalar") == 0 ? &kn_impl_scalar : NULL;
 }
 
 int kn_set_isa(const char *name) {
-    if (!cpu_has(name)) return LLM_EUNSUP;
-    impl = strcmp(name, "avx512") == 0 ? &kn_impl_avx512
-           : strcmp(name, "avx2") == 0 ? &kn_impl_avx2
-                                       : &kn_impl_scalar;
+    const kn_impl *p = isa_impl(name);
+    if (!p) return LLM_EUNSUP;
+    impl = p;
     initialised = 1;
     return 0;
 }
 
+static char isa_reason[256];
+
+const char *kn_isa_reason(void) {
+    kn_init();
+    return isa_reason;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A CPU with both may run AVX-512 slower than AVX2 (frequency drops, or 512-bit work split in halves),
+ * so the two time the shape that dominates a step: a Q4_1 GEMM (512 x 1024, 4 activation rows), best
+ * of 9 interleaved runs each, one thread. AVX-512 stays unless AVX2 is 15% faster: noise must not flip
+ * the choice between processes of one cluster. About 10 ms. */
+static void pick_by_measuring(const kn_impl *a, const kn_impl *b, char *why, size_t whylen) {
+    enum { N = 512, K = 1024, B = 4 };
+    size_t rb = cm_dtype_row_bytes(CM_Q4_1, K);
+    uint8_t *raw = malloc(rb * N);
+    float *x = malloc(sizeof(float) * B * K), *y = malloc(sizeof(float) * B * N);
+    kn_weight w;
+    kn_act act;
+    int ok = raw && x && y && kn_act_init(&act, K, B) == 0;
+    if (ok) {
+        uint32_t r = 12345;
+        for (size_t i = 0; i < rb * N; i++) raw[i] = (uint8_t)((r = r * 1103515245u + 12345u) >> 16);
+        for (int i = 0; i < N * K / 32; i++) { /* sane scales: bytes 0..3 of each block are d and m */
+            uint16_t d = cm_f32_to_f16(0.01f), m = cm_f32_to_f16(-0.08f);
+            memcpy(raw + (size_t)i * 20, &d, 2);
+            memcpy(raw + (size_t)i * 20 + 2, &m, 2);
+        }
+        for (int i = 0; i < B * K; i++) x[i] = (float)((i * 37) % 17) - 8.f;
+        ok = kn_weight_init(&w, CM_Q4_1, N, K, raw) == 0;
+        if (!ok) kn_act_free(&act);
+    }
+    if (!ok) {
+        snprintf(why, whylen, "cpuid (no memory to measure)");
+        impl = a;
+        free(raw), free(x), free(y);
+        return;
+    }
+    double best[2] = {1e9, 1e9};
+    const kn_impl *c[2] = {a, b};
+    for (int rep = 0; rep < 9; rep++)
+        for (int i = 0; i < 2; i++) {
+            c[i]->quant_act(x, K, act.qs, act.d, act.ds);
+            for (int j = 1; j < B; j++)
+                c[i]->quant_act(x + j * K, K, act.qs + j * K, act.d + j * (K / 32), act.ds + j * (K / 32));
+            double t0 = now_s();
+            c[i]->gemm_q4(&w, &act, B, y, N, 0, N / KN_ROWS);
+            double t = now_s() - t0;
+            if (t < best[i]) best[i] = t;
+        }
+    int pick = best[1] < 0.85 * best[0];
+    impl = c[pick];
+    snprintf(why, whylen, "cpuid has %s and %s; a Q4 GEMM took %.0f us on %s and %.0f us on %s", a->name, b->name,
+             1e6 * best[0], a->name, 1e6 * best[1], b->name);
+    kn_weight_free(&w);
+    kn_act_free(&act);
+    free(raw), free(x), free(y);
+}
+#endif
+
 void kn_init(void) {
     if (initialised) return;
+    initialised = 1;
     const char *f32 = getenv("LLMSERVE_ACT_F32"); /* reference mode for a whole process (exactness checks) */
     if (f32 && !strcmp(f32, "1")) act_f32 = 1;
     const char *env = getenv("LLMSERVE_ISA");
-    if (env && kn_set_isa(env) == 0) return;
-    if (kn_set_isa("avx512") && kn_set_isa("avx2")) kn_set_isa("scalar");
+    char pre[96] = "";
+    if (env && *env) {
+        if (kn_set_isa(env) == 0) {
+            snprintf(isa_reason, sizeof isa_reason, "LLMSERVE_ISA=%s", env);
+            return;
+        }
+        snprintf(pre, sizeof pre, "LLMSERVE_ISA=%.32s is not available on this CPU; ", env);
+    }
+    char why[200];
+    impl = &kn_impl_scalar;
+    snprintf(why, sizeof why, "no SIMD path for this CPU");
+#if defined(__x86_64__) || defined(__i386__)
+    const kn_impl *a512 = isa_impl("avx512"), *a2 = isa_impl("avx2");
+    if (a512 && a2) pick_by_measuring(a512, a2, why, sizeof why);
+    else if ((impl = a512 ? a512 : a2 ? a2 : &kn_impl_scalar) != &kn_impl_scalar) snprintf(why, sizeof why, "cpuid");
+#elif defined(__aarch64__)
+    impl = isa_impl("neon-dotprod") ? &kn_impl_neon_dot : &kn_impl_neon;
+    snprintf(why, sizeof why, "%s", impl == &kn_impl_neon_dot ? "HWCAP has asimddp" : "HWCAP lacks asimddp");
+#endif
+    snprintf(isa_reason, sizeof isa_reason, "%s%s", pre, why);
 }
 
 const char *kn_isa_name(void) {

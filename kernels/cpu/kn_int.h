@@ -54,8 +54,14 @@ static const float kn_exp2_poly[8] = {1.525273e-05f, 1.540353e-04f, 1.333356e-03
                                       5.550411e-02f, 2.402265e-01f, 6.931472e-01f, 1.f};
 
 extern const kn_impl kn_impl_scalar;
+#if defined(__x86_64__) || defined(__i386__)
 extern const kn_impl kn_impl_avx2;
 extern const kn_impl kn_impl_avx512;
+#endif
+#if defined(__aarch64__)
+extern const kn_impl kn_impl_neon;
+extern const kn_impl kn_impl_neon_dot;
+#endif
 
 /* Quantizes one block of 32 floats: the shared rounding rule of every path
  * (d = amax/127, q = nearest(x/d)); SIMD paths must agree with it. */

@@ -10,18 +10,29 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
 #else
 #define CPU_RELAX() ((void)0)
 #endif
 
 /* Spin with pause first (a decode step's tasks are microseconds apart), then
  * yield (on an oversubscribed machine a pure spinner steals the core the
- * thread it waits for needs), then sleep. */
+ * thread it waits for needs) for at most YIELD_NS, then sleep: the serial
+ * part between steps (sampling, scheduling, the RPC) must not cost the
+ * other threads' cores for long. */
 #define SPIN_PAUSE 4096
-#define SPIN_ITERS 20000
+#define YIELD_NS 2000000LL
+
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 typedef struct {
     kn_pool *pool;
@@ -48,11 +59,16 @@ static void *worker(void *p) {
     unsigned seen = 0;
     for (;;) {
         int spins = 0;
+        long long t0 = 0;
         while (atomic_load_explicit(&pool->gen, memory_order_acquire) == seen &&
                !atomic_load(&pool->stop)) {
-            if (++spins < SPIN_ITERS) {
-                if (spins < SPIN_PAUSE) CPU_RELAX();
-                else sched_yield();
+            if (++spins < SPIN_PAUSE) {
+                CPU_RELAX();
+                continue;
+            }
+            if (spins == SPIN_PAUSE) t0 = mono_ns();
+            if ((spins & 15) || mono_ns() - t0 < YIELD_NS) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&pool->mu);

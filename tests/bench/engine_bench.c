@@ -181,8 +181,8 @@ int main(int argc, char **argv) {
     free(one);
     int maxp = prompt_len > sys_len + 32 ? prompt_len : sys_len + 32;
     int32_t *p = malloc(sizeof(int32_t) * (size_t)maxp);
-    printf("model %s, %d threads, isa %s, prompt %d tokens, %d generated per request, budget %d tokens/step\n",
-           m->file->path, kn_pool_size(m->pool), kn_isa_name(), prompt_len, gen, eo.max_num_batched_tokens);
+    printf("model %s, %d threads, isa %s (%s), prompt %d tokens, %d generated per request, budget %d tokens/step\n",
+           m->file->path, kn_pool_size(m->pool), kn_isa_name(), kn_isa_reason(), prompt_len, gen, eo.max_num_batched_tokens);
     if (gbnf) printf("structured outputs: %s, temperature %g; decode step: median ms of a step decoding all c sequences\n",
                      schema_path, temperature);
     printf("%-12s %10s %12s %10s %14s", "concurrency", "tok/s", "vs c=1", "wall s", "step ms (med)");

@@ -54,10 +54,11 @@ static void *rand_weight(int type, int64_t n, int64_t k) {
     return p;
 }
 
-static const char *isas[] = {"scalar", "avx2", "avx512"};
+static const char *isas[] = {"scalar", "avx2", "avx512", "neon", "neon-dotprod"};
+#define N_ISA ((int)(sizeof isas / sizeof *isas))
 
 static void test_quant(void) {
-    for (int is = 0; is < 3; is++) {
+    for (int is = 0; is < N_ISA; is++) {
         if (kn_set_isa(isas[is])) continue;
         int64_t k = 32 * (1 + rnd() % 40);
         float *x = malloc(sizeof(float) * (size_t)k);
@@ -84,7 +85,7 @@ static void test_matmul(kn_pool *pool) {
     for (int it = 0; it < 60; it++) {
         int type = types[it % 6];
         int64_t n = 1 + rnd() % 70, k = 32 * (1 + rnd() % 24);
-        int B = 1 + (int)(rnd() % 9);
+        int B = 1 + (int)(rnd() % 13);
         void *raw = rand_weight(type, n, k);
         float *x = malloc(sizeof(float) * (size_t)(B * k));
         for (int64_t i = 0; i < B * k; i++) x[i] = frand();
@@ -93,7 +94,7 @@ static void test_matmul(kn_pool *pool) {
         CHECK_RC(kn_weight_init(&w, type, n, k, raw), 0);
         kn_ref_matmul(&w, ref, x, B);
         float *first = NULL;
-        for (int is = 0; is < 3; is++) {
+        for (int is = 0; is < N_ISA; is++) {
             if (kn_set_isa(isas[is])) continue;
             kn_weight wi; /* repack under this ISA (layout is shared; checks determinism) */
             CHECK_RC(kn_weight_init(&wi, type, n, k, raw), 0);
@@ -109,6 +110,16 @@ static void test_matmul(kn_pool *pool) {
                         (long long)n, (long long)k, B, e);
             CHECK(e < tol);
             CHECK(guards_ok(y, (size_t)(B * n)));
+            /* the last row alone gives the same bits as in the batch (tiles change nothing) */
+            if (w.pack) {
+                kn_act a1;
+                kn_act_init(&a1, k, 1);
+                float *y1 = out_buf((size_t)n);
+                kn_matmul(pool, &wi, y1, x + (size_t)(B - 1) * k, &a1, 1);
+                CHECK(memcmp(y1, y + (size_t)(B - 1) * n, sizeof(float) * (size_t)n) == 0);
+                free(y1);
+                kn_act_free(&a1);
+            }
             if (!first) first = y;
             else {
                 /* SIMD paths run the same integer algorithm as the scalar one */
@@ -131,10 +142,10 @@ static void test_attention(kn_pool *pool) {
         static const int kv_types[4] = {KN_KV_F32, KN_KV_F16, KN_KV_FP8, KN_KV_BF16};
         int kv_type = kv_types[it / 3 % 4]; /* every type meets every shape */
         /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 128),
-         * groups of 1..5 (above 4: in steps of 4), block sizes 1..64, several
+         * groups of 1..10 (above 4 in steps of 4 on AVX-512, 3 on AVX2; above 8 split), block sizes 1..64, several
          * sequences of different lengths (decode T = 1 and prefill over a prefix)
          * whose blocks are scattered over the pool in random order */
-        int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 5);
+        int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 10);
         int hd = it % 3 ? 16 * (1 + (int)(rnd() % 8)) : 4 * (1 + (int)(rnd() % 20));
         int shift = (int)(rnd() % 7), bs = 1 << shift, n_seq = 1 + (int)(rnd() % 4), nh = n_kv * group;
         kn_attn_seq seq[4];
@@ -181,7 +192,7 @@ static void test_attention(kn_pool *pool) {
         kn_attn_args ra = {n_seq, seq, nh, n_kv, hd, kv_type, shift, max_len, q, ref, kc, vc,
                            (size_t)bs * row_n * eb, NULL};
         kn_ref_attention(&ra);
-        for (int is = 0; is < 3; is++) {
+        for (int is = 0; is < N_ISA; is++) {
             if (kn_set_isa(isas[is])) continue;
             float *y = out_buf(qn);
             kn_attn_args a = ra;
@@ -219,7 +230,7 @@ static void test_attention(kn_pool *pool) {
     float src[40];
     uint16_t a16[40];
     for (int i = 0; i < 40; i++) src[i] = frand() * 1000;
-    for (int is = 0; is < 3; is++) {
+    for (int is = 0; is < N_ISA; is++) {
         if (kn_set_isa(isas[is])) continue;
         kn_kv_store(KN_KV_F16, a16, src, 40);
         int diff = 0;
@@ -248,7 +259,7 @@ static void test_elementwise(void) {
     /* silu * mul, every path, including the saturated ends */
     x[0] = 200;
     x[1] = -200;
-    for (int is = 0; is < 3; is++) {
+    for (int is = 0; is < N_ISA; is++) {
         if (kn_set_isa(isas[is])) continue;
         memcpy(y, x, sizeof(float) * (size_t)n);
         kn_silu_mul(y, w, n);
@@ -265,7 +276,7 @@ static void test_elementwise(void) {
             lg[i] = i % 97 == 0 ? -INFINITY : 30 * frand();
             if (lg[i] > mx) mx = lg[i];
         }
-        for (int is = 0; is < 3; is++) {
+        for (int is = 0; is < N_ISA; is++) {
             if (kn_set_isa(isas[is])) continue;
             for (int k = 0; k < 3; k++) {
                 float scale = k == 0 ? 1.f : k == 1 ? 1.f / 0.7f : 50.f; /* temperatures 1, 0.7, 0.02 */
@@ -330,8 +341,8 @@ static void test_pool(void) {
 int main(void) {
     kn_pool *pool;
     kn_pool_create(3, &pool);
-    printf("kernels_test: default ISA %s\n", kn_isa_name());
-    for (int is = 0; is < 3; is++) printf("  %s: %s\n", isas[is], kn_set_isa(isas[is]) ? "not on this CPU" : "tested");
+    printf("kernels_test: default ISA %s (%s)\n", kn_isa_name(), kn_isa_reason());
+    for (int is = 0; is < N_ISA; is++) printf("  %s: %s\n", isas[is], kn_set_isa(isas[is]) ? "not on this CPU" : "tested");
     test_quant();
     test_matmul(pool);
     test_attention(pool);

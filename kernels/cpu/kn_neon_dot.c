@@ -1,0 +1,69 @@
+/* kn_neon_dot.c - the NEON GEMM on sdot (vdotq_s32), compiled for
+ * ARMv8.2-A + dotprod and called only where the CPU reports it (HWCAP_ASIMDDP). */
+#include "kn_neon.h"
+
+/* One 16-row group against activation rows [b0, b0 + bn): the block's weights unpacked once into
+ * registers for the tile; per row the same arithmetic whatever the tile. */
+static void group_dot(const kn_weight *w, int64_t g, const kn_act *a, int b0, int bn, float32x4_t acc[][4]) {
+    int64_t nb = w->k / 32;
+    const uint8x16_t m4 = vdupq_n_u8(0x0f);
+    int q8 = w->pack == KN_PACK_Q8;
+    for (int t = 0; t < bn; t++)
+        for (int r = 0; r < 4; r++) acc[t][r] = vdupq_n_f32(0);
+    for (int64_t blk = 0; blk < nb; blk++) {
+        int8x16_t wq[8][4]; /* [chunk][rows 4r..4r+3] */
+        float32x4_t dw[4], mw[4];
+        if (q8) {
+            const kn_pq8 *p = (const kn_pq8 *)w->packed + g * nb + blk;
+            __builtin_prefetch((const char *)p + 4096);
+            __builtin_prefetch((const char *)p + 4096 + 256);
+            for (int c = 0; c < 8; c++)
+                for (int r = 0; r < 4; r++)
+                    wq[c][r] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p->qs[c] + 16 * r), vdupq_n_u8(0x80)));
+            for (int r = 0; r < 4; r++) {
+                dw[r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d + 4 * r)));
+                mw[r] = vdupq_n_f32(0);
+            }
+        } else {
+            const kn_pq4 *p = (const kn_pq4 *)w->packed + g * nb + blk;
+            __builtin_prefetch((const char *)p + 4096);
+            __builtin_prefetch((const char *)p + 4096 + 256);
+            for (int c = 0; c < 4; c++)
+                for (int r = 0; r < 4; r++) {
+                    uint8x16_t v = vld1q_u8(p->qs[c] + 16 * r);
+                    wq[2 * c][r] = vreinterpretq_s8_u8(vandq_u8(v, m4));
+                    wq[2 * c + 1][r] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                }
+            for (int r = 0; r < 4; r++) {
+                dw[r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d + 4 * r)));
+                mw[r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->m + 4 * r)));
+            }
+        }
+        for (int t = 0; t < bn; t++) {
+            const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
+            size_t ai = (size_t)(b0 + t) * a->nblk + blk;
+            int8x16_t x[8];
+            for (int c = 0; c < 8; c++) x[c] = vreinterpretq_s8_s32(vdupq_n_s32(xb[c]));
+            for (int r = 0; r < 4; r++) {
+                int32x4_t s0 = vdotq_s32(vdupq_n_s32(0), wq[0][r], x[0]);
+                int32x4_t s1 = vdotq_s32(vdupq_n_s32(0), wq[1][r], x[1]);
+                for (int c = 2; c < 8; c += 2) {
+                    s0 = vdotq_s32(s0, wq[c][r], x[c]);
+                    s1 = vdotq_s32(s1, wq[c + 1][r], x[c + 1]);
+                }
+                acc[t][r] = vfmaq_f32(acc[t][r], vcvtq_f32_s32(vaddq_s32(s0, s1)), vmulq_n_f32(dw[r], a->d[ai]));
+                if (!q8) acc[t][r] = vfmaq_n_f32(acc[t][r], mw[r], a->ds[ai]);
+            }
+        }
+    }
+}
+
+void kn_neon_gemm_dot(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; g++)
+        for (int b0 = 0; b0 < B; b0 += KN_NEON_BT) {
+            int bn = B - b0 < KN_NEON_BT ? B - b0 : KN_NEON_BT;
+            float32x4_t acc[KN_NEON_BT][4];
+            group_dot(w, g, a, b0, bn, acc);
+            kn_neon_store_rows(y, ldy, b0, bn, g, w->n, acc);
+        }
+}
