@@ -61,10 +61,11 @@ install_packages() {
 }
 
 # The ARM NEON path is tested on x86 by cross-building for aarch64 and running under qemu-user
-# (ctest neon_qemu). It adds the arm64 architecture to dpkg, so a developer's `test` asks for it
+# (ctest neon_qemu; the gateway is left out: libevent-dev is one architecture only). It adds the
+# arm64 architecture to dpkg, so a developer's `test` asks for it
 # (LLMSERVE_CROSS=1); CI always does.
 CROSS_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user file)
-CROSS_ARM64_LIBS=(libc6-dev:arm64 libevent-dev:arm64 libjansson-dev:arm64 libxxhash-dev:arm64 libprotobuf-c-dev:arm64
+CROSS_ARM64_LIBS=(libc6-dev:arm64 libjansson-dev:arm64 libxxhash-dev:arm64 libprotobuf-c-dev:arm64
                   libnng-dev:arm64)
 install_cross() {
     [ "$(uname -m)" = x86_64 ] || { say "cross: not an x86_64 host; NEON runs natively here"; return; }

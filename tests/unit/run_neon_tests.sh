@@ -15,14 +15,14 @@ MODEL=${2:?model}
 skip() { echo "neon: skipped: $*"; exit 77; }
 command -v aarch64-linux-gnu-gcc >/dev/null || skip "no aarch64-linux-gnu-gcc (apt-get install gcc-aarch64-linux-gnu, or tools/setup.sh cross)"
 command -v qemu-aarch64 >/dev/null || skip "no qemu-aarch64 (apt-get install qemu-user, or tools/setup.sh cross)"
-for f in pkgconfig/libevent.pc pkgconfig/jansson.pc pkgconfig/libxxhash.pc pkgconfig/libprotobuf-c.pc cmake/nng; do
+for f in pkgconfig/jansson.pc pkgconfig/libxxhash.pc pkgconfig/libprotobuf-c.pc cmake/nng; do
     [ -e "/usr/lib/aarch64-linux-gnu/$f" ] ||
         skip "no arm64 $(basename "$f" .pc) (dpkg --add-architecture arm64 and the :arm64 -dev packages, or tools/setup.sh cross)"
 done
 [ -f "$MODEL" ] || skip "model $MODEL absent (run tools/setup.sh)"
 
 cmake -S "$ROOT" -B "$OUT" -DCMAKE_TOOLCHAIN_FILE="$ROOT/tools/cmake/aarch64-linux-gnu.cmake" \
-    -DCMAKE_BUILD_TYPE=Release -DLLMSERVE_CUDA=OFF -DBUILD_TESTING=ON >/dev/null
+    -DCMAKE_BUILD_TYPE=Release -DLLMSERVE_CUDA=OFF -DLLMSERVE_GATEWAY=OFF -DBUILD_TESTING=ON >/dev/null
 cmake --build "$OUT" -j "${JOBS:-$(nproc)}" --target kernels_test model_test llmserve >/dev/null
 file "$OUT/tests/kernels_test" | grep -q 'ARM aarch64' || { echo "neon: FAIL: not an aarch64 binary"; exit 1; }
 QEMU=(qemu-aarch64 -L /) # the arm64 libc of the multiarch install: the cross one may be another version
