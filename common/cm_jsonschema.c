@@ -77,7 +77,8 @@ typedef struct {
     const json_t *root;
     buf out;
     int n_rules, depth;
-    struct ref { char *ptr; int rule; } *refs;
+    int guards; /* brackets opened on the way here: "[" or "{" is read before any element */
+    struct ref { char *ptr; int rule, open; } *refs; /* open: guards when its body began, -1 once written */
     int n_refs, cap_refs;
     char *err;
     size_t errlen;
@@ -176,7 +177,7 @@ static int string_rule(gen *g, const json_t *s) {
  * (prefixItems first, then items) while the maximum allows and an end once
  * the minimum is met; past max(prefixItems, minItems) every more(k) is the
  * same unbounded repetition, so the rules stop there. */
-static int array_rule(gen *g, const json_t *s) {
+static int array_body(gen *g, const json_t *s) {
     long long lo = 0, hi = -1;
     if (get_count(g, s, "minItems", &lo) || get_count(g, s, "maxItems", &hi)) return -1;
     if (hi >= 0 && hi < lo) return bad(g, "'maxItems' is below 'minItems'");
@@ -230,7 +231,7 @@ static int array_rule(gen *g, const json_t *s) {
     return r;
 }
 
-static int object_rule(gen *g, const json_t *s) {
+static int object_body(gen *g, const json_t *s) {
     const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required"),
                  *ap = json_object_get(s, "additionalProperties");
     if (props && !json_is_object(props)) return bad(g, "'properties' must be an object");
@@ -306,15 +307,33 @@ done:
     return g->failed ? -1 : r;
 }
 
+/* An element of an array or an object comes after its bracket, so a $ref
+ * back to itself from inside one reads something first; one reached again
+ * with no bracket between (through $ref, anyOf, oneOf, allOf) would be a
+ * rule that expands to itself before reading anything. */
+static int guarded(gen *g, int (*body)(gen *, const json_t *), const json_t *s) {
+    g->guards++;
+    int r = body(g, s);
+    g->guards--;
+    return r;
+}
+static int array_rule(gen *g, const json_t *s) { return guarded(g, array_body, s); }
+static int object_rule(gen *g, const json_t *s) { return guarded(g, object_body, s); }
+
 static int ref_rule(gen *g, const char *ref) {
-    for (int i = 0; i < g->n_refs; i++)
-        if (!strcmp(g->refs[i].ptr, ref)) return g->refs[i].rule;
+    for (int i = 0; i < g->n_refs; i++) {
+        if (strcmp(g->refs[i].ptr, ref)) continue;
+        if (g->refs[i].open == g->guards)
+            return bad(g, "'$ref' '%s' refers back to itself before any value is read (left recursion)", ref);
+        return g->refs[i].rule;
+    }
     const char *name = NULL;
     const json_t *defs = NULL;
     if (!strncmp(ref, "#/$defs/", 8)) defs = json_object_get(g->root, "$defs"), name = ref + 8;
     else if (!strncmp(ref, "#/definitions/", 14)) defs = json_object_get(g->root, "definitions"), name = ref + 14;
     else if (!strcmp(ref, "#")) name = "";
     else return bad(g, "'$ref' '%s' is not supported (only #, #/$defs/... and #/definitions/...)", ref);
+    if (ref[1] && !name[0]) return bad(g, "'$ref' '%s' names no definition", ref);
     if (strchr(name, '/') || strchr(name, '~')) return bad(g, "'$ref' '%s': nested or escaped pointers are not supported", ref);
     const json_t *target = name[0] ? json_object_get(defs, name) : g->root;
     if (!target) return bad(g, "'$ref' '%s' points at nothing", ref);
@@ -329,8 +348,10 @@ static int ref_rule(gen *g, const char *ref) {
     }
     g->refs[g->n_refs].ptr = strdup(ref);
     if (!g->refs[g->n_refs].ptr) return bad(g, "out of memory");
-    g->refs[g->n_refs++].rule = r; /* before the body: a recursive ref finds it */
+    int at = g->n_refs++;
+    g->refs[at].rule = r, g->refs[at].open = g->guards; /* before the body: a recursive ref finds it */
     int body = sub(g, target, ref + 1);
+    g->refs[at].open = -1;
     if (body < 0) return -1;
     put(&g->out, "s%d ::= s%d\n", r, body);
     return r;

@@ -5,6 +5,9 @@
 #   tools/fuzz.sh [SECONDS_EACH] [TARGET...]     (default 10 s; all targets)
 # A crash stops the run with the fuzzer's report (exit 1); the input is
 # left as build-fuzz/crash-* to add to the seeds once fixed.
+# FUZZ_SEED=N fixes libFuzzer's random seed, so a run explores the same
+# inputs each time (the test suite's short run uses 1: a gate that a change
+# can fail, not a lottery); unset, each run explores anew.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SECS=${1:-10}
@@ -26,7 +29,9 @@ for t in $TARGETS; do
     len=65536
     [ "$t" = gguf ] && len=262144
     log=$(mktemp)
-    if ! "./tests/fuzz_$t" -max_total_time="$SECS" -max_len=$len -timeout=20 -rss_limit_mb=4096 \
+    seed=()
+    [ -n "${FUZZ_SEED:-}" ] && seed=(-seed="$FUZZ_SEED")
+    if ! "./tests/fuzz_$t" "${seed[@]}" -max_total_time="$SECS" -max_len=$len -timeout=20 -rss_limit_mb=4096 \
             -artifact_prefix="crash-$t-" -print_final_stats=1 "corpus-$t" "${seeds[@]}" >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "fuzz: fuzz_$t failed; the input is in build-fuzz/crash-$t-*"

@@ -113,8 +113,8 @@ run_tests() {
     fi
     if command -v clang >/dev/null; then
         local secs=${LLMSERVE_FUZZ_SECONDS:-8}
-        say "tests: libFuzzer, ${secs} s on each target (build-fuzz)"
-        JOBS=$JOBS "$ROOT/tools/fuzz.sh" "$secs"
+        say "tests: libFuzzer, ${secs} s on each target from a fixed seed (build-fuzz; tools/fuzz.sh unseeded explores further)"
+        FUZZ_SEED=${FUZZ_SEED:-1} JOBS=$JOBS "$ROOT/tools/fuzz.sh" "$secs"
     else
         say "tests: clang not found, libFuzzer run skipped (the mutation replays ran in ctest)"
     fi

@@ -356,6 +356,9 @@ static void test_schemas(void) {
     schema_refused("{\"type\":\"string\",\"format\":\"email\"}", "unsupported string format 'email'");
     schema_refused("{\"$ref\":\"#/$defs/missing\"}", "points at nothing");
     schema_refused("{\"$ref\":\"http://example.com/s\"}", "is not supported");
+    schema_refused("{\"$ref\":\"#/$defs/\"}", "names no definition");
+    schema_refused("{\"$ref\":\"#\"}", "left recursion");
+    schema_refused("{\"$defs\":{\"a\":{\"anyOf\":[{\"type\":\"null\"},{\"$ref\":\"#/$defs/b\"}]},\"b\":{\"allOf\":[{\"$ref\":\"#/$defs/a\"}]}},\"$ref\":\"#/$defs/a\"}", "left recursion");
     schema_refused("{\"type\":\"object\",\"required\":[\"a\"]}", "'a' is not in 'properties'");
     schema_refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "below 'minItems'");
     schema_refused("{\"type\":\"wat\"}", "unknown type 'wat'");
