@@ -56,13 +56,19 @@ static void quant_act_avx2(const float *x, int64_t k, int8_t *qs, float *d, floa
 #define BT2 4 /* activation rows per register tile */
 #endif
 
-/* One 8-row half h of a 16-row group against activation rows [b0, b0+bn):
+/* One 8-row half h of a 16-row group against activation rows [b0, b0+BN):
  * each block's nibbles are unpacked once into registers and used for every
- * row of the tile. Per row the arithmetic is the same whatever the tile, so
- * a sequence's logits do not depend on its batch. */
-static inline void q4_half(const kn_pq4 *P, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
+ * row of the tile. BN is a constant where this is inlined (a tile indexed by
+ * a run-time count kept nothing in registers). A vpmaddubsw lane is at most
+ * 2*15*128 = 3,840 in magnitude, so a block's eight add up exactly in int16
+ * (30,720) and one vpmaddwd per row and block widens them. Per row the
+ * arithmetic is the same whatever the tile, so a sequence's logits do not
+ * depend on its batch. */
+static inline __attribute__((always_inline)) void q4_tile(const kn_pq4 *P, int64_t nb, int h, const kn_act *a,
+                                                          int b0, const int BN, __m256 *out) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    for (int t = 0; t < bn; t++) acc[t] = _mm256_setzero_ps();
+    __m256 acc[BT2];
+    for (int t = 0; t < BN; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq4 *p = &P[blk];
         if (h == 0) /* see kn_avx512.c: prefetchers stop at page ends */
@@ -75,45 +81,83 @@ static inline void q4_half(const kn_pq4 *P, int64_t nb, int h, const kn_act *a, 
         }
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
         __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m + 8 * h)));
-        for (int t = 0; t < bn; t++) {
+        for (int t = 0; t < BN; t++) {
             const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
-            __m256i s = _mm256_setzero_si256();
-            for (int c = 0; c < 4; c++) { /* nibble pairs x int8: |sum| <= 2*2*15*128, in int16 */
-                __m256i t0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(xb[2 * c]));
-                __m256i t1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(xb[2 * c + 1]));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(t0, t1), ones));
-            }
+            __m256i u = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(xb[0])),
+                                         _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(xb[1])));
+            for (int c = 1; c < 4; c++)
+                u = _mm256_add_epi16(u, _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(xb[2 * c])),
+                                                         _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(xb[2 * c + 1]))));
             size_t ai = (size_t)(b0 + t) * a->nblk + blk;
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(u, ones));
+            acc[t] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
             acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->ds[ai]), acc[t]);
         }
     }
+    for (int t = 0; t < BN; t++) out[t] = acc[t];
 }
 
 /* Q8: weights stored q+128; xor gives signed q, and |q| * sign(x, q) keeps
- * vpmaddubsw's pair sums within int16. The block's |q| stays in registers
- * for the tile; q's signs are read again from L1 per row. */
-static inline void q8_half(const kn_pq8 *P, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
+ * vpmaddubsw's pair sums within int16 (but two of them would not be, so
+ * each is widened). Tiled as q4_tile. */
+static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64_t nb, int h, const kn_act *a,
+                                                          int b0, const int BN, __m256 *out) {
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    for (int t = 0; t < bn; t++) acc[t] = _mm256_setzero_ps();
+    __m256 acc[BT2];
+    for (int t = 0; t < BN; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq8 *p = &P[blk];
         if (h == 0)
             for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
-        __m256i aw[8];
-        for (int c = 0; c < 8; c++)
-            aw[c] = _mm256_abs_epi8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h)), flip));
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
-        for (int t = 0; t < bn; t++) {
-            const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
-            __m256i s = _mm256_setzero_si256();
-            for (int c = 0; c < 8; c++) {
-                __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h)), flip);
-                __m256i tt = _mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(_mm256_set1_epi32(xb[c]), q));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(tt, ones));
+        __m256i si[BT2];
+        for (int t = 0; t < BN; t++) si[t] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h)), flip);
+            __m256i aq = _mm256_abs_epi8(q);
+            for (int t = 0; t < BN; t++) {
+                const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
+                __m256i tt = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_set1_epi32(xb[c]), q));
+                si[t] = _mm256_add_epi32(si[t], _mm256_madd_epi16(tt, ones));
             }
+        }
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
+        for (int t = 0; t < BN; t++) {
             size_t ai = (size_t)(b0 + t) * a->nblk + blk;
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
+        }
+    }
+    for (int t = 0; t < BN; t++) out[t] = acc[t];
+}
+
+/* The tile for bn rows, each size its own inlined copy. */
+static void tile(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
+    if (w->pack == KN_PACK_Q8) {
+        const kn_pq8 *P = (const kn_pq8 *)w->packed + g * nb;
+        switch (bn) {
+#if BT2 >= 4
+        case 4: q8_tile(P, nb, h, a, b0, 4, acc); break;
+#endif
+#if BT2 >= 3
+        case 3: q8_tile(P, nb, h, a, b0, 3, acc); break;
+#endif
+#if BT2 >= 2
+        case 2: q8_tile(P, nb, h, a, b0, 2, acc); break;
+#endif
+        default: q8_tile(P, nb, h, a, b0, 1, acc); break;
+        }
+    } else {
+        const kn_pq4 *P = (const kn_pq4 *)w->packed + g * nb;
+        switch (bn) {
+#if BT2 >= 4
+        case 4: q4_tile(P, nb, h, a, b0, 4, acc); break;
+#endif
+#if BT2 >= 3
+        case 3: q4_tile(P, nb, h, a, b0, 3, acc); break;
+#endif
+#if BT2 >= 2
+        case 2: q4_tile(P, nb, h, a, b0, 2, acc); break;
+#endif
+        default: q4_tile(P, nb, h, a, b0, 1, acc); break;
         }
     }
 }
@@ -127,8 +171,7 @@ static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int6
             for (int b0 = 0; b0 < B; b0 += BT2) {
                 int bn = B - b0 < BT2 ? B - b0 : BT2;
                 __m256 acc[BT2];
-                if (w->pack == KN_PACK_Q8) q8_half((const kn_pq8 *)w->packed + g * nb, nb, h, a, b0, bn, acc);
-                else q4_half((const kn_pq4 *)w->packed + g * nb, nb, h, a, b0, bn, acc);
+                tile(w, g, nb, h, a, b0, bn, acc);
                 for (int t = 0; t < bn; t++) {
                     float *yr = y + (size_t)(b0 + t) * ldy + r0;
                     if (r0 + 8 <= w->n) _mm256_storeu_ps(yr, acc[t]);
