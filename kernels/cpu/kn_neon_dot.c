@@ -6,39 +6,13 @@
  * registers for the tile; per row the same arithmetic whatever the tile. */
 static void group_dot(const kn_weight *w, int64_t g, const kn_act *a, int b0, int bn, float32x4_t acc[][4]) {
     int64_t nb = w->k / 32;
-    const uint8x16_t m4 = vdupq_n_u8(0x0f);
     int q8 = w->pack == KN_PACK_Q8;
     for (int t = 0; t < bn; t++)
         for (int r = 0; r < 4; r++) acc[t][r] = vdupq_n_f32(0);
     for (int64_t blk = 0; blk < nb; blk++) {
         int8x16_t wq[8][4]; /* [chunk][rows 4r..4r+3] */
         float32x4_t dw[4], mw[4];
-        if (q8) {
-            const kn_pq8 *p = (const kn_pq8 *)w->packed + g * nb + blk;
-            __builtin_prefetch((const char *)p + 4096);
-            __builtin_prefetch((const char *)p + 4096 + 256);
-            for (int c = 0; c < 8; c++)
-                for (int r = 0; r < 4; r++)
-                    wq[c][r] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p->qs[c] + 16 * r), vdupq_n_u8(0x80)));
-            for (int r = 0; r < 4; r++) {
-                dw[r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d + 4 * r)));
-                mw[r] = vdupq_n_f32(0);
-            }
-        } else {
-            const kn_pq4 *p = (const kn_pq4 *)w->packed + g * nb + blk;
-            __builtin_prefetch((const char *)p + 4096);
-            __builtin_prefetch((const char *)p + 4096 + 256);
-            for (int c = 0; c < 4; c++)
-                for (int r = 0; r < 4; r++) {
-                    uint8x16_t v = vld1q_u8(p->qs[c] + 16 * r);
-                    wq[2 * c][r] = vreinterpretq_s8_u8(vandq_u8(v, m4));
-                    wq[2 * c + 1][r] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
-                }
-            for (int r = 0; r < 4; r++) {
-                dw[r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d + 4 * r)));
-                mw[r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->m + 4 * r)));
-            }
-        }
+        kn_neon_unpack(w, g, nb, blk, wq, dw, mw);
         for (int t = 0; t < bn; t++) {
             const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
             size_t ai = (size_t)(b0 + t) * a->nblk + blk;
