@@ -52,9 +52,7 @@ static void quant_act_avx2(const float *x, int64_t k, int8_t *qs, float *d, floa
     }
 }
 
-#ifndef BT2
-#define BT2 4 /* activation rows per register tile */
-#endif
+#define BT2 4 /* activation rows per register tile (tile() has a case for each size) */
 
 /* One 8-row half h of a 16-row group against activation rows [b0, b0+BN):
  * each block's nibbles are unpacked once into registers and used for every
@@ -129,38 +127,19 @@ static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64
     for (int t = 0; t < BN; t++) out[t] = acc[t];
 }
 
-/* The tile for bn rows, each size its own inlined copy. */
-static void tile(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
-    if (w->pack == KN_PACK_Q8) {
-        const kn_pq8 *P = (const kn_pq8 *)w->packed + g * nb;
-        switch (bn) {
-#if BT2 >= 4
-        case 4: q8_tile(P, nb, h, a, b0, 4, acc); break;
-#endif
-#if BT2 >= 3
-        case 3: q8_tile(P, nb, h, a, b0, 3, acc); break;
-#endif
-#if BT2 >= 2
-        case 2: q8_tile(P, nb, h, a, b0, 2, acc); break;
-#endif
-        default: q8_tile(P, nb, h, a, b0, 1, acc); break;
-        }
-    } else {
-        const kn_pq4 *P = (const kn_pq4 *)w->packed + g * nb;
-        switch (bn) {
-#if BT2 >= 4
-        case 4: q4_tile(P, nb, h, a, b0, 4, acc); break;
-#endif
-#if BT2 >= 3
-        case 3: q4_tile(P, nb, h, a, b0, 3, acc); break;
-#endif
-#if BT2 >= 2
-        case 2: q4_tile(P, nb, h, a, b0, 2, acc); break;
-#endif
-        default: q4_tile(P, nb, h, a, b0, 1, acc); break;
-        }
+/* The tile for bn rows (1..BT2), each size its own inlined copy. */
+#define BY_SIZE(fn, P)                                                                                 \
+    switch (bn) {                                                                                      \
+    case 4: fn(P, nb, h, a, b0, 4, acc); break;                                                        \
+    case 3: fn(P, nb, h, a, b0, 3, acc); break;                                                        \
+    case 2: fn(P, nb, h, a, b0, 2, acc); break;                                                        \
+    default: fn(P, nb, h, a, b0, 1, acc); break;                                                       \
     }
+static void tile(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
+    if (w->pack == KN_PACK_Q8) BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
+    else BY_SIZE(q4_tile, (const kn_pq4 *)w->packed + g * nb)
 }
+#undef BY_SIZE
 
 static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
