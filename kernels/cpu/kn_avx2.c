@@ -53,41 +53,53 @@ static void quant_act_avx2(const float *x, int64_t k, int8_t *qs, float *d, floa
 }
 
 #define BT2 4 /* activation rows per register tile (tile() has a case for each size) */
+/* An empty asm that takes v in a register: GCC may not reassociate the sums
+ * around it. Without it, GCC regroups a tile's integer adds so that every
+ * product of a block is computed before any is summed, which needs twice the
+ * registers and spilled the tile to the stack. */
+#define KEEP(v) __asm__("" : "+x"(v))
 
-/* One 8-row half h of a 16-row group against activation rows [b0, b0+BN):
- * each block's nibbles are unpacked once into registers and used for every
- * row of the tile. BN is a constant where this is inlined (a tile indexed by
- * a run-time count kept nothing in registers). A vpmaddubsw lane is at most
- * 2*15*128 = 3,840 in magnitude, so a block's eight add up exactly in int16
- * (30,720) and one vpmaddwd per row and block widens them. Per row the
- * arithmetic is the same whatever the tile, so a sequence's logits do not
- * depend on its batch. */
+/* One 8-row half h of a 16-row group against activation rows [b0, b0+BN).
+ * Chunk by chunk, a chunk's nibbles are unpacked once and used for every row
+ * of the tile, each row summing into its own int16 accumulator: live are
+ * BN sums, BN float accumulators and one unpacked chunk, which fit AVX2's 16
+ * registers at BN = 4 (unpacking the whole block first kept eight chunk
+ * registers live and spilled the tile to the stack). BN is a constant where
+ * this is inlined (a tile indexed by a run-time count kept nothing in
+ * registers). A vpmaddubsw lane is at most 2*15*128 = 3,840 in magnitude, so
+ * a block's eight add up exactly in int16 (30,720), in any order, and one
+ * vpmaddwd per row and block widens them. Per row the arithmetic is the same
+ * whatever the tile, so a sequence's logits do not depend on its batch. */
 static inline __attribute__((always_inline)) void q4_tile(const kn_pq4 *P, int64_t nb, int h, const kn_act *a,
                                                           int b0, const int BN, __m256 *out) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const int8_t *xr[BT2];
     __m256 acc[BT2];
-    for (int t = 0; t < BN; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < BN; t++) {
+        acc[t] = _mm256_setzero_ps();
+        xr[t] = a->qs + (size_t)(b0 + t) * a->k;
+    }
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq4 *p = &P[blk];
         if (h == 0) /* see kn_avx512.c: prefetchers stop at page ends */
             for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
-        __m256i lo[4], hi[4];
+        __m256i u[BT2];
         for (int c = 0; c < 4; c++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
-            lo[c] = _mm256_and_si256(v, m4);
-            hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int t = 0; t < BN; t++) {
+                const int32_t *xb = (const int32_t *)(xr[t] + 32 * blk);
+                __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xb[2 * c])),
+                                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb[2 * c + 1])));
+                u[t] = c ? _mm256_add_epi16(u[t], s) : s;
+                KEEP(u[t]);
+            }
         }
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
         __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m + 8 * h)));
         for (int t = 0; t < BN; t++) {
-            const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
-            __m256i u = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], _mm256_set1_epi32(xb[0])),
-                                         _mm256_maddubs_epi16(hi[0], _mm256_set1_epi32(xb[1])));
-            for (int c = 1; c < 4; c++)
-                u = _mm256_add_epi16(u, _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(xb[2 * c])),
-                                                         _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(xb[2 * c + 1]))));
             size_t ai = (size_t)(b0 + t) * a->nblk + blk;
-            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(u, ones));
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(u[t], ones));
             acc[t] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
             acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->ds[ai]), acc[t]);
         }
@@ -116,6 +128,7 @@ static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64
                 const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
                 __m256i tt = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_set1_epi32(xb[c]), q));
                 si[t] = _mm256_add_epi32(si[t], _mm256_madd_epi16(tt, ones));
+                KEEP(si[t]);
             }
         }
         __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
@@ -135,9 +148,17 @@ static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64
     case 2: fn(P, nb, h, a, b0, 2, acc); break;                                                        \
     default: fn(P, nb, h, a, b0, 1, acc); break;                                                       \
     }
+static __attribute__((noinline)) void tile_q8(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a,
+                                               int b0, int bn, __m256 *acc) {
+    BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
+}
+static __attribute__((noinline)) void tile_q4(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a,
+                                               int b0, int bn, __m256 *acc) {
+    BY_SIZE(q4_tile, (const kn_pq4 *)w->packed + g * nb)
+}
 static void tile(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a, int b0, int bn, __m256 *acc) {
-    if (w->pack == KN_PACK_Q8) BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
-    else BY_SIZE(q4_tile, (const kn_pq4 *)w->packed + g * nb)
+    if (w->pack == KN_PACK_Q8) tile_q8(w, g, nb, h, a, b0, bn, acc);
+    else tile_q4(w, g, nb, h, a, b0, bn, acc);
 }
 #undef BY_SIZE
 
