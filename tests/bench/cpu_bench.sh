@@ -6,6 +6,7 @@
 #   decode    64 tokens after that prompt                 (bandwidth bound; attention reads the KV too)
 #   batch     32 sequences, 200-token prompts -> 128 each (llmserve-engine-bench: generated tok/s)
 #   serve     32 streams through `llmserve serve`         (SERVE=1: llmserve bench serve, output tok/s, TTFT p50)
+# and first the Q4_1 GEMM alone per path (llmserve-gemm-bench) against the same bounds.
 # Medians of REPS runs, ours and llama.cpp's interleaved when given:
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin   runs llama-bench, llama-batched-bench (-fa on)
 #                                            and with SERVE=1 llama-server (-np 32 -fa on)
@@ -78,8 +79,6 @@ import csv, sys
 print(list(csv.DictReader(sys.stdin))[-1]['avg_ts'])"
 }
 
-# the peak that bounds a path's prefill: its multiply instruction
-pk() { case $1 in avx512) echo "${peak[avx512-vnni]:-${peak[avx512]:-0}}";; avx2) echo "${peak[avx2]:-0}";; *) echo 0;; esac; }
 row() { # LABEL ENGINE VALUE BOUND UNIT
     if [ "$4" != 0 ] && [ -n "$4" ]; then
         printf '  %-34s %-10s %9.1f %-8s (%4.0f%% of %.0f)\n' "$1" "$2" "$3" "$5" "$(echo "100*$3/$4" | bc -l)" "$4"
@@ -87,7 +86,26 @@ row() { # LABEL ENGINE VALUE BOUND UNIT
 }
 ratio() { printf '  %-34s %-10s %9.2fx\n' "" "ratio" "$(echo "$1/$2" | bc -l)"; }
 
+# the peak that bounds a path's prefill: its multiply instruction
+pk() { case $1 in avx512) echo "${peak[avx512-vnni]:-${peak[avx512]:-0}}";; avx2) echo "${peak[avx2]:-0}";; *) echo 0;; esac; }
 dbound=$(echo "$bw*1000000000/$bytes" | bc -l)
+
+# The GEMM alone (llmserve-gemm-bench): at B = 1 a 16384x4096 matrix (42 MB, past a 32 MiB L3 as the
+# model is) in GB/s against the read bound; at batches the model's gate/up shape in GMAC/s against
+# the path's int8 ceiling.
+if [ -x "$BIN/llmserve-gemm-bench" ]; then
+    echo "gemm alone, Q4_1, $T thread(s), median of 5:"
+    { "$BIN/llmserve-gemm-bench" --threads "$T" --reps 5 --isa "${isas// /,}" --type q4_1 --shape 16384x4096 \
+          --batch 1 2>/dev/null
+      "$BIN/llmserve-gemm-bench" --threads "$T" --reps 5 --isa "${isas// /,}" --type q4_1 --shape 1536x576 \
+          --batch 32,151 2>/dev/null; } | awk -v bw="$bw" -v a2="$(pk avx2)" -v a5="$(pk avx512)" '
+        $1 == "type" { next }
+        { c = ($4 == "avx2") ? a2 : ($4 == "avx512") ? a5 : 0
+          if ($3 == 1) printf "  %-8s %-11s B=%-4s %7.1f GB/s (%3.0f%% of %.1f)\n", $4, $2, $3, $6, 100 * $6 / bw, bw
+          else if (c > 0) printf "  %-8s %-11s B=%-4s %7.1f GMAC/s (%3.0f%% of %.0f)\n", $4, $2, $3, $5, 100 * $5 / c, c
+          else printf "  %-8s %-11s B=%-4s %7.1f GMAC/s\n", $4, $2, $3, $5 }'
+fi
+
 for isa in $isas; do
     probe=$(gen "$isa" "$short" 2 | awk '{print $3}')
     if [ "$probe" != "$isa" ]; then echo "== $isa: not on this CPU, skipped"; continue; fi
