@@ -58,6 +58,8 @@ typedef struct {
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
     uint64_t gateways_dropped, aborted_on_drop, messages_refused; /* the group's own counts, all its gateways */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_pos[16]; /* speculative decoding */
+    int n_spec_pos;
     gw_keyset cached;
     uint64_t routed, routed_hit_tokens;
     int idx, wake_fd;            /* its index, and where its connection's loss is told (from an NNG thread) */

@@ -58,6 +58,11 @@ static void gauge(struct evbuffer *o, const char *name, const char *help, const 
 }
 
 /* The model-server protocol's gauges, under vLLM's names, over the groups. */
+static void counter_l(struct evbuffer *o, const char *name, const char *help, const char *labels, uint64_t v) {
+    evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s counter\n%s%s %llu\n", name, help, name, name, labels,
+                        (unsigned long long)v);
+}
+
 static void vllm_gauges(const gw *g, struct evbuffer *o) {
     double waiting = 0, running = 0, total = 0, free_ = 0;
     int bs = 0;
@@ -76,6 +81,27 @@ static void vllm_gauges(const gw *g, struct evbuffer *o) {
     gauge(o, "vllm:num_requests_running", "Requests running on the worker groups.", lab, running);
     gauge(o, "vllm:kv_cache_usage_perc", "KV cache usage of the worker groups, 0 to 1.", lab,
           total > 0 ? 1.0 - free_ / total : 0.0);
+    /* speculative decoding, summed over the groups: vLLM's counters (prometheus_client adds _total) */
+    uint64_t sd = 0, sdt = 0, sat = 0, pos[16] = {0};
+    int npos = 0;
+    for (int i = 0; i < g->n_workers; i++) {
+        const gw_worker *w = &g->w[i];
+        if (!w->accepted || w->gone) continue;
+        sd += w->spec_drafts;
+        sdt += w->spec_draft_tokens;
+        sat += w->spec_accepted_tokens;
+        for (int k = 0; k < w->n_spec_pos; k++) pos[k] += w->spec_pos[k];
+        if (w->n_spec_pos > npos) npos = w->n_spec_pos;
+    }
+    counter_l(o, "vllm:spec_decode_num_drafts_total", "Speculative proposals verified.", lab, sd);
+    counter_l(o, "vllm:spec_decode_num_draft_tokens_total", "Draft tokens proposed.", lab, sdt);
+    counter_l(o, "vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", lab, sat);
+    evbuffer_add_printf(o, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted at each "
+                           "position of a proposal.\n"
+                           "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+    for (int k = 0; k < npos; k++)
+        evbuffer_add_printf(o, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %llu\n",
+                            g->served[0] ? g->served : "unknown", k, (unsigned long long)pos[k]);
     char info[128];
     snprintf(info, sizeof info, "{block_size=\"%d\",num_gpu_blocks=\"%.0f\"}", bs, total);
     gauge(o, "vllm:cache_config_info", "Information of the KV cache configuration.", info, 1);

@@ -213,6 +213,12 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
         w->gateways_dropped = h->stats->gateways_dropped;
         w->aborted_on_drop = h->stats->requests_aborted_on_drop;
         w->messages_refused = h->stats->messages_refused;
+        w->spec_drafts = h->stats->spec_drafts;
+        w->spec_draft_tokens = h->stats->spec_draft_tokens;
+        w->spec_accepted_tokens = h->stats->spec_accepted_tokens;
+        w->n_spec_pos = 0; /* a worker's list is untrusted: at most what we keep */
+        for (size_t k = 0; k < h->stats->n_spec_accepted_per_pos && k < 16; k++)
+            w->spec_pos[w->n_spec_pos++] = h->stats->spec_accepted_per_pos[k];
     }
     judge(g, i);
     if (w->accepted) g->settled_at = gw_now();

@@ -189,6 +189,11 @@ int tl_generate_main(int argc, char **argv) {
         fprintf(stderr, "llmserve: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    if (!o.batch && eo.spec.method != WK_SPEC_NONE) { /* the single-prompt loop is not the batching engine */
+        fprintf(stderr, "llmserve: speculative decoding runs in the batching engine: use it with --batch, "
+                        "llmserve serve or llmserve-worker\n");
+        return 2;
+    }
     int tmpl_kind = -1;
     if (o.tmpl_name && (tmpl_kind = cm_chat_by_name(o.tmpl_name)) < 0) {
         fprintf(stderr, "llmserve: unknown chat template '%s'\n", o.tmpl_name);

@@ -58,7 +58,8 @@ static pid_t spawn(child *c) {
 static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
                                "max-num-batched-tokens", "max-step-ms", "block-size", "kv-cache-memory", "gpu-memory-utilization",
                                "kv-cache-dtype", "quantization", "dtype", "dummy-seed", "load-format", "model-config",
-                               NULL};
+                               "speculative-config", "num-speculative-tokens", "ngram-prompt-lookup-max",
+                               "ngram-prompt-lookup-min", "speculative-disable-by-batch-size", NULL};
 static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", "rpc-secret-file", NULL};
 
 static int in(const char *const *set, const char *name) {
@@ -82,7 +83,9 @@ static void help(FILE *f) {
             "  --block-size N,"
             " --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
             "  --dtype T, --load-format dummy --model-config SPEC, --dummy-seed N,\n"
-            "  --enable-prefix-caching / --no-enable-prefix-caching    engine flags, as in vLLM\n"
+            "  --enable-prefix-caching / --no-enable-prefix-caching,\n"
+            "  --speculative-config JSON, --num-speculative-tokens K, --ngram-prompt-lookup-max N,\n"
+            "  --ngram-prompt-lookup-min M, --speculative-disable-by-batch-size B    engine flags, as in vLLM\n"
             "  --served-model-name NAME, --log-level L, --shutdown-timeout S, --rpc-secret-file PATH    both\n"
             "gateway flags:\n");
     for (int i = 0; i < gw_n_flags; i++)

@@ -270,6 +270,17 @@ void wk_blocks_commit(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n_done) 
     }
 }
 
+int wk_blocks_truncate(wk_blocks *b, wk_bseq *s, int n) {
+    if (n < 0 || (int64_t)n < (int64_t)s->n_hashed * b->bs) return LLM_EINVAL;
+    int keep = (n + b->bs - 1) / b->bs;
+    for (int i = s->n - 1; i >= keep; i--) {
+        int32_t blk = s->ids[i];
+        if (--b->ref[blk] == 0) free_push(b, blk, b->hashed[blk]);
+    }
+    if (keep < s->n) s->n = keep;
+    return 0;
+}
+
 void wk_blocks_release(wk_blocks *b, wk_bseq *s) {
     /* last blocks first: within one sequence the tail is evicted before the
      * prefix it extends (the prefix is the likelier to be shared) */

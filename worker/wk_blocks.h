@@ -77,6 +77,11 @@ int wk_blocks_needed(const wk_blocks *b, const wk_bseq *s, int from, int to);
 /* The first n_done tokens tok[] of the sequence are computed: keys the full
  * blocks among them and publishes the new ones. */
 void wk_blocks_commit(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n_done);
+/* Shortens the table to the blocks that cover positions [0, n) (speculative
+ * decoding's rollback of rejected drafts): later blocks are dropped, last
+ * first. n must not cut into a keyed block (n >= n_hashed * block_size):
+ * LLM_EINVAL and nothing changed. */
+int wk_blocks_truncate(wk_blocks *b, wk_bseq *s, int n);
 /* Drops every block of the table (keyed ones stay cached). */
 void wk_blocks_release(wk_blocks *b, wk_bseq *s);
 /* dst (empty) shares every block of src. */

@@ -34,6 +34,9 @@ typedef struct {
     wk_token_lp *lp;         /* logprobs of generated tokens not yet reported */
     int n_lp, lp_cap;
     cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
+    int spec_k;              /* drafts to propose next (adapts to what was accepted); 0: the configured K */
+    int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */
+    int32_t draft[WK_SPEC_MAX_K];
 } wk_seq;
 
 struct wk_req {
@@ -130,6 +133,7 @@ void wk_engine_opts_default(wk_engine_opts *o) {
     o->prefix_caching = 1;
     o->gpu_memory_utilization = 0.9f; /* vLLM's default */
     o->max_step_ms = 250;
+    wk_spec_config_default(&o->spec);
 }
 
 const char *wk_finish_name(int f) {
@@ -170,6 +174,8 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         snprintf(err, errlen, "block size must be a power of two from 1 to 1024, not %d", o->block_size);
         goto fail;
     }
+    if ((rc = wk_spec_config_check(&o->spec, err, errlen))) goto fail;
+    rc = LLM_EINVAL;
     if (o->kv_type < KN_KV_F32 || o->kv_type > KN_KV_BF16) {
         snprintf(err, errlen, "unknown KV cache type %d", o->kv_type);
         goto fail;
@@ -626,6 +632,7 @@ static void preempt(wk_engine *e, wk_seq *s) {
         }
     wk_blocks_release(e->blocks, &s->bs);
     s->n_computed = 0;
+    s->n_draft = 0;
     push_waiting(e, s); /* cannot fail: waiting has room for every sequence it ever held */
     e->st.preemptions++;
     CM_DEBUG("preempted request %llu choice %d (%d tokens to recompute)", (unsigned long long)s->req->id, s->index,
@@ -645,7 +652,7 @@ static wk_seq *victim(const wk_engine *e) {
 }
 
 static void plan_add(wk_engine *e, wk_seq *s, int n) {
-    int last = s->n_computed + n == s->n_tok, all = s->req->plp && s->n_computed < s->req->n_prompt;
+    int last = s->n_computed + n == s->n_tok, all = (s->req->plp && s->n_computed < s->req->n_prompt) || s->n_draft;
     e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, all ? 0 : last ? n - 1 : n};
     e->plan_seq[e->n_plan++] = s;
 }
@@ -657,15 +664,45 @@ static int reserve(wk_engine *e, wk_seq *s, int n) {
     return rc;
 }
 
+/* Drafts for a decoding sequence at tok[n_tok..] (room for them made),
+ * at most room and never more than the request may still generate (the
+ * step yields up to one token past the drafts). Returns how many, or
+ * LLM_ENOMEM. */
+static int propose(wk_engine *e, wk_seq *s, int room) {
+    const wk_req *r = s->req;
+    const wk_spec_config *c = &e->o.spec;
+    int k = s->spec_k ? s->spec_k : c->k;
+    int left = r->p.max_tokens - (s->n_tok - r->n_prompt) - 1, left_len = e->o.max_model_len - s->n_tok - 1;
+    if (k > left) k = left;
+    if (k > left_len) k = left_len;
+    if (k > room) k = room;
+    if (k <= 0) return 0;
+    GROW(s->tok, s->cap, s->n_tok + k);
+    k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
+    memcpy(s->draft, s->tok + s->n_tok, sizeof(int32_t) * (size_t)k);
+    return k;
+}
+
 /* Plans the running sequences of one kind: decodes (one token left to
  * compute) or prefills (more), within *budget, preempting the newest when
  * blocks run out. */
-static int plan_running(wk_engine *e, int decodes, int *budget, int *preempted) {
+static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *preempted) {
     for (int i = 0; i < e->n_running && *budget > 0; i++) {
         wk_seq *s = e->running[i];
         int n = s->n_tok - s->n_computed;
         if ((n <= 1) != decodes) continue;
         if (n > *budget) n = *budget;
+        s->n_draft = 0;
+        if (spec && n == 1) {
+            int k = propose(e, s, *budget - 1);
+            if (k < 0) return k;
+            /* drafts never take blocks from another sequence: without room they are not proposed */
+            if (k && wk_blocks_needed(e->blocks, &s->bs, s->n_computed, s->n_computed + 1 + k) >
+                         wk_blocks_available(e->blocks))
+                k = 0;
+            s->n_draft = k;
+            n += k;
+        }
         int rc;
         while ((rc = reserve(e, s, n)) == LLM_EAGAIN) {
             wk_seq *v = victim(e);
@@ -695,10 +732,15 @@ static int plan_running(wk_engine *e, int decodes, int *budget, int *preempted) 
 #define COLD_PREFILL_CHUNK 64
 
 static int schedule(wk_engine *e, int *tokens) {
-    int budget = e->o.max_num_batched_tokens, preempted = 0, rc;
+    int budget = e->o.max_num_batched_tokens, preempted = 0, rc, spec = 0;
     e->n_plan = 0;
+    if (e->o.spec.method != WK_SPEC_NONE) { /* speculate while the step is small enough to be memory-bound */
+        int dec = 0;
+        for (int i = 0; i < e->n_running; i++) dec += e->running[i]->n_tok - e->running[i]->n_computed <= 1;
+        spec = !e->o.spec.max_batch || dec <= e->o.spec.max_batch;
+    }
     /* every running stream advances each step; prompts share what is left */
-    if ((rc = plan_running(e, 1, &budget, &preempted))) return rc;
+    if ((rc = plan_running(e, 1, spec, &budget, &preempted))) return rc;
     int decoded = e->o.max_num_batched_tokens - budget;
     if (e->o.max_step_ms > 0) { /* the time target, at the measured cost */
         double att = 0;
@@ -716,7 +758,7 @@ static int schedule(wk_engine *e, int *tokens) {
     }
     int prefill_budget = budget;
     e->st.step_token_budget = decoded + budget;
-    if ((rc = plan_running(e, 0, &budget, &preempted))) return rc;
+    if ((rc = plan_running(e, 0, 0, &budget, &preempted))) return rc;
     /* admit waiting requests into what is left; not in a step that had to preempt */
     while (!preempted && e->n_waiting && budget > 0) {
         wk_seq *s = e->waiting[0];
@@ -891,6 +933,32 @@ static int fork_choices(wk_engine *e, wk_seq *s0) {
     return 0;
 }
 
+/* A speculating decode's K + 1 rows (rows[K+1][V]): each is drawn as plain
+ * decoding would draw it, in order, keeping drafts up to the first draw
+ * that differs (that draw, or the bonus after the last draft, is the step's
+ * own token). Then only the positions whose input was kept stay computed:
+ * the surplus blocks go and the prefix cache keys nothing past them. */
+static int verify(wk_engine *e, wk_seq *s, float *rows) {
+    int k = s->n_draft, base = s->n_computed, drawn = 0, accepted = 0, rc;
+    size_t V = e->m->cfg.vocab;
+    for (int j = 0; j <= k; j++) {
+        if ((rc = sample_seq(e, s, rows + (size_t)j * V))) return rc;
+        drawn++;
+        int hit = j < k && s->tok[s->n_tok - 1] == s->draft[j];
+        accepted += hit;
+        if (!hit || s->finish) break;
+    }
+    s->n_computed = base + drawn; /* inputs: the last token, then the kept drafts */
+    if ((rc = wk_blocks_truncate(e->blocks, &s->bs, s->n_computed + 1))) return rc;
+    wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
+    e->st.spec_drafts++;
+    e->st.spec_draft_tokens += (uint64_t)k;
+    e->st.spec_accepted_tokens += (uint64_t)accepted;
+    for (int j = 0; j < accepted; j++) e->st.spec_accepted_pos[j]++;
+    s->spec_k = wk_spec_next_k(k, accepted, e->o.spec.k);
+    return 0;
+}
+
 int wk_engine_step(wk_engine *e) {
     out_begin(e);
     if (!wk_engine_has_work(e)) return 0;
@@ -924,6 +992,12 @@ int wk_engine_step(wk_engine *e) {
     for (int i = 0; i < n_plan; i++) {
         wk_seq *s = e->plan_seq[i];
         wk_req *r = s->req;
+        if (s->n_draft) {
+            if ((rc = verify(e, s, row))) return rc;
+            row += (size_t)(s->n_draft + 1) * V;
+            s->n_draft = 0;
+            continue;
+        }
         s->n_computed += e->plan[i].n;
         wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
         if (e->plan[i].logits_from == e->plan[i].n) continue;

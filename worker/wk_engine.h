@@ -18,6 +18,7 @@
 #include "wk_blocks.h"
 #include "wk_model.h"
 #include "wk_sampler.h"
+#include "wk_spec.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +71,7 @@ typedef struct wk_engine_opts {
     float gpu_memory_utilization; /* CUDA backend; unused on the CPU */
     float max_step_ms;            /* a step's time target: prefill chunks are sized to it from the measured cost
                                      per token (decodes always advance); 0: tokens only. Default 250 */
+    wk_spec_config spec;          /* speculative decoding (wk_spec.h); off by default */
 } wk_engine_opts;
 
 void wk_engine_opts_default(wk_engine_opts *o);
@@ -102,6 +104,10 @@ typedef struct {
     float ms_per_token;           /* measured cost of a token in a step (moving average; 0: not yet known) */
     int step_token_budget;        /* tokens the last step was allowed, after the time target */
     float last_forward_ms;        /* the last step's forward pass; the rest of its time is sampling (and masks) */
+    /* speculative decoding, as vLLM counts it: proposals verified, drafts in them, drafts accepted, and
+       accepted at each draft position (accepted_pos[i]: proposals whose draft i was taken) */
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_pos[WK_SPEC_MAX_K];
 } wk_engine_stats;
 
 typedef struct wk_engine wk_engine;

@@ -79,6 +79,22 @@ int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
     case WK_F_PREFIX_ON: o->prefix_caching = 1; return 0;
     case WK_F_PREFIX_OFF: o->prefix_caching = 0; return 0;
     case WK_F_KV_DTYPE: return wk_parse_kv_dtype(arg, &o->kv_type);
+    case WK_F_SPEC_CONFIG: {
+        char err[256];
+        if (wk_spec_config_parse(&o->spec, arg, err, sizeof err)) {
+            fprintf(stderr, "llmserve: --%s\n", err);
+            return LLM_EINVAL;
+        }
+        return 0;
+    }
+    case WK_F_SPEC_K:
+        if (parse_int("num-speculative-tokens", arg, 0, WK_SPEC_MAX_K, &o->spec.k)) return LLM_EINVAL;
+        o->spec.method = o->spec.k ? WK_SPEC_NGRAM : WK_SPEC_NONE;
+        return 0;
+    case WK_F_SPEC_NMAX: return parse_int("ngram-prompt-lookup-max", arg, 1, 64, &o->spec.ngram_max);
+    case WK_F_SPEC_NMIN: return parse_int("ngram-prompt-lookup-min", arg, 1, 64, &o->spec.ngram_min);
+    case WK_F_SPEC_MAX_BATCH:
+        return parse_int("speculative-disable-by-batch-size", arg, 0, 65536, &o->spec.max_batch);
     default: return LLM_EINVAL;
     }
 }

@@ -21,6 +21,11 @@ enum {
     WK_F_PREFIX_OFF,
     WK_F_KV_DTYPE,
     WK_F_MAX_STEP_MS,
+    WK_F_SPEC_CONFIG,
+    WK_F_SPEC_K,
+    WK_F_SPEC_NMAX,
+    WK_F_SPEC_NMIN,
+    WK_F_SPEC_MAX_BATCH,
 };
 
 #define WK_ENGINE_LONGOPTS                                                                         \
@@ -33,7 +38,12 @@ enum {
     {"enable-prefix-caching", no_argument, 0, WK_F_PREFIX_ON},                                     \
     {"no-enable-prefix-caching", no_argument, 0, WK_F_PREFIX_OFF},                                 \
     {"kv-cache-dtype", required_argument, 0, WK_F_KV_DTYPE},                                       \
-    {"max-step-ms", required_argument, 0, WK_F_MAX_STEP_MS}
+    {"max-step-ms", required_argument, 0, WK_F_MAX_STEP_MS},                                       \
+    {"speculative-config", required_argument, 0, WK_F_SPEC_CONFIG},                               \
+    {"num-speculative-tokens", required_argument, 0, WK_F_SPEC_K},                                \
+    {"ngram-prompt-lookup-max", required_argument, 0, WK_F_SPEC_NMAX},                            \
+    {"ngram-prompt-lookup-min", required_argument, 0, WK_F_SPEC_NMIN},                            \
+    {"speculative-disable-by-batch-size", required_argument, 0, WK_F_SPEC_MAX_BATCH}
 
 #define WK_ENGINE_FLAGS_HELP                                                                       \
     "engine:\n"                                                                                    \
@@ -50,7 +60,14 @@ enum {
     "  --gpu-memory-utilization F  GPU share for weights + activations + KV (CUDA backend)\n"     \
     "  --enable-prefix-caching     reuse the K/V of repeated prefixes (default on)\n"            \
     "  --no-enable-prefix-caching\n"                                                             \
-    "  --kv-cache-dtype T          auto|f16|bf16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"
+    "  --kv-cache-dtype T          auto|f16|bf16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"   \
+    "  --speculative-config JSON   speculative decoding, vLLM's spelling: {\"method\": \"ngram\",\n"        \
+    "                              \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4,\n"           \
+    "                              \"prompt_lookup_min\": 1, \"disable_by_batch_size\": 4} (default off)\n" \
+    "  --num-speculative-tokens K  the same, prompt-lookup (n-gram) drafts of up to K tokens\n"         \
+    "  --ngram-prompt-lookup-max N, --ngram-prompt-lookup-min M   n-gram lengths matched (4, 1)\n"     \
+    "  --speculative-disable-by-batch-size B   speculate only while at most B sequences decode\n"      \
+    "                              in a step (default 4; 0: always)\n"
 
 /* The model's device (--device cpu|cuda) and weights without a checkpoint,
  * spelled as vLLM does: --load-format dummy --model-config

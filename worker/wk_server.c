@@ -52,6 +52,8 @@ typedef struct {
      * between steps, and the model's facts from the copies below. */
     pthread_mutex_t mu;
     Llmserve__Stats snap;
+    uint64_t spec_pos_snap[WK_SPEC_MAX_K]; /* snap's accepted-per-position counts (under mu) */
+    uint64_t spec_pos[WK_SPEC_MAX_K];      /* the loop thread's, for the Stats it sends itself */
     int64_t last_progress;
     _Atomic int hb_stop;         /* set by the loop thread, read by the heartbeat thread */
     int max_model_len, block_size, vocab, tp;
@@ -200,7 +202,8 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void fill_stats(server *s, Llmserve__Stats *st) {
+/* pos: where the accepted-per-position counts live while st is in use. */
+static void fill_stats(server *s, Llmserve__Stats *st, uint64_t *pos) {
     wk_engine_stats es;
     wk_engine_get_stats(s->e, &es);
     llmserve__stats__init(st);
@@ -221,6 +224,15 @@ static void fill_stats(server *s, Llmserve__Stats *st) {
     SET(gateways_dropped, s->gw_dropped);
     SET(requests_aborted_on_drop, s->aborted_on_drop);
     SET(messages_refused, s->rx_refused + s->dropped);
+    if (wk_engine_options(s->e)->spec.method != WK_SPEC_NONE) {
+        SET(spec_drafts, es.spec_drafts);
+        SET(spec_draft_tokens, es.spec_draft_tokens);
+        SET(spec_accepted_tokens, es.spec_accepted_tokens);
+        int k = wk_engine_options(s->e)->spec.k;
+        memcpy(pos, es.spec_accepted_pos, sizeof(uint64_t) * (size_t)k);
+        st->n_spec_accepted_per_pos = (size_t)k;
+        st->spec_accepted_per_pos = pos;
+    }
     int n = s->n_step < 1024 ? s->n_step : 1024;
     if (n) {
         float v[1024];
@@ -244,7 +256,7 @@ static void send_health_with(server *s, int g, Llmserve__Stats *stp);
 
 static void send_health(server *s, int g) {
     Llmserve__Stats st;
-    fill_stats(s, &st);
+    fill_stats(s, &st, s->spec_pos);
     send_health_with(s, g, &st);
 }
 
@@ -502,7 +514,7 @@ static void handle(server *s, pr_env *env) {
         gateway *gw = find_gw(s, env->stats_request->gateway_id);
         if (!gw) break;
         Llmserve__Stats st;
-        fill_stats(s, &st);
+        fill_stats(s, &st, s->spec_pos);
         pr_env out;
         pr_env_init(&out);
         out.body_case = LLMSERVE__ENVELOPE__BODY_STATS;
@@ -893,7 +905,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
     CM_INFO("worker %s listening on %s (incarnation %016llx, tokenizer %016llx, %zu bytes for gateways)", o->worker_id,
             o->listen, (unsigned long long)s->incarnation, (unsigned long long)s->tok_fp, s->tok_len);
     pthread_mutex_init(&s->mu, NULL);
-    fill_stats(s, &s->snap);
+    fill_stats(s, &s->snap, s->spec_pos_snap);
     s->last_progress = now_ms();
     pthread_cond_init(&s->rx_cv, NULL);
     pthread_t hb;
@@ -959,7 +971,7 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         send_outputs(s);
         publish_events(s);
         apply_drops(s);
-        fill_stats(s, &s->snap);
+        fill_stats(s, &s->snap, s->spec_pos_snap);
         s->last_progress = now_ms();
         pthread_mutex_unlock(&s->mu);
     }

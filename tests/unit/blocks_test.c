@@ -83,7 +83,7 @@ static void run(int n_blocks, int bs, int caching, int ops) {
     for (int i = 0; i < n_blocks * bs; i++) slots[i] = -1;
     keyset from_events = {0}, actual = {0};
     wk_kv_event ev[64];
-    long hits = 0, evictions = 0, forks = 0, cows = 0, refused = 0;
+    long hits = 0, evictions = 0, forks = 0, cows = 0, refused = 0, specs = 0, rolled = 0;
     char err[256];
     int bad = 0;
     for (int op = 0; op < ops && !bad; op++) {
@@ -115,6 +115,30 @@ static void run(int n_blocks, int bs, int caching, int ops) {
                 s->n_done = n;
                 wk_blocks_commit(b, &s->bs, s->tok, n);
                 s->live = 1;
+            }
+        } else if (s->live && kind >= 60 && kind < 75) {
+            /* a speculative step: k + 1 positions written, m of them kept, the rest rolled back */
+            int k = 1 + (int)(rnd() % 6);
+            if (s->n_done + 1 + k > MAX_LEN) k = MAX_LEN - s->n_done - 1;
+            if (k > 0) {
+                for (int p = 0; p <= k; p++) s->tok[s->n_done + p] = (int32_t)(rnd() % 50);
+                int rc = wk_blocks_reserve(b, &s->bs, s->n_done, s->n_done + k + 1, cp, &ncp);
+                if (rc == LLM_EAGAIN) {
+                    refused++;
+                } else {
+                    CHECK_RC(rc, 0);
+                    for (int c = 0; c < ncp; c++) {
+                        memcpy(slots + (size_t)cp[c].dst * bs, slots + (size_t)cp[c].src * bs, sizeof(int32_t) * (size_t)bs);
+                        cows++;
+                    }
+                    write_slots(slots, bs, s, s->n_done, s->n_done + k + 1);
+                    int m = (int)(rnd() % (unsigned)(k + 2));
+                    CHECK_RC(wk_blocks_truncate(b, &s->bs, s->n_done + m), 0);
+                    s->n_tok = s->n_done = s->n_done + m;
+                    wk_blocks_commit(b, &s->bs, s->tok, s->n_done);
+                    specs++;
+                    rolled += k + 1 - m;
+                }
             }
         } else if (s->live && kind < 75) { /* append a few tokens (a decode or a chunk) */
             int k = 1 + (int)(rnd() % 8);
@@ -209,8 +233,10 @@ static void run(int n_blocks, int bs, int caching, int ops) {
         CHECK(hits > 0 && evictions > 0 && st.hits > 0 && st.hits <= st.queries);
     }
     CHECK(forks > 0 && (cows > 0 || bs == 1) && refused > 0); /* block size 1: never a partial block to copy */
-    fprintf(stderr, "  blocks %d x %d caching %d: %ld prefix hits, %ld evictions, %ld forks, %ld copies, %ld refused\n",
-            n_blocks, bs, caching, hits, evictions, forks, cows, refused);
+    CHECK(specs > 0 && rolled > 0);
+    fprintf(stderr, "  blocks %d x %d caching %d: %ld prefix hits, %ld evictions, %ld forks, %ld copies, %ld refused, "
+            "%ld speculative steps (%ld positions rolled back)\n",
+            n_blocks, bs, caching, hits, evictions, forks, cows, refused, specs, rolled);
     for (int q = 0; q < MAX_SEQ; q++) wk_bseq_free(&sq[q].bs);
     free(from_events.keys);
     free(actual.keys);
@@ -275,6 +301,17 @@ static void test_bad_args(void) {
     CHECK_RC(wk_blocks_reserve(b, &s, 3, 1, cp, &ncp), LLM_EINVAL);
     CHECK_RC(wk_blocks_reserve(b, &s, 0, 8, cp, &ncp), 0);
     CHECK_INT(wk_blocks_available(b), 0);
+    /* truncate: never into a keyed block; down to what covers n positions */
+    int32_t t8[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    wk_blocks_commit(b, &s, t8, 3); /* block 0 full and keyed */
+    CHECK_RC(wk_blocks_truncate(b, &s, 1), LLM_EINVAL);
+    CHECK_RC(wk_blocks_truncate(b, &s, -1), LLM_EINVAL);
+    CHECK_INT(s.n, 4);
+    CHECK_RC(wk_blocks_truncate(b, &s, 3), 0);
+    CHECK_INT(s.n, 2);
+    CHECK_INT(wk_blocks_available(b), 2);
+    CHECK_RC(wk_blocks_truncate(b, &s, 7), 0); /* longer than the table: nothing to drop */
+    CHECK_INT(s.n, 2);
     wk_blocks_release(b, &s);
     CHECK_INT(wk_blocks_available(b), 4);
     wk_bseq_free(&s);

@@ -705,6 +705,111 @@ static void test_step_budget(void) {
     wk_engine_free(e);
 }
 
+/* Speculative decoding (n-gram drafts) changes no token: greedy and seeded
+ * sampling give the same output, text, logprobs and finish with and without
+ * it, all at once or alone, through the batch-size switch (requests of
+ * different lengths leave, so steps go from plain to speculating), and
+ * starved of blocks (preemption) with prefix caching on. The corpus repeats
+ * itself, so drafts are taken often: the test checks they were. */
+enum { SPEC_N = 12 };
+static void spec_run(int spec, int k, int max_batch, int alone, int n_blocks, int sample, result *res,
+                     wk_engine_stats *st) {
+    static int32_t p[SPEC_N][300];
+    char err[256];
+    wk_engine_opts o;
+    opts(&o, 256, 32);
+    o.max_model_len = 512;
+    if (n_blocks) o.n_blocks = n_blocks;
+    if (spec) {
+        o.spec.method = WK_SPEC_NGRAM;
+        o.spec.k = k;
+        o.spec.max_batch = max_batch;
+    }
+    wk_engine *e;
+    memset(res, 0, sizeof(result) * SPEC_N);
+    memset(st, 0, sizeof *st);
+    CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+    if (!e) return;
+    for (int i = 0; i < SPEC_N; i++) {
+        int len = 24 + (i * 53) % 220;
+        prompt(i * 29, len, p[i]);
+        wk_params gp = greedy(16 + (i * 7) % 48);
+        if (sample) {
+            gp.s.temperature = 0.8f;
+            gp.s.top_p = 0.95f;
+            gp.has_seed = 1;
+            gp.seed = 1000 + (uint64_t)i;
+            gp.s.frequency_penalty = i % 3 ? 0.f : 0.3f;
+        }
+        if (i % 4 == 1) gp.logprobs = 2;
+        if (i % 5 == 2) { /* a stop string: the text of the prompt's own fourth and fifth tokens */
+            static char stop[SPEC_N][64];
+            const char *a, *b;
+            size_t la, lb;
+            cm_tok_piece(model->tok, p[i][3], 0, &a, &la);
+            cm_tok_piece(model->tok, p[i][4], 0, &b, &lb);
+            if (la + lb < sizeof stop[i] && la + lb > 2) {
+                memcpy(stop[i], a, la);
+                memcpy(stop[i] + la, b, lb);
+                stop[i][la + lb] = 0;
+                gp.stop[0] = stop[i];
+                gp.n_stop = 1;
+            }
+        }
+        CHECK_RC(wk_engine_add(e, (uint64_t)i, p[i], len, &gp, err, sizeof err), 0);
+        if (alone) run_all(e, res);
+    }
+    run_all(e, res);
+    wk_engine_get_stats(e, st);
+    CHECK_INT(st->requests_finished, SPEC_N);
+    CHECK_INT(st->blocks_free, st->blocks_total); /* rolled-back blocks all came back */
+    wk_engine_free(e);
+}
+
+static int spec_same(const result *a, const result *b, const char *what) {
+    int same = 0;
+    for (int i = 0; i < SPEC_N; i++) {
+        int eq = a[i].n[0] == b[i].n[0] && !memcmp(a[i].tok[0], b[i].tok[0], sizeof(int32_t) * (size_t)a[i].n[0]) &&
+                 a[i].tlen[0] == b[i].tlen[0] && !memcmp(a[i].text[0], b[i].text[0], a[i].tlen[0]) &&
+                 a[i].finish[0] == b[i].finish[0];
+        int nl = a[i].n[0] < 64 ? a[i].n[0] : 64;
+        for (int t = 0; eq && t < nl && i % 4 == 1; t++)
+            eq = a[i].lp[0][t].token == b[i].lp[0][t].token && a[i].lp[0][t].logprob == b[i].lp[0][t].logprob &&
+                 a[i].lp[0][t].n_top == b[i].lp[0][t].n_top;
+        if (!eq) fprintf(stderr, "  %s: request %d differs (%d vs %d tokens)\n", what, i, a[i].n[0], b[i].n[0]);
+        same += eq;
+    }
+    return same;
+}
+
+static void test_speculative(void) {
+    static result ref[SPEC_N], got[SPEC_N];
+    wk_engine_stats st;
+    for (int sample = 0; sample < 2; sample++) {
+        spec_run(0, 0, 0, 0, 0, sample, ref, &st);
+        CHECK(st.spec_drafts == 0);
+        static const struct { int k, max_batch, alone, n_blocks; const char *what; } cases[] = {
+            {4, 0, 0, 0, "all at once, k=4"},
+            {3, 0, 1, 0, "one at a time, k=3"},
+            {4, 3, 0, 0, "at most 3 decoding"},
+            {5, 0, 0, 34, "starved of blocks, k=5"},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            spec_run(1, cases[c].k, cases[c].max_batch, cases[c].alone, cases[c].n_blocks, sample, got, &st);
+            CHECK_INT(spec_same(ref, got, cases[c].what), SPEC_N);
+            CHECK(st.spec_drafts > 0);
+            CHECK(st.spec_accepted_tokens > 0);
+            CHECK(st.spec_accepted_tokens <= st.spec_draft_tokens);
+            CHECK(st.spec_accepted_pos[0] >= st.spec_accepted_pos[1]);
+            if (cases[c].n_blocks) CHECK(st.preemptions > 0);
+            fprintf(stderr, "  speculative %s, %s: %llu proposals, %llu of %llu drafts taken, %llu steps\n",
+                    sample ? "sampled" : "greedy", cases[c].what, (unsigned long long)st.spec_drafts,
+                    (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+                    (unsigned long long)st.steps);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || access(argv[1], R_OK) != 0) {
         fprintf(stderr, "engine_test: model %s not found; run tools/setup.sh to fetch it\n", argc > 1 ? argv[1] : "?");
@@ -738,6 +843,7 @@ int main(int argc, char **argv) {
     if (!UNDER_TSAN) { /* under ThreadSanitizer, 20 times slower: the thread pool's races show in the tests above */
         test_preemption();
         test_batched_equals_alone();
+        test_speculative();
     }
     free(corpus);
     wk_model_free(model);
