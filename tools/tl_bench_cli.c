@@ -357,6 +357,27 @@ static void *poll_metrics(void *arg) {
     return NULL;
 }
 
+/* The server's speculative-decoding counters (vLLM's names, which llmserve
+ * exports too): proposals, draft tokens, accepted tokens; -1 when it has none. */
+static void spec_counts(const bench_target *t, double out[3]) {
+    static const char *names[3] = {"vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                                   "vllm:spec_decode_num_accepted_tokens_total"};
+    out[0] = out[1] = out[2] = -1;
+    char *txt = NULL, *save = NULL;
+    if (http_get(t, "/metrics", &txt)) {
+        free(txt);
+        return;
+    }
+    for (char *line = strtok_r(txt, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        for (int k = 0; k < 3; k++) {
+            size_t nl = strlen(names[k]);
+            char *sp = strrchr(line, ' ');
+            if (strncmp(line, names[k], nl) || (line[nl] != '{' && line[nl] != ' ') || !sp) continue;
+            out[k] = (out[k] < 0 ? 0 : out[k]) + atof(sp + 1);
+        }
+    free(txt);
+}
+
 /* ShareGPT: [{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}, ...].
  * The first human turn is the prompt; the reply's length (4 bytes a token,
  * without a tokenizer) is the output length. */
@@ -507,6 +528,8 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     if (slots > 1024) slots = 1024;
     pthread_t *th = malloc(sizeof *th * (size_t)slots), mth;
     mem_poll mp = {.tg = &o->tg};
+    double spec0[3], spec1[3];
+    spec_counts(&o->tg, spec0);
     int polling = pthread_create(&mth, NULL, poll_metrics, &mp) == 0, started = 0;
     b.t0 = tl_now();
     for (; th && started < slots; started++)
@@ -515,6 +538,7 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     double dur = tl_now() - b.t0;
     mp.stop = 1;
     if (polling) pthread_join(mth, NULL);
+    spec_counts(&o->tg, spec1);
     fprintf(stderr, "\n");
 
     int usage_seen = 0;
@@ -616,6 +640,16 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
             printf(", GPU %.1f MiB", mp.peak_gpu / 1048576.0);
         }
         printf("\n");
+    }
+    if (spec0[0] >= 0 && spec1[0] > spec0[0] && spec1[1] > spec0[1] && spec1[2] >= spec0[2]) {
+        /* vLLM's figures: accepted / proposed drafts, and tokens a verification yields (the accepted + 1) */
+        double nd = spec1[0] - spec0[0], ndt = spec1[1] - spec0[1], na = spec1[2] - spec0[2];
+        json_object_set_new(res, "spec_decode_num_drafts", json_real(nd));
+        json_object_set_new(res, "spec_decode_acceptance_rate", json_real(na / ndt));
+        json_object_set_new(res, "spec_decode_mean_acceptance_length", json_real(1 + na / nd));
+        printf("Speculative decoding: %.0f of %.0f drafts accepted (%.1f%%), mean acceptance length %.2f "
+               "(tokens a verification yields) over %.0f verifications\n",
+               na, ndt, 100 * na / ndt, 1 + na / nd, nd);
     }
     if (o->goodput) printf("Request goodput: %.2f req/s (%d of %d met the SLOs)\n", good / dur, good, done);
     for (int m = 0; m < N_METRICS; m++)

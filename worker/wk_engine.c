@@ -35,6 +35,7 @@ typedef struct {
     int n_lp, lp_cap;
     cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
     int spec_k;              /* drafts to propose next (adapts to what was accepted); 0: the configured K */
+    int spec_miss, spec_wait; /* proposals in a row that got nothing taken; decodes left before the next one */
     int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */
     int32_t draft[WK_SPEC_MAX_K];
 } wk_seq;
@@ -677,6 +678,10 @@ static int propose(wk_engine *e, wk_seq *s, int room) {
     if (k > left_len) k = left_len;
     if (k > room) k = room;
     if (k <= 0) return 0;
+    if (s->spec_wait > 0) { /* its drafts have not been taken lately: plain decoding costs less */
+        s->spec_wait--;
+        return 0;
+    }
     GROW(s->tok, s->cap, s->n_tok + k);
     k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
     memcpy(s->draft, s->tok + s->n_tok, sizeof(int32_t) * (size_t)k);
@@ -956,6 +961,10 @@ static int verify(wk_engine *e, wk_seq *s, float *rows) {
     e->st.spec_accepted_tokens += (uint64_t)accepted;
     for (int j = 0; j < accepted; j++) e->st.spec_accepted_pos[j]++;
     s->spec_k = wk_spec_next_k(k, accepted, e->o.spec.k);
+    /* a run of proposals with nothing taken (free text, where earlier n-grams do not predict) backs off
+       1, 3, 7, 15, 31 decodes before the next; one taken draft brings it back at once */
+    s->spec_miss = accepted ? 0 : s->spec_miss + 1;
+    s->spec_wait = accepted ? 0 : (1 << (s->spec_miss < 5 ? s->spec_miss : 5)) - 1;
     return 0;
 }
 
