@@ -1,9 +1,7 @@
-#include "wk_engine.h"
+#include "wk_engine_int.h"
 #include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_log.h"
-#include "wk_cost.h"
-#include "wk_guide.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -12,107 +10,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-enum { S_WAITING = 1, S_RUNNING, S_DONE };
-
-typedef struct wk_req wk_req;
-
-typedef struct {
-    wk_req *req;
-    int index;
-    int32_t *tok;            /* prompt, then generated tokens */
-    int n_tok, cap;
-    int n_computed;          /* tokens whose K/V are in the cache */
-    wk_bseq bs;
-    uint64_t rng;
-    int state, finish;
-    uint64_t order;          /* admission counter: newest preempted first */
-    cm_detok dt;
-    char *text;              /* generated text so far (stop strings cut it) */
-    size_t text_len, text_cap, text_sent;
-    int tok_sent;            /* generated tokens already reported */
-    wk_token_lp *lp;         /* logprobs of generated tokens not yet reported */
-    int n_lp, lp_cap;
-    cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
-    int spec_k;              /* drafts to propose next (adapts to what was accepted); 0: the configured K */
-    int spec_miss, spec_wait; /* proposals in a row that got nothing taken; decodes left before the next one */
-    int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */
-    int32_t draft[WK_SPEC_MAX_K];
-} wk_seq;
-
-struct wk_req {
-    uint64_t id, arrival;
-    wk_params p;
-    char *stop_buf;          /* the stop strings, copied */
-    int32_t *stop_ids;
-    int32_t *end_ids;        /* masked while fewer than min_tokens: end-of-generation and stop ids */
-    int n_end_ids;
-    wk_bias *bias;
-    int n_prompt, cached;
-    int forked, queried, n_seqs, n_live;
-    wk_token_lp *plp;        /* prompt logprobs: plp[p] for token p + 1 (n_prompt - 1 of them) */
-    int plp_sent;
-    size_t max_stop;
-    wk_seq *seqs[WK_MAX_N];
-};
-
-typedef struct {
-    uint64_t id;
-    int index, n_tokens, tok_off, lp_off, finish, prompt_tokens, completion_tokens, cached_tokens;
-    size_t text_off, text_len;
-    int plp_off, n_plp;
-} out_rec;
-
-struct wk_engine {
-    pthread_t owner;             /* the one thread that may change it (the first to call in) */
-    int owned;
-    wk_model *m;
-    wk_engine_opts o;
-    wk_cache *cache;
-    wk_blocks *blocks;
-    wk_sample_ctx sc;
-    wk_guide *guide;         /* structured outputs; made by the first request with a grammar */
-    int32_t *eog;            /* end-of-generation ids of the vocabulary */
-    int n_eog;
-    /* queues */
-    wk_seq **waiting, **running;
-    int n_waiting, n_running, cap_waiting, cap_running;
-    wk_req **reqs;           /* live requests, unordered */
-    int n_reqs, cap_reqs;
-    uint64_t arrivals, admissions, rng;
-    /* one step */
-    wk_batch_seq *plan;
-    wk_seq **plan_seq;
-    int n_plan;
-    float *logits, *row_copy;
-    int logits_rows;
-    wk_copy copies[1];
-    /* outputs since the last drain */
-    out_rec *outs;
-    int n_outs, cap_outs, drained;
-    int32_t *otok;
-    int n_otok, cap_otok;
-    wk_token_lp *olp;
-    int n_olp, cap_olp;
-    char *otext;
-    size_t n_otext, cap_otext;
-    wk_output *view;
-    int cap_view;
-    wk_engine_stats st;
-    wk_cost cost;            /* what a step costs, learned from the steps run */
-};
-
-#define GROW(ptr, cap, need)                                                                       \
-    do {                                                                                           \
-        if ((need) > (cap)) {                                                                      \
-            size_t _c = (cap) ? (size_t)(cap) * 2 : 16;                                            \
-            while (_c < (size_t)(need)) _c *= 2;                                                   \
-            void *_p = realloc((ptr), _c * sizeof *(ptr));                                         \
-            if (!_p) return LLM_ENOMEM;                                                            \
-            (ptr) = _p;                                                                            \
-            (cap) = _c;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 void wk_params_default(wk_params *p) {
     memset(p, 0, sizeof *p);
@@ -300,7 +197,7 @@ static int waits_before(const wk_seq *a, const wk_seq *b) {
     return a->index < b->index;
 }
 
-static int push_waiting(wk_engine *e, wk_seq *s) {
+int wk_eng_push_waiting(wk_engine *e, wk_seq *s) {
     GROW(e->waiting, e->cap_waiting, e->n_waiting + 1);
     int i = e->n_waiting;
     while (i > 0 && waits_before(s, e->waiting[i - 1])) {
@@ -313,7 +210,7 @@ static int push_waiting(wk_engine *e, wk_seq *s) {
     return 0;
 }
 
-static int push_running(wk_engine *e, wk_seq *s) {
+int wk_eng_push_running(wk_engine *e, wk_seq *s) {
     GROW(e->running, e->cap_running, e->n_running + 1);
     e->running[e->n_running++] = s;
     s->state = S_RUNNING;
@@ -321,7 +218,7 @@ static int push_running(wk_engine *e, wk_seq *s) {
     return 0;
 }
 
-static void remove_from(wk_seq **q, int *n, wk_seq *s) {
+void wk_eng_remove_from(wk_seq **q, int *n, wk_seq *s) {
     for (int i = 0; i < *n; i++)
         if (q[i] == s) {
             memmove(q + i, q + i + 1, sizeof *q * (size_t)(*n - i - 1));
@@ -335,6 +232,7 @@ static void remove_from(wk_seq **q, int *n, wk_seq *s) {
 /* Every entry that changes the engine comes through here: the engine has
  * one owner thread, and a second one is a bug that would corrupt it quietly,
  * so it stops the process loudly instead. */
+
 static void out_begin(wk_engine *e) {
     if (!e->owned) {
         e->owner = pthread_self();
@@ -572,7 +470,7 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
         req_free(e, r);
         return rc;
     }
-    if (push_waiting(e, s)) goto oom;
+    if (wk_eng_push_waiting(e, s)) goto oom;
     e->reqs[e->n_reqs++] = r;
     return 0;
 oom:
@@ -583,8 +481,8 @@ oom:
 
 /* Ends a sequence: frees its blocks now; the request goes when its last choice does. */
 static void seq_finish(wk_engine *e, wk_seq *s, int finish) {
-    if (s->state == S_WAITING) remove_from(e->waiting, &e->n_waiting, s);
-    else if (s->state == S_RUNNING) remove_from(e->running, &e->n_running, s);
+    if (s->state == S_WAITING) wk_eng_remove_from(e->waiting, &e->n_waiting, s);
+    else if (s->state == S_RUNNING) wk_eng_remove_from(e->running, &e->n_running, s);
     s->state = S_DONE;
     s->finish = finish;
     wk_blocks_release(e->blocks, &s->bs);
@@ -618,187 +516,6 @@ int wk_engine_abort(wk_engine *e, uint64_t id) {
 
 int wk_engine_has_work(const wk_engine *e) {
     return e->n_waiting + e->n_running > 0;
-}
-
-/* ---- scheduling --------------------------------------------------------- */
-
-static void preempt(wk_engine *e, wk_seq *s) {
-    remove_from(e->running, &e->n_running, s);
-    for (int i = 0; i < e->n_plan; i++)
-        if (e->plan_seq[i] == s) {
-            memmove(e->plan + i, e->plan + i + 1, sizeof *e->plan * (size_t)(e->n_plan - i - 1));
-            memmove(e->plan_seq + i, e->plan_seq + i + 1, sizeof *e->plan_seq * (size_t)(e->n_plan - i - 1));
-            e->n_plan--;
-            break;
-        }
-    wk_blocks_release(e->blocks, &s->bs);
-    s->n_computed = 0;
-    s->n_draft = 0;
-    push_waiting(e, s); /* cannot fail: waiting has room for every sequence it ever held */
-    e->st.preemptions++;
-    CM_DEBUG("preempted request %llu choice %d (%d tokens to recompute)", (unsigned long long)s->req->id, s->index,
-             s->n_tok);
-}
-
-/* The running sequence to give up: lowest priority, then the newest admitted. */
-static wk_seq *victim(const wk_engine *e) {
-    wk_seq *v = NULL;
-    for (int i = 0; i < e->n_running; i++) {
-        wk_seq *s = e->running[i];
-        if (!v || s->req->p.priority > v->req->p.priority ||
-            (s->req->p.priority == v->req->p.priority && s->order > v->order))
-            v = s;
-    }
-    return v;
-}
-
-static void plan_add(wk_engine *e, wk_seq *s, int n) {
-    int last = s->n_computed + n == s->n_tok, all = (s->req->plp && s->n_computed < s->req->n_prompt) || s->n_draft;
-    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, all ? 0 : last ? n - 1 : n};
-    e->plan_seq[e->n_plan++] = s;
-}
-
-static int reserve(wk_engine *e, wk_seq *s, int n) {
-    int nc = 0;
-    int rc = wk_blocks_reserve(e->blocks, &s->bs, s->n_computed, s->n_computed + n, e->copies, &nc);
-    for (int i = 0; i < nc; i++) wk_cache_copy(e->cache, e->copies[i].src, e->copies[i].dst);
-    return rc;
-}
-
-/* Drafts for a decoding sequence at tok[n_tok..] (room for them made),
- * at most room and never more than the request may still generate (the
- * step yields up to one token past the drafts). Returns how many, or
- * LLM_ENOMEM. */
-static int propose(wk_engine *e, wk_seq *s, int room) {
-    const wk_req *r = s->req;
-    const wk_spec_config *c = &e->o.spec;
-    int k = s->spec_k ? s->spec_k : c->k;
-    int left = r->p.max_tokens - (s->n_tok - r->n_prompt) - 1, left_len = e->o.max_model_len - s->n_tok - 1;
-    if (k > left) k = left;
-    if (k > left_len) k = left_len;
-    if (k > room) k = room;
-    if (k <= 0) return 0;
-    if (s->spec_wait > 0) { /* its drafts have not been taken lately: plain decoding costs less */
-        s->spec_wait--;
-        return 0;
-    }
-    GROW(s->tok, s->cap, s->n_tok + k);
-    k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
-    memcpy(s->draft, s->tok + s->n_tok, sizeof(int32_t) * (size_t)k);
-    return k;
-}
-
-/* Plans the running sequences of one kind: decodes (one token left to
- * compute) or prefills (more), within *budget, preempting the newest when
- * blocks run out. */
-static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *preempted) {
-    for (int i = 0; i < e->n_running && *budget > 0; i++) {
-        wk_seq *s = e->running[i];
-        int n = s->n_tok - s->n_computed;
-        if ((n <= 1) != decodes) continue;
-        if (n > *budget) n = *budget;
-        s->n_draft = 0;
-        if (spec && n == 1) {
-            int k = propose(e, s, *budget - 1);
-            if (k < 0) return k;
-            /* drafts never take blocks from another sequence: without room they are not proposed */
-            if (k && wk_blocks_needed(e->blocks, &s->bs, s->n_computed, s->n_computed + 1 + k) >
-                         wk_blocks_available(e->blocks))
-                k = 0;
-            s->n_draft = k;
-            n += k;
-        }
-        int rc;
-        while ((rc = reserve(e, s, n)) == LLM_EAGAIN) {
-            wk_seq *v = victim(e);
-            int vi = 0;
-            while (e->running[vi] != v) vi++;
-            for (int j = 0; j < e->n_plan; j++)
-                if (e->plan_seq[j] == v) *budget += e->plan[j].n;
-            preempt(e, v);
-            *preempted = 1;
-            if (v == s) break;
-            if (vi < i) i--; /* the list shifted under us */
-        }
-        if (rc == LLM_EAGAIN) { /* s itself was preempted; running[i] is now the next one */
-            i--;
-            continue;
-        }
-        if (rc) return rc;
-        plan_add(e, s, n);
-        *budget -= n;
-    }
-    return 0;
-}
-
-/* The least a prefill may get in a step, whatever the time target says. */
-#define MIN_PREFILL_CHUNK 16
-/* What a prefill may get before any has been timed. */
-#define COLD_PREFILL_CHUNK 64
-
-static int schedule(wk_engine *e, int *tokens) {
-    int budget = e->o.max_num_batched_tokens, preempted = 0, rc, spec = 0;
-    e->n_plan = 0;
-    if (e->o.spec.method != WK_SPEC_NONE) { /* speculate while the step is small enough to be memory-bound */
-        int dec = 0;
-        for (int i = 0; i < e->n_running; i++) dec += e->running[i]->n_tok - e->running[i]->n_computed <= 1;
-        spec = !e->o.spec.max_batch || dec <= e->o.spec.max_batch;
-    }
-    /* every running stream advances each step; prompts share what is left */
-    if ((rc = plan_running(e, 1, spec, &budget, &preempted))) return rc;
-    int decoded = e->o.max_num_batched_tokens - budget;
-    if (e->o.max_step_ms > 0) { /* the time target, at the measured cost */
-        double att = 0;
-        int p0 = 0;
-        for (int i = 0; i < e->n_plan; i++) att += wk_cost_attended(e->plan[i].pos0, e->plan[i].n);
-        for (int i = 0; i < e->n_running; i++) /* the prompt that goes first */
-            if (e->running[i]->n_tok - e->running[i]->n_computed > 1) {
-                p0 = e->running[i]->n_computed;
-                break;
-            }
-        int cap = wk_cost_known(&e->cost)
-                      ? wk_cost_max_chunk(&e->cost, e->o.max_step_ms, decoded, att, p0, MIN_PREFILL_CHUNK, budget)
-                      : COLD_PREFILL_CHUNK;
-        if (cap < budget) budget = cap;
-    }
-    int prefill_budget = budget;
-    e->st.step_token_budget = decoded + budget;
-    if ((rc = plan_running(e, 0, 0, &budget, &preempted))) return rc;
-    /* admit waiting requests into what is left; not in a step that had to preempt */
-    while (!preempted && e->n_waiting && budget > 0) {
-        wk_seq *s = e->waiting[0];
-        wk_req *r = s->req;
-        int seats = r->forked ? 1 : r->p.n;
-        if (e->n_running + seats > e->o.max_num_seqs && e->n_running) break;
-        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok);
-        if (hit < 0) return hit;
-        if (hit && r->plp) { /* cached positions have no logits: the prompt is computed whole */
-            wk_blocks_release(e->blocks, &s->bs);
-            hit = 0;
-        }
-        s->n_computed = hit;
-        int n = s->n_tok - hit;
-        if (n > budget) n = budget;
-        rc = reserve(e, s, n);
-        if (rc == LLM_EAGAIN) {
-            wk_blocks_release(e->blocks, &s->bs);
-            s->n_computed = 0;
-            break;
-        }
-        if (rc) return rc;
-        if (!r->queried) { /* count a request's prompt once, not at every retry or recompute */
-            wk_blocks_count_query(e->blocks, s->n_tok, hit);
-            r->cached = hit;
-            r->queried = 1;
-        }
-        e->n_waiting--;
-        memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)e->n_waiting);
-        if ((rc = push_running(e, s))) return rc;
-        plan_add(e, s, n);
-        budget -= n;
-    }
-    *tokens = decoded + prefill_budget - budget;
-    return 0;
 }
 
 /* ---- after the forward: sampling and stopping ------------------------- */
@@ -932,7 +649,7 @@ static int fork_choices(wk_engine *e, wk_seq *s0) {
         c->dt.first = 0;
         int rc = s0->gs ? wk_guide_fork(e->guide, s0->gs, &c->gs) : 0;
         if (!rc) rc = wk_blocks_fork(e->blocks, &s0->bs, &c->bs);
-        if (!rc) rc = push_running(e, c);
+        if (!rc) rc = wk_eng_push_running(e, c);
         if (rc) return rc;
     }
     return 0;
@@ -971,7 +688,7 @@ static int verify(wk_engine *e, wk_seq *s, float *rows) {
 int wk_engine_step(wk_engine *e) {
     out_begin(e);
     if (!wk_engine_has_work(e)) return 0;
-    int tokens = 0, rc = schedule(e, &tokens);
+    int tokens = 0, rc = wk_sched_plan(e, &tokens);
     if (rc) return rc;
     if (!e->n_plan) return 0;
     int rows = 0;

@@ -1,0 +1,131 @@
+/* wk_engine_int.h - the engine's state, shared by its two files and no other
+ * module: wk_engine.c (requests, sampling, the step, outputs) and
+ * wk_sched.c (what a step computes: decodes, speculative drafts, prompt
+ * chunks, admissions, preemption). */
+#ifndef WK_ENGINE_INT_H
+#define WK_ENGINE_INT_H
+
+#include "wk_engine.h"
+#include "wk_cost.h"
+#include "wk_guide.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+enum { S_WAITING = 1, S_RUNNING, S_DONE };
+
+typedef struct wk_req wk_req;
+
+typedef struct {
+    wk_req *req;
+    int index;
+    int32_t *tok;            /* prompt, then generated tokens */
+    int n_tok, cap;
+    int n_computed;          /* tokens whose K/V are in the cache */
+    wk_bseq bs;
+    uint64_t rng;
+    int state, finish;
+    uint64_t order;          /* admission counter: newest preempted first */
+    cm_detok dt;
+    char *text;              /* generated text so far (stop strings cut it) */
+    size_t text_len, text_cap, text_sent;
+    int tok_sent;            /* generated tokens already reported */
+    wk_token_lp *lp;         /* logprobs of generated tokens not yet reported */
+    int n_lp, lp_cap;
+    cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
+    int spec_k;              /* drafts to propose next (adapts to what was accepted); 0: the configured K */
+    int spec_miss, spec_wait; /* proposals in a row that got nothing taken; decodes left before the next one */
+    int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */
+    int32_t draft[WK_SPEC_MAX_K];
+} wk_seq;
+
+struct wk_req {
+    uint64_t id, arrival;
+    wk_params p;
+    char *stop_buf;          /* the stop strings, copied */
+    int32_t *stop_ids;
+    int32_t *end_ids;        /* masked while fewer than min_tokens: end-of-generation and stop ids */
+    int n_end_ids;
+    wk_bias *bias;
+    int n_prompt, cached;
+    int forked, queried, n_seqs, n_live;
+    wk_token_lp *plp;        /* prompt logprobs: plp[p] for token p + 1 (n_prompt - 1 of them) */
+    int plp_sent;
+    size_t max_stop;
+    wk_seq *seqs[WK_MAX_N];
+};
+
+typedef struct {
+    uint64_t id;
+    int index, n_tokens, tok_off, lp_off, finish, prompt_tokens, completion_tokens, cached_tokens;
+    size_t text_off, text_len;
+    int plp_off, n_plp;
+} out_rec;
+
+struct wk_engine {
+    pthread_t owner;             /* the one thread that may change it (the first to call in) */
+    int owned;
+    wk_model *m;
+    wk_engine_opts o;
+    wk_cache *cache;
+    wk_blocks *blocks;
+    wk_sample_ctx sc;
+    wk_guide *guide;         /* structured outputs; made by the first request with a grammar */
+    int32_t *eog;            /* end-of-generation ids of the vocabulary */
+    int n_eog;
+    /* queues */
+    wk_seq **waiting, **running;
+    int n_waiting, n_running, cap_waiting, cap_running;
+    wk_req **reqs;           /* live requests, unordered */
+    int n_reqs, cap_reqs;
+    uint64_t arrivals, admissions, rng;
+    /* one step */
+    wk_batch_seq *plan;
+    wk_seq **plan_seq;
+    int n_plan;
+    float *logits, *row_copy;
+    int logits_rows;
+    wk_copy copies[1];
+    /* outputs since the last drain */
+    out_rec *outs;
+    int n_outs, cap_outs, drained;
+    int32_t *otok;
+    int n_otok, cap_otok;
+    wk_token_lp *olp;
+    int n_olp, cap_olp;
+    char *otext;
+    size_t n_otext, cap_otext;
+    wk_output *view;
+    int cap_view;
+    wk_engine_stats st;
+    wk_cost cost;            /* what a step costs, learned from the steps run */
+};
+
+#define GROW(ptr, cap, need)                                                                       \
+    do {                                                                                           \
+        if ((need) > (cap)) {                                                                      \
+            size_t _c = (cap) ? (size_t)(cap) * 2 : 16;                                            \
+            while (_c < (size_t)(need)) _c *= 2;                                                   \
+            void *_p = realloc((ptr), _c * sizeof *(ptr));                                         \
+            if (!_p) return LLM_ENOMEM;                                                            \
+            (ptr) = _p;                                                                            \
+            (cap) = _c;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* The least a prefill may get in a step, whatever the time target says. */
+#define MIN_PREFILL_CHUNK 16
+
+/* The queues (wk_engine.c). push: LLM_ENOMEM; waiting is kept in priority, then arrival order. */
+int wk_eng_push_waiting(wk_engine *e, wk_seq *s);
+int wk_eng_push_running(wk_engine *e, wk_seq *s);
+void wk_eng_remove_from(wk_seq **q, int *n, wk_seq *s);
+
+/* Plans one step into e->plan / e->plan_seq (wk_sched.c): every running
+ * decode (with its drafts when speculating), then prompt chunks and
+ * admissions within the token budget and the time target, preempting the
+ * newest lowest-priority sequence when blocks run out. *tokens: what the
+ * plan computes. 0 or an error. */
+int wk_sched_plan(wk_engine *e, int *tokens);
+
+#endif

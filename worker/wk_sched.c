@@ -1,0 +1,185 @@
+/* wk_sched.c - what one engine step computes (the plan); see wk_engine_int.h. */
+#include "wk_engine_int.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <string.h>
+
+/* ---- scheduling --------------------------------------------------------- */
+
+static void preempt(wk_engine *e, wk_seq *s) {
+    wk_eng_remove_from(e->running, &e->n_running, s);
+    for (int i = 0; i < e->n_plan; i++)
+        if (e->plan_seq[i] == s) {
+            memmove(e->plan + i, e->plan + i + 1, sizeof *e->plan * (size_t)(e->n_plan - i - 1));
+            memmove(e->plan_seq + i, e->plan_seq + i + 1, sizeof *e->plan_seq * (size_t)(e->n_plan - i - 1));
+            e->n_plan--;
+            break;
+        }
+    wk_blocks_release(e->blocks, &s->bs);
+    s->n_computed = 0;
+    s->n_draft = 0;
+    wk_eng_push_waiting(e, s); /* cannot fail: waiting has room for every sequence it ever held */
+    e->st.preemptions++;
+    CM_DEBUG("preempted request %llu choice %d (%d tokens to recompute)", (unsigned long long)s->req->id, s->index,
+             s->n_tok);
+}
+
+/* The running sequence to give up: lowest priority, then the newest admitted. */
+static wk_seq *victim(const wk_engine *e) {
+    wk_seq *v = NULL;
+    for (int i = 0; i < e->n_running; i++) {
+        wk_seq *s = e->running[i];
+        if (!v || s->req->p.priority > v->req->p.priority ||
+            (s->req->p.priority == v->req->p.priority && s->order > v->order))
+            v = s;
+    }
+    return v;
+}
+
+static void plan_add(wk_engine *e, wk_seq *s, int n) {
+    int last = s->n_computed + n == s->n_tok, all = (s->req->plp && s->n_computed < s->req->n_prompt) || s->n_draft;
+    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, all ? 0 : last ? n - 1 : n};
+    e->plan_seq[e->n_plan++] = s;
+}
+
+static int reserve(wk_engine *e, wk_seq *s, int n) {
+    int nc = 0;
+    int rc = wk_blocks_reserve(e->blocks, &s->bs, s->n_computed, s->n_computed + n, e->copies, &nc);
+    for (int i = 0; i < nc; i++) wk_cache_copy(e->cache, e->copies[i].src, e->copies[i].dst);
+    return rc;
+}
+
+/* Drafts for a decoding sequence at tok[n_tok..] (room for them made),
+ * at most room and never more than the request may still generate (the
+ * step yields up to one token past the drafts). Returns how many, or
+ * LLM_ENOMEM. */
+static int propose(wk_engine *e, wk_seq *s, int room) {
+    const wk_req *r = s->req;
+    const wk_spec_config *c = &e->o.spec;
+    int k = s->spec_k ? s->spec_k : c->k;
+    int left = r->p.max_tokens - (s->n_tok - r->n_prompt) - 1, left_len = e->o.max_model_len - s->n_tok - 1;
+    if (k > left) k = left;
+    if (k > left_len) k = left_len;
+    if (k > room) k = room;
+    if (k <= 0) return 0;
+    if (s->spec_wait > 0) { /* its drafts have not been taken lately: plain decoding costs less */
+        s->spec_wait--;
+        return 0;
+    }
+    GROW(s->tok, s->cap, s->n_tok + k);
+    k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
+    memcpy(s->draft, s->tok + s->n_tok, sizeof(int32_t) * (size_t)k);
+    return k;
+}
+
+/* Plans the running sequences of one kind: decodes (one token left to
+ * compute) or prefills (more), within *budget, preempting the newest when
+ * blocks run out. */
+static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *preempted) {
+    for (int i = 0; i < e->n_running && *budget > 0; i++) {
+        wk_seq *s = e->running[i];
+        int n = s->n_tok - s->n_computed;
+        if ((n <= 1) != decodes) continue;
+        if (n > *budget) n = *budget;
+        s->n_draft = 0;
+        if (spec && n == 1) {
+            int k = propose(e, s, *budget - 1);
+            if (k < 0) return k;
+            /* drafts never take blocks from another sequence: without room they are not proposed */
+            if (k && wk_blocks_needed(e->blocks, &s->bs, s->n_computed, s->n_computed + 1 + k) >
+                         wk_blocks_available(e->blocks))
+                k = 0;
+            s->n_draft = k;
+            n += k;
+        }
+        int rc;
+        while ((rc = reserve(e, s, n)) == LLM_EAGAIN) {
+            wk_seq *v = victim(e);
+            int vi = 0;
+            while (e->running[vi] != v) vi++;
+            for (int j = 0; j < e->n_plan; j++)
+                if (e->plan_seq[j] == v) *budget += e->plan[j].n;
+            preempt(e, v);
+            *preempted = 1;
+            if (v == s) break;
+            if (vi < i) i--; /* the list shifted under us */
+        }
+        if (rc == LLM_EAGAIN) { /* s itself was preempted; running[i] is now the next one */
+            i--;
+            continue;
+        }
+        if (rc) return rc;
+        plan_add(e, s, n);
+        *budget -= n;
+    }
+    return 0;
+}
+
+/* What a prefill may get before any has been timed. */
+#define COLD_PREFILL_CHUNK 64
+
+int wk_sched_plan(wk_engine *e, int *tokens) {
+    int budget = e->o.max_num_batched_tokens, preempted = 0, rc, spec = 0;
+    e->n_plan = 0;
+    if (e->o.spec.method != WK_SPEC_NONE) { /* speculate while the step is small enough to be memory-bound */
+        int dec = 0;
+        for (int i = 0; i < e->n_running; i++) dec += e->running[i]->n_tok - e->running[i]->n_computed <= 1;
+        spec = !e->o.spec.max_batch || dec <= e->o.spec.max_batch;
+    }
+    /* every running stream advances each step; prompts share what is left */
+    if ((rc = plan_running(e, 1, spec, &budget, &preempted))) return rc;
+    int decoded = e->o.max_num_batched_tokens - budget;
+    if (e->o.max_step_ms > 0) { /* the time target, at the measured cost */
+        double att = 0;
+        int p0 = 0;
+        for (int i = 0; i < e->n_plan; i++) att += wk_cost_attended(e->plan[i].pos0, e->plan[i].n);
+        for (int i = 0; i < e->n_running; i++) /* the prompt that goes first */
+            if (e->running[i]->n_tok - e->running[i]->n_computed > 1) {
+                p0 = e->running[i]->n_computed;
+                break;
+            }
+        int cap = wk_cost_known(&e->cost)
+                      ? wk_cost_max_chunk(&e->cost, e->o.max_step_ms, decoded, att, p0, MIN_PREFILL_CHUNK, budget)
+                      : COLD_PREFILL_CHUNK;
+        if (cap < budget) budget = cap;
+    }
+    int prefill_budget = budget;
+    e->st.step_token_budget = decoded + budget;
+    if ((rc = plan_running(e, 0, 0, &budget, &preempted))) return rc;
+    /* admit waiting requests into what is left; not in a step that had to preempt */
+    while (!preempted && e->n_waiting && budget > 0) {
+        wk_seq *s = e->waiting[0];
+        wk_req *r = s->req;
+        int seats = r->forked ? 1 : r->p.n;
+        if (e->n_running + seats > e->o.max_num_seqs && e->n_running) break;
+        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok);
+        if (hit < 0) return hit;
+        if (hit && r->plp) { /* cached positions have no logits: the prompt is computed whole */
+            wk_blocks_release(e->blocks, &s->bs);
+            hit = 0;
+        }
+        s->n_computed = hit;
+        int n = s->n_tok - hit;
+        if (n > budget) n = budget;
+        rc = reserve(e, s, n);
+        if (rc == LLM_EAGAIN) {
+            wk_blocks_release(e->blocks, &s->bs);
+            s->n_computed = 0;
+            break;
+        }
+        if (rc) return rc;
+        if (!r->queried) { /* count a request's prompt once, not at every retry or recompute */
+            wk_blocks_count_query(e->blocks, s->n_tok, hit);
+            r->cached = hit;
+            r->queried = 1;
+        }
+        e->n_waiting--;
+        memmove(e->waiting, e->waiting + 1, sizeof *e->waiting * (size_t)e->n_waiting);
+        if ((rc = wk_eng_push_running(e, s))) return rc;
+        plan_add(e, s, n);
+        budget -= n;
+    }
+    *tokens = decoded + prefill_budget - budget;
+    return 0;
+}
