@@ -26,6 +26,7 @@
 #include "wk_engine.h"
 #include "wk_flags.h"
 
+#include "bn_util.h"
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -33,21 +34,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static const char *para =
     "Rivers shape the land they cross. Over thousands of years a river cuts valleys, carries silt to the sea and "
@@ -69,7 +55,7 @@ static int n_dsteps, cap_dsteps, dwant, dkeep; /* the first dkeep such steps of 
 static double drain(wk_engine *e, uint64_t watch, double t0) {
     double first = -1;
     while (wk_engine_has_work(e)) {
-        double a = now();
+        double a = bn_now();
         int rc = wk_engine_step(e);
         if (rc < 0) {
             fprintf(stderr, "engine step failed\n");
@@ -84,7 +70,7 @@ static double drain(wk_engine *e, uint64_t watch, double t0) {
             }
             wk_engine_stats st;
             wk_engine_get_stats(e, &st);
-            double ms = (now() - a) * 1e3;
+            double ms = (bn_now() - a) * 1e3;
             dsteps[n_dsteps] = ms;
             dsample[n_dsteps] = ms - st.last_forward_ms;
             n_dsteps++;
@@ -92,7 +78,7 @@ static double drain(wk_engine *e, uint64_t watch, double t0) {
         const wk_output *o;
         int n = wk_engine_outputs(e, &o);
         for (int i = 0; i < n; i++)
-            if (o[i].id == watch && first < 0 && o[i].n_tokens) first = now() - t0;
+            if (o[i].id == watch && first < 0 && o[i].n_tokens) first = bn_now() - t0;
     }
     return first;
 }
@@ -230,9 +216,9 @@ int main(int argc, char **argv) {
                     return 1;
                 }
             }
-            double t0 = now();
+            double t0 = bn_now();
             drain(e, (uint64_t)-1, t0);
-            double w = now() - t0;
+            double w = bn_now() - t0;
             wk_engine_stats st;
             wk_engine_get_stats(e, &st);
             if (!under) {
@@ -251,10 +237,10 @@ int main(int argc, char **argv) {
         }
         dwant = 0;
         for (int k = 0; k < 2; k++)
-            if (ndmode[k]) dec[k] = median(dmode[k], ndmode[k]), samp[k] = median(smode[k], ndmode[k]);
-        double t = median(tps, repeats);
+            if (ndmode[k]) dec[k] = bn_median(dmode[k], ndmode[k]), samp[k] = bn_median(smode[k], ndmode[k]);
+        double t = bn_median(tps, repeats);
         if (!base) base = t;
-        printf("%-12d %10.1f %11.2fx %10.2f %14.1f", cc, t, t / base, median(wall, repeats), median(stepms, repeats));
+        printf("%-12d %10.1f %11.2fx %10.2f %14.1f", cc, t, t / base, bn_median(wall, repeats), bn_median(stepms, repeats));
         if (gbnf) printf(" %12.2f %12.2f %+9.1f%% %9.2f %9.2f  (%d / %d steps)", dec[0], dec[1],
                          dec[0] > 0 ? (dec[1] / dec[0] - 1) * 100 : 0, samp[0], samp[1], ndmode[0], ndmode[1]);
         printf("\n");
@@ -280,12 +266,12 @@ int main(int argc, char **argv) {
         /* uncached: a system prompt never seen before */
         make_prompt(1000 + (uint64_t)r, sys_len, p);
         make_prompt(5000 + (uint64_t)r, 32, p + sys_len);
-        double t0 = now();
+        double t0 = bn_now();
         wk_engine_add(e, 1, p, sys_len + 32, &wp, err, sizeof err);
         double u = drain(e, 1, t0);
         /* cached: the same system prompt, another user turn */
         make_prompt(9000 + (uint64_t)r, 32, p + sys_len);
-        t0 = now();
+        t0 = bn_now();
         wk_engine_add(e, 2, p, sys_len + 32, &wp, err, sizeof err);
         double cc = drain(e, 2, t0);
         if (r) { /* the first round warms up */
@@ -293,7 +279,7 @@ int main(int argc, char **argv) {
             cached[r - 1] = cc;
         }
     }
-    double mu = median(uncached, repeats), mc = median(cached, repeats);
+    double mu = bn_median(uncached, repeats), mc = bn_median(cached, repeats);
     printf("TTFT, %d-token system prompt + 32: uncached %.1f ms, cached %.1f ms (%.1fx faster, cached/uncached %.2f)\n",
            sys_len, mu * 1e3, mc * 1e3, mu / mc, mc / mu);
     wk_engine_free(e);

@@ -18,22 +18,13 @@
 #include "cm_error.h"
 #include "kernels.h"
 
+#include "bn_util.h"
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void) {
@@ -163,9 +154,9 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < n_isa; i++) { /* calibrate: ~50 ms a timing */
                     kn_set_isa(isas[i]);
                     wp[0] = &w[i];
-                    double t0 = now();
+                    double t0 = bn_now();
                     int m = 0;
-                    while (now() - t0 < 0.02) {
+                    while (bn_now() - t0 < 0.02) {
                         kn_matmul_multi(pool, 1, wp, yp, x, &a, B);
                         m++;
                     }
@@ -175,13 +166,13 @@ int main(int argc, char **argv) {
                     for (int i = 0; i < n_isa; i++) {
                         kn_set_isa(isas[i]);
                         wp[0] = &w[i];
-                        double t0 = now();
+                        double t0 = bn_now();
                         for (int m = 0; m < calls[i]; m++) kn_matmul_multi(pool, 1, wp, yp, x, &a, B);
-                        t[i][r] = (now() - t0) / calls[i];
+                        t[i][r] = (bn_now() - t0) / calls[i];
                     }
                 for (int i = 0; i < n_isa; i++) {
                     int nr = reps < 64 ? reps : 64;
-                    qsort(t[i], (size_t)nr, sizeof(double), cmp_d);
+                    qsort(t[i], (size_t)nr, sizeof(double), bn_cmp_d);
                     double med = nr % 2 ? t[i][nr / 2] : 0.5 * (t[i][nr / 2 - 1] + t[i][nr / 2]);
                     printf("%-6s %5lldx%-5lld %5d %-12s %9.1f %9.1f\n", tn, (long long)n, (long long)k, B, isas[i],
                            macs / med * 1e-9, wbytes / med * 1e-9);

@@ -17,21 +17,12 @@
 #include "kn_cuda.h"
 #include "kn_cuda_plan.h"
 
+#include "../bench/bn_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 #define TRY(call)                                                                                  \
     do {                                                                                           \
@@ -133,19 +124,19 @@ int main(int argc, char **argv) {
                                 q, out, kc, vc, stride, row_seq, row_pos, seq_off, blocks, ws, g.workspace_bytes};
         double tg[6], ta[6];
         for (int rep = 0; rep < 6; rep++) { /* rep 0 warms up */
-            double t0 = now();
+            double t0 = bn_now();
             for (int l = 0; l < L; l++)
                 for (int j = 0; j < 7; j++) TRY(kn_cuda_gemm(blas, CM_BF16, w[l * 7 + j], shapes[j][0], shapes[j][1], x, y, B));
             TRY(kn_cuda_gemm(blas, CM_BF16, w[L * 7], c.vocab, D, x, y, B));
             TRY(kn_cuda_sync());
-            double t1 = now();
+            double t1 = bn_now();
             for (int l = 0; l < L; l++) TRY(kn_cuda_paged_attention(&aa));
             TRY(kn_cuda_sync());
             tg[rep] = t1 - t0;
-            ta[rep] = now() - t1;
+            ta[rep] = bn_now() - t1;
         }
-        qsort(tg + 1, 5, sizeof(double), cmp_d);
-        qsort(ta + 1, 5, sizeof(double), cmp_d);
+        qsort(tg + 1, 5, sizeof(double), bn_cmp_d);
+        qsort(ta + 1, 5, sizeof(double), bn_cmp_d);
         double g_ms = tg[3] * 1e3, a_ms = ta[3] * 1e3;
         printf("%6d %12.3f %10.2f %7.1f%% %14.3f %12.0f\n", B, g_ms, bytes / tg[3] / 1e12, bytes / tg[3] / hbm * 100,
                a_ms, B / (tg[3] + ta[3]));

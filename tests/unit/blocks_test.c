@@ -74,6 +74,13 @@ static void write_slots(int32_t *slots, int bs, seq *s, int from, int to) {
     for (int p = from; p < to; p++) slots[(size_t)s->bs.ids[p / bs] * bs + p % bs] = s->tok[p];
 }
 
+/* What the cache does for reserve's copy-on-write list; returns the copies. */
+static int apply_copies(int32_t *slots, int bs, const wk_copy *cp, int ncp) {
+    for (int c = 0; c < ncp; c++)
+        memcpy(slots + (size_t)cp[c].dst * bs, slots + (size_t)cp[c].src * bs, sizeof(int32_t) * (size_t)bs);
+    return ncp;
+}
+
 static void run(int n_blocks, int bs, int caching, int ops) {
     wk_blocks *b;
     CHECK_RC(wk_blocks_create(n_blocks, bs, caching, &b), 0);
@@ -127,10 +134,7 @@ static void run(int n_blocks, int bs, int caching, int ops) {
                     refused++;
                 } else {
                     CHECK_RC(rc, 0);
-                    for (int c = 0; c < ncp; c++) {
-                        memcpy(slots + (size_t)cp[c].dst * bs, slots + (size_t)cp[c].src * bs, sizeof(int32_t) * (size_t)bs);
-                        cows++;
-                    }
+                    cows += apply_copies(slots, bs, cp, ncp);
                     write_slots(slots, bs, s, s->n_done, s->n_done + k + 1);
                     int m = (int)(rnd() % (unsigned)(k + 2));
                     CHECK_RC(wk_blocks_truncate(b, &s->bs, s->n_done + m), 0);
@@ -150,10 +154,7 @@ static void run(int n_blocks, int bs, int caching, int ops) {
                     refused++;
                 } else {
                     CHECK_RC(rc, 0);
-                    for (int c = 0; c < ncp; c++) {
-                        memcpy(slots + (size_t)cp[c].dst * bs, slots + (size_t)cp[c].src * bs, sizeof(int32_t) * (size_t)bs);
-                        cows++;
-                    }
+                    cows += apply_copies(slots, bs, cp, ncp);
                     s->n_tok += k;
                     write_slots(slots, bs, s, s->n_done, s->n_tok);
                     s->n_done = s->n_tok;
