@@ -83,13 +83,17 @@ int wk_spec_ngram(const int32_t *tok, int n, int nmin, int nmax, int k, int32_t 
     if (k <= 0 || n < 2) return 0;
     for (int g = nmax < n - 1 ? nmax : n - 1; g >= nmin; g--) {
         const int32_t *suf = tok + n - g;
-        /* the latest earlier occurrence: its start i < n - g, scanning back */
-        for (int i = n - g - 1; i >= 0; i--) {
+        /* earlier occurrences (start i < n - g), latest first; the first with k tokens after it, else the one
+           with the most (an occurrence near the end, as in a run of one token, leaves few) */
+        int best = -1, bm = 0;
+        for (int i = n - g - 1; i >= 0 && bm < k; i--) {
             if (tok[i] != suf[0] || memcmp(tok + i, suf, sizeof(int32_t) * (size_t)g)) continue;
-            int from = i + g, m = n - from < k ? n - from : k;
-            if (m <= 0) continue;
-            memcpy(out, tok + from, sizeof(int32_t) * (size_t)m);
-            return m;
+            int m = n - (i + g) < k ? n - (i + g) : k;
+            if (m > bm) best = i + g, bm = m;
+        }
+        if (best >= 0) {
+            memcpy(out, tok + best, sizeof(int32_t) * (size_t)bm);
+            return bm;
         }
     }
     return 0;

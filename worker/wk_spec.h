@@ -43,9 +43,10 @@ int wk_spec_config_parse(wk_spec_config *c, const char *json, char *err, size_t 
 /* Checks a configuration built from flags; LLM_EINVAL with a message. */
 int wk_spec_config_check(const wk_spec_config *c, char *err, size_t errlen);
 
-/* Up to k drafts for the sequence tok[0..n) into out: the tokens after the
- * latest earlier occurrence of its longest suffix of nmin..nmax tokens that
- * occurs earlier. Returns how many (0: no match). O(n * nmax). */
+/* Up to k drafts for the sequence tok[0..n) into out: the tokens that
+ * follow an earlier occurrence of its longest suffix of nmin..nmax tokens
+ * that occurs earlier (the latest occurrence with k tokens after it, else
+ * the one with the most). Returns how many (0: no match). O(n * nmax). */
 int wk_spec_ngram(const int32_t *tok, int n, int nmin, int nmax, int k, int32_t *out);
 
 /* The next proposal length of a sequence that proposed k drafts and had
