@@ -330,6 +330,7 @@ static wk_seq *seq_new(wk_req *r, int index, const int32_t *tok, int n) {
     memcpy(s->tok, tok, sizeof(int32_t) * (size_t)n);
     s->n_tok = n;
     s->bs.salt = r->p.cache_salt;
+    s->spec_rate = 1.f;
     return s;
 }
 
@@ -678,6 +679,7 @@ static int verify(wk_engine *e, wk_seq *s, float *rows) {
     e->st.spec_accepted_tokens += (uint64_t)accepted;
     for (int j = 0; j < accepted; j++) e->st.spec_accepted_pos[j]++;
     s->spec_k = wk_spec_next_k(k, accepted, e->o.spec.k);
+    s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)accepted / (float)k;
     /* a run of proposals with nothing taken (free text, where earlier n-grams do not predict) backs off
        1, 3, 7, 15, 31 decodes before the next; one taken draft brings it back at once */
     s->spec_miss = accepted ? 0 : s->spec_miss + 1;

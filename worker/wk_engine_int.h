@@ -35,6 +35,7 @@ typedef struct {
     cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
     int spec_k;              /* drafts to propose next (adapts to what was accepted); 0: the configured K */
     int spec_miss, spec_wait; /* proposals in a row that got nothing taken; decodes left before the next one */
+    float spec_rate;         /* its drafts' acceptance, a moving average (starts at 1: worth a try) */
     int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */
     int32_t draft[WK_SPEC_MAX_K];
 } wk_seq;
@@ -99,6 +100,7 @@ struct wk_engine {
     int cap_view;
     wk_engine_stats st;
     wk_cost cost;            /* what a step costs, learned from the steps run */
+    float spec_floor;        /* this step: the acceptance a sequence's drafts need to pay (wk_sched.c) */
 };
 
 #define GROW(ptr, cap, need)                                                                       \

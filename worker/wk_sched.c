@@ -67,6 +67,7 @@ static int propose(wk_engine *e, wk_seq *s, int room) {
         s->spec_wait--;
         return 0;
     }
+    if (s->spec_rate < e->spec_floor) return 0; /* at this batch its drafts would cost more than they save */
     GROW(s->tok, s->cap, s->n_tok + k);
     k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
     memcpy(s->draft, s->tok + s->n_tok, sizeof(int32_t) * (size_t)k);
@@ -122,10 +123,19 @@ static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *p
 int wk_sched_plan(wk_engine *e, int *tokens) {
     int budget = e->o.max_num_batched_tokens, preempted = 0, rc, spec = 0;
     e->n_plan = 0;
-    if (e->o.spec.method != WK_SPEC_NONE) { /* speculate while the step is small enough to be memory-bound */
+    if (e->o.spec.method != WK_SPEC_NONE) {
+        /* A step of T tokens costs F + a*T (wk_cost's fit). B decodes plus drafts of which a share r is taken
+           yield more tokens per second than B plain decodes exactly when r > a*B / (F + a*B), the share of the
+           step that per-token compute takes: near 0 where a step is bound by reading the weights (small B),
+           toward 1 where it is compute-bound. A sequence speculates while its own acceptance beats that;
+           before the fit knows the costs, speculation waits. disable_by_batch_size, if set, is a hard cap. */
         int dec = 0;
         for (int i = 0; i < e->n_running; i++) dec += e->running[i]->n_tok - e->running[i]->n_computed <= 1;
-        spec = !e->o.spec.max_batch || dec <= e->o.spec.max_batch;
+        spec = (!e->o.spec.max_batch || dec <= e->o.spec.max_batch) && wk_cost_known(&e->cost);
+        if (spec) {
+            double f = wk_cost_predict(&e->cost, 0, 0), a = wk_cost_predict(&e->cost, 1, 0) - f;
+            e->spec_floor = a > 0 && f + a * dec > 0 ? (float)(a * dec / (f + a * dec)) : 0.f;
+        }
     }
     /* every running stream advances each step; prompts share what is left */
     if ((rc = plan_running(e, 1, spec, &budget, &preempted))) return rc;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 void wk_spec_config_default(wk_spec_config *c) {
-    *c = (wk_spec_config){.method = WK_SPEC_NONE, .k = 4, .ngram_min = 1, .ngram_max = 4, .max_batch = 4};
+    *c = (wk_spec_config){.method = WK_SPEC_NONE, .k = 4, .ngram_min = 1, .ngram_max = 4, .max_batch = 0};
 }
 
 int wk_spec_config_check(const wk_spec_config *c, char *err, size_t errlen) {

@@ -27,9 +27,9 @@ typedef struct {
     int k;               /* num_speculative_tokens: drafts at most, 1..WK_SPEC_MAX_K */
     int ngram_min;       /* prompt_lookup_min, >= 1 */
     int ngram_max;       /* prompt_lookup_max, >= ngram_min */
-    int max_batch;       /* speculate only while at most this many sequences decode in a step (the step
-                            is memory-bound there; past it drafts cost compute that plain decoding would
-                            spend on other sequences); 0: no limit */
+    int max_batch;       /* disable_by_batch_size: no speculation in a step where more than this many
+                            sequences decode; 0 (the default): no cap, the engine's cost rule decides (a
+                            sequence speculates while its acceptance beats the compute share of the step) */
 } wk_spec_config;
 
 /* Off, with the defaults a method gets when it is turned on. */

@@ -66,7 +66,7 @@ static void test_config(void) {
                                       "\"prompt_lookup_min\": 2, \"disable_by_batch_size\": 0}", err, sizeof err), 0);
     CHECK(c.method == WK_SPEC_NGRAM && c.k == 6 && c.ngram_max == 5 && c.ngram_min == 2 && c.max_batch == 0);
     CHECK_RC(wk_spec_config_parse(&c, "{\"method\": \"ngram\"}", err, sizeof err), 0);
-    CHECK(c.k == 4 && c.ngram_min == 1 && c.ngram_max == 4 && c.max_batch > 0); /* the defaults */
+    CHECK(c.k == 4 && c.ngram_min == 1 && c.ngram_max == 4 && c.max_batch == 0); /* the defaults */
     static const struct { const char *json, *says; } bad[] = {
         {"{\"method\": \"draft_model\", \"model\": \"x.gguf\"}", "not supported"},
         {"{\"method\": 3}", "not supported"},
