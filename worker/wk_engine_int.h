@@ -33,7 +33,7 @@ typedef struct {
     wk_token_lp *lp;         /* logprobs of generated tokens not yet reported */
     int n_lp, lp_cap;
     cm_gstate *gs;           /* the output's parse under the request's grammar, or NULL */
-    int spec_k;              /* drafts to propose next (adapts to what was accepted); 0: the configured K */
+    int spec_k;              /* drafts to propose next (adapts to what was accepted, up to K); 0: one */
     int spec_miss, spec_wait; /* proposals in a row that got nothing taken; decodes left before the next one */
     float spec_rate;         /* its drafts' acceptance, a moving average (starts at 1: worth a try) */
     int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */

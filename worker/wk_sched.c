@@ -57,7 +57,7 @@ static int reserve(wk_engine *e, wk_seq *s, int n) {
 static int propose(wk_engine *e, wk_seq *s, int room) {
     const wk_req *r = s->req;
     const wk_spec_config *c = &e->o.spec;
-    int k = s->spec_k ? s->spec_k : c->k;
+    int k = s->spec_k ? s->spec_k : 1; /* a first proposal of one: a trial that fails costs one token */
     int left = r->p.max_tokens - (s->n_tok - r->n_prompt) - 1, left_len = e->o.max_model_len - s->n_tok - 1;
     if (k > left) k = left;
     if (k > left_len) k = left_len;
