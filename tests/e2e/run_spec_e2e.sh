@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Speculative decoding through real processes: `llmserve serve` with prompt-lookup drafts answers a
+# copying prompt exactly as a plain server does (greedy; streamed and not), and its gateway's /metrics
+# carries the worker's counters under vLLM's names (promtool-clean where promtool is installed).
+#   run_spec_e2e.sh BUILD_DIR MODEL
+set -uo pipefail
+BUILD=$1
+MODEL=$2
+[ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
+P1=$((20000 + ($$ * 11) % 12000)); P2=$((P1 + 1))  # below the ephemeral range (32768+)
+PIDS=()
+fail() { echo "FAIL: $*"; kill "${PIDS[@]}" 2>/dev/null; wait; exit 1; }
+start() { "$BUILD/llmserve" serve "$MODEL" --port "$1" --max-model-len 1024 --kv-cache-memory 256MiB --log-level warn "${@:2}" &
+          PIDS+=($!); }
+start "$P1"
+start "$P2" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
+for p in "$P1" "$P2"; do
+    for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.2; done
+done
+BODY='{"prompt": "Shopping list: apples, bread, cheese, dates, eggs, flour, grapes, honey, apples, bread, cheese, dates, eggs, flour, grapes, honey, apples, bread,", "max_tokens": 40, "temperature": 0'
+text() { curl -s -m 60 "http://127.0.0.1:$1/v1/completions" -d "$BODY}" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["text"]))'; }
+stream() { curl -sN -m 60 "http://127.0.0.1:$1/v1/completions" -d "$BODY, \"stream\": true}" | python3 -c '
+import json, sys
+t = "".join(json.loads(l[6:])["choices"][0]["text"] for l in sys.stdin if l.startswith("data: {") and json.loads(l[6:])["choices"])
+print(json.dumps(t))'; }
+A=$(text "$P1"); B=$(text "$P2")
+[ -n "$A" ] && [ "$A" != '""' ] || fail "no text from the plain server"
+[ "$A" = "$B" ] || fail "speculating server answered differently: $A vs $B"
+S=$(stream "$P2")
+[ "$S" = "$A" ] || fail "speculating server's stream differs: $S vs $A"
+sleep 1.5  # the next heartbeat carries the worker's counters to the gateway
+M=$(curl -s "http://127.0.0.1:$P2/metrics")
+val() { echo "$M" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 ~ "^"n"\\{" {s += $NF} END {print s + 0}'; }
+D=$(val vllm:spec_decode_num_drafts_total); DT=$(val vllm:spec_decode_num_draft_tokens_total)
+AC=$(val vllm:spec_decode_num_accepted_tokens_total); P0=$(val vllm:spec_decode_num_accepted_tokens_per_pos_total)
+[ "$D" -gt 0 ] && [ "$AC" -gt 0 ] || fail "no speculation counted (drafts $D, accepted $AC)"
+[ "$AC" -le "$DT" ] && [ "$P0" = "$AC" ] || fail "counters disagree: $AC accepted of $DT, per position $P0"
+[ "$(curl -s "http://127.0.0.1:$P1/metrics" | awk '$1 ~ /^vllm:spec_decode_num_drafts_total/ {print $NF}')" = 0 ] ||
+    fail "the plain server counts speculation"
+if command -v promtool >/dev/null; then
+    bad=$(echo "$M" | promtool check metrics 2>&1 | grep -v "should not contain ':'" | grep -v '^$')
+    [ -z "$bad" ] || fail "promtool: $bad"
+fi
+kill -TERM "${PIDS[@]}"; wait
+echo "spec e2e: same text with and without speculation ($A); $AC of $DT drafts accepted in $D proposals"
