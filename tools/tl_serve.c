@@ -202,6 +202,7 @@ int tl_serve_main(int argc, char **argv) {
     spawn(&w);
     spawn(&g);
     child *kids[2] = {&w, &g};
+    int refused = 0;
     while (!stop_flag) {
         int st;
         pid_t p = waitpid(-1, &st, 0);
@@ -220,6 +221,7 @@ int tl_serve_main(int argc, char **argv) {
                 fprintf(stderr, "llmserve serve: the %s refused its arguments (exit %d); stopping\n", ch->name,
                         WEXITSTATUS(st));
                 stop_flag = 1;
+                refused = 1;
                 break;
             }
             fprintf(stderr, "llmserve serve: the %s (pid %d) %s %d; restarting in %.1f s\n", ch->name, (int)p,
@@ -240,5 +242,5 @@ int tl_serve_main(int argc, char **argv) {
     stop_child(&w, SIGTERM);
     reap(&w, stop_flag > 1 ? 0.5 : 15);
     fprintf(stderr, "llmserve serve: stopped\n");
-    return 0;
+    return refused ? 2 : 0;
 }

@@ -74,11 +74,36 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     }
     if ((rc = wk_spec_config_check(&o->spec, err, errlen))) goto fail;
     rc = LLM_EINVAL;
+    wk_model *dm = o->spec.method == WK_SPEC_DRAFT ? o->draft : NULL;
+    if (o->spec.method == WK_SPEC_DRAFT) {
+        if (!dm) {
+            snprintf(err, errlen, "draft_model speculation needs the draft model loaded");
+            goto fail;
+        }
+        if (dm->cfg.vocab != c->vocab ||
+            (m->tok && dm->tok && cm_tok_fingerprint(m->tok) != cm_tok_fingerprint(dm->tok))) {
+            snprintf(err, errlen,
+                     "the draft model %s does not share the target's tokenizer (vocabulary %u vs %u tokens%s); a "
+                     "draft must propose the target's tokens",
+                     dm->file->path, dm->cfg.vocab, c->vocab, dm->cfg.vocab == c->vocab ? ", other tokens" : "");
+            goto fail;
+        }
+        if (dm->device != m->device || dm->max_batch < o->max_num_batched_tokens) {
+            snprintf(err, errlen, "the draft model must run on the target's device with its batch capacity");
+            goto fail;
+        }
+        double wd = 0, wt = 0; /* weight bytes: what a decode reads */
+        for (size_t i = 0; i < dm->file->n_tensors; i++) wd += (double)dm->file->tensors[i].nbytes;
+        for (size_t i = 0; i < m->file->n_tensors; i++) wt += (double)m->file->tensors[i].nbytes;
+        e->draft_cost = wt > 0 ? (float)(wd / wt) : 1.f;
+    }
     if (o->kv_type < KN_KV_F32 || o->kv_type > KN_KV_BF16) {
         snprintf(err, errlen, "unknown KV cache type %d", o->kv_type);
         goto fail;
     }
-    size_t per_tok = wk_kv_bytes_per_token(m, o->kv_type), per_block = per_tok * (size_t)o->block_size;
+    /* a draft model's cache has as many blocks as the target's: the budget is shared in that proportion */
+    size_t per_tok = wk_kv_bytes_per_token(m, o->kv_type), per_tok_d = dm ? wk_kv_bytes_per_token(dm, o->kv_type) : 0,
+           per_block = (per_tok + per_tok_d) * (size_t)o->block_size;
     int64_t full_seq_blocks = (o->max_model_len + o->block_size - 1) / o->block_size;
     int64_t nb = o->n_blocks;
     if (nb <= 0) {
@@ -114,6 +139,23 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         snprintf(err, errlen, "cannot allocate the KV cache (%zu bytes): %s", kv_bytes, cm_strerror(rc));
         goto fail;
     }
+    if (dm && ((rc = wk_cache_create(dm, o->kv_type, o->block_size, o->n_blocks, &e->dcache)) ||
+               (rc = wk_blocks_create(o->n_blocks, o->block_size, 0, &e->dblocks)))) {
+        snprintf(err, errlen, "cannot allocate the draft model's KV cache: %s", cm_strerror(rc));
+        goto fail;
+    }
+    if (dm) {
+        e->dplan = malloc(sizeof *e->dplan * (size_t)o->max_num_batched_tokens);
+        e->dmap = malloc(sizeof(int) * 2 * (size_t)o->max_num_batched_tokens);
+        e->dend = malloc(sizeof(int) * (size_t)o->max_num_batched_tokens);
+        if (!e->dplan || !e->dmap || !e->dend) {
+            rc = LLM_ENOMEM;
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        CM_INFO("draft model %s: %u layers, dim %u, %zu KV bytes per token, %.3f of the target's weight bytes",
+                dm->file->path, dm->cfg.n_layer, dm->cfg.dim, per_tok_d, (double)e->draft_cost);
+    }
     if ((rc = wk_blocks_create(o->n_blocks, o->block_size, o->prefix_caching, &e->blocks)) ||
         (rc = wk_sample_ctx_init(&e->sc, (int)c->vocab))) {
         snprintf(err, errlen, "out of memory");
@@ -148,6 +190,8 @@ static void seq_free(wk_engine *e, wk_seq *s) {
     if (!s) return;
     wk_blocks_release(e->blocks, &s->bs);
     wk_bseq_free(&s->bs);
+    wk_draft_release(e, s);
+    wk_bseq_free(&s->dbs);
     wk_guide_end(e->guide, s->gs);
     free(s->tok);
     free(s->text);
@@ -173,6 +217,12 @@ void wk_engine_free(wk_engine *e) {
     free(e->running);
     wk_blocks_free(e->blocks);
     wk_cache_free(e->cache);
+    wk_blocks_free(e->dblocks);
+    wk_cache_free(e->dcache);
+    free(e->dlogits);
+    free(e->dplan);
+    free(e->dmap);
+    free(e->dend);
     wk_sample_ctx_free(&e->sc);
     wk_guide_free(e->guide);
     free(e->eog);
@@ -487,6 +537,7 @@ static void seq_finish(wk_engine *e, wk_seq *s, int finish) {
     s->state = S_DONE;
     s->finish = finish;
     wk_blocks_release(e->blocks, &s->bs);
+    wk_draft_release(e, s);
     s->req->n_live--;
 }
 
@@ -672,6 +723,7 @@ static int verify(wk_engine *e, wk_seq *s, float *rows) {
         if (!hit || s->finish) break;
     }
     s->n_computed = base + drawn; /* inputs: the last token, then the kept drafts */
+    wk_draft_keep(e, s, base + 1 + accepted);
     if ((rc = wk_blocks_truncate(e->blocks, &s->bs, s->n_computed + 1))) return rc;
     wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
     e->st.spec_drafts++;
@@ -700,6 +752,10 @@ int wk_engine_step(wk_engine *e) {
         if (!l) return LLM_ENOMEM;
         e->logits = l;
         e->logits_rows = rows;
+    }
+    if (e->dblocks) { /* the draft model's share first: its drafts are the plan's input */
+        if ((rc = wk_draft_step(e)) < 0) return rc;
+        tokens -= rc;
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -72,6 +72,8 @@ typedef struct wk_engine_opts {
     float max_step_ms;            /* a step's time target: prefill chunks are sized to it from the measured cost
                                      per token (decodes always advance); 0: tokens only. Default 250 */
     wk_spec_config spec;          /* speculative decoding (wk_spec.h); off by default */
+    wk_model *draft;              /* spec.method WK_SPEC_DRAFT: the draft model, loaded by the caller (same
+                                     vocabulary and tokenizer as the target, one rank); not owned */
 } wk_engine_opts;
 
 void wk_engine_opts_default(wk_engine_opts *o);

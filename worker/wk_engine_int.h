@@ -38,6 +38,8 @@ typedef struct {
     float spec_rate;         /* its drafts' acceptance, a moving average (starts at 1: worth a try) */
     int n_draft;             /* drafts in this step's plan, also at tok[n_tok..n_tok+n_draft) as its input */
     int32_t draft[WK_SPEC_MAX_K];
+    wk_bseq dbs;             /* draft model: its block table in the draft's own pool (never shared) */
+    int d_computed;          /* draft model: tokens whose K/V are in the draft's cache */
 } wk_seq;
 
 struct wk_req {
@@ -101,6 +103,14 @@ struct wk_engine {
     wk_engine_stats st;
     wk_cost cost;            /* what a step costs, learned from the steps run */
     float spec_floor;        /* this step: the acceptance a sequence's drafts need to pay (wk_sched.c) */
+    /* draft model (wk_draft.c): its cache, as many blocks as the target's, and a pool without prefix caching */
+    wk_cache *dcache;
+    wk_blocks *dblocks;
+    float draft_cost;        /* what a draft token costs against a target one: the ratio of weight bytes */
+    float *dlogits;
+    int dlogits_rows;
+    wk_batch_seq *dplan;
+    int *dmap, *dend;
 };
 
 #define GROW(ptr, cap, need)                                                                       \
@@ -129,5 +139,16 @@ void wk_eng_remove_from(wk_seq **q, int *n, wk_seq *s);
  * newest lowest-priority sequence when blocks run out. *tokens: what the
  * plan computes. 0 or an error. */
 int wk_sched_plan(wk_engine *e, int *tokens);
+
+/* Draft-model speculation (wk_draft.c). wk_draft_step runs the draft's share of a planned step before
+ * the target's forward: it catches each proposing sequence up to its last token and draws its n_draft
+ * greedy drafts into draft[] and tok[n_tok..] (a sequence whose drafts find no room in the draft's pool
+ * loses them: its plan row shrinks to a plain decode), and mirrors prompt chunks so that the draft is
+ * ready when decoding starts. Returns the draft tokens dropped from the plan, or an error. */
+int wk_draft_step(wk_engine *e);
+/* After verification: the draft's cache keeps only positions [0, n) (inputs that were taken). */
+void wk_draft_keep(wk_engine *e, wk_seq *s, int n);
+/* Frees a sequence's draft blocks (finished, preempted). */
+void wk_draft_release(wk_engine *e, wk_seq *s);
 
 #endif

@@ -159,6 +159,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llmserve-worker: --ranks-per-node %d does not divide --tensor-parallel-size %d\n", per_node, tp);
         return 2;
     }
+    if (eo.spec.method == WK_SPEC_DRAFT && tp > 1) {
+        fprintf(stderr, "llmserve-worker: draft_model speculation runs on one rank; with --tensor-parallel-size %d use "
+                        "method ngram\n", tp);
+        return 2;
+    }
     if (rank >= tp) {
         fprintf(stderr, "llmserve-worker: --rank %d is outside --tensor-parallel-size %d\n", rank, tp);
         return 2;
@@ -216,6 +221,20 @@ int main(int argc, char **argv) {
     CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s (%s), %d threads, rank %d of %d",
             m->file->path, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
             m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool), my_rank, tp);
+    wk_model *dm = NULL;
+    if (eo.spec.method == WK_SPEC_DRAFT) { /* the draft: same device, threads and batch capacity */
+        wk_model_opts dmo = mo;
+        dmo.model_path = eo.spec.model;
+        dmo.tokenizer_path = NULL;
+        dmo.model_config = NULL;
+        if ((rc = wk_model_load_tp(&dmo, NULL, &dm, err, sizeof err))) {
+            fprintf(stderr, "llmserve-worker: draft model: %s\n", err[0] ? err : cm_strerror(rc));
+            wk_model_free(m);
+            wk_tp_free(group_h);
+            return 2; /* a flag's value: the supervisor does not retry it */
+        }
+        eo.draft = dm;
+    }
     int ret = 0;
     if (my_rank > 0) {
         wk_health_set_state(health, WK_H_READY); /* loaded and joined: it follows rank 0 from here */
@@ -242,6 +261,7 @@ int main(int argc, char **argv) {
         wk_engine_free(e);
     }
     wk_tp_free(group_h); /* rank 0: stops the followers */
+    wk_model_free(dm);
     wk_model_free(m);
     wk_health_stop(health);
     return ret;

@@ -17,6 +17,7 @@ static void preempt(wk_engine *e, wk_seq *s) {
             break;
         }
     wk_blocks_release(e->blocks, &s->bs);
+    wk_draft_release(e, s);
     s->n_computed = 0;
     s->n_draft = 0;
     wk_eng_push_waiting(e, s); /* cannot fail: waiting has room for every sequence it ever held */
@@ -69,6 +70,7 @@ static int propose(wk_engine *e, wk_seq *s, int room) {
     }
     if (s->spec_rate < e->spec_floor) return 0; /* at this batch its drafts would cost more than they save */
     GROW(s->tok, s->cap, s->n_tok + k);
+    if (c->method == WK_SPEC_DRAFT) return k; /* drawn by the draft model before the forward (wk_draft_step) */
     k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
     memcpy(s->draft, s->tok + s->n_tok, sizeof(int32_t) * (size_t)k);
     return k;
@@ -131,10 +133,14 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
            before the fit knows the costs, speculation waits. disable_by_batch_size, if set, is a hard cap. */
         int dec = 0;
         for (int i = 0; i < e->n_running; i++) dec += e->running[i]->n_tok - e->running[i]->n_computed <= 1;
-        spec = (!e->o.spec.max_batch || dec <= e->o.spec.max_batch) && wk_cost_known(&e->cost);
-        if (spec) {
+        spec = (!e->o.spec.max_batch || dec <= e->o.spec.max_batch) && (wk_cost_known(&e->cost) || !e->o.spec.cost_rule);
+        e->spec_floor = 0;
+        if (spec && e->o.spec.cost_rule) {
             double f = wk_cost_predict(&e->cost, 0, 0), a = wk_cost_predict(&e->cost, 1, 0) - f;
             e->spec_floor = a > 0 && f + a * dec > 0 ? (float)(a * dec / (f + a * dec)) : 0.f;
+            /* a draft model's tokens cost too: with c its cost per token against the target's (weight bytes,
+               as decoding reads them), a proposal pays when r > a*B/(F+a*B) + c */
+            e->spec_floor += e->draft_cost;
         }
     }
     /* every running stream advances each step; prompts share what is left */

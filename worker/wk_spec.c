@@ -6,7 +6,7 @@
 #include <string.h>
 
 void wk_spec_config_default(wk_spec_config *c) {
-    *c = (wk_spec_config){.method = WK_SPEC_NONE, .k = 4, .ngram_min = 1, .ngram_max = 4, .max_batch = 0};
+    *c = (wk_spec_config){.method = WK_SPEC_NONE, .k = 4, .ngram_min = 1, .ngram_max = 4, .max_batch = 0, .cost_rule = 1};
 }
 
 int wk_spec_config_check(const wk_spec_config *c, char *err, size_t errlen) {
@@ -18,6 +18,14 @@ int wk_spec_config_check(const wk_spec_config *c, char *err, size_t errlen) {
     if (c->ngram_min < 1 || c->ngram_max < c->ngram_min || c->ngram_max > 64) {
         snprintf(err, errlen, "prompt_lookup_min (%d) and prompt_lookup_max (%d) must satisfy 1 <= min <= max <= 64",
                  c->ngram_min, c->ngram_max);
+        return LLM_EINVAL;
+    }
+    if (c->method == WK_SPEC_DRAFT && !c->model[0]) {
+        snprintf(err, errlen, "speculative-config: method draft_model needs \"model\", the draft's model file");
+        return LLM_EINVAL;
+    }
+    if (c->method != WK_SPEC_DRAFT && c->model[0]) {
+        snprintf(err, errlen, "speculative-config: \"model\" goes with method draft_model, not ngram");
         return LLM_EINVAL;
     }
     if (c->max_batch < 0) {
@@ -54,11 +62,24 @@ int wk_spec_config_parse(wk_spec_config *c, const char *text, char *err, size_t 
         if (!strcmp(key, "method")) {
             const char *m = json_string_value(v);
             if (m && !strcmp(m, "ngram")) n.method = WK_SPEC_NGRAM;
+            else if (m && !strcmp(m, "draft_model")) n.method = WK_SPEC_DRAFT;
             else {
-                snprintf(err, errlen, "speculative-config: method %s%s%s is not supported (ngram is)", m ? "'" : "",
-                         m ? m : "(not a string)", m ? "'" : "");
+                snprintf(err, errlen, "speculative-config: method %s%s%s is not supported (ngram and draft_model are)",
+                         m ? "'" : "", m ? m : "(not a string)", m ? "'" : "");
                 rc = LLM_EINVAL;
             }
+        } else if (!strcmp(key, "model")) {
+            const char *m = json_string_value(v);
+            if (!m || !m[0] || strlen(m) >= sizeof n.model) {
+                snprintf(err, errlen, "speculative-config: \"model\" must be a file path (1 to %d bytes)",
+                         (int)sizeof n.model - 1);
+                rc = LLM_EINVAL;
+            } else snprintf(n.model, sizeof n.model, "%s", m);
+        } else if (!strcmp(key, "cost_rule")) {
+            if (!json_is_boolean(v)) {
+                snprintf(err, errlen, "speculative-config: \"cost_rule\" must be true or false");
+                rc = LLM_EINVAL;
+            } else n.cost_rule = json_is_true(v);
         } else if (!strcmp(key, "num_speculative_tokens")) rc = get_int(v, key, &n.k, err, errlen);
         else if (!strcmp(key, "prompt_lookup_max")) rc = get_int(v, key, &n.ngram_max, err, errlen);
         else if (!strcmp(key, "prompt_lookup_min")) rc = get_int(v, key, &n.ngram_min, err, errlen);
@@ -70,7 +91,15 @@ int wk_spec_config_parse(wk_spec_config *c, const char *text, char *err, size_t 
         if (rc) break;
     }
     if (!rc && !json_object_get(o, "method")) {
-        snprintf(err, errlen, "speculative-config: \"method\" is required (\"ngram\")");
+        if (n.model[0]) n.method = WK_SPEC_DRAFT; /* vLLM's older spelling: a draft model alone */
+        else {
+            snprintf(err, errlen, "speculative-config: \"method\" is required (\"ngram\" or \"draft_model\")");
+            rc = LLM_EINVAL;
+        }
+    }
+    if (!rc && n.method == WK_SPEC_DRAFT &&
+        (json_object_get(o, "prompt_lookup_max") || json_object_get(o, "prompt_lookup_min"))) {
+        snprintf(err, errlen, "speculative-config: prompt_lookup_max/min go with method ngram, not draft_model");
         rc = LLM_EINVAL;
     }
     json_decref(o);

@@ -6,6 +6,10 @@
  * earlier occurrence are proposed. No second model: it pays where the output
  * copies its input (code edits, quoting, summaries with names).
  *
+ * Draft-model drafts: a smaller model with the same vocabulary, in the same
+ * worker with its own paged KV cache (wk_draft.c), proposes its greedy
+ * continuation, one draft-model step per draft.
+ *
  * The engine verifies the K drafts of a sequence in one step (K + 1 rows of
  * logits) by drawing each row exactly as plain decoding would and keeping
  * the drafts up to the first draw that differs. For a deterministic draft
@@ -20,7 +24,9 @@
 
 #define WK_SPEC_MAX_K 16 /* drafts a sequence may propose in one step */
 
-enum { WK_SPEC_NONE = 0, WK_SPEC_NGRAM = 1 };
+#define WK_SPEC_PATH_MAX 1024
+
+enum { WK_SPEC_NONE = 0, WK_SPEC_NGRAM = 1, WK_SPEC_DRAFT = 2 };
 
 typedef struct {
     int method;          /* WK_SPEC_* */
@@ -30,14 +36,19 @@ typedef struct {
     int max_batch;       /* disable_by_batch_size: no speculation in a step where more than this many
                             sequences decode; 0 (the default): no cap, the engine's cost rule decides (a
                             sequence speculates while its acceptance beats the compute share of the step) */
+    int cost_rule;       /* 1 (default): that rule; 0: speculate whenever there are drafts (an llmserve key,
+                            "cost_rule": false, for measuring and for testing a draft that cannot pay) */
+    char model[WK_SPEC_PATH_MAX]; /* draft_model: the draft's model file */
 } wk_spec_config;
 
 /* Off, with the defaults a method gets when it is turned on. */
 void wk_spec_config_default(wk_spec_config *c);
 
 /* vLLM's --speculative-config JSON: {"method": "ngram", "num_speculative_tokens": K,
- * "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B}. An unknown key, a
- * method we do not run, or a value out of range is refused with a message in err. LLM_EINVAL. */
+ * "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B} or {"method":
+ * "draft_model", "model": PATH, "num_speculative_tokens": K} ("model" alone implies draft_model), and
+ * our "cost_rule": false. An unknown key, a method we do not run, a key of the other method, or a
+ * value out of range is refused with a message in err. LLM_EINVAL. */
 int wk_spec_config_parse(wk_spec_config *c, const char *json, char *err, size_t errlen);
 
 /* Checks a configuration built from flags; LLM_EINVAL with a message. */

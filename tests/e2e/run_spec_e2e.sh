@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Speculative decoding through real processes: `llmserve serve` with prompt-lookup drafts answers a
-# copying prompt exactly as a plain server does (greedy; streamed and not), and its gateway's /metrics
-# carries the worker's counters under vLLM's names (promtool-clean where promtool is installed).
+# Speculative decoding through real processes: `llmserve serve` with prompt-lookup drafts, and with a
+# draft model (the default model drafting for itself: right, not faster), answers a copying prompt exactly
+# as a plain server does (greedy; streamed and not), and its gateway's /metrics carries the worker's
+# counters under vLLM's names (promtool-clean where promtool is installed). A draft model that cannot
+# be loaded stops the server with a message that names it (engine_test refuses another tokenizer).
 #   run_spec_e2e.sh BUILD_DIR MODEL
 set -uo pipefail
 BUILD=$1
 MODEL=$2
 [ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
-P1=$((20000 + ($$ * 11) % 12000)); P2=$((P1 + 1))  # below the ephemeral range (32768+)
+P1=$((20000 + ($$ * 11) % 12000)); P2=$((P1 + 1)); P3=$((P1 + 2)); P4=$((P1 + 3))  # below the ephemeral range (32768+)
 PIDS=()
 fail() { echo "FAIL: $*"; kill "${PIDS[@]}" 2>/dev/null; wait; exit 1; }
 start() { "$BUILD/llmserve" serve "$MODEL" --port "$1" --max-model-len 1024 --kv-cache-memory 256MiB --log-level warn "${@:2}" &
           PIDS+=($!); }
 start "$P1"
 start "$P2" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
-for p in "$P1" "$P2"; do
+start "$P3" --speculative-config '{"method": "draft_model", "model": "'"$MODEL"'", "num_speculative_tokens": 3, "cost_rule": false}'
+for p in "$P1" "$P2" "$P3"; do
     for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.2; done
 done
 BODY='{"prompt": "Shopping list: apples, bread, cheese, dates, eggs, flour, grapes, honey, apples, bread, cheese, dates, eggs, flour, grapes, honey, apples, bread,", "max_tokens": 40, "temperature": 0'
@@ -28,6 +31,8 @@ A=$(text "$P1"); B=$(text "$P2")
 [ "$A" = "$B" ] || fail "speculating server answered differently: $A vs $B"
 S=$(stream "$P2")
 [ "$S" = "$A" ] || fail "speculating server's stream differs: $S vs $A"
+C=$(text "$P3"); CS=$(stream "$P3")
+[ "$C" = "$A" ] && [ "$CS" = "$A" ] || fail "draft-model server answered differently: $C / $CS vs $A"
 sleep 1.5  # the next heartbeat carries the worker's counters to the gateway
 M=$(curl -s "http://127.0.0.1:$P2/metrics")
 val() { echo "$M" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 ~ "^"n"\\{" {s += $NF} END {print s + 0}'; }
@@ -41,5 +46,16 @@ if command -v promtool >/dev/null; then
     bad=$(echo "$M" | promtool check metrics 2>&1 | grep -v "should not contain ':'" | grep -v '^$')
     [ -z "$bad" ] || fail "promtool: $bad"
 fi
+M=$(curl -s "http://127.0.0.1:$P3/metrics")
+D3=$(val vllm:spec_decode_num_drafts_total); DT3=$(val vllm:spec_decode_num_draft_tokens_total)
+AC3=$(val vllm:spec_decode_num_accepted_tokens_total)
+[ "$D3" -gt 0 ] && [ "$AC3" -gt 0 ] && [ "$AC3" -le "$DT3" ] || fail "draft model: drafts $D3, accepted $AC3 of $DT3"
 kill -TERM "${PIDS[@]}"; wait
-echo "spec e2e: same text with and without speculation ($A); $AC of $DT drafts accepted in $D proposals"
+# refusals: the process exits, and says why
+bad() { out=$(timeout 120 "$BUILD/llmserve" serve "$MODEL" --port "$P4" --max-model-len 1024 --kv-cache-memory 256MiB \
+              --log-level warn --speculative-config "$1" 2>&1); rc=$?
+        [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "draft $1: exit $rc"
+        echo "$out" | grep -q "$2" || fail "draft $1: no '$2' in: $out"; }
+bad '{"method": "draft_model", "model": "/nonexistent/draft.gguf"}' "/nonexistent/draft.gguf"
+echo "spec e2e: same text with and without speculation ($A); n-gram: $AC of $DT drafts accepted in $D proposals;" \
+     "draft model: $AC3 of $DT3 in $D3"

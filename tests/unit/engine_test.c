@@ -5,6 +5,7 @@
  * absent). */
 #include "cm_error.h"
 #include "cm_log.h"
+#include "cm_dtype.h"
 #include "tst.h"
 #include "wk_cost.h"
 #include "wk_engine.h"
@@ -12,6 +13,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <string.h>
@@ -721,9 +723,14 @@ static void spec_run(int spec, int k, int max_batch, int alone, int n_blocks, in
     o.max_model_len = 512;
     if (n_blocks) o.n_blocks = n_blocks;
     if (spec) {
-        o.spec.method = WK_SPEC_NGRAM;
+        o.spec.method = spec;
         o.spec.k = k;
         o.spec.max_batch = max_batch;
+    }
+    if (spec == WK_SPEC_DRAFT) { /* the model drafting for itself: right, never faster, so the cost rule is off */
+        snprintf(o.spec.model, sizeof o.spec.model, "%s", model->file->path);
+        o.spec.cost_rule = 0;
+        o.draft = model;
     }
     wk_engine *e;
     memset(res, 0, sizeof(result) * SPEC_N);
@@ -804,7 +811,7 @@ static void test_speculative(void) {
             {5, 0, 0, 34, "starved of blocks, k=5"},
         };
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-            spec_run(1, cases[c].k, cases[c].max_batch, cases[c].alone, cases[c].n_blocks, sample, got, &st);
+            spec_run(WK_SPEC_NGRAM, cases[c].k, cases[c].max_batch, cases[c].alone, cases[c].n_blocks, sample, got, &st);
             CHECK_INT(spec_same(ref, got, cases[c].what), SPEC_N);
             CHECK(st.spec_drafts > 0);
             CHECK(st.spec_accepted_tokens > 0);
@@ -816,7 +823,166 @@ static void test_speculative(void) {
                     (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
                     (unsigned long long)st.steps);
         }
+        /* draft model: the default model drafts for itself, with its own cache; greedy drafts of the same
+           model are the target's own choices but where a grammar, a penalty or sampling decides otherwise */
+        static const struct { int k, alone, n_blocks; const char *what; } dcases[] = {
+            {4, 0, 0, "draft model, all at once, k=4"},
+            {2, 1, 0, "draft model, one at a time, k=2"},
+            {5, 0, 34, "draft model, starved of blocks, k=5"},
+        };
+        for (size_t c = 0; c < sizeof dcases / sizeof *dcases; c++) {
+            spec_run(WK_SPEC_DRAFT, dcases[c].k, 0, dcases[c].alone, dcases[c].n_blocks, sample, got, &st);
+            CHECK_INT(spec_same(ref, got, dcases[c].what), SPEC_N);
+            CHECK(st.spec_drafts > 0);
+            CHECK(st.spec_accepted_tokens <= st.spec_draft_tokens);
+            if (!sample) CHECK(st.spec_accepted_tokens * 10 >= st.spec_draft_tokens * 8);
+            if (dcases[c].n_blocks) CHECK(st.preemptions > 0);
+            fprintf(stderr, "  speculative %s, %s: %llu proposals, %llu of %llu drafts taken, %llu steps\n",
+                    sample ? "sampled" : "greedy", dcases[c].what, (unsigned long long)st.spec_drafts,
+                    (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+                    (unsigned long long)st.steps);
+        }
     }
+}
+
+/* ---- speculative sampling keeps the target's distribution ----------------- */
+
+enum { DIST_R = 4000, DIST_V = 288, DIST_AT = 3 };
+
+/* DIST_R seeded requests of one fixed prompt on target (drafted by draft, or plain): the histogram of
+   the DIST_AT-th generated token. */
+static void dist_run(wk_model *target, wk_model *draft, uint64_t seed0, int *hist, wk_engine_stats *st) {
+    static int n_got[DIST_R];
+    char err[256];
+    wk_engine_opts o;
+    opts(&o, 256, 256);
+    o.max_model_len = 64;
+    o.kv_cache_bytes = (size_t)64 << 20;
+    if (draft) {
+        o.spec.method = WK_SPEC_DRAFT;
+        o.spec.k = 3;
+        o.spec.cost_rule = 0;
+        snprintf(o.spec.model, sizeof o.spec.model, "%s", draft->file->path);
+        o.draft = draft;
+    }
+    wk_engine *e;
+    memset(n_got, 0, sizeof n_got);
+    memset(hist, 0, sizeof(int) * DIST_V);
+    CHECK_RC(wk_engine_create(target, &o, &e, err, sizeof err), 0);
+    if (!e) return;
+    static const int32_t pr[6] = {1, 270, 281, 263, 275, 266};
+    for (int i = 0; i < DIST_R; i++) {
+        wk_params gp = greedy(DIST_AT + 1);
+        gp.s.temperature = 0.3f;
+        gp.has_seed = 1;
+        gp.seed = seed0 + (uint64_t)i;
+        CHECK_RC(wk_engine_add(e, (uint64_t)i, pr, 6, &gp, err, sizeof err), 0);
+    }
+    while (wk_engine_has_work(e)) {
+        int rc = wk_engine_step(e);
+        CHECK(rc >= 0);
+        if (rc < 0) break;
+        const wk_output *out;
+        int n = wk_engine_outputs(e, &out);
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < out[i].n_tokens; k++)
+                if (++n_got[out[i].id] == DIST_AT && out[i].tokens[k] >= 0 && out[i].tokens[k] < DIST_V)
+                    hist[out[i].tokens[k]]++;
+    }
+    wk_engine_get_stats(e, st);
+    CHECK_INT(st->requests_finished, DIST_R);
+    wk_engine_free(e);
+}
+
+/* Pearson's chi-square of homogeneity of two histograms of equal totals (bins with fewer than 10 draws
+   in both together pooled); *df its degrees of freedom. */
+static double chi2(const int *a, const int *b, int *df) {
+    double x = 0;
+    int bins = 0, pa = 0, pb = 0;
+    for (int i = 0; i <= DIST_V; i++) {
+        int u = i < DIST_V ? a[i] : pa, v = i < DIST_V ? b[i] : pb;
+        if (i < DIST_V && u + v < 10) {
+            pa += u, pb += v;
+            continue;
+        }
+        if (u + v == 0) continue;
+        x += (double)(u - v) * (u - v) / (u + v); /* equal totals: sum (u - e)^2/e + (v - e)^2/e, e = (u + v)/2 */
+        bins++;
+    }
+    *df = bins - 1;
+    return x;
+}
+
+/* The 0.1% point of chi-square with df degrees (Wilson-Hilferty). */
+static double chi2_crit(int df) {
+    double h = 2.0 / (9.0 * df), c = 1 - h + 3.090 * sqrt(h);
+    return df * c * c * c;
+}
+
+static void test_spec_distribution(void) {
+    /* a generated target and a generated draft of other weights: most drafts are rejected, so the residual
+       draws after a rejection decide the output */
+    char dir[] = "/tmp/llmserve-specdist-XXXXXX", cfg[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fprintf(f, "{\"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+               "\"intermediate_size\": 128, \"vocab_size\": %d, \"max_position_embeddings\": 128}", DIST_V);
+    fclose(f);
+    wk_model *t = NULL, *d = NULL;
+    char err[256];
+    wk_model_opts to = {.threads = 2, .max_batch = 256, .model_config = cfg, .dummy_type = CM_F32, .seed = 11};
+    wk_model_opts dop = to;
+    dop.seed = 12;
+    CHECK_RC(wk_model_load(&to, &t, err, sizeof err), 0);
+    CHECK_RC(wk_model_load(&dop, &d, err, sizeof err), 0);
+    unlink(cfg);
+    rmdir(dir);
+    if (!t || !d) {
+        wk_model_free(t);
+        wk_model_free(d);
+        return;
+    }
+    { /* a draft must speak the target's tokens */
+        wk_engine_opts o;
+        opts(&o, 256, 8);
+        o.spec.method = WK_SPEC_DRAFT;
+        snprintf(o.spec.model, sizeof o.spec.model, "%s", t->file->path);
+        o.draft = t;
+        wk_engine *e = NULL;
+        err[0] = 0;
+        CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), LLM_EINVAL);
+        CHECK(e == NULL && strstr(err, "does not share the target's tokenizer") && strstr(err, "vocabulary 288"));
+        o.draft = NULL;
+        CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), LLM_EINVAL);
+        CHECK(e == NULL && strstr(err, "needs the draft model"));
+    }
+    static int plain[DIST_V], spec[DIST_V], self[DIST_V], other[DIST_V];
+    wk_engine_stats st, sd, ss;
+    dist_run(t, NULL, 1, plain, &st);
+    dist_run(t, d, 1000000, spec, &sd);   /* other seeds: independent draws */
+    dist_run(t, t, 2000000, self, &ss);   /* drafting for itself */
+    dist_run(d, NULL, 3000000, other, &st); /* the draft's own distribution: what a lossy scheme would drift to */
+    int df1, df2, df3;
+    double x1 = chi2(plain, spec, &df1), x2 = chi2(plain, self, &df2), x3 = chi2(plain, other, &df3);
+    fprintf(stderr,
+            "  speculative sampling, %d draws of token %d: chi-square plain vs other draft %.1f (df %d, 0.1%% point %.1f; "
+            "%llu of %llu drafts taken), vs itself %.1f (df %d, %.1f; %llu of %llu), plain vs the draft model plain "
+            "%.1f (df %d)\n",
+            DIST_R, DIST_AT, x1, df1, chi2_crit(df1), (unsigned long long)sd.spec_accepted_tokens,
+            (unsigned long long)sd.spec_draft_tokens, x2, df2, chi2_crit(df2), (unsigned long long)ss.spec_accepted_tokens,
+            (unsigned long long)ss.spec_draft_tokens, x3, df3);
+    CHECK(sd.spec_drafts > 0 && ss.spec_drafts > 0);
+    CHECK(sd.spec_accepted_tokens * 2 < sd.spec_draft_tokens); /* the other draft is mostly wrong */
+    /* itself: its greedy draft is taken when the target's draw at temperature 0.3 is its argmax */
+    CHECK(ss.spec_accepted_tokens > 5 * sd.spec_accepted_tokens);
+    CHECK(df1 > 5 && x1 < chi2_crit(df1));
+    CHECK(df2 > 5 && x2 < chi2_crit(df2));
+    CHECK(x3 > chi2_crit(df3)); /* the test can tell two distributions apart */
+    wk_model_free(d);
+    wk_model_free(t);
 }
 
 int main(int argc, char **argv) {
@@ -842,6 +1008,7 @@ int main(int argc, char **argv) {
     for (size_t i = n1; i < n_corpus; i += 17) corpus[i] = one[(i * 7) % n1];
     free(one);
     if (argc > 2 && !strcmp(argv[2], "speculative")) { /* one test alone, while working on it */
+        test_spec_distribution();
         test_speculative();
         free(corpus);
         wk_model_free(model);
@@ -855,6 +1022,7 @@ int main(int argc, char **argv) {
     test_resume();
     test_sampling();
     test_prefix_cache();
+    test_spec_distribution(); /* tiny generated models: quick under TSan too, where the draft's pool runs */
     if (!UNDER_TSAN) { /* under ThreadSanitizer, 20 times slower: the thread pool's races show in the tests above */
         test_preemption();
         test_batched_equals_alone();

@@ -66,9 +66,20 @@ static void test_config(void) {
                                       "\"prompt_lookup_min\": 2, \"disable_by_batch_size\": 0}", err, sizeof err), 0);
     CHECK(c.method == WK_SPEC_NGRAM && c.k == 6 && c.ngram_max == 5 && c.ngram_min == 2 && c.max_batch == 0);
     CHECK_RC(wk_spec_config_parse(&c, "{\"method\": \"ngram\"}", err, sizeof err), 0);
-    CHECK(c.k == 4 && c.ngram_min == 1 && c.ngram_max == 4 && c.max_batch == 0); /* the defaults */
+    CHECK(c.k == 4 && c.ngram_min == 1 && c.ngram_max == 4 && c.max_batch == 0 && c.cost_rule == 1); /* the defaults */
+    CHECK_RC(wk_spec_config_parse(&c, "{\"method\": \"draft_model\", \"model\": \"d.gguf\", \"num_speculative_tokens\": 3, "
+                                      "\"cost_rule\": false}", err, sizeof err), 0);
+    CHECK(c.method == WK_SPEC_DRAFT && c.k == 3 && !strcmp(c.model, "d.gguf") && c.cost_rule == 0);
+    CHECK_RC(wk_spec_config_parse(&c, "{\"model\": \"e.gguf\"}", err, sizeof err), 0); /* vLLM's older form */
+    CHECK(c.method == WK_SPEC_DRAFT && !strcmp(c.model, "e.gguf") && c.k == 4 && c.cost_rule == 1);
     static const struct { const char *json, *says; } bad[] = {
-        {"{\"method\": \"draft_model\", \"model\": \"x.gguf\"}", "not supported"},
+        {"{\"method\": \"eagle\", \"model\": \"x.gguf\"}", "not supported"},
+        {"{\"method\": \"draft_model\"}", "needs \"model\""},
+        {"{\"method\": \"ngram\", \"model\": \"x.gguf\"}", "goes with method draft_model"},
+        {"{\"method\": \"draft_model\", \"model\": \"\"}", "file path"},
+        {"{\"method\": \"draft_model\", \"model\": 7}", "file path"},
+        {"{\"model\": \"x.gguf\", \"prompt_lookup_max\": 3}", "go with method ngram"},
+        {"{\"method\": \"ngram\", \"cost_rule\": 0}", "true or false"},
         {"{\"method\": 3}", "not supported"},
         {"{\"num_speculative_tokens\": 4}", "required"},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "num_speculative_tokens"},
