@@ -15,7 +15,27 @@
 #include "wk_engine_int.h"
 #include "cm_error.h"
 
+#include <stdio.h>
+
 #include <string.h>
+
+int wk_draft_model_load(const wk_model_opts *target, const wk_spec_config *spec, wk_model **out, char *err,
+                        size_t errlen) {
+    wk_model_opts o = *target;
+    o.comm = NULL;
+    o.tokenizer_path = NULL;
+    if (target->model_config) { /* dummy weights: spec->model is the draft's shape */
+        o.model_config = spec->model;
+        o.seed = target->seed + 1;
+    } else {
+        o.model_path = spec->model;
+        o.model_config = NULL;
+    }
+    char e2[512] = "";
+    int rc = wk_model_load(&o, out, e2, sizeof e2);
+    if (rc) snprintf(err, errlen, "draft model: %s", e2[0] ? e2 : cm_strerror(rc));
+    return rc;
+}
 
 void wk_draft_release(wk_engine *e, wk_seq *s) {
     if (!e->dblocks) return;

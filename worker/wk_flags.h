@@ -63,7 +63,10 @@ enum {
     "  --kv-cache-dtype T          auto|f16|bf16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"   \
     "  --speculative-config JSON   speculative decoding, vLLM's spelling: {\"method\": \"ngram\",\n"        \
     "                              \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4,\n"           \
-    "                              \"prompt_lookup_min\": 1, \"disable_by_batch_size\": 0} (default off)\n" \
+    "                              \"prompt_lookup_min\": 1, \"disable_by_batch_size\": 0} (default off),\n" \
+    "                              or {\"method\": \"draft_model\", \"model\": PATH, ...}: a smaller model\n"    \
+    "                              with the same tokenizer (with --load-format dummy: its shape);\n"        \
+    "                              \"cost_rule\": false speculates even where it cannot pay\n"              \
     "  --num-speculative-tokens K  the same, prompt-lookup (n-gram) drafts of up to K tokens\n"         \
     "  --ngram-prompt-lookup-max N, --ngram-prompt-lookup-min M   n-gram lengths matched (4, 1)\n"     \
     "  --speculative-disable-by-batch-size B   never speculate while more than B sequences decode\n"  \

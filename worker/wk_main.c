@@ -223,12 +223,8 @@ int main(int argc, char **argv) {
             m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool), my_rank, tp);
     wk_model *dm = NULL;
     if (eo.spec.method == WK_SPEC_DRAFT) { /* the draft: same device, threads and batch capacity */
-        wk_model_opts dmo = mo;
-        dmo.model_path = eo.spec.model;
-        dmo.tokenizer_path = NULL;
-        dmo.model_config = NULL;
-        if ((rc = wk_model_load_tp(&dmo, NULL, &dm, err, sizeof err))) {
-            fprintf(stderr, "llmserve-worker: draft model: %s\n", err[0] ? err : cm_strerror(rc));
+        if ((rc = wk_draft_model_load(&mo, &eo.spec, &dm, err, sizeof err))) {
+            fprintf(stderr, "llmserve-worker: %s\n", err);
             wk_model_free(m);
             wk_tp_free(group_h);
             return 2; /* a flag's value: the supervisor does not retry it */

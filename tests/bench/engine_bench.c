@@ -158,6 +158,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
+    wk_model *dm = NULL;
+    if (eo.spec.method == WK_SPEC_DRAFT) {
+        if (wk_draft_model_load(&mo, &eo.spec, &dm, err, sizeof err)) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
+        eo.draft = dm;
+    }
     size_t n1;
     int32_t *one;
     if (cm_tok_encode(m->tok, para, strlen(para), 0, 0, &one, &n1)) return 1;
@@ -181,6 +189,7 @@ int main(int argc, char **argv) {
         if (cc < 1) break;
         double tps[100], wall[100], stepms[100], dec[2] = {0, 0};
         double *dmode[2] = {NULL, NULL}, *smode[2] = {NULL, NULL}, samp[2] = {0, 0};
+        uint64_t sp_props = 0, sp_drafts = 0, sp_acc = 0; /* speculation, over the repeats */
         int ndmode[2] = {0, 0};
         for (int r = 0; r < repeats * (gbnf ? 2 : 1); r++) {
             /* plain and schema runs alternate, in turn first (P S S P P S ...): the machine's noise and any
@@ -221,6 +230,9 @@ int main(int argc, char **argv) {
             double w = bn_now() - t0;
             wk_engine_stats st;
             wk_engine_get_stats(e, &st);
+            sp_props += st.spec_drafts;
+            sp_drafts += st.spec_draft_tokens;
+            sp_acc += st.spec_accepted_tokens;
             if (!under) {
                 wall[slot] = w;
                 tps[slot] = (double)st.tokens_generated / w;
@@ -243,6 +255,10 @@ int main(int argc, char **argv) {
         printf("%-12d %10.1f %11.2fx %10.2f %14.1f", cc, t, t / base, bn_median(wall, repeats), bn_median(stepms, repeats));
         if (gbnf) printf(" %12.2f %12.2f %+9.1f%% %9.2f %9.2f  (%d / %d steps)", dec[0], dec[1],
                          dec[0] > 0 ? (dec[1] / dec[0] - 1) * 100 : 0, samp[0], samp[1], ndmode[0], ndmode[1]);
+        if (sp_props)
+            printf("  speculation: %llu proposals, %llu of %llu drafts taken (%.0f%%), mean acceptance length %.2f",
+                   (unsigned long long)sp_props, (unsigned long long)sp_acc, (unsigned long long)sp_drafts,
+                   100.0 * (double)sp_acc / (double)sp_drafts, 1.0 + (double)sp_acc / (double)sp_props);
         printf("\n");
         for (int k = 0; k < 2; k++) free(dmode[k]), free(smode[k]);
         fflush(stdout);
@@ -288,6 +304,7 @@ int main(int argc, char **argv) {
     free(gbnf);
     free(dsteps);
     free(dsample);
+    wk_model_free(dm);
     wk_model_free(m);
     return 0;
 }

@@ -57,5 +57,14 @@ bad() { out=$(timeout 120 "$BUILD/llmserve" serve "$MODEL" --port "$P4" --max-mo
         [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "draft $1: exit $rc"
         echo "$out" | grep -q "$2" || fail "draft $1: no '$2' in: $out"; }
 bad '{"method": "draft_model", "model": "/nonexistent/draft.gguf"}' "/nonexistent/draft.gguf"
+# a dummy pair, as tests/gpu/run.sh times one on a GPU: the target's shape drafted by a smaller one of its vocabulary
+TINY=$(mktemp -d)
+printf '{"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 49152}' >"$TINY/config.json"
+EBO=$(timeout 300 "$BUILD/llmserve-engine-bench" --load-format dummy --model-config smollm2-135m --max-model-len 512 \
+      --concurrency 1,4 --prompt-len 64 --gen 16 --repeats 1 --system-len 16 \
+      --speculative-config '{"method": "draft_model", "model": "'"$TINY/config.json"'", "num_speculative_tokens": 2, "cost_rule": false}' 2>&1)
+rc=$?
+rm -rf "$TINY"
+[ $rc -eq 0 ] && echo "$EBO" | grep -q "speculation: [1-9]" || fail "dummy pair in the engine bench (exit $rc): $EBO"
 echo "spec e2e: same text with and without speculation ($A); n-gram: $AC of $DT drafts accepted in $D proposals;" \
      "draft model: $AC3 of $DT3 in $D3"

@@ -62,6 +62,15 @@ timeout 120 $EB --model-config llama-3-8b --dtype bf16 --quantization fp8 --conc
 echo "== engine, dummy llama-3-70b --quantization fp8 on one GPU (about 74 GB of weights)"
 timeout 150 $EB --model-config llama-3-70b --dtype bf16 --quantization fp8 --concurrency 1,64 --prompt-len 1024 --gen 64 \
     --repeats 1 --max-num-batched-tokens 4096 --system-len 1000 || { echo "== engine 70B fp8 FAILED"; fail=1; }
+echo "== engine, dummy llama-3-8b BF16 drafted by a dummy 1B of its tokenizer's size (llama-3.2-1b shape), K=4"
+echo "   (random weights: drafts are rarely taken; this times the draft's steps and runs the CUDA path, cost rule off)"
+D1B=$(mktemp -d)
+printf '{"num_hidden_layers": 16, "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": true, "rope_theta": 500000, "max_position_embeddings": 8192}' >"$D1B/config.json"
+timeout 150 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1,64 --prompt-len 1024 --gen 64 --repeats 1 \
+    --max-num-batched-tokens 8192 --system-len 1000 \
+    --speculative-config "{\"method\": \"draft_model\", \"model\": \"$D1B/config.json\", \"num_speculative_tokens\": 4, \"cost_rule\": false}" \
+    || { echo "== engine 8B + 1B draft FAILED"; fail=1; }
+rm -rf "$D1B"
 echo "== serving: llmserve serve on dummy llama-3-8b BF16, bench serve --sweep max-concurrency=1,8,24 (1024 in / 128 out)"
 cmake --build "$BUILD" -j "$(nproc)" --target llmserve llmserve-worker llmserve-gateway 2>&1 | grep -E "error" ; true
 PORT=18123
