@@ -4,7 +4,8 @@
  * its own block pool without prefix caching, so a sequence's draft blocks
  * are never shared: no copy-on-write, no keys, nothing to invalidate. The
  * draft follows a sequence lazily: prompt chunks are mirrored in the step
- * that computes them (so a prompt is ready when decoding starts), plain
+ * that computes them (so a prompt is ready when decoding starts) while
+ * drafts could pay at the step's batch (wk_sched.c's cost rule), plain
  * decodes are not, and a proposal first feeds the draft every token it has
  * not seen (usually one or two: the token verification added, and the
  * accepted drafts it did not feed itself). Then each draft is the argmax of
@@ -19,9 +20,10 @@
 
 #include <string.h>
 
-int wk_draft_model_load(const wk_model_opts *target, const wk_spec_config *spec, wk_model **out, char *err,
-                        size_t errlen) {
+int wk_draft_model_load(const wk_model_opts *target, wk_model *tm, const wk_spec_config *spec, wk_model **out,
+                        char *err, size_t errlen) {
     wk_model_opts o = *target;
+    o.pool = tm->pool;
     o.comm = NULL;
     o.tokenizer_path = NULL;
     if (target->model_config) { /* dummy weights: spec->model is the draft's shape */
@@ -85,8 +87,9 @@ int wk_draft_step(wk_engine *e) {
         const wk_req *r = s->req;
         int end;
         if (s->n_draft) end = s->n_tok; /* through its last token: those logits give the first draft */
-        else if (e->plan[i].n > 1 || s->n_tok == r->n_prompt) end = e->plan[i].pos0 + e->plan[i].n; /* a prompt chunk */
-        else continue;                                                                           /* a plain decode */
+        else if (e->spec_on && (e->plan[i].n > 1 || s->n_tok == r->n_prompt)) /* a prompt chunk, in a step where */
+            end = e->plan[i].pos0 + e->plan[i].n;                           /* drafts could pay: ready to draft */
+        else continue; /* a plain decode, or drafts cannot pay now: the draft catches up if they later can */
         if (r->p.max_tokens > 0 && r->p.max_tokens - (s->n_tok - r->n_prompt) <= 1 && !s->n_draft) continue;
         if (s->d_computed >= end) {
             if (!s->n_draft) continue;

@@ -79,11 +79,12 @@ typedef struct wk_engine_opts {
 void wk_engine_opts_default(wk_engine_opts *o);
 
 /* Loads the draft model of a draft_model configuration with the target's load options (the same
- * device, threads and batch capacity, one rank). A dummy target (model_config set) gets a dummy draft
+ * device and batch capacity, one rank) onto the target tm's thread pool (the two never run at once;
+ * free the draft first). A dummy target (model_config set) gets a dummy draft
  * whose shape is spec->model (a preset or a config.json) in the same weight type, seeded next to the
  * target's: GPU timing of a draft/target pair without checkpoints. err names the draft. */
-int wk_draft_model_load(const wk_model_opts *target, const wk_spec_config *spec, wk_model **out, char *err,
-                        size_t errlen);
+int wk_draft_model_load(const wk_model_opts *target, wk_model *tm, const wk_spec_config *spec, wk_model **out,
+                        char *err, size_t errlen);
 
 enum { WK_FINISH_NONE = 0, WK_FINISH_STOP, WK_FINISH_LENGTH, WK_FINISH_ABORT };
 const char *wk_finish_name(int finish); /* "stop", "length", "abort", or NULL */

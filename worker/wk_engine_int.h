@@ -103,6 +103,7 @@ struct wk_engine {
     wk_engine_stats st;
     wk_cost cost;            /* what a step costs, learned from the steps run */
     float spec_floor;        /* this step: the acceptance a sequence's drafts need to pay (wk_sched.c) */
+    int spec_on;             /* this step: speculation is on and a draft could pay (floor below 1) */
     /* draft model (wk_draft.c): its cache, as many blocks as the target's, and a pool without prefix caching */
     wk_cache *dcache;
     wk_blocks *dblocks;

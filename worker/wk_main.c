@@ -223,7 +223,7 @@ int main(int argc, char **argv) {
             m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool), my_rank, tp);
     wk_model *dm = NULL;
     if (eo.spec.method == WK_SPEC_DRAFT) { /* the draft: same device, threads and batch capacity */
-        if ((rc = wk_draft_model_load(&mo, &eo.spec, &dm, err, sizeof err))) {
+        if ((rc = wk_draft_model_load(&mo, m, &eo.spec, &dm, err, sizeof err))) {
             fprintf(stderr, "llmserve-worker: %s\n", err);
             wk_model_free(m);
             wk_tp_free(group_h);

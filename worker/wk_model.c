@@ -192,7 +192,8 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     if ((rc = shard(m, err, errlen))) goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
-    if ((rc = kn_pool_create(threads, &m->pool))) goto fail;
+    if (o->pool) m->pool = o->pool, m->pool_borrowed = 1;
+    else if ((rc = kn_pool_create(threads, &m->pool))) goto fail;
     uint64_t D = c->dim, QD = (uint64_t)c->n_head * c->head_dim, KVD = (uint64_t)c->n_kv_head * c->head_dim;
     uint64_t v0 = (uint64_t)m->voc0, v1 = (uint64_t)(m->voc0 + m->vocab_l);
     if ((rc = load_weight(m, &m->tok_embd, "token_embd.weight", D, c->vocab, err, errlen))) goto fail;
@@ -299,7 +300,7 @@ void wk_model_free(wk_model *m) {
     kn_act_free(&m->act_dim);
     kn_act_free(&m->act_q);
     kn_act_free(&m->act_hidden);
-    kn_pool_destroy(m->pool);
+    if (!m->pool_borrowed) kn_pool_destroy(m->pool);
     cm_tok_free(m->tok);
     cm_model_close(m->file);
     free(m);

@@ -30,6 +30,7 @@ typedef struct wk_model {
     cm_model_config cfg;
     cm_tokenizer *tok;
     kn_pool *pool;
+    int pool_borrowed;                   /* the pool is another model's (wk_model_opts.pool) */
     kn_weight tok_embd, output;
     const float *output_norm;
     wk_layer *layers;
@@ -78,6 +79,8 @@ typedef struct {
     int dummy_on_host;                   /* CUDA: make dummy weights on the host as the CPU does (tests
                                           * comparing devices), not on the GPU (fast, the default) */
     int quant;                           /* WK_QUANT_*: weights re-quantized at load (CUDA) */
+    kn_pool *pool;                       /* set: run on this thread pool (another model's, which must
+                                          * outlive this one) instead of starting one */
 } wk_model_opts;
 
 enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1 };

@@ -68,7 +68,7 @@ static int propose(wk_engine *e, wk_seq *s, int room) {
         s->spec_wait--;
         return 0;
     }
-    if (s->spec_rate < e->spec_floor) return 0; /* at this batch its drafts would cost more than they save */
+    if (!e->spec_on || s->spec_rate < e->spec_floor) return 0; /* at this batch its drafts would cost more than they save */
     GROW(s->tok, s->cap, s->n_tok + k);
     if (c->method == WK_SPEC_DRAFT) return k; /* drawn by the draft model before the forward (wk_draft_step) */
     k = wk_spec_ngram(s->tok, s->n_tok, c->ngram_min, c->ngram_max, k, s->tok + s->n_tok);
@@ -125,6 +125,7 @@ static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *p
 int wk_sched_plan(wk_engine *e, int *tokens) {
     int budget = e->o.max_num_batched_tokens, preempted = 0, rc, spec = 0;
     e->n_plan = 0;
+    e->spec_on = 0;
     if (e->o.spec.method != WK_SPEC_NONE) {
         /* A step of T tokens costs F + a*T (wk_cost's fit). B decodes plus drafts of which a share r is taken
            yield more tokens per second than B plain decodes exactly when r > a*B / (F + a*B), the share of the
@@ -142,6 +143,7 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
                as decoding reads them), a proposal pays when r > a*B/(F+a*B) + c */
             e->spec_floor += e->draft_cost;
         }
+        e->spec_on = spec && e->spec_floor < 1.f;
     }
     /* every running stream advances each step; prompts share what is left */
     if ((rc = plan_running(e, 1, spec, &budget, &preempted))) return rc;

@@ -160,7 +160,7 @@ int main(int argc, char **argv) {
     }
     wk_model *dm = NULL;
     if (eo.spec.method == WK_SPEC_DRAFT) {
-        if (wk_draft_model_load(&mo, &eo.spec, &dm, err, sizeof err)) {
+        if (wk_draft_model_load(&mo, m, &eo.spec, &dm, err, sizeof err)) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }

@@ -834,13 +834,14 @@ static void test_speculative(void) {
         }
         /* draft model: the default model drafts for itself, with its own cache; greedy drafts of the same
            model are the target's own choices but where a grammar, a penalty or sampling decides otherwise */
-        static const struct { int k, alone, n_blocks; const char *what; } dcases[] = {
-            {4, 0, 0, "draft model, all at once, k=4"},
-            {2, 1, 0, "draft model, one at a time, k=2"},
-            {5, 0, 34, "draft model, starved of blocks, k=5"},
+        static const struct { int k, max_batch, alone, n_blocks; const char *what; } dcases[] = {
+            {4, 0, 0, 0, "draft model, all at once, k=4"},
+            {2, 0, 1, 0, "draft model, one at a time, k=2"},
+            {3, 3, 0, 0, "draft model, at most 3 decoding (plain steps between)"},
+            {5, 0, 0, 34, "draft model, starved of blocks, k=5"},
         };
         for (size_t c = 0; c < sizeof dcases / sizeof *dcases; c++) {
-            spec_run(WK_SPEC_DRAFT, dcases[c].k, 0, dcases[c].alone, dcases[c].n_blocks, sample, got, &st);
+            spec_run(WK_SPEC_DRAFT, dcases[c].k, dcases[c].max_batch, dcases[c].alone, dcases[c].n_blocks, sample, got, &st);
             CHECK_INT(spec_same(ref, got, dcases[c].what), SPEC_N);
             CHECK(st.spec_drafts > 0);
             CHECK(st.spec_accepted_tokens <= st.spec_draft_tokens);
