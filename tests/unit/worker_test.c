@@ -414,9 +414,16 @@ static void test_serving(const char *addr) {
     fut.version = 99;
     llmserve__envelope__pack(&fut, fb);
     CHECK_INT(nng_send(c.push, fb, fl, 0), 0);
+    /* the oversized message on a connection of its own: the worker's NNG closes the connection that
+       carried it, and with libnng 1.5.2 the sender's dialer then sometimes never reconnects (seen in CI:
+       every later send of that socket timed out, and closing it hung). A gateway's socket carries no such
+       message; this one is left open (closing it is what hangs) until the process exits. */
+    nng_socket junk;
+    CHECK_INT(nng_push0_open(&junk), 0);
+    CHECK_INT(nng_dial(junk, addr, NULL, 0), 0);
     size_t big = PR_MAX_MSG + 1024;
     char *huge = calloc(1, big);
-    CHECK_INT(nng_send(c.push, huge, big, 0), 0);
+    CHECK_INT(nng_send(junk, huge, big, 0), 0);
     free(huge);
     int32_t bad[3] = {1, 2, 999999};
     CHECK_RC(send_generate(&c, 300, bad, 3, 5, 1), 0);
