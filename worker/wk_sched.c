@@ -64,6 +64,7 @@ static int propose(wk_engine *e, wk_seq *s, int room) {
     if (k > left_len) k = left_len;
     if (k > room) k = room;
     if (k <= 0) return 0;
+    if (s->n_tok == r->n_prompt) return 0; /* the first token: the plain path samples it (and forks n > 1 choices) */
     if (s->spec_wait > 0) { /* its drafts have not been taken lately: plain decoding costs less */
         s->spec_wait--;
         return 0;

@@ -844,6 +844,46 @@ static void test_speculative(void) {
     }
 }
 
+/* A prompt whose last token is left alone for a step (the chunk before took the budget) looks like a
+   decode: it must not draft, since the plain path samples the first token and forks the n > 1 choices
+   (found as a rare loss of choice 1 under preemption; deterministic here). */
+static void test_spec_first_token(void) {
+    static result plain[1], spec[1];
+    static int32_t p[49];
+    prompt(0, 49, p);
+    for (int method = 0; method <= WK_SPEC_DRAFT; method += WK_SPEC_DRAFT) {
+        char err[256];
+        wk_engine_opts o;
+        opts(&o, 48, 8);
+        o.max_step_ms = 0; /* chunks by tokens only: 48, then the last one */
+        if (method) {
+            o.spec.method = WK_SPEC_DRAFT;
+            o.spec.k = 3;
+            o.spec.cost_rule = 0;
+            snprintf(o.spec.model, sizeof o.spec.model, "%s", model->file->path);
+            o.draft = model;
+        }
+        wk_engine *e;
+        result *res = method ? spec : plain;
+        memset(res, 0, sizeof(result));
+        CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+        if (!e) return;
+        wk_params gp = greedy(8);
+        gp.n = 2;
+        CHECK_RC(wk_engine_add(e, 0, p, 49, &gp, err, sizeof err), 0);
+        run_all(e, res);
+        wk_engine_stats st;
+        wk_engine_get_stats(e, &st);
+        if (method) CHECK(st.spec_drafts > 0);
+        wk_engine_free(e);
+    }
+    for (int c = 0; c < 2; c++) {
+        CHECK_INT(spec[0].n[c], 8);
+        CHECK(!memcmp(spec[0].tok[c], plain[0].tok[c], sizeof(int32_t) * 8));
+        CHECK_INT(spec[0].finish[c], WK_FINISH_LENGTH);
+    }
+}
+
 /* ---- speculative sampling keeps the target's distribution ----------------- */
 
 /* draws per run: fewer under ThreadSanitizer (there for the draft's races; the test keeps its meaning, with
@@ -1016,6 +1056,7 @@ int main(int argc, char **argv) {
         return tst_done("engine_test");
     }
     if (argc > 2 && !strcmp(argv[2], "speculative")) { /* one test alone, while working on it */
+        test_spec_first_token();
         test_spec_distribution();
         test_speculative();
         free(corpus);
@@ -1031,6 +1072,7 @@ int main(int argc, char **argv) {
     test_sampling();
     test_prefix_cache();
     test_spec_distribution(); /* tiny generated models: quick under TSan too, where the draft's pool runs */
+    test_spec_first_token();
     if (!UNDER_TSAN) { /* under ThreadSanitizer, 20 times slower: the thread pool's races show in the tests above */
         test_preemption();
         test_batched_equals_alone();
