@@ -1,6 +1,7 @@
 #include "cm_model.h"
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -270,6 +271,8 @@ fail:
 
 int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen) {
     *out = NULL;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return cm_hf_open(path, out, err, errlen);
     void *map;
     size_t size;
     char e[400] = "";
@@ -295,6 +298,8 @@ void cm_model_served_name(const char *model_path, const char *dummy_config, char
 void cm_model_close(cm_model_file *m) {
     if (!m) return;
     cm_gguf_close(m->gguf);
+    for (int i = 0; i < m->n_st; i++) cm_st_close(m->st[i]);
+    free(m->st);
     if (m->map && !m->map_borrowed) munmap(m->map, m->map_size);
     free(m->owned);
     free(m->tensors);

@@ -15,7 +15,10 @@
 enum { CM_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama in GGUF, llama2.c */
        CM_ROPE_NEOX = 1  /* rotate halves (x[i], x[i+d/2]): qwen2, gpt-neox */ };
 
-enum { CM_FMT_GGUF = 1, CM_FMT_LLAMA2C = 2, CM_FMT_DUMMY = 3 };
+enum { CM_FMT_GGUF = 1, CM_FMT_LLAMA2C = 2, CM_FMT_DUMMY = 3, CM_FMT_HF = 4 };
+
+/* How an encoder's token states become one sentence embedding. */
+enum { CM_POOL_CLS = 0, CM_POOL_MEAN = 1, CM_POOL_LAST = 2 };
 
 typedef struct {
     char arch[32];
@@ -26,6 +29,14 @@ typedef struct {
     float rope_theta, norm_eps;
     int tied;            /* LM head is the token embedding */
     int qkv_bias;        /* attn_q/k/v have bias vectors (qwen2) */
+    /* encoders (bert): bidirectional attention, learned absolute positions,
+     * post-LayerNorm with biases, GELU; no KV cache, no LM head */
+    int encoder;
+    uint32_t n_types;    /* token type vocabulary (segment embeddings), 0: none */
+    int gelu_tanh;       /* GELU by its tanh approximation ("gelu_new"), not erf */
+    int pooling;         /* CM_POOL_*: the checkpoint's sentence-transformers pooling (default CLS) */
+    int normalize;       /* L2-normalise the pooled embedding */
+    uint32_t max_seq;    /* longest input the embedding model takes (<= ctx_len) */
 } cm_model_config;
 
 typedef struct {
@@ -49,10 +60,13 @@ typedef struct cm_model_file {
     cm_model_config cfg;
     cm_tensor_ref *tensors;
     size_t n_tensors;
+    struct cm_safetensors **st; /* CM_FMT_HF: the checkpoint's files */
+    int n_st;
 } cm_model_file;
 
-/* Opens by content: GGUF magic, else a llama2.c checkpoint. err gets one line
- * naming the file and the problem. */
+/* Opens by content: GGUF magic, else a llama2.c checkpoint; a directory is
+ * a Hugging Face checkpoint (cm_hf.c). err gets one line naming the file and
+ * the problem. */
 int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errlen);
 /* The same over caller-owned memory (tests, fuzzing), which must outlive the
  * result; name stands for the path in errors. */
@@ -71,6 +85,20 @@ void cm_model_served_name(const char *model_path, const char *dummy_config, char
 
 /* Checks hyper-parameters are plausible (sizes, divisibility, rope, eps). */
 int cm_model_validate_config(const cm_model_config *c, char *err, size_t errlen);
+
+/* ---- Hugging Face checkpoints (cm_hf.c) ---------------------------------- */
+/* A directory with config.json and model.safetensors (or shards listed in
+ * model.safetensors.index.json), F32/F16/BF16. Tensors are renamed the GGUF
+ * way (llama: token_embd, blk.N.attn_q ...; bert: as llama.cpp's BERT GGUFs,
+ * token_embd, position_embd, token_types, token_embd_norm, blk.N.attn_q,
+ * attn_output_norm, ffn_up, ffn_down, layer_output_norm). Llama-family
+ * weights keep Hugging Face's rotate-halves RoPE layout (CM_ROPE_NEOX).
+ * sentence-transformers files (modules.json, the pooling config,
+ * sentence_bert_config.json) set pooling, normalize and max_seq. */
+int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen);
+/* A file name a checkpoint's JSON may name inside its directory: no '/',
+ * not starting with '.', printable ASCII. */
+int cm_hf_safe_name(const char *name);
 
 /* ---- shapes without a checkpoint (cm_model_dummy.c) --------------------- */
 /* Built-in shapes: llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2-7b,

@@ -95,6 +95,29 @@ int cm_model_config_json(const char *path, cm_model_config *c, char *err, size_t
     c->rope_theta = (float)jnum(o, "rope_theta", 10000);
     c->norm_eps = (float)jnum(o, "rms_norm_eps", 1e-5);
     c->rope_type = c->qkv_bias ? CM_ROPE_NEOX : CM_ROPE_NORM;
+    if (mt && !strcmp(mt, "bert")) {
+        snprintf(c->arch, sizeof c->arch, "bert");
+        c->encoder = 1;
+        c->n_kv_head = c->n_head;
+        c->n_types = jint(o, "type_vocab_size", 0);
+        c->ctx_len = c->max_seq = jint(o, "max_position_embeddings", 512);
+        c->norm_eps = (float)jnum(o, "layer_norm_eps", 1e-12);
+        c->qkv_bias = 1;
+        const char *act = json_string_value(json_object_get(o, "hidden_act"));
+        const char *pe = json_string_value(json_object_get(o, "position_embedding_type"));
+        if (act && !strcmp(act, "gelu")) c->gelu_tanh = 0;
+        else if (act && (!strcmp(act, "gelu_new") || !strcmp(act, "gelu_pytorch_tanh"))) c->gelu_tanh = 1;
+        else {
+            snprintf(err, errlen, "%s: hidden_act '%.32s' is not supported (gelu, gelu_new)", path, act ? act : "");
+            json_decref(o);
+            return LLM_EUNSUP;
+        }
+        if (pe && strcmp(pe, "absolute")) {
+            snprintf(err, errlen, "%s: position_embedding_type '%.32s' is not supported (absolute)", path, pe);
+            json_decref(o);
+            return LLM_EUNSUP;
+        }
+    }
     json_decref(o);
     if (!c->n_layer || !c->dim || !c->n_head || !c->head_dim || !c->hidden || !c->vocab) {
         snprintf(err, errlen,

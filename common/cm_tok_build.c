@@ -11,7 +11,7 @@
 
 /* ---- construction ------------------------------------------------------ */
 
-static int set_entry(cm_tokenizer *t, int32_t id, const char *s, size_t len) {
+int cm_tok_set_entry(cm_tokenizer *t, int32_t id, const char *s, size_t len) {
     t->text[id] = malloc(len + 1);
     if (!t->text[id]) return LLM_ENOMEM;
     memcpy(t->text[id], s, len);
@@ -20,7 +20,7 @@ static int set_entry(cm_tokenizer *t, int32_t id, const char *s, size_t len) {
     return 0;
 }
 
-static int alloc_vocab(cm_tokenizer *t, int32_t n) {
+int cm_tok_alloc_vocab(cm_tokenizer *t, int32_t n) {
     t->n_vocab = n;
     t->text = calloc((size_t)n, sizeof *t->text);
     t->text_len = calloc((size_t)n, sizeof *t->text_len);
@@ -88,7 +88,7 @@ static int build_trie(cm_tokenizer *t) {
 }
 
 /* Decoded bytes of every token, byte tokens, specials, end-of-generation set. */
-static int finish(cm_tokenizer *t) {
+int cm_tok_finish(cm_tokenizer *t) {
     cm_tok_init_byte_map();
     int rc = build_text_index(t);
     if (rc) return rc;
@@ -113,6 +113,19 @@ static int finish(cm_tokenizer *t) {
             for (size_t i = 0; i < len;) {
                 if (i + 3 <= len && memcmp(s + i, SPM_SPACE, 3) == 0) { p[o++] = ' '; i += 3; }
                 else p[o++] = s[i++];
+            }
+        } else if (t->kind == CM_TOK_WPM && t->type[id] == CM_TT_NORMAL) {
+            /* "##ing" continues a word; any other piece starts one after a space */
+            if (len >= t->wp_prefix_len && t->wp_prefix_len && !memcmp(s, t->wp_prefix, t->wp_prefix_len)) {
+                memcpy(p, s + t->wp_prefix_len, len - t->wp_prefix_len);
+                o = len - t->wp_prefix_len;
+            } else {
+                char *q = realloc(p, len + 2);
+                if (!q) { free(p); return LLM_ENOMEM; }
+                p = q;
+                p[0] = ' ';
+                memcpy(p + 1, s, len);
+                o = len + 1;
             }
         } else {
             memcpy(p, s, len);
@@ -156,7 +169,7 @@ static int finish(cm_tokenizer *t) {
     return 0;
 }
 
-static cm_tokenizer *tok_new(void) {
+cm_tokenizer *cm_tok_new(void) {
     cm_tokenizer *t = calloc(1, sizeof *t);
     if (t) t->bos = t->eos = t->unk = -1;
     return t;
@@ -166,7 +179,7 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
     *out = NULL;
     int rc = LLM_EFORMAT;
     cm_str model, pre, *toks = NULL, *merges = NULL;
-    cm_tokenizer *t = tok_new();
+    cm_tokenizer *t = cm_tok_new();
     if (!t) return LLM_ENOMEM;
     if (cm_gguf_get_str(g, "tokenizer.ggml.model", &model)) {
         snprintf(err, errlen, "tokenizer.ggml.model is missing: the file has no tokenizer");
@@ -174,8 +187,9 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
     }
     if (cm_str_eq(model, "gpt2")) t->kind = CM_TOK_BPE;
     else if (cm_str_eq(model, "llama")) t->kind = CM_TOK_SPM;
+    else if (cm_str_eq(model, "wordpiece")) t->kind = CM_TOK_WPM;
     else {
-        snprintf(err, errlen, "tokenizer model '%.*s' is not supported (gpt2, llama)", (int)(model.len > 32 ? 32 : model.len), model.ptr);
+        snprintf(err, errlen, "tokenizer model '%.*s' is not supported (gpt2, llama, wordpiece)", (int)(model.len > 32 ? 32 : model.len), model.ptr);
         rc = LLM_EUNSUP;
         goto fail;
     }
@@ -190,9 +204,9 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
         rc = LLM_EFORMAT;
         goto fail;
     }
-    if ((rc = alloc_vocab(t, (int32_t)kt->v.arr.n))) goto fail;
+    if ((rc = cm_tok_alloc_vocab(t, (int32_t)kt->v.arr.n))) goto fail;
     for (int32_t i = 0; i < t->n_vocab; i++)
-        if ((rc = set_entry(t, i, toks[i].ptr, toks[i].len))) goto fail;
+        if ((rc = cm_tok_set_entry(t, i, toks[i].ptr, toks[i].len))) goto fail;
     int at;
     uint64_t an;
     const void *ad;
@@ -219,11 +233,31 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
     if (cm_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &v) == 0 && v < (uint32_t)t->n_vocab) t->bos = (int32_t)v;
     if (cm_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &v) == 0 && v < (uint32_t)t->n_vocab) t->eos = (int32_t)v;
     if (cm_gguf_get_u32(g, "tokenizer.ggml.unknown_token_id", &v) == 0 && v < (uint32_t)t->n_vocab) t->unk = (int32_t)v;
-    t->add_bos = t->kind == CM_TOK_SPM;
+    t->add_bos = t->kind == CM_TOK_SPM || t->kind == CM_TOK_WPM;
     t->add_space_prefix = t->kind == CM_TOK_SPM;
     cm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     cm_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
     if (t->add_bos && t->bos < 0) t->add_bos = 0;
+    if (t->kind == CM_TOK_WPM) {
+        cm_str px = {"##", 2};
+        t->wp_max_chars = 100;
+        cm_gguf_get_u32(g, "tokenizer.wordpiece.flags", &t->wp_flags);
+        cm_gguf_get_u32(g, "tokenizer.wordpiece.max_chars", &t->wp_max_chars);
+        if (t->wp_max_chars == 0 || t->wp_max_chars > 10000 || t->unk < 0) {
+            snprintf(err, errlen, "tokenizer.wordpiece.max_chars must be 1..10000, and an unknown token is needed");
+            rc = LLM_EFORMAT;
+            goto fail;
+        }
+        cm_gguf_get_str(g, "tokenizer.wordpiece.prefix", &px);
+        if (px.len >= sizeof t->wp_prefix) {
+            snprintf(err, errlen, "tokenizer.wordpiece.prefix is longer than %zu bytes", sizeof t->wp_prefix - 1);
+            rc = LLM_EFORMAT;
+            goto fail;
+        }
+        memcpy(t->wp_prefix, px.ptr, px.len);
+        t->wp_prefix_len = (uint32_t)px.len;
+        t->add_space_prefix = 0;
+    }
     t->pre = CM_PRE_GPT2;
     if (t->kind == CM_TOK_BPE && cm_gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0) {
         if (cm_str_eq(pre, "llama-bpe") || cm_str_eq(pre, "llama3")) t->pre = CM_PRE_LLAMA3;
@@ -234,7 +268,7 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
         else if (!cm_str_eq(pre, "gpt-2") && !cm_str_eq(pre, "gpt2") && !cm_str_eq(pre, "default"))
             CM_WARN("pre-tokenizer '%.*s' is not known; using GPT-2's", (int)(pre.len > 32 ? 32 : pre.len), pre.ptr);
     }
-    if ((rc = finish(t))) goto fail;
+    if ((rc = cm_tok_finish(t))) goto fail;
     if (t->kind == CM_TOK_BPE) {
         const cm_gguf_kv *km = cm_gguf_find(g, "tokenizer.ggml.merges");
         if (!km || (rc = cm_gguf_arr_strings(km, &merges))) {
@@ -292,8 +326,8 @@ fail:
 int cm_tok_synthetic(uint32_t vocab, cm_tokenizer **out) {
     *out = NULL;
     if (vocab < 260 || vocab > MAX_VOCAB) return LLM_EINVAL;
-    cm_tokenizer *t = tok_new();
-    int rc = t ? alloc_vocab(t, (int32_t)vocab) : LLM_ENOMEM;
+    cm_tokenizer *t = cm_tok_new();
+    int rc = t ? cm_tok_alloc_vocab(t, (int32_t)vocab) : LLM_ENOMEM;
     static const char *ctl[3] = {"<unk>", "<s>", "</s>"};
     for (uint32_t i = 0; i < vocab && !rc; i++) {
         char buf[32];
@@ -301,7 +335,7 @@ int cm_tok_synthetic(uint32_t vocab, cm_tokenizer **out) {
         else if (i < 259) snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
         else if (i == 259) snprintf(buf, sizeof buf, "%s", SPM_SPACE); /* the word boundary, so spaces decode */
         else snprintf(buf, sizeof buf, "<tok_%u>", i);
-        rc = set_entry(t, (int32_t)i, buf, strlen(buf));
+        rc = cm_tok_set_entry(t, (int32_t)i, buf, strlen(buf));
         t->type[i] = i == 0 ? CM_TT_UNKNOWN : i < 3 ? CM_TT_CONTROL : i < 259 ? CM_TT_BYTE : CM_TT_NORMAL;
         t->score[i] = -(float)i;
     }
@@ -311,7 +345,7 @@ int cm_tok_synthetic(uint32_t vocab, cm_tokenizer **out) {
         t->bos = 1;
         t->eos = 2;
         t->add_bos = 1;
-        rc = finish(t);
+        rc = cm_tok_finish(t);
     }
     if (rc) {
         cm_tok_free(t);
@@ -324,7 +358,7 @@ int cm_tok_synthetic(uint32_t vocab, cm_tokenizer **out) {
 int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, char *err, size_t errlen) {
     *out = NULL;
     int rc = LLM_EFORMAT;
-    cm_tokenizer *t = tok_new();
+    cm_tokenizer *t = cm_tok_new();
     FILE *f = fopen(path, "rb");
     char *buf = NULL;
     if (!t) { rc = LLM_ENOMEM; goto fail; }
@@ -333,7 +367,7 @@ int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, ch
         rc = LLM_EIO;
         goto fail;
     }
-    if (vocab == 0 || vocab > MAX_VOCAB || (rc = alloc_vocab(t, (int32_t)vocab))) {
+    if (vocab == 0 || vocab > MAX_VOCAB || (rc = cm_tok_alloc_vocab(t, (int32_t)vocab))) {
         snprintf(err, errlen, "%s: bad vocabulary size %u", path, vocab);
         rc = rc ? rc : LLM_EINVAL;
         goto fail;
@@ -361,7 +395,7 @@ int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, ch
             if (buf[j] == ' ') { memcpy(tmp + o, SPM_SPACE, 3); o += 3; }
             else tmp[o++] = buf[j];
         }
-        if ((rc = set_entry(t, (int32_t)i, tmp, o))) goto fail;
+        if ((rc = cm_tok_set_entry(t, (int32_t)i, tmp, o))) goto fail;
         t->type[i] = i == 0 ? CM_TT_UNKNOWN : (i == 1 || i == 2) ? CM_TT_CONTROL
                      : parse_byte_token(tmp, o) >= 0 ? CM_TT_BYTE : CM_TT_NORMAL;
     }
@@ -371,7 +405,7 @@ int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, ch
     t->eos = vocab > 2 ? 2 : -1;
     t->add_bos = t->bos >= 0;
     t->add_space_prefix = 1;
-    if ((rc = finish(t))) goto fail;
+    if ((rc = cm_tok_finish(t))) goto fail;
     free(buf);
     fclose(f);
     *out = t;
@@ -467,13 +501,13 @@ int cm_tok_export(const cm_tokenizer *t, uint8_t **out, size_t *len) {
         qsort(m, nm, sizeof *m, merge_cmp);
     }
     wbuf b = {0};
-    uint64_t nkv = 8 + (t->kind == CM_TOK_BPE ? 2 : 0) + (t->bos >= 0) + (t->eos >= 0) + (t->unk >= 0) +
+    uint64_t nkv = 8 + (t->kind == CM_TOK_BPE ? 2 : 0) + (t->kind == CM_TOK_WPM ? 3 : 0) + (t->bos >= 0) + (t->eos >= 0) + (t->unk >= 0) +
                    (t->chat_template != NULL);
     wput(&b, "GGUF", 4);
     wu32(&b, 3);
     wu64(&b, 0);   /* tensors */
     wu64(&b, nkv);
-    const char *model = t->kind == CM_TOK_BPE ? "gpt2" : "llama";
+    const char *model = t->kind == CM_TOK_BPE ? "gpt2" : t->kind == CM_TOK_WPM ? "wordpiece" : "llama";
     wkey(&b, "tokenizer.ggml.model", CM_GGUF_STRING);
     wstr(&b, model, strlen(model));
     wkey(&b, "tokenizer.ggml.tokens", CM_GGUF_ARRAY);
@@ -514,6 +548,14 @@ int cm_tok_export(const cm_tokenizer *t, uint8_t **out, size_t *len) {
             wput(&b, " ", 1);
             wput(&b, t->text[m[i].r], rl);
         }
+    }
+    if (t->kind == CM_TOK_WPM) {
+        wkey(&b, "tokenizer.wordpiece.flags", CM_GGUF_U32);
+        wu32(&b, t->wp_flags);
+        wkey(&b, "tokenizer.wordpiece.max_chars", CM_GGUF_U32);
+        wu32(&b, t->wp_max_chars);
+        wkey(&b, "tokenizer.wordpiece.prefix", CM_GGUF_STRING);
+        wstr(&b, t->wp_prefix, t->wp_prefix_len);
     }
     if (t->bos >= 0) { wkey(&b, "tokenizer.ggml.bos_token_id", CM_GGUF_U32); wu32(&b, (uint32_t)t->bos); }
     if (t->eos >= 0) { wkey(&b, "tokenizer.ggml.eos_token_id", CM_GGUF_U32); wu32(&b, (uint32_t)t->eos); }

@@ -44,7 +44,21 @@ struct cm_tokenizer {
     int32_t trie_nodes;
     uint32_t max_token_bytes;      /* longest text any one token stands for */
     char *chat_template;
+    /* WordPiece (CM_TOK_WPM): BERT's normalizer steps (CM_WPM_*), the prefix
+     * of word-continuing pieces ("##"), the longest word not made [UNK] */
+    unsigned wp_flags;
+    char wp_prefix[8];
+    uint32_t wp_prefix_len, wp_max_chars;
 };
+
+enum { CM_WPM_CLEAN = 1, CM_WPM_CHINESE = 2, CM_WPM_STRIP = 4, CM_WPM_LOWER = 8 };
+
+/* ---- construction (cm_tok_build.c), for the files that build tokenizers --- */
+cm_tokenizer *cm_tok_new(void);
+int cm_tok_alloc_vocab(cm_tokenizer *t, int32_t n);
+int cm_tok_set_entry(cm_tokenizer *t, int32_t id, const char *s, size_t len);
+/* After vocabulary, types, ids and flags are set: indexes, pieces, specials. */
+int cm_tok_finish(cm_tokenizer *t);
 
 /* ---- byte-level mapping (GPT-2 bytes_to_unicode): cm_tokenizer.c ------- */
 

@@ -335,6 +335,109 @@ static int encode_spm_text(const cm_tokenizer *t, work *w, const char *text, siz
     return 0;
 }
 
+/* ---- WordPiece (BERT) ---------------------------------------------------- */
+
+static int is_cjk(uint32_t c) { /* what BERT calls a Chinese character: the CJK ideograph blocks */
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+static int wpm_space(uint32_t c) { return c == '\t' || c == '\n' || c == '\r' || cm_uni_is_space(c); }
+
+static int wpm_punct(uint32_t c) {
+    return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126) ||
+           (c >= 0x80 && cm_uni_is_punct(c));
+}
+
+/* One word (code points w[0..n)): the greedy longest match from the left,
+ * continuing pieces with the prefix; a word with a piece that matches
+ * nothing, or longer than wp_max_chars, is one [UNK]. Candidates longer than
+ * the longest token are never looked up, so a word costs O(n x longest). */
+static void wpm_word(const cm_tokenizer *t, const uint32_t *w, size_t n, char *buf, size_t *off, ivec *out) {
+    if (n > t->wp_max_chars) {
+        push(out, t->unk);
+        return;
+    }
+    size_t nb = 0, start_out = out->n;
+    for (size_t i = 0; i < n; i++) { /* byte offset of each character, then the bytes */
+        off[i] = nb;
+        nb += (size_t)cm_utf8_encode(w[i], buf + t->wp_prefix_len + nb);
+    }
+    off[n] = nb;
+    char *bytes = buf + t->wp_prefix_len;
+    for (size_t i = 0; i < n;) {
+        int32_t id = -1;
+        size_t j = n;
+        for (; j > i; j--) {
+            size_t l = off[j] - off[i];
+            if (l + (i ? t->wp_prefix_len : 0) > t->max_token_bytes) continue;
+            if (i) {
+                char *p = bytes + off[i] - t->wp_prefix_len; /* the prefix goes just before the piece */
+                char save[8];
+                memcpy(save, p, t->wp_prefix_len);
+                memcpy(p, t->wp_prefix, t->wp_prefix_len);
+                id = find_text(t, p, l + t->wp_prefix_len);
+                memcpy(p, save, t->wp_prefix_len);
+            } else {
+                id = find_text(t, bytes, l);
+            }
+            if (id >= 0) break;
+        }
+        if (id < 0) {
+            out->n = out->n < start_out ? out->n : start_out; /* the whole word is unknown */
+            push(out, t->unk);
+            return;
+        }
+        push(out, id);
+        i = j;
+    }
+}
+
+static int encode_wpm_text(const cm_tokenizer *t, const char *s, size_t len, ivec *out) {
+    /* each code point normalizes to at most 2 spaces + 3 (decomposed) x 2 (lowercased) */
+    uint32_t *cp = malloc(sizeof *cp * (len * 8 + 1));
+    size_t *off = malloc(sizeof *off * (t->wp_max_chars + 2));
+    char *buf = malloc(t->wp_prefix_len + 4 * (size_t)t->wp_max_chars + 8);
+    if (!cp || !off || !buf) {
+        free(cp); free(off); free(buf);
+        return LLM_ENOMEM;
+    }
+    size_t n = 0;
+    unsigned f = t->wp_flags;
+    for (size_t i = 0; i < len;) {
+        uint32_t c, a[4], b[4];
+        i += (size_t)cm_utf8_decode(s + i, len - i, &c);
+        if (f & CM_WPM_CLEAN) {
+            if (c == 0 || c == 0xFFFD || (c != '\t' && c != '\n' && c != '\r' && cm_uni_is_other(c))) continue;
+            if (wpm_space(c)) c = ' ';
+        }
+        int cjk = (f & CM_WPM_CHINESE) && is_cjk(c);
+        if (cjk) cp[n++] = ' ';
+        int na = 1;
+        a[0] = c;
+        if (f & CM_WPM_STRIP) na = cm_uni_strip_accents(c, a);
+        for (int k = 0; k < na; k++) {
+            int nl = 1;
+            b[0] = a[k];
+            if (f & CM_WPM_LOWER) nl = cm_uni_lower(a[k], b);
+            for (int m = 0; m < nl; m++) cp[n++] = b[m];
+        }
+        if (cjk) cp[n++] = ' ';
+    }
+    /* words: split at whitespace (dropped) and around each punctuation mark */
+    for (size_t i = 0; i < n && !out->over && !out->oom;) {
+        if (wpm_space(cp[i])) { i++; continue; }
+        size_t j = i + 1;
+        if (!wpm_punct(cp[i]))
+            while (j < n && !wpm_space(cp[j]) && !wpm_punct(cp[j])) j++;
+        wpm_word(t, cp + i, j - i, buf, off, out);
+        i = j;
+    }
+    free(cp); free(off); free(buf);
+    return 0;
+}
+
 /* ---- encode ------------------------------------------------------------ */
 
 /* The longest special token at s (user-defined ones always, control ones
@@ -365,7 +468,8 @@ int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int
     if (add_bos < 0) add_bos = t->add_bos;
     /* no token stands for more than max_token_bytes: a text that long is over
      * the limit whatever it says, and is refused before any work */
-    size_t least = t->max_token_bytes ? len / t->max_token_bytes : 0;
+    size_t least = t->max_token_bytes && t->kind != CM_TOK_WPM ? len / t->max_token_bytes : 0; /* WordPiece: a
+                                                                     * long word is one [UNK] */
     if (max_ids != SIZE_MAX && least > max_ids) {
         *n = least;
         return LLM_ERANGE;
@@ -377,6 +481,7 @@ int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int
         if (sp < 0 && i < len) { i++; continue; }
         if (i > frag) { /* raw text [frag, i) */
             if (t->kind == CM_TOK_BPE) rc = encode_bpe_text(t, &w, text + frag, i - frag, &out);
+            else if (t->kind == CM_TOK_WPM) rc = encode_wpm_text(t, text + frag, i - frag, &out);
             else rc = encode_spm_text(t, &w, text + frag, i - frag, t->add_space_prefix && prev_special, &out);
             prev_special = 0;
         }
@@ -386,6 +491,7 @@ int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int
         i += t->text_len[sp];
         frag = i;
     }
+    if (!rc && add_bos && t->kind == CM_TOK_WPM && t->eos >= 0) push(&out, t->eos); /* [CLS] text [SEP] */
     free(w.id); free(w.prev); free(w.next); free(w.start); free(w.len); free(w.h.a);
     if (!rc && out.oom) rc = LLM_ENOMEM;
     if (!rc && out.over) {
@@ -422,7 +528,10 @@ char *cm_tok_decode(const cm_tokenizer *t, const int32_t *ids, size_t n, int ren
         const char *p;
         size_t l;
         if (cm_tok_piece(t, ids[i], render_special, &p, &l)) continue;
-        if (t->kind == CM_TOK_SPM && o == 0 && l && p[0] == ' ' && t->add_space_prefix) { p++; l--; }
+        if (((t->kind == CM_TOK_SPM && t->add_space_prefix) || t->kind == CM_TOK_WPM) && o == 0 && l && p[0] == ' ') {
+            p++;
+            l--;
+        }
         if (o + l + 1 > cap) {
             while (o + l + 1 > cap) cap *= 2;
             char *ns = realloc(s, cap);
@@ -438,7 +547,7 @@ char *cm_tok_decode(const cm_tokenizer *t, const int32_t *ids, size_t n, int ren
 
 void cm_detok_init(cm_detok *d, const cm_tokenizer *t) {
     d->npend = 0;
-    d->first = t->kind == CM_TOK_SPM && t->add_space_prefix;
+    d->first = (t->kind == CM_TOK_SPM && t->add_space_prefix) || t->kind == CM_TOK_WPM;
 }
 
 size_t cm_detok_push(cm_detok *d, const cm_tokenizer *t, int32_t id, char *out, size_t cap) {

@@ -1,8 +1,11 @@
-/* cm_tokenizer.h - BPE tokenizers read from model metadata.
+/* cm_tokenizer.h - tokenizers read from model metadata.
  *
- * Two families: byte-level BPE (GPT-2 style; merges by rank, with the
- * pre-tokenizer the GGUF names: gpt2, llama3, qwen2, smollm) and
- * SentencePiece-style BPE (llama; merges by score, byte fallback). Both split
+ * Three families: byte-level BPE (GPT-2 style; merges by rank, with the
+ * pre-tokenizer the GGUF names: gpt2, llama3, qwen2, smollm),
+ * SentencePiece-style BPE (llama; merges by score, byte fallback) and
+ * WordPiece (BERT: its normalizer, whitespace and punctuation splits, greedy
+ * longest match; encoding with add_bos wraps the text in [CLS] ... [SEP],
+ * which are bos and eos). All split
  * special tokens out of the text first (a trie walk: linear in the text).
  * Encoding is O(n log n) in the length of each pre-token and linear in the
  * number of pre-tokens, so hostile inputs cannot make it quadratic. */
@@ -16,13 +19,19 @@
 
 typedef struct cm_tokenizer cm_tokenizer;
 
-enum { CM_TOK_BPE = 1, CM_TOK_SPM = 2 };
+enum { CM_TOK_BPE = 1, CM_TOK_SPM = 2, CM_TOK_WPM = 3 /* WordPiece (BERT) */ };
 enum { CM_PRE_GPT2 = 0, CM_PRE_LLAMA3, CM_PRE_QWEN2, CM_PRE_SMOLLM };
 /* GGUF token types */
 enum { CM_TT_NORMAL = 1, CM_TT_UNKNOWN = 2, CM_TT_CONTROL = 3, CM_TT_USER = 4, CM_TT_UNUSED = 5,
        CM_TT_BYTE = 6 };
 
 int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t errlen);
+/* A Hugging Face tokenizer.json (cm_tok_hf.c): WordPiece models with the
+ * BertNormalizer, BertPreTokenizer and a [CLS] A [SEP] post-processor; any
+ * other model, normalizer or pre-tokenizer is refused by name. */
+int cm_tok_from_hf_json(const char *path, cm_tokenizer **out, char *err, size_t errlen);
+/* The same over a file's bytes (tests, fuzzing). */
+int cm_tok_from_hf_json_mem(const char *data, size_t len, cm_tokenizer **out, char *err, size_t errlen);
 /* llama2.c tokenizer.bin (SentencePiece pieces with scores); vocab from the model. */
 int cm_tok_from_llama2c(const char *path, uint32_t vocab, cm_tokenizer **out, char *err,
                         size_t errlen);

@@ -79,3 +79,57 @@ int cm_uni_is_space(uint32_t cp) {
            (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
            cp == 0x205f || cp == 0x3000;
 }
+
+#define NRANGES(t) ((int)(sizeof t / sizeof t[0]))
+
+int cm_uni_is_punct(uint32_t cp) { return in_ranges(cm_uni_punct, NRANGES(cm_uni_punct), cp); }
+int cm_uni_is_other(uint32_t cp) { return in_ranges(cm_uni_other, NRANGES(cm_uni_other), cp); }
+int cm_uni_is_mark_nonspacing(uint32_t cp) { return in_ranges(cm_uni_mn, NRANGES(cm_uni_mn), cp); }
+
+/* A row of a generated {cp, offset, length} map, or -1. */
+static int map_find(const uint32_t (*m)[3], int n, uint32_t cp) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < m[mid][0]) hi = mid - 1;
+        else if (cp > m[mid][0]) lo = mid + 1;
+        else return mid;
+    }
+    return -1;
+}
+
+int cm_uni_strip_accents(uint32_t cp, uint32_t out[4]) {
+    if (cp < 0x80) {
+        out[0] = cp;
+        return 1;
+    }
+    if (cp >= 0xAC00 && cp <= 0xD7A3) { /* Hangul syllable: L V (T) jamo, by the Unicode rule */
+        uint32_t s = cp - 0xAC00, t = s % 28;
+        out[0] = 0x1100 + s / (21 * 28);
+        out[1] = 0x1161 + (s % (21 * 28)) / 28;
+        if (t) out[2] = 0x11A7 + t;
+        return t ? 3 : 2;
+    }
+    if (cm_uni_is_mark_nonspacing(cp)) return 0;
+    int r = map_find(cm_uni_strip_map, NRANGES(cm_uni_strip_map), cp);
+    if (r < 0) {
+        out[0] = cp;
+        return 1;
+    }
+    for (uint32_t i = 0; i < cm_uni_strip_map[r][2]; i++) out[i] = cm_uni_strip_map_pool[cm_uni_strip_map[r][1] + i];
+    return (int)cm_uni_strip_map[r][2];
+}
+
+int cm_uni_lower(uint32_t cp, uint32_t out[4]) {
+    if (cp < 0x80) {
+        out[0] = cp >= 'A' && cp <= 'Z' ? cp + 32 : cp;
+        return 1;
+    }
+    int r = map_find(cm_uni_lower_map, NRANGES(cm_uni_lower_map), cp);
+    if (r < 0) {
+        out[0] = cp;
+        return 1;
+    }
+    for (uint32_t i = 0; i < cm_uni_lower_map[r][2]; i++) out[i] = cm_uni_lower_map_pool[cm_uni_lower_map[r][1] + i];
+    return (int)cm_uni_lower_map[r][2];
+}

@@ -49,6 +49,7 @@ static void usage(FILE *f) {
                "  serve        OpenAI-compatible server: a gateway and a worker group, supervised\n"
                "  generate     generate text from a prompt or a chat (streams to stdout)\n"
                "  perplexity   negative log-likelihood and perplexity of a text file\n"
+               "  embed        sentence embeddings of texts (a BERT-family Hugging Face model)\n"
                "  bench serve  load any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, throughput\n"
                "  plan         KV-cache capacity: weights and KV per GPU, max tokens and sequences\n"
                "  cost         cost per 1k requests, self-hosting per million tokens, break-even\n\n"
@@ -71,6 +72,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "serve") == 0) return tl_serve_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "generate") == 0) return tl_generate_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "perplexity") == 0) return tl_perplexity_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "embed") == 0) return tl_embed_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "plan") == 0) return tl_plan_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return tl_bench_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "cost") == 0) return tl_cost_main(argc - 1, argv + 1);

@@ -93,8 +93,9 @@ build() {
     cmake --build "$ROOT/$BUILD_DIR" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
 }
 
+# the chat model; with "all" also the embedding model the tests use
 fetch_model() {
-    "$ROOT/tools/fetch_model.sh" "$MODEL_DIR"
+    "$ROOT/tools/fetch_model.sh" "$MODEL_DIR" "${1:-default}"
 }
 
 run_tests() {
@@ -129,13 +130,13 @@ serve)
 test)
     install_packages
     if [ "${CI:-}" = true ] || [ "${LLMSERVE_CROSS:-0}" = 1 ]; then install_cross; fi
-    build; fetch_model; run_tests
+    build; fetch_model all; run_tests
     ;;
 cross)
     install_cross
     ;;
 build)
-    install_packages; build; fetch_model
+    install_packages; build; fetch_model all
     ;;
 *)
     die "unknown mode '$MODE' (serve | test | build | cross)"

@@ -162,6 +162,11 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         goto fail;
     m->cfg = m->file->cfg;
     const cm_model_config *c = &m->cfg;
+    if (c->encoder) {
+        snprintf(err, errlen, "%s: a %s model is an embedding encoder, not a generative model", o->model_path, c->arch);
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
     if (m->file->format == CM_FMT_DUMMY) {
         if ((rc = cm_tok_synthetic(c->vocab, &m->tok))) {
             snprintf(err, errlen, "%s: cannot make a stand-in tokenizer of %u tokens", m->file->path, c->vocab);
@@ -173,6 +178,10 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
             snprintf(err, errlen, "%s: %s", o->model_path, e);
             goto fail;
         }
+    } else if (m->file->format == CM_FMT_HF) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/tokenizer.json", o->model_path);
+        if ((rc = cm_tok_from_hf_json(p, &m->tok, err, errlen))) goto fail;
     } else {
         if (!o->tokenizer_path) {
             snprintf(err, errlen, "%s: a llama2.c model needs --tokenizer PATH (tokenizer.bin)", o->model_path);

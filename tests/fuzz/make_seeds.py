@@ -182,3 +182,29 @@ put("grammar", "schema-formats", b"\x01" + json.dumps({"type": "array", "prefixI
     {"type": "string", "format": "date-time"}, {"type": "string", "format": "uuid"}], "items": False}).encode() +
     b'\x00["2024-01-01T00:00:00Z"]')
 put("grammar", "regex", b"\x02" + b"^(?:[a-z]+\\.)*\\d{2,3}[^\\s]?$" + b"\x00ab.cd.12x")
+
+# ---- Hugging Face files (fuzz_hf): a safetensors file and a WordPiece tokenizer.json
+def safetensors(tensors):
+    hdr, data = {"__metadata__": {"format": "pt"}}, b""
+    for name, dtype, shape, size in tensors:
+        hdr[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + size]}
+        data += bytes(i % 251 for i in range(size))
+    h = json.dumps(hdr).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+put("hf", "tiny-st", safetensors([("a", "F32", [2, 3], 24), ("b", "F16", [4], 8), ("ids", "I64", [1, 2], 16),
+                                   ("e", "BF16", [0], 0)]))
+put("hf", "tiny-wordpiece", json.dumps({
+    "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+              "max_input_chars_per_word": 100,
+              "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5, "##s": 6, ",": 7,
+                        "caf": 8, "##e": 9, "数": 10}},
+    "added_tokens": [{"id": 2, "content": "[CLS]", "special": True}, {"id": 3, "content": "[SEP]", "special": True}],
+    "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                   "strip_accents": None, "lowercase": True},
+    "pre_tokenizer": {"type": "BertPreTokenizer"},
+    "post_processor": {"type": "TemplateProcessing", "single": [
+        {"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+        {"SpecialToken": {"id": "[SEP]", "type_id": 0}}]}}))

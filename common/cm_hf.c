@@ -1,0 +1,336 @@
+/* cm_hf.c - a Hugging Face checkpoint directory as a cm_model_file.
+ *
+ * config.json gives the shape (cm_model_config_json), the safetensors files
+ * the weights, renamed the GGUF way so the forward passes never know the
+ * format. Every name a JSON file gives (shards, the pooling module's folder)
+ * is checked to stay inside the directory. */
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "cm_model.h"
+#include "cm_safetensors.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MAX_SHARDS 1024
+
+int cm_hf_safe_name(const char *s) {
+    if (!s || !*s || *s == '.' || strlen(s) > 200) return 0;
+    for (const char *p = s; *p; p++)
+        if (*p == '/' || *p == '\\' || (unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e) return 0;
+    return 1;
+}
+
+/* Per-layer tensors: the Hugging Face suffix after the layer prefix, and the
+ * GGUF name after "blk.N.". */
+static const struct { const char *hf, *gg; } llama_layer[] = {
+    {"self_attn.q_proj.weight", "attn_q.weight"},     {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},     {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},     {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.weight", "attn_output.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},          {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"input_layernorm.weight", "attn_norm.weight"},   {"post_attention_layernorm.weight", "ffn_norm.weight"},
+}, llama_top[] = {
+    {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+}, bert_layer[] = {
+    {"attention.self.query.weight", "attn_q.weight"},   {"attention.self.query.bias", "attn_q.bias"},
+    {"attention.self.key.weight", "attn_k.weight"},     {"attention.self.key.bias", "attn_k.bias"},
+    {"attention.self.value.weight", "attn_v.weight"},   {"attention.self.value.bias", "attn_v.bias"},
+    {"attention.output.dense.weight", "attn_output.weight"}, {"attention.output.dense.bias", "attn_output.bias"},
+    {"attention.output.LayerNorm.weight", "attn_output_norm.weight"},
+    {"attention.output.LayerNorm.bias", "attn_output_norm.bias"},
+    {"intermediate.dense.weight", "ffn_up.weight"},     {"intermediate.dense.bias", "ffn_up.bias"},
+    {"output.dense.weight", "ffn_down.weight"},         {"output.dense.bias", "ffn_down.bias"},
+    {"output.LayerNorm.weight", "layer_output_norm.weight"}, {"output.LayerNorm.bias", "layer_output_norm.bias"},
+}, bert_top[] = {
+    {"embeddings.word_embeddings.weight", "token_embd.weight"},
+    {"embeddings.position_embeddings.weight", "position_embd.weight"},
+    {"embeddings.token_type_embeddings.weight", "token_types.weight"},
+    {"embeddings.LayerNorm.weight", "token_embd_norm.weight"}, {"embeddings.LayerNorm.bias", "token_embd_norm.bias"},
+};
+
+/* The GGUF name of a Hugging Face tensor name, or 0 when the model does not
+ * use it (position_ids, the BERT pooler, rotary caches). */
+static int map_name(int encoder, const char *hf, char *out, size_t len) {
+    char n[256];
+    snprintf(n, sizeof n, "%s", hf);
+    /* old BERT checkpoints: LayerNorm.gamma / beta; saved from a task model: "bert." */
+    size_t nl = strlen(n);
+    if (nl > 6 && !strcmp(n + nl - 6, ".gamma")) snprintf(n + nl - 6, sizeof n - (nl - 6), ".weight");
+    else if (nl > 5 && !strcmp(n + nl - 5, ".beta")) snprintf(n + nl - 5, sizeof n - (nl - 5), ".bias");
+    const char *s = n;
+    if (encoder && !strncmp(s, "bert.", 5)) s += 5;
+    const char *lp = encoder ? "encoder.layer." : "model.layers.";
+    size_t lpl = strlen(lp);
+    if (!strncmp(s, lp, lpl)) {
+        char *end;
+        unsigned long l = strtoul(s + lpl, &end, 10);
+        if (end == s + lpl || *end != '.' || l > 100000) return 0;
+        size_t nt = encoder ? sizeof bert_layer / sizeof bert_layer[0] : sizeof llama_layer / sizeof llama_layer[0];
+        for (size_t i = 0; i < nt; i++) {
+            const char *h = encoder ? bert_layer[i].hf : llama_layer[i].hf;
+            if (!strcmp(end + 1, h)) {
+                snprintf(out, len, "blk.%lu.%s", l, encoder ? bert_layer[i].gg : llama_layer[i].gg);
+                return 1;
+            }
+        }
+        return 0;
+    }
+    size_t nt = encoder ? sizeof bert_top / sizeof bert_top[0] : sizeof llama_top / sizeof llama_top[0];
+    for (size_t i = 0; i < nt; i++)
+        if (!strcmp(s, encoder ? bert_top[i].hf : llama_top[i].hf)) {
+            snprintf(out, len, "%s", encoder ? bert_top[i].gg : llama_top[i].gg);
+            return 1;
+        }
+    return 0;
+}
+
+static json_t *load_json(const char *dir, const char *name, int required, char *e, size_t el) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat st;
+    if (stat(p, &st) != 0) {
+        if (required) snprintf(e, el, "%s is missing", name);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *o = S_ISREG(st.st_mode) && st.st_size < (64 << 20) ? json_load_file(p, JSON_REJECT_DUPLICATES, &je)
+                                                               : NULL;
+    if (!o || !json_is_object(o)) {
+        snprintf(e, el, "%s is not a JSON object%s%s", name, o ? "" : ": ", o ? "" : je.text);
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* sentence-transformers' modules.json -> pooling, normalize; its
+ * sentence_bert_config.json -> max_seq. Absent: CLS pooling, normalised
+ * (vLLM's default for BERT embedding models). */
+static int sentence_config(const char *dir, cm_model_config *c, char *e, size_t el) {
+    c->pooling = CM_POOL_CLS;
+    c->normalize = 1;
+    json_t *mods = NULL;
+    char p[1024];
+    snprintf(p, sizeof p, "%s/modules.json", dir);
+    struct stat st;
+    if (stat(p, &st) != 0) return 0;
+    json_error_t je;
+    mods = st.st_size < (1 << 20) ? json_load_file(p, 0, &je) : NULL;
+    if (!json_is_array(mods)) {
+        snprintf(e, el, "modules.json is not a JSON array");
+        json_decref(mods);
+        return LLM_EFORMAT;
+    }
+    int rc = 0;
+    c->normalize = 0;
+    size_t i;
+    json_t *m;
+    json_array_foreach(mods, i, m) {
+        const char *type = json_string_value(json_object_get(m, "type"));
+        const char *path = json_string_value(json_object_get(m, "path"));
+        if (!type) continue;
+        if (strstr(type, "Normalize")) c->normalize = 1;
+        if (!strstr(type, "Pooling")) continue;
+        if (!cm_hf_safe_name(path)) {
+            snprintf(e, el, "modules.json: pooling path '%.64s' is not a folder name", path ? path : "");
+            rc = LLM_EFORMAT;
+            break;
+        }
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "%s/config.json", path);
+        json_t *pc = load_json(dir, cfg, 1, e, el);
+        if (!pc) {
+            rc = LLM_EFORMAT;
+            break;
+        }
+        int mean = json_is_true(json_object_get(pc, "pooling_mode_mean_tokens"));
+        int cls = json_is_true(json_object_get(pc, "pooling_mode_cls_token"));
+        int last = json_is_true(json_object_get(pc, "pooling_mode_lasttoken"));
+        int other = json_is_true(json_object_get(pc, "pooling_mode_max_tokens")) ||
+                    json_is_true(json_object_get(pc, "pooling_mode_mean_sqrt_len_tokens")) ||
+                    json_is_true(json_object_get(pc, "pooling_mode_weightedmean_tokens"));
+        json_decref(pc);
+        if (mean + cls + last != 1 || other) {
+            snprintf(e, el, "%.200s: only one of mean, CLS or last-token pooling is supported", cfg);
+            rc = LLM_EUNSUP;
+            break;
+        }
+        c->pooling = mean ? CM_POOL_MEAN : cls ? CM_POOL_CLS : CM_POOL_LAST;
+    }
+    json_decref(mods);
+    if (rc) return rc;
+    json_t *sb = load_json(dir, "sentence_bert_config.json", 0, e, el);
+    if (sb) {
+        json_t *v = json_object_get(sb, "max_seq_length");
+        if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < (json_int_t)c->ctx_len)
+            c->max_seq = (uint32_t)json_integer_value(v);
+        json_decref(sb);
+    }
+    return 0;
+}
+
+/* The shard file names: model.safetensors, or the distinct values of the
+ * index's weight_map. */
+static int shard_names(const char *dir, char ***names, int *n, char *e, size_t el) {
+    *names = NULL;
+    *n = 0;
+    char p[1024];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    if (stat(p, &st) != 0) {
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        if (stat(p, &st) != 0) {
+            snprintf(e, el, "neither model.safetensors nor model.safetensors.index.json is there");
+            return LLM_ENOTFOUND;
+        }
+        *names = calloc(1, sizeof **names);
+        if (!*names || !((*names)[0] = strdup("model.safetensors"))) return LLM_ENOMEM;
+        *n = 1;
+        return 0;
+    }
+    json_t *idx = load_json(dir, "model.safetensors.index.json", 1, e, el);
+    if (!idx) return LLM_EFORMAT;
+    json_t *wm = json_object_get(idx, "weight_map");
+    int rc = 0;
+    if (!json_is_object(wm)) {
+        snprintf(e, el, "model.safetensors.index.json has no weight_map object");
+        rc = LLM_EFORMAT;
+    }
+    *names = calloc(MAX_SHARDS, sizeof **names);
+    if (!*names) rc = LLM_ENOMEM;
+    const char *k;
+    json_t *v;
+    if (!rc) json_object_foreach(wm, k, v) {
+        const char *f = json_string_value(v);
+        if (!cm_hf_safe_name(f)) {
+            snprintf(e, el, "weight_map: '%.64s' names '%.64s', not a file of the directory", k, f ? f : "");
+            rc = LLM_EFORMAT;
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < *n && !seen; i++) seen = !strcmp((*names)[i], f);
+        if (seen) continue;
+        if (*n == MAX_SHARDS) {
+            snprintf(e, el, "weight_map names more than %d files", MAX_SHARDS);
+            rc = LLM_EFORMAT;
+            break;
+        }
+        if (!((*names)[(*n)++] = strdup(f))) rc = LLM_ENOMEM;
+    }
+    json_decref(idx);
+    if (!rc && !*n) {
+        snprintf(e, el, "weight_map is empty");
+        rc = LLM_EFORMAT;
+    }
+    return rc;
+}
+
+static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *file, size_t *cap, char *e,
+                       size_t el) {
+    for (size_t i = 0; i < s->n_tensors; i++) {
+        const cm_st_tensor *t = &s->tensors[i];
+        char name[64];
+        if (!map_name(m->cfg.encoder, t->name, name, sizeof name)) continue;
+        if (t->type != CM_F32 && t->type != CM_F16 && t->type != CM_BF16) {
+            snprintf(e, el, "%s: tensor '%s' is %s (F32, F16 and BF16 load)", file, t->name, t->dtype);
+            return LLM_EUNSUP;
+        }
+        if (cm_model_tensor(m, name)) {
+            snprintf(e, el, "%s: tensor '%s' appears twice", file, t->name);
+            return LLM_EFORMAT;
+        }
+        if (m->n_tensors == *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            cm_tensor_ref *nt = realloc(m->tensors, nc * sizeof *nt);
+            if (!nt) return LLM_ENOMEM;
+            m->tensors = nt;
+            *cap = nc;
+        }
+        cm_tensor_ref *r = &m->tensors[m->n_tensors++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "%s", name);
+        r->type = t->type;
+        r->n_dims = t->n_dims;
+        memcpy(r->ne, t->ne, sizeof r->ne);
+        r->data = t->data;
+        r->nbytes = t->nbytes;
+    }
+    return 0;
+}
+
+int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
+    *out = NULL;
+    char e[512] = "";
+    char **shards = NULL;
+    int n_shards = 0, rc;
+    size_t cap = 0;
+    cm_model_file *m = calloc(1, sizeof *m);
+    if (!m) return LLM_ENOMEM;
+    m->format = CM_FMT_HF;
+    snprintf(m->path, sizeof m->path, "%s", dir);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    struct stat st;
+    if (stat(p, &st) != 0) {
+        snprintf(e, sizeof e, "a directory without config.json (not a Hugging Face checkpoint)");
+        rc = LLM_ENOTFOUND;
+        goto fail;
+    }
+    json_t *cj = load_json(dir, "config.json", 1, e, sizeof e);
+    if (!cj) {
+        rc = LLM_EFORMAT;
+        goto fail;
+    }
+    const char *mt = json_string_value(json_object_get(cj, "model_type"));
+    int known = mt && (!strcmp(mt, "bert") || !strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2"));
+    snprintf(e, sizeof e, "config.json: model_type '%.32s' is not supported (bert, llama, mistral, qwen2)",
+             mt ? mt : "");
+    int tie = json_is_true(json_object_get(cj, "tie_word_embeddings"));
+    json_decref(cj);
+    if (!known) {
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
+    e[0] = 0;
+    if ((rc = cm_model_config_json(p, &m->cfg, e, sizeof e))) goto fail;
+    const char *base = strrchr(dir, '/') && strrchr(dir, '/')[1] ? strrchr(dir, '/') + 1 : dir;
+    snprintf(m->cfg.name, sizeof m->cfg.name, "%s", base);
+    if (!m->cfg.encoder) {
+        m->cfg.rope_type = CM_ROPE_NEOX; /* Hugging Face keeps q/k unpermuted: rotate halves */
+    } else if ((rc = sentence_config(dir, &m->cfg, e, sizeof e))) {
+        goto fail;
+    }
+    if ((rc = shard_names(dir, &shards, &n_shards, e, sizeof e))) goto fail;
+    m->st = calloc((size_t)n_shards, sizeof *m->st);
+    if (!m->st) {
+        rc = LLM_ENOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < n_shards; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, shards[i]);
+        char se[400];
+        if ((rc = cm_st_open(p, &m->st[m->n_st], se, sizeof se))) {
+            snprintf(e, sizeof e, "%s", se);
+            goto fail;
+        }
+        m->n_st++;
+        if ((rc = add_tensors(m, m->st[i], shards[i], &cap, e, sizeof e))) goto fail;
+    }
+    m->cfg.tied = !m->cfg.encoder && (tie || !cm_model_tensor(m, "output.weight"));
+    if ((rc = cm_model_validate_config(&m->cfg, e, sizeof e))) goto fail;
+    for (int i = 0; i < n_shards; i++) free(shards[i]);
+    free(shards);
+    *out = m;
+    return 0;
+fail:
+    if (err) snprintf(err, errlen, "%s: %s", dir, e);
+    for (int i = 0; i < n_shards; i++) free(shards[i]);
+    free(shards);
+    cm_model_close(m);
+    return rc;
+}
