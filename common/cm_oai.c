@@ -91,6 +91,18 @@ static void defaults(cm_oai_completion *c) {
     c->logprobs = -1;
     c->prompt_logprobs = -1;
     c->add_generation_prompt = 1;
+    c->context_overflow = -1;
+}
+
+int cm_oai_overflow_parse(const char *s) {
+    static const char *const names[] = {"error", "truncate-left", "middle-out"};
+    for (int i = 0; s && i < 3; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
+const char *cm_oai_overflow_name(int p) {
+    return p == CM_OVERFLOW_TRUNCATE_LEFT ? "truncate-left" : p == CM_OVERFLOW_MIDDLE_OUT ? "middle-out" : "error";
 }
 
 int cm_utf8_valid(const char *s, size_t n) {
@@ -366,7 +378,7 @@ static const char *const HONOURED[] = {
     "guided_whitespace_pattern", NULL};
 static const char *const COMPLETION_ONLY[] = {"prompt", "echo", "suffix", NULL};
 static const char *const CHAT_ONLY[] = {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "tools",
-                                        "tool_choice", "parallel_tool_calls", NULL};
+                                        "tool_choice", "parallel_tool_calls", "context_overflow", NULL};
 /* accepted only at this value (JSON), or, for NULL, at any value (identifiers, hints) */
 static const struct { const char *name, *ok; } SETTLED[] = {
     {"metadata", NULL}, {"safety_identifier", NULL}, {"prompt_cache_key", NULL}, {"request_id", NULL},
@@ -737,6 +749,9 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     if (v && !lp) BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     c->logprobs = lp ? (int)v : -1;
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
+    json_t *co = json_object_get(o, "context_overflow");
+    if (co && !json_is_null(co) && (c->context_overflow = cm_oai_overflow_parse(json_string_value(co))) < 0)
+        BAD("context_overflow", "'context_overflow' must be 'error', 'truncate-left' or 'middle-out'");
     if ((rc = parse_tools(o, c, err, errlen, param))) goto fail;
     if ((rc = check_fields(o, 1, err, errlen, param))) goto fail;
     json_decref(o);

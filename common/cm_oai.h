@@ -90,6 +90,7 @@ typedef struct {
     } *messages;
     int n_messages;
     int add_generation_prompt;
+    int context_overflow;        /* CM_OVERFLOW_*, or -1: the server's --context-overflow (llmserve's field) */
     cm_oai_tool *tools;
     int n_tools;
     int tool_choice;             /* CM_TOOL_*; AUTO when tools are given, NONE when not */
@@ -97,6 +98,14 @@ typedef struct {
     int parallel_tool_calls;     /* default 1 */
     int tool_format;             /* CM_TOOLS_* (cm_tools.h): the model's family, set by the caller after parsing */
 } cm_oai_completion;
+
+/* A chat history longer than the context: refuse (400), drop the oldest
+ * turns, or drop the turns after the first exchange; the system prompt and
+ * the newest turns always stay. */
+enum { CM_OVERFLOW_ERROR = 0, CM_OVERFLOW_TRUNCATE_LEFT = 1, CM_OVERFLOW_MIDDLE_OUT = 2 };
+/* "error" | "truncate-left" | "middle-out" -> CM_OVERFLOW_*, or -1. */
+int cm_oai_overflow_parse(const char *s);
+const char *cm_oai_overflow_name(int policy);
 
 /* Parses a /v1/completions body. On error returns LLM_EINVAL with a message
  * in err and the parameter's name in *param (NULL when it is the body). */

@@ -53,6 +53,8 @@ typedef struct {
     long created;
     int is_chat, n, logprobs, echo;
     int prompt_tokens, cached_tokens;
+    int trim_policy;             /* CM_OVERFLOW_* when the history was trimmed to fit, else 0 */
+    int trim_messages, trim_tokens; /* what it dropped */
     int prompt_logprobs, score_only; /* the request's */
     const int32_t *prompt;       /* borrowed: the prompt's token ids, for its logprobs */
     int n_prompt;

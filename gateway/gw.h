@@ -10,6 +10,7 @@
 #include "cm_gguf.h"
 #include "cm_tokenizer.h"
 #include "gw_auth.h"
+#include "gw_cache.h"
 #include "gw_conf.h"
 #include "gw_limit.h"
 #include "gw_map.h"
@@ -49,6 +50,8 @@ typedef struct {
     int alive;                   /* Health seen within the liveness window */
     int ready;                   /* the worker takes new requests (not loading, not draining) */
     int accepted;                /* its model matches ours (name and tokenizer) */
+    int task;                    /* what it serves: LLMSERVE__TASK__TASK_GENERATE or _EMBED (Health.task) */
+    int embed_dim;               /* an embedding group's vector length */
     int gone;                    /* left --workers-dns: never routed to again */
     char refused[256];           /* why it is not used, when it serves something else */
     double last_health, down_until, backoff, info_asked;
@@ -98,6 +101,12 @@ typedef struct gw {
     char served[256];            /* the API's model name ("" until known) */
     int max_model_len;           /* smallest of the usable groups' */
     double settled_at;           /* last time an accepted group was alive: the model holds GW_MODEL_HOLD_S past it */
+    /* the embedding model, when some groups serve one (Health.task = TASK_EMBED): the first such
+     * group's, which the others must match; /v1/embeddings routes by its name */
+    gw_model *emodel;
+    char eserved[256];
+    int emax_len, edim;
+    gw_cache cache;              /* --semantic-cache (its dim is set by the first embedding model) */
     /* workers (gw_pool) */
     gw_worker w[GW_MAX_WORKERS];
     int n_workers, rr, tick;

@@ -1,5 +1,6 @@
 #include "gw_conf.h"
 #include "cm_log.h"
+#include "cm_oai.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -49,6 +50,17 @@ const gw_flag gw_flags[] = {
      F(tokenizer_threads), 1, 256},
     {"tokenizer-queue", "N", "256", "requests waiting for a tokenizer thread before 503", K_INT, 1, F(tokenizer_queue), 1,
      1 << 20},
+    {"context-overflow", "error|truncate-left|middle-out", "error", "a chat history longer than the context: refuse it "
+     "(400), drop the oldest turns, or drop the turns after the first exchange; the system prompt and the newest turn "
+     "stay (a request's context_overflow field overrides)", K_STR, 1, F(context_overflow), 0, 0},
+    {"semantic-cache", NULL, NULL, "reuse answers to chat requests: exact repeats of the last user turn, and with an "
+     "embedding model (--embedding-model) similar ones; per API key, parameters and context", K_ON, 1, F(scache), 0, 0},
+    {"semantic-cache-threshold", "C", "0.90", "cosine of the last user turns' embeddings that counts as the same question "
+     "(docs/tuning.md: its false-hit rate)", K_DBL, 1, F(scache_threshold), 0, 1},
+    {"semantic-cache-ttl", "S", "3600", "seconds an answer is reused (0: until evicted)", K_DBL, 1, F(scache_ttl), 0, 1e9},
+    {"semantic-cache-size", "N", "10000", "answers kept, least recently used out", K_INT, 1, F(scache_size), 1, 1000000},
+    {"semantic-cache-sampled", NULL, NULL, "cache answers to requests with temperature > 0 too (by default only greedy "
+     "ones: a sampled answer is one of many)", K_ON, 1, F(scache_sampled), 0, 0},
     {"log-requests", NULL, NULL, "one access-log line per request (default)", K_ON, 0, F(log_requests), 0, 0},
     {"no-log-requests", NULL, NULL, "no access log", K_OFF, 0, F(log_requests), 0, 0},
     {"log-prompts", NULL, NULL, "put the first 200 bytes of each prompt in the access log", K_ON, 0, F(log_prompts), 0, 0},
@@ -147,6 +159,11 @@ int gw_conf_parse(gw_conf *c, int argc, char **argv) {
     }
     if (optind < argc) {
         fprintf(stderr, "llmserve-gateway: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (cm_oai_overflow_parse(c->context_overflow) < 0) {
+        fprintf(stderr, "llmserve-gateway: --context-overflow expects error, truncate-left or middle-out, not '%s'\n",
+                c->context_overflow);
         return 2;
     }
     int dummy = !strcmp(c->load_format, "dummy");

@@ -31,6 +31,10 @@ typedef struct {
     int log_requests, log_prompts, log_level;
     int max_connections;         /* 0: from the file descriptor limit */
     int tokenizer_threads, tokenizer_queue;
+    /* the response cache (gw_cache.h) */
+    int scache, scache_size, scache_sampled;
+    const char *context_overflow; /* error|truncate-left|middle-out */
+    double scache_threshold, scache_ttl;
 } gw_conf;
 
 /* One flag. serve: 1 when `llmserve serve` forwards it to its gateway. */

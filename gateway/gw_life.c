@@ -129,6 +129,7 @@ int gw_start(gw *g, char *err, size_t errlen) {
         return LLM_ENOMEM;
     }
     gw_metrics_init(&g->m);
+    if (c->scache) gw_cache_init(&g->cache, c->scache_size, c->scache_ttl, (float)c->scache_threshold, 0);
     int rc;
     if ((c->model || c->model_config) && (rc = load_override(g, err, errlen))) return rc;
     snprintf(g->id, sizeof g->id, "gw%x%lx", (unsigned)getpid(), (long)time(NULL) & 0xffff);
@@ -161,7 +162,9 @@ void gw_stop(gw *g) {
     g->base = NULL;
     gw_map_free(&g->reqs);
     gw_model_unref(g->model);
-    g->model = NULL;
+    gw_model_unref(g->emodel);
+    g->model = g->emodel = NULL;
+    gw_cache_free(&g->cache);
     gw_limits_free(&g->lim);
     gw_auth_free(&g->auth);
     gw_conf_free(&g->conf);

@@ -138,6 +138,25 @@ char *gw_metrics_text(const gw *g, size_t *len) {
     counter(o, "llmserve:worker_lost_total", "Requests whose worker group died or restarted under them.", g->m.worker_lost);
     counter(o, "llmserve:overloaded_total", "Requests refused with 503 because the gateway or a group was full.",
             g->m.overloaded);
+    if (g->conf.scache) { /* --semantic-cache */
+        const gw_cache *c = &g->cache;
+        evbuffer_add_printf(o, "# HELP llmserve:semantic_cache_hits_total Chat requests answered from the cache.\n"
+                               "# TYPE llmserve:semantic_cache_hits_total counter\n"
+                               "llmserve:semantic_cache_hits_total{kind=\"exact\"} %llu\n"
+                               "llmserve:semantic_cache_hits_total{kind=\"semantic\"} %llu\n",
+                            (unsigned long long)c->hits_exact, (unsigned long long)c->hits_semantic);
+        counter(o, "llmserve:semantic_cache_misses_total", "Cacheable chat requests the cache could not answer.", c->misses);
+        counter(o, "llmserve:semantic_cache_near_misses_total",
+                "Misses whose nearest question was within 0.05 of the threshold.", c->near_misses);
+        counter(o, "llmserve:semantic_cache_saved_prompt_tokens_total", "Prompt tokens not computed: answered from the cache.",
+                c->saved_prompt_tokens);
+        counter(o, "llmserve:semantic_cache_saved_completion_tokens_total",
+                "Tokens not generated: answered from the cache.", c->saved_completion_tokens);
+        counter(o, "llmserve:semantic_cache_evictions_total", "Answers dropped past --semantic-cache-size.", c->evictions);
+        counter(o, "llmserve:semantic_cache_expired_total", "Answers dropped past --semantic-cache-ttl.", c->expired);
+        gauge(o, "llmserve:semantic_cache_entries", "Answers in the cache.", "", c->n);
+        gauge(o, "llmserve:semantic_cache_bytes", "Memory the cached answers and vectors hold.", "", (double)c->bytes);
+    }
     gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", g->open_streams);
     gauge(o, "llmserve:preparing_requests", "Requests being parsed and tokenized off the event loop.", "", g->preparing);
     gauge(o, "llmserve:draining", "1 while the gateway drains after SIGTERM.", "", g->draining);

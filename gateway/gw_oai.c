@@ -3,6 +3,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_metrics.h"
+#include "gw_embed.h"
 #include "gw_pool.h"
 #include "gw_req.h"
 #include "gw_tokenize.h"
@@ -10,6 +11,7 @@
 #include "gw_tokq.h"
 
 #include <math.h>
+#include <xxhash.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +23,13 @@ typedef struct {
     int chat;
     char *body;
     size_t len;
-    char served[256];            /* snapshots: the job's thread reads nothing of gw */
+    char served[256], eserved[256]; /* snapshots: the job's thread reads nothing of gw */
     int max_len, vocab;
+    /* --semantic-cache: on, the tenant, and the embedding model (held) whose tokens the question needs */
+    int cache, cache_sampled, emax_len;
+    char tenant[64];
+    gw_model *emodel;
+    int overflow;                /* --context-overflow */
     int status;                  /* 0: ready to route */
     char err[640];
     const char *code;
@@ -47,6 +54,146 @@ static void too_long(prep *p, gw_req *q, size_t at_least, const char *what) {
              p->max_len, what, at_least > (size_t)p->max_len ? at_least - 1 : (size_t)p->max_len, what);
 }
 
+/* --semantic-cache, on the tokenizer thread: whether the request may be
+ * answered from the cache, and its keys. Eligible: chat, one choice, no
+ * logprobs, the last message a user's, greedy (or --semantic-cache-sampled).
+ * The scope hashes everything else that could change the answer: the
+ * tenant, the model, every other field of the body (sampling, max_tokens,
+ * stop, tools, tool_choice, response_format: a request with another schema
+ * never shares answers) but the stream options and user, and the earlier
+ * messages. */
+static void cache_keys(prep *p, gw_req *q, const char *body, size_t len) {
+    const cm_oai_completion *c = &q->c;
+    if (!p->cache || !c->is_chat || c->n != 1 || c->logprobs >= 0 || c->prompt_logprobs >= 0 || !c->n_messages ||
+        (c->temperature > 0 && !p->cache_sampled))
+        return;
+    const struct cm_oai_msg *last = &c->messages[c->n_messages - 1];
+    if (!last->role || strcmp(last->role, "user") || !last->content || !last->content[0]) return;
+    json_t *o = json_loadb(body, len, JSON_ALLOW_NUL, NULL);
+    json_t *msgs = json_incref(json_object_get(o, "messages"));
+    if (!json_is_object(o) || !json_is_array(msgs)) {
+        json_decref(msgs);
+        json_decref(o);
+        return;
+    }
+    static const char *const out_of_scope[] = {"messages", "stream", "stream_options", "user", "model", NULL};
+    for (const char *const *k = out_of_scope; *k; k++) json_object_del(o, *k);
+    json_array_remove(msgs, json_array_size(msgs) - 1);
+    char *params = json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT | JSON_ENCODE_ANY);
+    char *ctx = json_dumps(msgs, JSON_SORT_KEYS | JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(msgs);
+    json_decref(o);
+    XXH3_state_t *st = XXH3_createState();
+    if (params && ctx && st) {
+        XXH3_64bits_reset(st);
+        XXH3_64bits_update(st, p->tenant, strlen(p->tenant) + 1);
+        XXH3_64bits_update(st, p->served, strlen(p->served) + 1);
+        XXH3_64bits_update(st, params, strlen(params) + 1);
+        XXH3_64bits_update(st, ctx, strlen(ctx));
+        q->cache_scope = XXH3_64bits_digest(st);
+        q->cache_exact = gw_cache_exact_key(last->content, strlen(last->content));
+        q->cache_on = 1;
+    }
+    XXH3_freeState(st);
+    free(params);
+    free(ctx);
+    if (!q->cache_on || !p->emodel) return;
+    /* the question for the embedding model: [CLS] ... [SEP], its first tokens when it is longer than the model takes */
+    size_t n = 0;
+    int32_t *ids = NULL;
+    if (cm_tok_encode(p->emodel->tok, last->content, strlen(last->content), 1, 1, &ids, &n) || !n) return;
+    if (n > (size_t)p->emax_len) {
+        ids[p->emax_len - 1] = ids[n - 1];
+        n = (size_t)p->emax_len;
+    }
+    q->cache_etok = ids;
+    q->cache_en = (int)n;
+}
+
+/* msgs[0..n) rendered with the tools and the chat template, then tokenized
+ * with limit. LLM_EFORMAT when the template cannot render them. */
+static int render_tokens(const gw_model *m, gw_req *q, struct cm_oai_msg *msgs, int n, size_t limit, int32_t **ids,
+                         size_t *nt) {
+    cm_tools_prompt tp; /* the messages with tools, calls and results written out (cm_tools.h) */
+    char *text = NULL;
+    struct cm_oai_msg *all = q->c.messages;
+    int n_all = q->c.n_messages;
+    q->c.messages = msgs, q->c.n_messages = n;
+    int rc = cm_tools_render(&q->c, q->c.tool_format, m->default_system, &tp);
+    q->c.messages = all, q->c.n_messages = n_all;
+    if (rc) return LLM_ENOMEM;
+    rc = cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
+    cm_tools_free(&tp);
+    if (rc || !text) return LLM_EFORMAT;
+    rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, limit, ids, nt);
+    free(text);
+    return rc;
+}
+
+/* The history does not fit budget tokens: drop whole turns (a user message
+ * and what follows it up to the next one) until it does. Kept always: the
+ * leading system / developer messages and the last turn; with middle-out
+ * the first turn too. The fewest turns that make it fit are found by
+ * bisection (a render and a tokenization each), not one at a time. */
+static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budget) {
+    struct cm_oai_msg *ms = q->c.messages, *keep = NULL;
+    int n = q->c.n_messages, k0 = 0, users[4096], nu = 0;
+    while (k0 < n && (!strcmp(ms[k0].role, "system") || !strcmp(ms[k0].role, "developer"))) k0++;
+    for (int i = k0; i < n && nu < 4096; i++)
+        if (!strcmp(ms[i].role, "user")) users[nu++] = i;
+    /* droppable turns: [start of turn t, start of turn t+1) for t in [t0, nu-1); the first turn starts at k0 */
+    int t0 = policy == CM_OVERFLOW_MIDDLE_OUT ? 1 : 0, nd = nu - 1 - t0;
+    size_t full = 0;
+    int32_t *ids = NULL;
+    render_tokens(m, q, ms, n, SIZE_MAX, &ids, &full); /* what the whole history would take, for usage */
+    free(ids);
+    ids = NULL;
+    if (nd < 1 || !(keep = malloc(sizeof *keep * (size_t)n))) {
+        p->status = nd < 1 ? 400 : 500;
+        q->param = "messages";
+        p->code = nd < 1 ? "context_length_exceeded" : "internal_error";
+        snprintf(p->err, sizeof p->err, nd < 1 ? "The messages take %zu tokens, more than the %zu this model's context "
+                 "leaves for them, and there is no earlier turn to drop (context_overflow %s keeps the system prompt%s "
+                 "and the last turn)" : "out of memory", full, budget, cm_oai_overflow_name(policy),
+                 policy == CM_OVERFLOW_MIDDLE_OUT ? ", the first turn" : "");
+        return;
+    }
+    /* the history without droppable turns [0, d): the kept head, then from the start of turn t0 + d on */
+    int lo = 1, hi = nd, best = -1;
+    size_t best_nt = 0;
+    int32_t *best_ids = NULL;
+    while (lo <= hi) {
+        int d = (lo + hi) / 2, head = t0 == 0 ? k0 : users[t0], from = users[t0 + d], kn = 0;
+        for (int i = 0; i < head; i++) keep[kn++] = ms[i];
+        for (int i = from; i < n; i++) keep[kn++] = ms[i];
+        size_t nt = 0;
+        int rc = render_tokens(m, q, keep, kn, budget, &ids, &nt);
+        if (rc == 0) {
+            free(best_ids);
+            best_ids = ids, best = d, best_nt = nt;
+            hi = d - 1;
+        } else {
+            lo = d + 1;
+        }
+        ids = NULL;
+    }
+    free(keep);
+    if (best < 0) {
+        p->status = 400;
+        q->param = "messages";
+        p->code = "context_length_exceeded";
+        snprintf(p->err, sizeof p->err, "The messages take %zu tokens, more than the %zu this model's context leaves for "
+                 "them, even with every earlier turn dropped (context_overflow %s)", full, budget,
+                 cm_oai_overflow_name(policy));
+        return;
+    }
+    q->tok = best_ids;
+    q->n_tok = (int)best_nt;
+    q->trim_policy = policy;
+    q->trim_messages = users[t0 + best] - (t0 == 0 ? k0 : users[t0]);
+    q->trim_tokens = full > best_nt ? (int)(full - best_nt) : 0;
+}
+
 /* On a tokenizer thread: everything about the request that needs no loop state. */
 static void prep_run(gw_job *j) {
     prep *p = (prep *)j;
@@ -56,30 +203,43 @@ static void prep_run(gw_job *j) {
     const char *param = NULL;
     int rc = p->chat ? cm_oai_parse_chat(p->body, p->len, &q->c, perr, sizeof perr, &param)
                      : cm_oai_parse_completion(p->body, p->len, &q->c, perr, sizeof perr, &param);
+    if (!rc) cache_keys(p, q, p->body, p->len);
     free(p->body);
     p->body = NULL;
     if (rc) REFUSE(400, param, "invalid_value", "%s", perr);
+    if (q->c.model && strcmp(q->c.model, p->served) && p->eserved[0] && !strcmp(q->c.model, p->eserved))
+        REFUSE(400, "model", "invalid_value", "The model `%.128s` is an embedding model: it serves /v1/embeddings, not "
+               "%s.", q->c.model, p->chat ? "chat completions" : "completions");
     if (q->c.model && strcmp(q->c.model, p->served))
         REFUSE(404, "model", "model_not_found", "The model `%.128s` does not exist.", q->c.model);
     size_t nt = 0, limit = (size_t)p->max_len; /* the prompt alone may not fill the context */
     if (p->chat) {
-        cm_tools_prompt tp; /* the messages with tools, calls and results written out (cm_tools.h) */
-        char *text = NULL;
         int tf = cm_tools_format(m->chat_kind);
         q->c.tool_format = tf;
         if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
             REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
-        if (cm_tools_render(&q->c, tf, m->default_system, &tp)) REFUSE(500, NULL, "internal_error", "out of memory");
-        rc = cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
-        cm_tools_free(&tp);
-        if (rc || !text) REFUSE(400, "messages", "invalid_value", "cannot render the messages with the %s chat template",
-                                cm_chat_name(m->chat_kind));
-        rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, limit, &q->tok, &nt);
-        free(text);
-        if (rc == LLM_ERANGE) {
-            too_long(p, q, nt, "messages");
-            return;
+        int policy = q->c.context_overflow >= 0 ? q->c.context_overflow : p->overflow;
+        if (policy != CM_OVERFLOW_ERROR) { /* the budget leaves room for the answer */
+            int L = p->max_len, room = q->c.max_tokens ? q->c.max_tokens : (L / 4 < 256 ? L / 4 : 256);
+            if (room >= L) REFUSE(400, "max_tokens", "context_length_exceeded", "'max_tokens' (%d) leaves no room for any "
+                                  "prompt in this model's context of %d tokens", room, L);
+            rc = render_tokens(m, q, q->c.messages, q->c.n_messages, (size_t)(L - room), &q->tok, &nt);
+            if (rc == LLM_ERANGE) {
+                trim(p, q, m, policy, (size_t)(L - room));
+                if (p->status) return;
+                nt = (size_t)q->n_tok;
+                rc = 0;
+            }
+        } else {
+            rc = render_tokens(m, q, q->c.messages, q->c.n_messages, limit, &q->tok, &nt);
+            if (rc == LLM_ERANGE) {
+                too_long(p, q, nt, "messages");
+                return;
+            }
         }
+        if (rc == LLM_EFORMAT) REFUSE(400, "messages", "invalid_value", "cannot render the messages with the %s chat template",
+                                      cm_chat_name(m->chat_kind));
+        if (rc == LLM_ENOMEM) REFUSE(500, NULL, "internal_error", "out of memory");
     } else if (q->c.n_batch) { /* each prompt as a request of its own; the parent counts their sum */
         if (!(q->prompts = calloc((size_t)q->c.n_batch, sizeof *q->prompts))) REFUSE(500, NULL, "internal_error", "out of memory");
         for (int i = 0; i < q->c.n_batch; i++) {
@@ -169,29 +329,11 @@ static void prep_run(gw_job *j) {
     if (q->c.n_batch) q->max_tokens *= q->c.n_batch; /* what the rate limits count: every prompt's */
 }
 
-/* Back on the loop. */
-static void prep_done(gw_job *j) {
-    prep *p = (prep *)j;
-    gw_req *q = p->q;
-    gw *g = q->g;
-    g->preparing--;
-    free(p->body);
-    int status = p->status;
+/* Rate limits, then a worker group. */
+static void admit(gw *g, gw_req *q) {
     char err[640];
-    snprintf(err, sizeof err, "%s", p->err);
-    const char *code = p->code;
-    free(p);
-    if (!q->conn) { /* the client left while its request was prepared */
+    if (!q->conn) { /* the client left while the cache was asked */
         gw_req_finish(q, 499, "the client closed the connection", "client_closed");
-        return;
-    }
-    if (status) {
-        gw_req_finish(q, status, err, code);
-        return;
-    }
-    if (g->draining) {
-        gw_http_header(q->conn, "Connection", "close");
-        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
         return;
     }
     double need = (double)q->n_tok + q->max_tokens;
@@ -212,6 +354,108 @@ static void prep_done(gw_job *j) {
         return;
     }
     gw_req_start(g, q);
+}
+
+/* A cached answer, as the worker would have given it: the same response
+ * object or stream of chunks, usage with every prompt token cached, and
+ * headers that say it came from the cache. */
+static void cache_answer(gw *g, gw_req *q, const gw_cache_hit *h) {
+    const gw_centry *e = h->e;
+    char sim[32];
+    snprintf(sim, sizeof sim, "%.4f", (double)h->similarity);
+    gw_http_header(q->conn, "x-llmserve-cache", h->exact ? "exact" : "semantic");
+    gw_http_header(q->conn, "x-llmserve-cache-similarity", sim);
+    q->cache_hit = 1;
+    snprintf(q->id, sizeof q->id, "chatcmpl-%s%llxc", g->id, (unsigned long long)(++g->next_rid));
+    cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), NULL, 0);
+    q->res.prompt_tokens = q->res.cached_tokens = q->n_tok;
+    const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
+    if (q->c.stream && !q->res.tools) {
+        gw_http_stream_begin(q->conn);
+        g->open_streams++;
+        json_t *a = cm_oai_chunk_json(&q->res, 0, e->text, e->len, NULL, 0, CM_OAI_FINISH_NONE, tok);
+        json_t *b = cm_oai_chunk_json(&q->res, 0, "", 0, NULL, 0, e->finish, tok);
+        if (a) gw_http_stream_event(q->conn, a);
+        if (b) gw_http_stream_event(q->conn, b);
+        json_decref(a);
+        json_decref(b);
+    } else {
+        if (q->c.stream) {
+            gw_http_stream_begin(q->conn);
+            g->open_streams++;
+        }
+        cm_oai_result_add(&q->res, 0, e->text, e->len, NULL, 0, tok);
+    }
+    q->res.ch[0].finish = e->finish;
+    q->res.ch[0].completion_tokens = e->completion_tokens;
+    g->cache.saved_prompt_tokens += (uint64_t)q->n_tok;
+    g->cache.saved_completion_tokens += (uint64_t)e->completion_tokens;
+    gw_req_finish(q, 200, NULL, NULL);
+}
+
+void gw_oai_cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
+    if (vec && dim == g->cache.dim && q->conn) {
+        gw_cache_hit h;
+        free(q->cache_vec);
+        if ((q->cache_vec = malloc(sizeof(float) * (size_t)dim))) memcpy(q->cache_vec, vec, sizeof(float) * (size_t)dim);
+        if (gw_cache_get_similar(&g->cache, q->cache_scope, vec, gw_now(), &h)) {
+            cache_answer(g, q, &h);
+            return;
+        }
+    } else if (q->conn) {
+        g->cache.misses++; /* no vector in time: a miss, and stored without one */
+    }
+    admit(g, q);
+}
+
+void gw_oai_cache_store(gw *g, gw_req *q) {
+    if (!q->cache_on || q->cache_hit || q->res.n != 1 || !g->conf.scache) return;
+    const cm_oai_choice *ch = &q->res.ch[0];
+    if (ch->finish != CM_OAI_FINISH_STOP && ch->finish != CM_OAI_FINISH_LENGTH) return;
+    const char *text = q->c.stream && !q->res.tools ? q->ctext : ch->text;
+    size_t len = q->c.stream && !q->res.tools ? q->clen : ch->len;
+    if (!text) text = "", len = 0;
+    gw_cache_put(&g->cache, q->cache_scope, q->cache_exact, q->cache_vec, text, len, ch->finish, ch->completion_tokens,
+                 gw_now());
+}
+
+/* Back on the loop. */
+static void prep_done(gw_job *j) {
+    prep *p = (prep *)j;
+    gw_req *q = p->q;
+    gw *g = q->g;
+    g->preparing--;
+    free(p->body);
+    gw_model_unref(p->emodel);
+    int status = p->status;
+    char err[640];
+    snprintf(err, sizeof err, "%s", p->err);
+    const char *code = p->code;
+    free(p);
+    if (!q->conn) { /* the client left while its request was prepared */
+        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
+        return;
+    }
+    if (status) {
+        gw_req_finish(q, status, err, code);
+        return;
+    }
+    if (g->draining) {
+        gw_http_header(q->conn, "Connection", "close");
+        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
+        return;
+    }
+    if (q->cache_on && g->conf.scache) {
+        gw_cache_hit h;
+        if (gw_cache_get_exact(&g->cache, q->cache_scope, q->cache_exact, gw_now(), &h)) {
+            cache_answer(g, q, &h);
+            return;
+        }
+        /* the embedding group answers with the question's vector, then gw_oai_cache_vector goes on */
+        if (q->cache_etok && g->cache.dim && !gw_embed_probe(g, q)) return;
+        g->cache.misses++;
+    }
+    admit(g, q);
 }
 
 static void prep_gone(void *arg) {
@@ -245,6 +489,13 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
         gw_http_error(r->conn, 503, "the server is shutting down", NULL, "shutting_down");
         return;
     }
+    if (!g->model && g->emodel) { /* no generative model here at all: not a transient state */
+        char m[400];
+        snprintf(m, sizeof m, "this server serves only the embedding model `%.128s` (/v1/embeddings); %s needs a "
+                 "generative model", g->eserved, chat ? "/v1/chat/completions" : "/v1/completions");
+        gw_http_error(r->conn, 400, m, "model", "invalid_value");
+        return;
+    }
     if (!g->model || !g->max_model_len) {
         g->m.overloaded++;
         gw_http_error(r->conn, 503, "no worker group is available", NULL, "no_workers");
@@ -275,7 +526,17 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
     p->body = body;
     p->len = r->body_len;
     snprintf(p->served, sizeof p->served, "%s", g->served);
+    snprintf(p->eserved, sizeof p->eserved, "%s", g->eserved);
     p->max_len = g->max_model_len;
+    p->overflow = cm_oai_overflow_parse(g->conf.context_overflow);
+    if ((p->cache = g->conf.scache)) {
+        p->cache_sampled = g->conf.scache_sampled;
+        snprintf(p->tenant, sizeof p->tenant, "%s", gw_auth_tag(&g->auth, key));
+        if (g->emodel && g->emax_len && g->cache.dim == g->edim) {
+            p->emodel = gw_model_ref(g->emodel);
+            p->emax_len = g->emax_len;
+        }
+    }
     p->vocab = cm_tok_vocab(g->model->tok);
     if (gw_tokq_submit(g->tokq, &p->job)) {
         free(body);
@@ -297,6 +558,10 @@ static void handle_models(gw *g, gw_http_req *r) {
         json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", g->served, "object", "model", "created",
                                               (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",
                                               g->max_model_len));
+    if (g->eserved[0] && g->emax_len) /* the embedding model: /v1/embeddings */
+        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i,s:i}", "id", g->eserved, "object", "model", "created",
+                                              (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",
+                                              g->emax_len, "embedding_dimensions", g->edim));
     json_t *j = json_pack("{s:s,s:o}", "object", "list", "data", data);
     gw_http_json(r->conn, 200, j);
     json_decref(j);
@@ -323,6 +588,10 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
     if (!strcmp(r->path, "/v1/chat/completions") || !strcmp(r->path, "/v1/completions")) {
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
         else handle_generate(g, r, r->path[4] == 'c' && r->path[5] == 'h');
+    } else if (!strcmp(r->path, "/v1/embeddings")) {
+        int key;
+        if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
+        else if (authorized(g, r, &key)) gw_embed_handle(g, r, key);
     } else if (!strcmp(r->path, "/v1/models")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_models(g, r);

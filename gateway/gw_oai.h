@@ -12,4 +12,11 @@
 
 void gw_oai_handle(void *g, gw_http_req *r);
 
+struct gw_req;
+/* --semantic-cache: the question's vector arrived (vec NULL: it did not, in
+ * time); a hit answers, else the request goes on to a worker group. */
+void gw_oai_cache_vector(gw *g, struct gw_req *q, const float *vec, int dim);
+/* A request ended with 200: its answer is stored when it may be reused. */
+void gw_oai_cache_store(gw *g, struct gw_req *q);
+
 #endif

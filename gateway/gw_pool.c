@@ -2,6 +2,7 @@
 #include "cm_chat.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "gw_embed.h"
 #include "gw_req.h"
 #include "gw_route.h"
 
@@ -18,12 +19,17 @@
 
 int gw_pool_routable(const gw *g, int i) {
     const gw_worker *w = &g->w[i];
-    return w->alive && w->ready && w->accepted && !w->gone;
+    return w->alive && w->ready && w->accepted && !w->gone && w->task == LLMSERVE__TASK__TASK_GENERATE;
+}
+
+int gw_pool_routable_embed(const gw *g, int i) {
+    const gw_worker *w = &g->w[i];
+    return w->alive && w->ready && w->accepted && !w->gone && w->task == LLMSERVE__TASK__TASK_EMBED;
 }
 
 int gw_pool_count_up(const gw *g) {
     int n = 0;
-    for (int i = 0; i < g->n_workers; i++) n += gw_pool_routable(g, i);
+    for (int i = 0; i < g->n_workers; i++) n += gw_pool_routable(g, i) || gw_pool_routable_embed(g, i);
     return n;
 }
 
@@ -43,12 +49,16 @@ void gw_pool_cancel(gw *g, int i, uint64_t rid) {
     gw_pool_send(g, i, &e);
 }
 
+/* The smallest max_model_len of the usable groups, for each task. */
 static void update_max_len(gw *g) {
-    int m = 0;
-    for (int i = 0; i < g->n_workers; i++)
-        if (g->w[i].alive && g->w[i].accepted && !g->w[i].gone && (!m || g->w[i].max_model_len < m))
-            m = g->w[i].max_model_len;
-    g->max_model_len = m;
+    int m[2] = {0, 0};
+    for (int i = 0; i < g->n_workers; i++) {
+        const gw_worker *w = &g->w[i];
+        int t = w->task == LLMSERVE__TASK__TASK_EMBED;
+        if (w->alive && w->accepted && !w->gone && (!m[t] || w->max_model_len < m[t])) m[t] = w->max_model_len;
+    }
+    g->max_model_len = m[0];
+    g->emax_len = m[1];
 }
 
 /* Whether the model this gateway serves is settled: some accepted group is
@@ -56,7 +66,7 @@ static void update_max_len(gw *g) {
  * refused rather than followed. */
 static int held(const gw *g) {
     for (int k = 0; k < g->n_workers; k++)
-        if (g->w[k].alive && g->w[k].accepted && !g->w[k].gone) return 1;
+        if (g->w[k].alive && g->w[k].accepted && !g->w[k].gone && g->w[k].task == LLMSERVE__TASK__TASK_GENERATE) return 1;
     return g->settled_at > 0 && gw_now() - g->settled_at < GW_MODEL_HOLD_S;
 }
 
@@ -105,10 +115,37 @@ static void ask_model_info(gw *g, int i) {
     gw_pool_send(g, i, &e);
 }
 
+/* An embedding group: the first one's model (name and tokenizer) is the
+ * gateway's embedding model; the others must serve the same. */
+static void judge_embed(gw *g, int i) {
+    gw_worker *w = &g->w[i];
+    char why[256];
+    if (!g->emodel) {
+        w->accepted = 0;
+        ask_model_info(g, i);
+        return;
+    }
+    if (strcmp(w->model, g->eserved) || w->tok_fp != g->emodel->fp || w->embed_dim != g->edim) {
+        snprintf(why, sizeof why, "it serves embedding model '%.90s' (%d dimensions), the other groups '%.90s' (%d)",
+                 w->model, w->embed_dim, g->eserved, g->edim);
+        refuse(g, i, why);
+        return;
+    }
+    if (!w->accepted)
+        CM_INFO("worker group %s (%s) serves embedding model %s: %d dimensions, inputs up to %d tokens", w->addr,
+                w->worker_id, w->model, w->embed_dim, w->max_model_len);
+    w->accepted = 1;
+    w->refused[0] = 0;
+}
+
 /* Health or ModelInfo said what group i serves: accept it, refuse it, or ask. */
 static void judge(gw *g, int i) {
     gw_worker *w = &g->w[i];
     char why[256];
+    if (w->task == LLMSERVE__TASK__TASK_EMBED) {
+        judge_embed(g, i);
+        return;
+    }
     if (!name_ok(g, i)) {
         snprintf(why, sizeof why, "it serves model '%.100s', the other groups '%.100s'", w->model, g->served);
         refuse(g, i, why);
@@ -134,6 +171,38 @@ static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
     gw_worker *w = &g->w[i];
     if (!mi->has_tokenizer_gguf || !mi->tokenizer_gguf.len) {
         refuse(g, i, "its ModelInfo carries no tokenizer (a worker without one cannot be served)");
+        return;
+    }
+    if (mi->has_task && mi->task == LLMSERVE__TASK__TASK_EMBED) {
+        if (!g->emodel) {
+            char err[256];
+            cm_tokenizer *tok = NULL;
+            if (cm_tok_import(mi->tokenizer_gguf.data, mi->tokenizer_gguf.len, &tok, err, sizeof err)) {
+                snprintf(w->refused, sizeof w->refused, "bad tokenizer in ModelInfo: %.200s", err);
+                CM_ERR("worker group %s: %s", w->addr, w->refused);
+                return;
+            }
+            gw_model *m;
+            if (cm_tok_fingerprint(tok) != mi->tokenizer_fingerprint || !mi->model || !mi->model[0] ||
+                !mi->has_embedding_dim || mi->embedding_dim < 1 || mi->embedding_dim > 65536) {
+                cm_tok_free(tok);
+                refuse(g, i, "its ModelInfo does not describe an embedding model (name, dimensions, tokenizer)");
+                return;
+            }
+            if (gw_model_make(tok, NULL, 0, &m, err, sizeof err)) {
+                refuse(g, i, err);
+                return;
+            }
+            g->emodel = m;
+            snprintf(g->eserved, sizeof g->eserved, "%s", mi->model);
+            g->edim = (int)mi->embedding_dim;
+            if (!g->cache.dim) g->cache.dim = g->edim; /* the semantic cache's vectors are this model's */
+            CM_INFO("embedding model %s from worker group %s: %d dimensions, vocabulary %d", g->eserved, w->addr, g->edim,
+                    cm_tok_vocab(tok));
+        }
+        w->tok_fp = mi->tokenizer_fingerprint;
+        judge_embed(g, i);
+        update_max_len(g);
         return;
     }
     if (g->model && g->model->fp == mi->tokenizer_fingerprint) { /* someone else's answer got there first */
@@ -200,6 +269,13 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
     w->block_size = h->block_size;
     w->vocab = h->vocab;
     w->tok_fp = h->has_tokenizer_fingerprint ? h->tokenizer_fingerprint : 0;
+    int task = h->has_task && h->task == LLMSERVE__TASK__TASK_EMBED ? LLMSERVE__TASK__TASK_EMBED : LLMSERVE__TASK__TASK_GENERATE;
+    if (task != w->task && w->accepted) { /* the address now serves the other task: judged afresh */
+        gw_req_worker_lost(g, i, "the worker group serving this request changed what it serves");
+        w->accepted = 0;
+    }
+    w->task = task;
+    w->embed_dim = h->has_embedding_dim ? (int)h->embedding_dim : 0;
     if (h->stats) {
         w->running = h->stats->running;
         w->waiting = h->stats->waiting;
@@ -221,7 +297,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
             w->spec_pos[w->n_spec_pos++] = h->stats->spec_accepted_per_pos[k];
     }
     judge(g, i);
-    if (w->accepted) g->settled_at = gw_now();
+    if (w->accepted && w->task == LLMSERVE__TASK__TASK_GENERATE) g->settled_at = gw_now();
     update_max_len(g);
 }
 
@@ -257,6 +333,7 @@ static void on_recv(evutil_socket_t fd, short what, void *arg) {
         }
         switch (e->body_case) {
         case LLMSERVE__ENVELOPE__BODY_CHUNK: gw_req_on_chunk(g, -1, e->chunk); break;
+        case LLMSERVE__ENVELOPE__BODY_EMBED_RESULT: gw_embed_on_result(g, e->embed_result); break;
         case LLMSERVE__ENVELOPE__BODY_HEALTH: on_health(g, tag_worker(g, e->health->worker_tag), e->health); break;
         case LLMSERVE__ENVELOPE__BODY_MODEL_INFO:
             on_model_info(g, tag_worker(g, e->model_info->worker_tag), e->model_info);

@@ -21,7 +21,8 @@
 
 int gw_pool_start(gw *g, char *err, size_t errlen);
 void gw_pool_stop(gw *g);
-int gw_pool_routable(const gw *g, int i);
+int gw_pool_routable(const gw *g, int i);          /* a generation group */
+int gw_pool_routable_embed(const gw *g, int i);    /* an embedding group */
 /* Sends an envelope to group i without blocking: 0 or LLM_EAGAIN / LLM_EIO. */
 int gw_pool_send(gw *g, int i, pr_env *e);
 void gw_pool_cancel(gw *g, int i, uint64_t rid);

@@ -2,8 +2,10 @@
 #include "cm_error.h"
 #include "cm_hash.h"
 #include "cm_log.h"
+#include "gw_embed.h"
 #include "gw_http.h"
 #include "gw_metrics.h"
+#include "gw_oai.h"
 #include "gw_pool.h"
 #include "gw_route.h"
 
@@ -47,6 +49,13 @@ void gw_req_free(gw_req *q) {
         free(q->prompts[i].echo);
     }
     free(q->prompts);
+    for (int i = 0; q->in_tok && i < q->n_inputs; i++) free(q->in_tok[i]);
+    free(q->in_tok);
+    free(q->in_len);
+    json_decref(q->body);
+    free(q->cache_etok);
+    free(q->cache_vec);
+    free(q->ctext);
     free(q->kids);
     json_decref(q->choices);
     cm_oai_result_free(&q->res);
@@ -77,6 +86,7 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
         if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
     }
     if (status == 200) {
+        if (q->cache_on) gw_oai_cache_store(g, q);
         if (!kid) gw_hist_add(&g->m.e2e, gw_now() - q->t_arrive);
         for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
     }
@@ -118,6 +128,8 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
                 json_decref(j);
             }
             gw_http_stream_end(c);
+        } else if (status == 200 && q->body) {
+            gw_http_json(c, 200, q->body);
         } else if (status == 200) {
             json_t *j = q->kids ? batch_json(q, json_incref(q->choices))
                                 : cm_oai_response_json(&q->res, q->model ? q->model->tok : NULL);
@@ -135,6 +147,8 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     log_request(q, status, status == 200 ? NULL : code);
     gw_req_free(q);
 }
+
+static void on_timer(evutil_socket_t fd, short what, void *arg);
 
 /* The client went away: the worker stops computing for it at once. */
 static void on_gone(void *arg) {
@@ -240,6 +254,42 @@ static int assign_rid(gw *g, gw_req *q) {
     return gw_map_put(&g->reqs, q->rid, q);
 }
 
+int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short, void *), double secs) {
+    if (assign_rid(g, q)) return LLM_ENOMEM;
+    q->next = g->req_list;
+    if (g->req_list) g->req_list->prev = q;
+    g->req_list = q;
+    q->timer = evtimer_new(g->base, timeout, q);
+    struct timeval tv = {(time_t)secs, (suseconds_t)((secs - (double)(time_t)secs) * 1e6)};
+    if (q->timer) evtimer_add(q->timer, &tv);
+    return 0;
+}
+
+void gw_req_delist(gw *g, gw_req *q) {
+    if (q->rid) gw_map_del(&g->reqs, q->rid);
+    q->rid = 0;
+    if (q->prev || g->req_list == q) {
+        if (q->prev) q->prev->next = q->next;
+        else g->req_list = q->next;
+        if (q->next) q->next->prev = q->prev;
+    }
+    q->prev = q->next = NULL;
+    if (q->timer) event_free(q->timer);
+    q->timer = NULL;
+}
+
+int gw_req_enlist(gw *g, gw_req *q) {
+    if (assign_rid(g, q)) return LLM_ENOMEM;
+    q->next = g->req_list;
+    if (g->req_list) g->req_list->prev = q;
+    g->req_list = q;
+    gw_http_on_gone(q->conn, on_gone, q);
+    q->timer = evtimer_new(g->base, on_timer, q);
+    struct timeval tv = {0, 200000};
+    if (q->timer) evtimer_add(q->timer, &tv);
+    return 0;
+}
+
 void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *code) {
     gw *g = q->g;
     int old = q->worker;
@@ -247,8 +297,10 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
     /* once (a request that kills its group must not take a second); a draining gateway moves them too */
     int resumable = !q->got_token || (q->c.n == 1 && q->n_out > 0);
     if ((q->parent ? q->parent->conn : q->conn) && resumable && !q->retried) {
-        int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
-                               old, &hit);
+        int hit = 0, wi = q->embed ? gw_embed_pick(g, old)
+                                   : gw_route(g, q->tok, q->n_tok,
+                                              q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
+                                              old, &hit);
         if (wi >= 0) {
             if (old >= 0) {
                 if (q->on_worker) gw_pool_cancel(g, old, q->rid);
@@ -256,7 +308,7 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
             }
             q->worker = -1;
             q->on_worker = 0;
-            if (!assign_rid(g, q) && !send_generate(g, q, wi)) {
+            if (!assign_rid(g, q) && !(q->embed ? gw_embed_send(g, q, wi) : send_generate(g, q, wi))) {
                 q->retried = 1;
                 if (q->got_token) {
                     g->m.resumed++;
@@ -284,7 +336,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
     const gw_conf *cf = &g->conf;
     double t = gw_now();
     const char *why = NULL;
-    if (!q->got_token && cf->ttft_timeout > 0 && t - q->t_arrive >= cf->ttft_timeout) why = "no first token within --ttft-timeout";
+    if (!q->embed && !q->got_token && cf->ttft_timeout > 0 && t - q->t_arrive >= cf->ttft_timeout)
+        why = "no first token within --ttft-timeout";
     else if (cf->request_timeout > 0 && t - q->t_arrive >= cf->request_timeout) why = "request exceeded --request-timeout";
     else if (q->got_token && cf->idle_timeout > 0 && t - q->t_last >= cf->idle_timeout) why = "stream idle past --idle-timeout";
     if (why) {
@@ -418,6 +471,7 @@ void gw_req_start(gw *g, gw_req *q) {
     g->req_list = q;
     cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), q->echo, q->echo_len);
     q->res.prompt_tokens = q->n_tok;
+    q->res.trim_policy = q->trim_policy, q->res.trim_messages = q->trim_messages, q->res.trim_tokens = q->trim_tokens;
     if (!q->c.stream) { /* the echo is in the collected text already */
         free(q->echo);
         q->echo = NULL;
@@ -567,6 +621,16 @@ void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
         }
         json_t *j = cm_oai_chunk_json(&q->res, c->index, txt, tl, n_lp ? lp : NULL, n_lp, fin, tok);
         if (j) stream_out(q, out, j);
+        if (q->cache_on && tl) { /* the answer, to be stored when it ends well */
+            if (q->clen + tl + 1 > q->ccap) {
+                size_t cap = q->ccap ? q->ccap : 256;
+                while (cap < q->clen + tl + 1) cap *= 2;
+                char *nt = realloc(q->ctext, cap);
+                if (nt) q->ctext = nt, q->ccap = cap;
+                else q->cache_on = 0;
+            }
+            if (q->cache_on) memcpy(q->ctext + q->clen, txt, tl), q->clen += tl;
+        }
         json_decref(j);
         if (gw_http_backlog(out) > GW_MAX_BACKLOG) {
             g->m.cancelled++;

@@ -53,6 +53,21 @@ typedef struct gw_req {
     char kid_msg[256];
     const char *kid_code;
     struct gw_prompt { int32_t *tok; int n_tok; char *echo; size_t echo_len; } *prompts; /* a parent's, from prep */
+    /* /v1/embeddings (gw_embed.c): the inputs' tokens, and the answer once the group sent it */
+    int embed, b64;              /* an embedding request; base64 vectors */
+    int n_inputs;
+    int32_t **in_tok;            /* [n_inputs] */
+    int *in_len;
+    json_t *body;                /* a prepared 200 body, sent by gw_req_finish */
+    /* --semantic-cache (gw_oai.c): the keys, the last user turn for the embedding model, its vector */
+    int cache_on, probing, cache_hit;
+    uint64_t cache_scope, cache_exact;
+    int32_t *cache_etok;
+    int cache_en;
+    float *cache_vec;
+    char *ctext;                 /* a streamed answer's text, kept to be stored */
+    int trim_policy, trim_messages, trim_tokens; /* the history was trimmed to fit (gw_oai.c) */
+    size_t clen, ccap;
 } gw_req;
 
 enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
@@ -61,6 +76,16 @@ enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
  * reply (SSE headers for a stream). On failure the client is answered and q
  * freed. */
 void gw_req_start(gw *g, gw_req *q);
+/* For requests other than completions (gw_embed): an id in the map, a place
+ * in the list worker loss and drain walk, the hang-up watch and the
+ * deadline timer, as gw_req_start gives a completion. */
+int gw_req_enlist(gw *g, gw_req *q);
+/* A request waiting on something other than its answer (the cache's
+ * embedding of its question): an id in the map and a place in the list, so
+ * shutdown ends it, and a timer that calls timeout after secs. */
+int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short, void *), double secs);
+/* Undoes either enlist: out of the map and the list, timer freed. */
+void gw_req_delist(gw *g, gw_req *q);
 /* A failure of kind GW_FAIL_*: tries another group once, when nothing
  * reached the client yet or, for one choice, resuming after the output it
  * has (a lost group's stream goes on elsewhere); else ends with status and

@@ -87,6 +87,8 @@ static void help(FILE *f) {
             "  --speculative-config JSON, --num-speculative-tokens K, --ngram-prompt-lookup-max N,\n"
             "  --ngram-prompt-lookup-min M, --speculative-disable-by-batch-size B    engine flags, as in vLLM\n"
             "  --served-model-name NAME, --log-level L, --shutdown-timeout S, --rpc-secret-file PATH    both\n"
+            "  --embedding-model DIR        also serve /v1/embeddings with this Hugging Face embedding model\n"
+            "                               (its own worker group; e.g. models/all-MiniLM-L6-v2)\n"
             "gateway flags:\n");
     for (int i = 0; i < gw_n_flags; i++)
         if (gw_flags[i].serve && !in(both, gw_flags[i].name))
@@ -113,7 +115,8 @@ static void reap(child *c, double secs) {
 }
 
 int tl_serve_main(int argc, char **argv) {
-    char exe[PATH_MAX], dir[PATH_MAX], wbin[PATH_MAX + 32], gbin[PATH_MAX + 32], ipc[128];
+    char exe[PATH_MAX], dir[PATH_MAX], wbin[PATH_MAX + 32], gbin[PATH_MAX + 32], ipc[128], eipc[128];
+    static char workers[300];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return 1;
     exe[n] = 0;
@@ -123,13 +126,18 @@ int tl_serve_main(int argc, char **argv) {
     snprintf(wbin, sizeof wbin, "%s/llmserve-worker", dir);
     snprintf(gbin, sizeof gbin, "%s/llmserve-gateway", dir);
     snprintf(ipc, sizeof ipc, "ipc:///tmp/llmserve-serve-%d.ipc", (int)getpid());
-    child w = {.name = "worker"}, g = {.name = "gateway"};
+    snprintf(eipc, sizeof eipc, "ipc:///tmp/llmserve-serve-%d-embed.ipc", (int)getpid());
+    child w = {.name = "worker"}, g = {.name = "gateway"}, ew = {.name = "embedding worker"};
     arg(&w, wbin);
     arg(&g, gbin);
+    arg(&ew, wbin);
     arg(&w, "--listen");
     arg(&w, ipc);
+    arg(&ew, "--listen");
+    arg(&ew, eipc);
     arg(&g, "--workers");
-    arg(&g, ipc);
+    arg(&g, workers); /* filled below: the chat group, and the embedding group when there is one */
+    const char *embed_model = NULL;
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     static struct option lo[96];
     static const char *names[96];
@@ -143,6 +151,7 @@ int tl_serve_main(int argc, char **argv) {
         lo[k] = (struct option){gw_flags[i].name, gw_flags[i].arg ? required_argument : no_argument, 0, 1000 + k};
         names[k++] = gw_flags[i].name;
     }
+    lo[k++] = (struct option){"embedding-model", required_argument, 0, 4002};
     lo[k++] = (struct option){"enable-prefix-caching", no_argument, 0, 4000};
     lo[k++] = (struct option){"no-enable-prefix-caching", no_argument, 0, 4001};
     lo[k++] = (struct option){"help", no_argument, 0, 'h'};
@@ -160,6 +169,10 @@ int tl_serve_main(int argc, char **argv) {
             help(stderr);
             return 2;
         }
+        if (c == 4002) {
+            embed_model = optarg;
+            continue;
+        }
         if (c >= 4000) { /* engine switches */
             arg(&w, c == 4000 ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
             continue;
@@ -172,6 +185,10 @@ int tl_serve_main(int argc, char **argv) {
         if (to_w) {
             arg(&w, flagbuf[nf]);
             if (optarg) arg(&w, optarg);
+        }
+        if ((in(both, name) && strcmp(name, "served-model-name")) || !strcmp(name, "threads")) { /* the embedding group's too */
+            arg(&ew, flagbuf[nf]);
+            if (optarg) arg(&ew, optarg);
         }
         if (to_g) {
             arg(&g, flagbuf[nf]);
@@ -192,6 +209,14 @@ int tl_serve_main(int argc, char **argv) {
         arg(&w, "--model");
         arg(&w, model);
     }
+    if (embed_model && access(embed_model, R_OK)) {
+        fprintf(stderr, "llmserve serve: cannot read embedding model %s (tools/setup.sh fetches all-MiniLM-L6-v2)\n",
+                embed_model);
+        return 1;
+    }
+    snprintf(workers, sizeof workers, "%s%s%s", ipc, embed_model ? "," : "", embed_model ? eipc : "");
+    arg(&ew, "--model");
+    arg(&ew, embed_model ? embed_model : "");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -199,9 +224,11 @@ int tl_serve_main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     fprintf(stderr, "llmserve serve: %s; worker group on %s, gateway for the OpenAI API\n", dummy ? "dummy weights" : model,
             ipc);
+    if (embed_model) fprintf(stderr, "llmserve serve: embedding model %s on %s (/v1/embeddings)\n", embed_model, eipc);
     spawn(&w);
+    if (embed_model) spawn(&ew);
     spawn(&g);
-    child *kids[2] = {&w, &g};
+    child *kids[3] = {&w, &g, &ew};
     int refused = 0;
     while (!stop_flag) {
         int st;
@@ -210,7 +237,7 @@ int tl_serve_main(int argc, char **argv) {
             if (errno == EINTR) continue;
             break;
         }
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 3; i++) {
             child *ch = kids[i];
             if (ch->pid != p || stop_flag) continue;
             struct timespec ts;
@@ -240,7 +267,9 @@ int tl_serve_main(int argc, char **argv) {
     stop_child(&g, SIGTERM);
     reap(&g, shutdown_s + 5);
     stop_child(&w, SIGTERM);
+    stop_child(&ew, SIGTERM);
     reap(&w, stop_flag > 1 ? 0.5 : 15);
+    reap(&ew, stop_flag > 1 ? 0.5 : 15);
     fprintf(stderr, "llmserve serve: stopped\n");
     return refused ? 2 : 0;
 }

@@ -194,6 +194,36 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llmserve-worker: %s\n", err);
         return 1;
     }
+    cm_model_file *probe = NULL; /* an embedding model (BERT) runs the encoder instead of the engine */
+    int encoder = model && !mo.model_config && cm_model_open(model, &probe, NULL, 0) == 0 && probe->cfg.encoder;
+    cm_model_close(probe);
+    if (encoder) {
+        if (tp > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU) {
+            fprintf(stderr, "llmserve-worker: %s is an embedding model: it runs on the CPU, one rank, without "
+                            "speculative decoding\n", model);
+            wk_health_stop(health);
+            return 2;
+        }
+        wk_encoder *enc = NULL;
+        wk_encoder_opts xo = {.model_path = model, .threads = threads, .max_tokens = eo.max_num_batched_tokens};
+        int rc = wk_encoder_load(&xo, &enc, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
+            wk_health_stop(health);
+            return rc == LLM_ENOMEM || rc == LLM_EIO ? 1 : 2;
+        }
+        CM_INFO("embedding model %s: %s, %u layers, dim %u, %u heads, vocab %u, inputs up to %d tokens, %s pooling%s, "
+                "isa %s, %d threads, %d tokens a step", enc->file->path, enc->cfg.arch, enc->cfg.n_layer, enc->cfg.dim,
+                enc->cfg.n_head, enc->cfg.vocab, wk_encoder_max_len(enc),
+                enc->cfg.pooling == CM_POOL_MEAN ? "mean" : enc->cfg.pooling == CM_POOL_CLS ? "CLS" : "last-token",
+                enc->cfg.normalize ? ", normalised" : "", kn_isa_name(), kn_pool_size(enc->pool), enc->max_tokens);
+        wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, 1, shutdown_s * 1000, health, warmup};
+        rc = wk_server_run_embed(enc, &so, &stop_flag, err, sizeof err);
+        if (rc) fprintf(stderr, "llmserve-worker: %s\n", err);
+        wk_encoder_free(enc);
+        wk_health_stop(health);
+        return rc ? 1 : 0;
+    }
     wk_tp *group_h = NULL;
     int my_rank = rank < 0 ? 0 : rank;
     if (tp > 1) {

@@ -1,4 +1,5 @@
 #include "wk_server.h"
+#include "wk_embed.h"
 #include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_hash.h"
@@ -35,7 +36,10 @@ typedef struct {
 } slot;
 
 typedef struct {
-    wk_engine *e;
+    wk_engine *e;                /* a generation group's engine, or NULL */
+    wk_embed *eq;                /* an embedding group's request queue, or NULL */
+    int embed_dim;
+    uint64_t embed_finished;
     const wk_server_opts *o;
     nng_socket pull;
     gateway gw[MAX_GATEWAYS];
@@ -153,7 +157,8 @@ static void drop_gateway(server *s, int g, const char *why) {
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (!sl->used || sl->gw != g) continue;
-        wk_engine_abort(s->e, sl->eid);
+        if (s->e) wk_engine_abort(s->e, sl->eid);
+        else wk_embed_remove(s->eq, sl->eid);
         send_error_chunk(s, g, sl->rid, LLM_EIO, msg, LLMSERVE__FINISH_REASON__FINISH_ERROR); /* no-op if not reading */
         slot_free(s, sl);
         aborted++;
@@ -197,6 +202,19 @@ static void send_error_chunk(server *s, int g, uint64_t rid, int code, const cha
     send_gw(s, g, &env);
 }
 
+static void send_embed_error(server *s, int g, uint64_t rid, int code, const char *msg) {
+    Llmserve__EmbedResult r = LLMSERVE__EMBED_RESULT__INIT;
+    r.request_id = rid;
+    r.error = (char *)msg;
+    r.has_error_code = 1;
+    r.error_code = code;
+    pr_env env;
+    pr_env_init(&env);
+    env.body_case = LLMSERVE__ENVELOPE__BODY_EMBED_RESULT;
+    env.embed_result = &r;
+    send_gw(s, g, &env);
+}
+
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
@@ -205,7 +223,13 @@ static int cmp_float(const void *a, const void *b) {
 /* pos: where the accepted-per-position counts live while st is in use. */
 static void fill_stats(server *s, Llmserve__Stats *st, uint64_t *pos) {
     wk_engine_stats es;
-    wk_engine_get_stats(s->e, &es);
+    memset(&es, 0, sizeof es);
+    if (s->e) wk_engine_get_stats(s->e, &es);
+    else {
+        es.waiting = s->eq->n_jobs;
+        es.steps = s->eq->steps;
+        es.requests_finished = s->embed_finished;
+    }
     llmserve__stats__init(st);
 #define SET(f, v) st->has_##f = 1, st->f = (v)
     SET(waiting, es.waiting);
@@ -219,12 +243,12 @@ static void fill_stats(server *s, Llmserve__Stats *st, uint64_t *pos) {
     SET(preemptions, es.preemptions);
     SET(requests_finished, es.requests_finished);
     SET(requests_aborted, es.requests_aborted);
-    SET(kv_bytes, (uint64_t)es.blocks_total * wk_engine_options(s->e)->block_size * es.kv_bytes_per_token);
+    if (s->e) SET(kv_bytes, (uint64_t)es.blocks_total * wk_engine_options(s->e)->block_size * es.kv_bytes_per_token);
     SET(tp_size, (uint32_t)s->tp);
     SET(gateways_dropped, s->gw_dropped);
     SET(requests_aborted_on_drop, s->aborted_on_drop);
     SET(messages_refused, s->rx_refused + s->dropped);
-    if (wk_engine_options(s->e)->spec.method != WK_SPEC_NONE) {
+    if (s->e && wk_engine_options(s->e)->spec.method != WK_SPEC_NONE) {
         SET(spec_drafts, es.spec_drafts);
         SET(spec_draft_tokens, es.spec_draft_tokens);
         SET(spec_accepted_tokens, es.spec_accepted_tokens);
@@ -248,7 +272,7 @@ static void fill_stats(server *s, Llmserve__Stats *st, uint64_t *pos) {
         fclose(f);
     }
     uint64_t gpu = 0;
-    if (wk_engine_model(s->e)->device == WK_DEV_CUDA && !wk_cuda_mem_used(&gpu)) SET(gpu_memory_used_bytes, gpu);
+    if (s->e && wk_engine_model(s->e)->device == WK_DEV_CUDA && !wk_cuda_mem_used(&gpu)) SET(gpu_memory_used_bytes, gpu);
 #undef SET
 }
 
@@ -275,6 +299,11 @@ static void send_health_with(server *s, int g, Llmserve__Stats *stp) {
     h.has_incarnation = h.has_tokenizer_fingerprint = 1;
     h.incarnation = s->incarnation;
     h.tokenizer_fingerprint = s->tok_fp;
+    if (s->eq) {
+        h.has_task = h.has_embedding_dim = 1;
+        h.task = LLMSERVE__TASK__TASK_EMBED;
+        h.embedding_dim = (uint32_t)s->embed_dim;
+    }
     h.stats = &st;
     h.worker_tag = s->gw[g].tag[0] ? s->gw[g].tag : NULL;
     pr_env env;
@@ -324,6 +353,7 @@ static void on_hello(server *s, const Llmserve__Hello *h) {
 }
 
 static void on_hello(server *s, const Llmserve__Hello *h);
+static void on_embed(server *s, const Llmserve__Embed *m);
 static void start_generate(server *s, int gi, const Llmserve__Generate *g, const int32_t *toks, int n_toks, wk_params *pp);
 
 static void on_generate(server *s, const Llmserve__Generate *g) {
@@ -360,6 +390,11 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
     }
     if (s->draining) { /* not started: the gateway can still take it elsewhere */
         send_error_chunk(s, gi, g->request_id, LLM_EAGAIN, "the worker is shutting down", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
+    if (!s->e) {
+        send_error_chunk(s, gi, g->request_id, LLM_EUNSUP, "this worker group serves embeddings, not generation",
+                         LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;
     }
     wk_engine_stats es;
@@ -478,7 +513,104 @@ static void on_cancel(server *s, const Llmserve__Cancel *c) {
         CM_DEBUG("Cancel of unknown request %llu from %s ignored", (unsigned long long)c->request_id, c->gateway_id);
         return;
     }
+    if (!s->e) { /* an embedding: nothing streams, so nothing to tell */
+        wk_embed_remove(s->eq, sl->eid);
+        slot_free(s, sl);
+        return;
+    }
     wk_engine_abort(s->e, sl->eid); /* its outputs (finish = abort) go out with the next sends */
+}
+
+/* An embedding request joins the queue; its result goes out whole when its
+ * last input is embedded (send_embed_results). */
+static void on_embed(server *s, const Llmserve__Embed *m) {
+    gateway *gw = find_gw(s, m->gateway_id);
+    if (!gw && m->reply_address && m->reply_address[0]) {
+        Llmserve__Hello h = LLMSERVE__HELLO__INIT;
+        h.gateway_id = m->gateway_id;
+        h.reply_address = m->reply_address;
+        on_hello(s, &h);
+        gw = find_gw(s, m->gateway_id);
+    }
+    if (!gw) {
+        s->dropped++;
+        return;
+    }
+    int gi = (int)(gw - s->gw);
+    if (!s->eq) {
+        send_embed_error(s, gi, m->request_id, LLM_EUNSUP, "this worker group serves generation, not embeddings");
+        return;
+    }
+    if (find_req(s, gi, m->request_id)) {
+        send_embed_error(s, gi, m->request_id, LLM_EINVAL, "duplicate request id: a request with this id is running");
+        return;
+    }
+    if (s->draining) {
+        send_embed_error(s, gi, m->request_id, LLM_EAGAIN, "the worker is shutting down");
+        return;
+    }
+    int maxw = s->o->max_waiting > 0 ? s->o->max_waiting : 1024;
+    if (s->eq->n_jobs >= maxw) {
+        send_embed_error(s, gi, m->request_id, LLM_EAGAIN, "worker overloaded: too many waiting requests");
+        return;
+    }
+    if (m->deadline_ms && (int64_t)m->deadline_ms <= wall_ms()) {
+        send_embed_error(s, gi, m->request_id, LLM_ETIMEDOUT, "deadline passed before the request started");
+        return;
+    }
+    if (m->n_inputs > WK_EMBED_MAX_INPUTS) {
+        send_embed_error(s, gi, m->request_id, LLM_EINVAL, "more than 2048 inputs in one request");
+        return;
+    }
+    const int32_t *tok[WK_EMBED_MAX_INPUTS];
+    int len[WK_EMBED_MAX_INPUTS];
+    for (size_t i = 0; i < m->n_inputs; i++) {
+        tok[i] = m->inputs[i]->token_ids;
+        len[i] = m->inputs[i]->n_token_ids > (size_t)INT32_MAX ? -1 : (int)m->inputs[i]->n_token_ids;
+    }
+    slot *sl = slot_new(s);
+    if (!sl) {
+        send_embed_error(s, gi, m->request_id, LLM_ENOMEM, "worker out of request slots");
+        return;
+    }
+    uint64_t eid = (++s->counter << SLOT_BITS) | (uint64_t)(sl - s->slots);
+    char err[300] = "";
+    int rc = wk_embed_add(s->eq, eid, (int64_t)m->deadline_ms, (int)m->n_inputs, tok, len, err, sizeof err);
+    if (rc) {
+        send_embed_error(s, gi, m->request_id, rc, err[0] ? err : cm_strerror(rc));
+        return;
+    }
+    *sl = (slot){1, gi, 1, 0, m->request_id, eid, 0, (int64_t)m->deadline_ms};
+    s->live++;
+}
+
+/* Finished embedding requests to their gateways. */
+static void send_embed_results(server *s) {
+    for (wk_ejob *j = wk_embed_take_done(s->eq), *next; j; j = next) {
+        next = j->next;
+        slot *sl = slot_of(s, j->id);
+        if (sl) {
+            Llmserve__EmbedResult r = LLMSERVE__EMBED_RESULT__INIT;
+            r.request_id = sl->rid;
+            r.n_embedding = (size_t)j->n * (size_t)s->embed_dim;
+            r.embedding = j->out;
+            r.has_dim = r.has_prompt_tokens = r.has_sent_unix_ns = 1;
+            r.dim = (uint32_t)s->embed_dim;
+            r.prompt_tokens = j->tokens;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            r.sent_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+            pr_env env;
+            pr_env_init(&env);
+            env.body_case = LLMSERVE__ENVELOPE__BODY_EMBED_RESULT;
+            env.embed_result = &r;
+            int g = sl->gw;
+            slot_free(s, sl);
+            s->embed_finished++;
+            send_gw(s, g, &env);
+        }
+        wk_ejob_free(j);
+    }
 }
 
 static void on_model_info_request(server *s, const Llmserve__ModelInfoRequest *r) {
@@ -497,6 +629,11 @@ static void on_model_info_request(server *s, const Llmserve__ModelInfoRequest *r
     mi.tokenizer_gguf.data = s->tok_gguf;
     mi.tokenizer_gguf.len = s->tok_len;
     mi.worker_tag = gw->tag[0] ? gw->tag : NULL;
+    if (s->eq) {
+        mi.has_task = mi.has_embedding_dim = 1;
+        mi.task = LLMSERVE__TASK__TASK_EMBED;
+        mi.embedding_dim = (uint32_t)s->embed_dim;
+    }
     pr_env env;
     pr_env_init(&env);
     env.body_case = LLMSERVE__ENVELOPE__BODY_MODEL_INFO;
@@ -510,6 +647,7 @@ static void handle(server *s, pr_env *env) {
     case LLMSERVE__ENVELOPE__BODY_HELLO: on_hello(s, env->hello); break;
     case LLMSERVE__ENVELOPE__BODY_GENERATE: on_generate(s, env->generate); break;
     case LLMSERVE__ENVELOPE__BODY_CANCEL: on_cancel(s, env->cancel); break;
+    case LLMSERVE__ENVELOPE__BODY_EMBED: on_embed(s, env->embed); break;
     case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: {
         gateway *gw = find_gw(s, env->stats_request->gateway_id);
         if (!gw) break;
@@ -709,7 +847,13 @@ static void check_timeouts(server *s) {
         slot *sl = &s->slots[i];
         if (!sl->used || sl->timed_out || !sl->deadline_ms || sl->deadline_ms > w) continue;
         sl->timed_out = 1; /* its abort output goes out as a timeout */
-        wk_engine_abort(s->e, sl->eid);
+        if (s->e) {
+            wk_engine_abort(s->e, sl->eid);
+        } else {
+            wk_embed_remove(s->eq, sl->eid);
+            send_embed_error(s, sl->gw, sl->rid, LLM_ETIMEDOUT, "deadline exceeded");
+            slot_free(s, sl);
+        }
     }
 }
 
@@ -721,6 +865,7 @@ static const char *gateway_of(const pr_env *env) {
     case LLMSERVE__ENVELOPE__BODY_CANCEL: return env->cancel->gateway_id;
     case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: return env->stats_request->gateway_id;
     case LLMSERVE__ENVELOPE__BODY_MODEL_INFO_REQUEST: return env->model_info_request->gateway_id;
+    case LLMSERVE__ENVELOPE__BODY_EMBED: return env->embed->gateway_id;
     default: return NULL;
     }
 }
@@ -758,9 +903,14 @@ static void *receiver(void *arg) {
             gw->last_heard = now_ms(); /* alive, whatever the loop is doing */
         rxmsg *m = NULL;
         int generate = env->body_case == LLMSERVE__ENVELOPE__BODY_GENERATE;
-        if (generate && s->rx_n >= RX_CAP) {
-            if (gw) send_error_chunk(s, (int)(gw - s->gw), env->generate->request_id, LLM_EAGAIN,
-                                     "worker overloaded: its receive queue is full", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        int embed = env->body_case == LLMSERVE__ENVELOPE__BODY_EMBED;
+        if ((generate || embed) && s->rx_n >= RX_CAP) {
+            if (gw && generate)
+                send_error_chunk(s, (int)(gw - s->gw), env->generate->request_id, LLM_EAGAIN,
+                                 "worker overloaded: its receive queue is full", LLMSERVE__FINISH_REASON__FINISH_ERROR);
+            if (gw && embed)
+                send_embed_error(s, (int)(gw - s->gw), env->embed->request_id, LLM_EAGAIN,
+                                 "worker overloaded: its receive queue is full");
             s->rx_refused++;
         } else if (s->rx_n >= RX_HARD_CAP || !(m = malloc(sizeof *m))) {
             s->dropped++;
@@ -872,8 +1022,10 @@ static int warm_up(wk_engine *e, char *err, size_t errlen) {
     return 0;
 }
 
-int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
-    if (o->warmup) {
+/* Either a generation engine (e) or an embedding queue (eq). */
+static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err,
+                 size_t errlen) {
+    if (o->warmup && e) {
         double t0 = (double)now_ms();
         int rc = warm_up(e, err, errlen);
         if (rc) return rc;
@@ -882,15 +1034,25 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
     server *s = calloc(1, sizeof *s);
     if (!s) return LLM_ENOMEM;
     s->e = e;
+    s->eq = eq;
     s->o = o;
-    const wk_model *m = wk_engine_model(e);
-    s->max_model_len = wk_engine_options(e)->max_model_len;
-    s->block_size = wk_engine_options(e)->block_size;
-    s->vocab = (int)m->cfg.vocab;
+    const cm_tokenizer *tok;
+    if (e) {
+        const wk_model *m = wk_engine_model(e);
+        s->max_model_len = wk_engine_options(e)->max_model_len;
+        s->block_size = wk_engine_options(e)->block_size;
+        s->vocab = (int)m->cfg.vocab;
+        tok = m->tok;
+    } else {
+        s->max_model_len = wk_encoder_max_len(eq->enc);
+        s->vocab = (int)eq->enc->cfg.vocab;
+        s->embed_dim = (int)eq->enc->cfg.dim;
+        tok = eq->enc->tok;
+    }
     s->tp = o->tp_size > 0 ? o->tp_size : 1;
     if (getrandom(&s->incarnation, sizeof s->incarnation, 0) != sizeof s->incarnation)
         s->incarnation = (uint64_t)now_ms() * 2654435761u ^ (uint64_t)getpid();
-    if (m->tok && cm_tok_export(m->tok, &s->tok_gguf, &s->tok_len) == 0) s->tok_fp = cm_tok_fingerprint(m->tok);
+    if (tok && cm_tok_export(tok, &s->tok_gguf, &s->tok_len) == 0) s->tok_fp = cm_tok_fingerprint(tok);
     int rv = nng_pull0_open(&s->pull);
     if (!rv) rv = nng_socket_set_size(s->pull, NNG_OPT_RECVMAXSZ, PR_MAX_MSG);
     if (!rv) rv = nng_socket_set_int(s->pull, NNG_OPT_RECVBUF, 1024);
@@ -936,15 +1098,22 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
             if (s->live) { /* out of time: the rest end as aborted, which their clients see */
                 CM_WARN("drain timeout: aborting %d requests", s->live);
                 pthread_mutex_lock(&s->mu);
-                for (int i = 0; i < s->n_slots; i++)
-                    if (s->slots[i].used) wk_engine_abort(e, s->slots[i].eid);
-                send_outputs(s);
+                for (int i = 0; i < s->n_slots; i++) {
+                    if (!s->slots[i].used) continue;
+                    if (e) {
+                        wk_engine_abort(e, s->slots[i].eid);
+                    } else {
+                        wk_embed_remove(eq, s->slots[i].eid);
+                        send_embed_error(s, s->slots[i].gw, s->slots[i].rid, LLM_EAGAIN, "the worker shut down");
+                    }
+                }
+                if (e) send_outputs(s);
                 pthread_mutex_unlock(&s->mu);
             }
             break;
         }
         /* everything that arrived; wait a little only when idle */
-        int idle = !wk_engine_has_work(e);
+        int idle = e ? !wk_engine_has_work(e) : !wk_embed_has_work(eq);
         pthread_mutex_lock(&s->mu);
         drain_queue(s, idle);
         if (now_ms() - last_check >= 100) {
@@ -953,10 +1122,10 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
         }
         apply_drops(s);
         pthread_mutex_unlock(&s->mu);
-        if (wk_engine_has_work(e)) {
+        if (e ? wk_engine_has_work(e) : wk_embed_has_work(eq)) {
             struct timespec a, b;
             clock_gettime(CLOCK_MONOTONIC, &a);
-            int rc = wk_engine_step(e);
+            int rc = e ? wk_engine_step(e) : wk_embed_step(eq);
             clock_gettime(CLOCK_MONOTONIC, &b);
             if (rc < 0) {
                 snprintf(err, errlen, "engine step failed: %s", cm_strerror(rc));
@@ -968,8 +1137,12 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
             s->n_step++;
         }
         pthread_mutex_lock(&s->mu);
-        send_outputs(s);
-        publish_events(s);
+        if (e) {
+            send_outputs(s);
+            publish_events(s);
+        } else {
+            send_embed_results(s);
+        }
         apply_drops(s);
         fill_stats(s, &s->snap, s->spec_pos_snap);
         s->last_progress = now_ms();
@@ -994,4 +1167,29 @@ int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *
     int drained = s->draining;
     free(s);
     return drained ? 0 : LLM_EIO;
+}
+
+int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
+    return serve(e, NULL, o, stop, err, errlen);
+}
+
+int wk_server_run_embed(wk_encoder *enc, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err,
+                        size_t errlen) {
+    wk_embed q;
+    int rc = wk_embed_init(&q, enc);
+    if (rc) return rc;
+    if (o->warmup) { /* one short input first: page faults in the weights are not the first client's */
+        int32_t t[4] = {0, 1, 2, 3}, *tp = t, n = 4;
+        char e2[200];
+        double t0 = (double)now_ms();
+        if (wk_embed_add(&q, 1, 0, 1, (const int32_t *const *)&tp, &n, e2, sizeof e2) == 0 && wk_embed_step(&q) == 0)
+            CM_INFO("warmed up in %.0f ms", (double)now_ms() - t0);
+        for (wk_ejob *j = wk_embed_take_done(&q), *nx; j; j = nx) {
+            nx = j->next;
+            wk_ejob_free(j);
+        }
+    }
+    rc = serve(NULL, &q, o, stop, err, errlen);
+    wk_embed_free(&q);
+    return rc;
 }

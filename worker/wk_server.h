@@ -19,6 +19,7 @@
 #ifndef WK_SERVER_H
 #define WK_SERVER_H
 
+#include "wk_bert.h"
 #include "wk_engine.h"
 #include "wk_health.h"
 
@@ -44,5 +45,10 @@ typedef struct {
  * shutdown_timeout_ms and are then aborted; *stop > 1 ends the drain at
  * once. 0 after a drain, or an error (binding the address, the engine). */
 int wk_server_run(wk_engine *e, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen);
+/* The same for an embedding group: Embed requests (continuous batching,
+ * wk_embed.h) answered with EmbedResult; Health and ModelInfo say
+ * TASK_EMBED and the vectors' length; a Generate is refused. */
+int wk_server_run_embed(wk_encoder *enc, const wk_server_opts *o, volatile sig_atomic_t *stop, char *err,
+                        size_t errlen);
 
 #endif

@@ -3,7 +3,7 @@
 # loopback, the `openai` client, `jsonschema` as the reference validator
 # (both in the e2e venv in the build folder), and `llmserve perplexity` as
 # the reference for prompt scoring. Runs test_structured.py,
-# test_scoring.py, test_tools.py, test_langchain.py (langchain-openai) and test_lmeval.py
+# test_scoring.py, test_tools.py, test_trimming.py, test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL
@@ -34,6 +34,7 @@ export GW=http://127.0.0.1:$((BASE + 1))
 "$VENV/bin/python" "$HERE/test_structured.py" || rc=1
 LLMSERVE="$BUILD/llmserve" MODEL="$MODEL" "$VENV/bin/python" "$HERE/test_scoring.py" || rc=1
 "$VENV/bin/python" "$HERE/test_tools.py" || rc=1
+"$VENV/bin/python" "$HERE/test_trimming.py" || rc=1
 if "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/pip" install -q langchain-openai >/dev/null 2>&1; then
     "$VENV/bin/python" "$HERE/test_langchain.py" || rc=1
 else

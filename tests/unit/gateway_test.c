@@ -14,6 +14,7 @@
 #include "gw_limit.h"
 #include "gw_map.h"
 #include "gw_route.h"
+#include "gw_cache.h"
 #include "tst.h"
 
 #include <stdio.h>
@@ -511,7 +512,50 @@ static void test_tools(void) {
     cm_oai_completion_free(&c);
 }
 
+/* The response cache: exact keys normalise whitespace and case, scopes
+ * never mix, the nearest vector wins only past the threshold, TTL and the
+ * size bound evict, a put replaces its exact key. */
+static void cache(void) {
+    CHECK(gw_cache_exact_key("What is  the capital?", 21) == gw_cache_exact_key("  what is the CAPITAL?\n", 23));
+    CHECK(gw_cache_exact_key("what is the capital", 19) != gw_cache_exact_key("what is the capital?", 20));
+    CHECK(gw_cache_exact_key("a b", 3) != gw_cache_exact_key("ab", 2));
+    gw_cache c;
+    gw_cache_init(&c, 3, 10, 0.9f, 4);
+    float v1[4] = {1, 0, 0, 0}, v2[4] = {0.96f, 0.28f, 0, 0}, v3[4] = {0, 1, 0, 0};
+    gw_cache_hit h;
+    CHECK_INT(gw_cache_put(&c, 7, 100, v1, "one", 3, 1, 5, 0.0), 0);
+    CHECK_INT(gw_cache_get_exact(&c, 7, 100, 1.0, &h), 1);
+    CHECK(h.e && h.exact && !strcmp(h.e->text, "one") && h.e->completion_tokens == 5);
+    CHECK_INT(gw_cache_get_exact(&c, 8, 100, 1.0, &h), 0);     /* another scope: nothing */
+    CHECK_INT(gw_cache_get_similar(&c, 8, v1, 1.0, &h), 0);
+    CHECK_INT(gw_cache_get_similar(&c, 7, v2, 1.0, &h), 1);    /* cosine 0.96 >= 0.9 */
+    CHECK(h.e && !h.exact && fabsf(h.similarity - 0.96f) < 1e-5f);
+    CHECK_INT(gw_cache_get_similar(&c, 7, v3, 1.0, &h), 0);    /* orthogonal: a miss */
+    CHECK(c.misses == 2 && c.hits_semantic == 1 && c.hits_exact == 1); /* an exact lookup alone counts no miss */
+    float v4[4] = {0.87f, 0.49f, 0, 0};                        /* 0.87: within 0.05 of 0.9, a near miss */
+    CHECK_INT(gw_cache_get_similar(&c, 7, v4, 1.0, &h), 0);
+    CHECK_INT(c.near_misses, 1);
+    CHECK_INT(gw_cache_put(&c, 7, 100, v1, "uno", 3, 1, 5, 2.0), 0); /* replaces */
+    CHECK_INT(c.n, 1);
+    CHECK(gw_cache_get_exact(&c, 7, 100, 3.0, &h) && !strcmp(h.e->text, "uno"));
+    CHECK_INT(gw_cache_put(&c, 7, 101, NULL, "two", 3, 1, 1, 3.0), 0); /* no vector: exact only */
+    CHECK_INT(gw_cache_put(&c, 9, 102, v3, "three", 5, 2, 1, 4.0), 0);
+    CHECK_INT(gw_cache_get_exact(&c, 7, 100, 5.0, &h), 1);      /* touched: the newest now */
+    CHECK_INT(gw_cache_put(&c, 9, 103, v3, "four", 4, 1, 1, 5.0), 0); /* a fourth: the least recent goes (101) */
+    CHECK_INT(c.n, 3);
+    CHECK_INT(c.evictions, 1);
+    CHECK_INT(gw_cache_get_exact(&c, 7, 101, 5.0, &h), 0);
+    CHECK_INT(gw_cache_get_exact(&c, 7, 100, 5.0, &h), 1);
+    CHECK_INT(gw_cache_get_exact(&c, 9, 102, 14.5, &h), 0);     /* past the TTL of 10 s */
+    CHECK(c.expired >= 1 && c.n == 2);
+    CHECK_INT(gw_cache_get_similar(&c, 9, v3, 16.0, &h), 0);   /* expired on the way */
+    CHECK_INT(c.n, 1);
+    gw_cache_free(&c);
+    CHECK_INT(c.n, 0);
+}
+
 int main(void) {
+    cache();
     limits();
     auth();
     map();

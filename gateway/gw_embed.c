@@ -1,0 +1,470 @@
+#include "gw_embed.h"
+#include "cm_error.h"
+#include "cm_log.h"
+#include "gw_metrics.h"
+#include "gw_oai.h"
+#include "gw_pool.h"
+#include "gw_tokq.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_INPUTS 2048
+
+typedef struct {
+    gw_job job;
+    gw_req *q;
+    char *body;
+    size_t len;
+    char eserved[256], served[256]; /* snapshots: the job's thread reads nothing of gw */
+    int max_len, vocab, dim;
+    int status;
+    char err[512];
+    const char *code;
+} eprep;
+
+#define EFAIL(st, prm, cd, ...)                                                                    \
+    do {                                                                                           \
+        p->status = (st);                                                                          \
+        q->param = (prm);                                                                          \
+        p->code = (cd);                                                                            \
+        snprintf(p->err, sizeof p->err, __VA_ARGS__);                                              \
+        goto done;                                                                                 \
+    } while (0)
+
+/* n: the input's length, or (at_least) where the tokenizer stopped counting. */
+static void too_long(eprep *p, gw_req *q, int i, size_t n, int at_least) {
+    p->status = 400;
+    q->param = "input";
+    p->code = "context_length_exceeded";
+    snprintf(p->err, sizeof p->err,
+             "This model's maximum context length is %d tokens, however you requested %s%zu tokens in input[%d]. "
+             "Please reduce your input.", p->max_len, at_least ? "at least " : "", n, i);
+}
+
+/* One input of token ids: checked against the vocabulary and the length. */
+static int ids_input(eprep *p, gw_req *q, int i, json_t *a) {
+    size_t n = json_array_size(a);
+    if (!n) {
+        p->status = 400, q->param = "input", p->code = "invalid_value";
+        snprintf(p->err, sizeof p->err, "input[%d] is an empty list of tokens", i);
+        return -1;
+    }
+    if (n > (size_t)p->max_len) {
+        too_long(p, q, i, n, 0);
+        return -1;
+    }
+    if (!(q->in_tok[i] = malloc(sizeof(int32_t) * n))) return -1;
+    for (size_t k = 0; k < n; k++) {
+        json_t *v = json_array_get(a, k);
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id >= p->vocab) {
+            p->status = 400, q->param = "input", p->code = "invalid_value";
+            snprintf(p->err, sizeof p->err, "input[%d][%zu] is not a token id of the model (0 to %d)", i, k, p->vocab - 1);
+            return -1;
+        }
+        q->in_tok[i][k] = (int32_t)id;
+    }
+    q->in_len[i] = (int)n;
+    return 0;
+}
+
+static int text_input(eprep *p, gw_req *q, int i, json_t *s) {
+    size_t n = 0, len = json_string_length(s);
+    if (!len) {
+        p->status = 400, q->param = "input", p->code = "invalid_value";
+        snprintf(p->err, sizeof p->err, "input[%d] is an empty string", i);
+        return -1;
+    }
+    int rc = cm_tok_encode_limit(q->model->tok, json_string_value(s), len, 1, 1, (size_t)p->max_len, &q->in_tok[i], &n);
+    if (rc == LLM_ERANGE) {
+        too_long(p, q, i, n, 1);
+        return -1;
+    }
+    if (rc) {
+        p->status = rc == LLM_ENOMEM ? 500 : 400, q->param = "input", p->code = "invalid_value";
+        snprintf(p->err, sizeof p->err, "input[%d] cannot be tokenized: %s", i, cm_strerror(rc));
+        return -1;
+    }
+    q->in_len[i] = (int)n;
+    return 0;
+}
+
+/* On a tokenizer thread: parse, check, tokenize. */
+static void eprep_run(gw_job *j) {
+    eprep *p = (eprep *)j;
+    gw_req *q = p->q;
+    json_error_t je;
+    json_t *o = json_loadb(p->body, p->len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je), *v; /* texts may hold U+0000 */
+    free(p->body);
+    p->body = NULL;
+    if (!json_is_object(o)) EFAIL(400, NULL, "invalid_value", "the body is not a JSON object%s%s", o ? "" : ": ", o ? "" : je.text);
+    const char *k;
+    json_object_foreach(o, k, v) {
+        static const char *const known[] = {"input", "model", "encoding_format", "dimensions", "user", NULL};
+        int ok = 0;
+        for (const char *const *n = known; *n && !ok; n++) ok = !strcmp(k, *n);
+        if (!ok) EFAIL(400, NULL, "invalid_value", "Unrecognized request argument supplied: %.64s", k); /* OpenAI's words */
+    }
+    if ((v = json_object_get(o, "model")) && !json_is_null(v)) {
+        if (!json_is_string(v)) EFAIL(400, "model", "invalid_value", "'model' must be a string");
+        const char *m = json_string_value(v);
+        if (strcmp(m, p->eserved)) {
+            if (p->served[0] && !strcmp(m, p->served))
+                EFAIL(400, "model", "invalid_value", "The model `%.128s` does not support embeddings: it is a generative "
+                      "model (the embedding model here is `%.128s`).", m, p->eserved);
+            EFAIL(404, "model", "model_not_found", "The model `%.128s` does not exist.", m);
+        }
+    }
+    if ((v = json_object_get(o, "encoding_format")) && !json_is_null(v)) {
+        const char *f = json_string_value(v);
+        if (!f || (strcmp(f, "float") && strcmp(f, "base64")))
+            EFAIL(400, "encoding_format", "invalid_value", "'encoding_format' must be 'float' or 'base64'");
+        q->b64 = !strcmp(f, "base64");
+    }
+    if ((v = json_object_get(o, "dimensions")) && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1)
+            EFAIL(400, "dimensions", "invalid_value", "'dimensions' must be a positive integer");
+        if (json_integer_value(v) != p->dim)
+            EFAIL(400, "dimensions", "invalid_value", "The model `%.128s` does not support 'dimensions' other than its own %d "
+                  "(it was not trained to shorten its vectors)", p->eserved, p->dim);
+    }
+    if ((v = json_object_get(o, "user")) && !json_is_null(v) && !json_is_string(v))
+        EFAIL(400, "user", "invalid_value", "'user' must be a string");
+    json_t *in = json_object_get(o, "input");
+    if (!in || json_is_null(in)) EFAIL(400, "input", "invalid_value", "'input' is required");
+    int n;
+    int flat_ids = 0; /* a single list of token ids */
+    if (json_is_string(in)) {
+        n = 1;
+    } else if (json_is_array(in)) {
+        json_t *first = json_array_get(in, 0);
+        n = (int)(json_array_size(in) > MAX_INPUTS + 1 ? MAX_INPUTS + 1 : json_array_size(in));
+        if (!n) EFAIL(400, "input", "invalid_value", "'input' is an empty list");
+        flat_ids = json_is_integer(first);
+        if (flat_ids) n = 1;
+        else if (n > MAX_INPUTS) EFAIL(400, "input", "invalid_value", "'input' holds more than %d items", MAX_INPUTS);
+    } else {
+        EFAIL(400, "input", "invalid_value", "'input' must be a string, a list of strings, a list of token ids or a "
+              "list of such lists");
+    }
+    q->n_inputs = n;
+    q->in_tok = calloc((size_t)n, sizeof *q->in_tok);
+    q->in_len = calloc((size_t)n, sizeof *q->in_len);
+    if (!q->in_tok || !q->in_len) EFAIL(500, NULL, "internal_error", "out of memory");
+    for (int i = 0; i < n; i++) {
+        json_t *it = json_is_string(in) ? in : flat_ids ? in : json_array_get(in, (size_t)i);
+        int rc;
+        if (json_is_string(it)) {
+            rc = text_input(p, q, i, it);
+        } else if (json_is_array(it)) {
+            rc = ids_input(p, q, i, it);
+        } else {
+            EFAIL(400, "input", "invalid_value", "input[%d] must be a string or a list of token ids", i);
+        }
+        if (rc) {
+            if (!p->status) EFAIL(500, NULL, "internal_error", "out of memory");
+            goto done;
+        }
+        q->n_tok += q->in_len[i];
+    }
+done:
+    json_decref(o);
+}
+
+/* Back on the loop. */
+static void eprep_done(gw_job *j) {
+    eprep *p = (eprep *)j;
+    gw_req *q = p->q;
+    gw *g = q->g;
+    g->preparing--;
+    free(p->body);
+    int status = p->status;
+    char err[512];
+    snprintf(err, sizeof err, "%s", p->err);
+    const char *code = p->code;
+    free(p);
+    if (!q->conn) {
+        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
+        return;
+    }
+    if (status) {
+        gw_req_finish(q, status, err, code);
+        return;
+    }
+    if (g->draining) {
+        gw_http_header(q->conn, "Connection", "close");
+        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
+        return;
+    }
+    double need = (double)q->n_tok;
+    if (!gw_limits_fits(&g->lim, need)) {
+        q->param = "input";
+        snprintf(err, sizeof err, "this request's %.0f tokens are more than --rate-limit-tpm %.0f allows", need, g->conf.tpm);
+        gw_req_finish(q, 400, err, "invalid_value");
+        return;
+    }
+    double wait = gw_limits_admit(&g->lim, gw_now(), q->key, need);
+    if (wait > 0) {
+        char ra[32];
+        snprintf(ra, sizeof ra, "%d", (int)ceil(wait));
+        gw_http_header(q->conn, "Retry-After", ra);
+        g->m.rate_limited++;
+        gw_req_finish(q, 429, "rate limit reached; retry after the time in Retry-After", "rate_limit_exceeded");
+        return;
+    }
+    int wi = gw_embed_pick(g, -1);
+    if (wi < 0) {
+        g->m.overloaded++;
+        gw_req_finish(q, 503, "no embedding worker group is available", "no_workers");
+        return;
+    }
+    if (g->conf.max_queue > 0 && g->w[wi].inflight >= g->conf.max_queue) {
+        gw_http_header(q->conn, "Retry-After", "1");
+        g->m.overloaded++;
+        gw_req_finish(q, 429, "the server is at capacity; retry shortly", "overloaded");
+        return;
+    }
+    snprintf(q->id, sizeof q->id, "embd-%s%llx", g->id, (unsigned long long)(g->next_rid + 1));
+    if (gw_req_enlist(g, q)) {
+        gw_req_finish(q, 500, "out of memory", "internal_error");
+        return;
+    }
+    if (gw_embed_send(g, q, wi)) {
+        g->m.overloaded++;
+        gw_req_finish(q, 503, "the worker group is not accepting requests", "overloaded");
+        return;
+    }
+    g->m.prompt_tokens += (uint64_t)q->n_tok;
+    gw_hist_add(&g->m.queue, q->t_sent - q->t_arrive);
+}
+
+static void eprep_gone(void *arg) {
+    gw_req *q = arg;
+    q->conn = NULL;
+    q->g->m.cancelled++;
+}
+
+void gw_embed_handle(gw *g, gw_http_req *r, int key) {
+    if (g->draining) {
+        gw_http_header(r->conn, "Connection", "close");
+        gw_http_error(r->conn, 503, "the server is shutting down", NULL, "shutting_down");
+        return;
+    }
+    if (!g->emodel || !g->emax_len) {
+        g->m.overloaded++;
+        gw_http_error(r->conn, 503, g->emodel ? "no embedding worker group is available"
+                                              : "no embedding model is served here (start one with --embedding-model)",
+                      NULL, "no_workers");
+        return;
+    }
+    gw_req *q = calloc(1, sizeof *q);
+    eprep *p = calloc(1, sizeof *p);
+    char *body = malloc(r->body_len + 1);
+    if (!q || !p || !body) {
+        free(q);
+        free(p);
+        free(body);
+        gw_http_error(r->conn, 500, "out of memory", NULL, "internal_error");
+        return;
+    }
+    memcpy(body, r->body, r->body_len);
+    body[r->body_len] = 0;
+    q->g = g;
+    q->conn = r->conn;
+    q->worker = -1;
+    q->key = key;
+    q->embed = 1;
+    q->t_arrive = gw_now();
+    q->model = gw_model_ref(g->emodel);
+    p->job.run = eprep_run;
+    p->job.done = eprep_done;
+    p->q = q;
+    p->body = body;
+    p->len = r->body_len;
+    snprintf(p->eserved, sizeof p->eserved, "%s", g->eserved);
+    snprintf(p->served, sizeof p->served, "%s", g->served);
+    p->max_len = g->emax_len;
+    p->vocab = cm_tok_vocab(g->emodel->tok);
+    p->dim = g->edim;
+    if (gw_tokq_submit(g->tokq, &p->job)) {
+        free(body);
+        free(p);
+        g->m.overloaded++;
+        gw_http_header(q->conn, "Retry-After", "1");
+        gw_req_finish(q, 503, "the gateway is at capacity: too many requests waiting to be tokenized", "overloaded");
+        return;
+    }
+    g->preparing++;
+    gw_http_on_gone(r->conn, eprep_gone, q);
+}
+
+int gw_embed_pick(gw *g, int exclude) {
+    int best = -1;
+    for (int i = 0; i < g->n_workers; i++) {
+        if (i == exclude || !gw_pool_routable_embed(g, i)) continue;
+        if (best < 0 || g->w[i].inflight < g->w[best].inflight) best = i;
+    }
+    return best;
+}
+
+int gw_embed_send(gw *g, gw_req *q, int wi) {
+    Llmserve__EmbedInput *in = calloc((size_t)q->n_inputs, sizeof *in);
+    Llmserve__EmbedInput **inp = calloc((size_t)q->n_inputs, sizeof *inp);
+    if (!in || !inp) {
+        free(in);
+        free(inp);
+        return LLM_ENOMEM;
+    }
+    for (int i = 0; i < q->n_inputs; i++) {
+        llmserve__embed_input__init(&in[i]);
+        in[i].n_token_ids = (size_t)q->in_len[i];
+        in[i].token_ids = q->in_tok[i];
+        inp[i] = &in[i];
+    }
+    Llmserve__Embed m = LLMSERVE__EMBED__INIT;
+    m.request_id = q->rid;
+    m.gateway_id = g->id;
+    m.reply_address = g->reply;
+    m.n_inputs = (size_t)q->n_inputs;
+    m.inputs = inp;
+    if (g->conf.request_timeout > 0) {
+        struct timespec wt;
+        clock_gettime(CLOCK_REALTIME, &wt);
+        double wall_ms = (double)wt.tv_sec * 1e3 + (double)wt.tv_nsec * 1e-6;
+        m.has_deadline_ms = 1;
+        m.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - (gw_now() - q->t_arrive)) * 1e3);
+    }
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_EMBED;
+    e.embed = &m;
+    int rc = gw_pool_send(g, wi, &e);
+    free(in);
+    free(inp);
+    if (rc) return rc;
+    q->worker = wi;
+    q->worker_inc = g->w[wi].incarnation;
+    q->on_worker = 1;
+    q->t_sent = gw_now();
+    g->w[wi].inflight++;
+    g->w[wi].routed++;
+    return 0;
+}
+
+static const char b64c[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* The vector's float32 bytes (little-endian, as this machine and the openai
+ * client's numpy decoding have them), base64. */
+static json_t *b64_vector(const float *v, int n) {
+    const unsigned char *s = (const unsigned char *)v;
+    size_t len = (size_t)n * 4, o = 0;
+    char *out = malloc((len + 2) / 3 * 4 + 1);
+    if (!out) return NULL;
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t x = (uint32_t)s[i] << 16 | (i + 1 < len ? (uint32_t)s[i + 1] << 8 : 0) | (i + 2 < len ? s[i + 2] : 0);
+        out[o++] = b64c[x >> 18 & 63];
+        out[o++] = b64c[x >> 12 & 63];
+        out[o++] = i + 1 < len ? b64c[x >> 6 & 63] : '=';
+        out[o++] = i + 2 < len ? b64c[x & 63] : '=';
+    }
+    json_t *j = json_stringn(out, o);
+    free(out);
+    return j;
+}
+
+/* The cache's question went unanswered in time: a miss without a vector. */
+static void probe_timeout(evutil_socket_t fd, short what, void *arg) {
+    gw_req *q = arg;
+    (void)fd;
+    (void)what;
+    gw *g = q->g;
+    if (q->worker >= 0) {
+        gw_pool_cancel(g, q->worker, q->rid);
+        if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
+        q->worker = -1;
+    }
+    q->probing = 0;
+    gw_req_delist(g, q);
+    gw_oai_cache_vector(g, q, NULL, 0);
+}
+
+int gw_embed_probe(gw *g, gw_req *q) {
+    int wi = gw_embed_pick(g, -1);
+    if (wi < 0) return LLM_EAGAIN;
+    /* one second at most: a cache that makes requests wait for a busy embedding group is not worth it */
+    if (gw_req_probe_enlist(g, q, probe_timeout, 1.0)) return LLM_ENOMEM;
+    Llmserve__EmbedInput in = LLMSERVE__EMBED_INPUT__INIT, *inp = &in;
+    in.n_token_ids = (size_t)q->cache_en;
+    in.token_ids = q->cache_etok;
+    Llmserve__Embed m = LLMSERVE__EMBED__INIT;
+    m.request_id = q->rid;
+    m.gateway_id = g->id;
+    m.reply_address = g->reply;
+    m.n_inputs = 1;
+    m.inputs = &inp;
+    pr_env e;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_EMBED;
+    e.embed = &m;
+    if (gw_pool_send(g, wi, &e)) {
+        gw_req_delist(g, q);
+        return LLM_EAGAIN;
+    }
+    q->probing = 1;
+    q->worker = wi;
+    g->w[wi].inflight++;
+    return 0;
+}
+
+void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
+    gw_req *q = gw_map_get(&g->reqs, r->request_id);
+    if (q && q->probing) { /* the cache's question */
+        if (q->worker >= 0 && g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
+        q->worker = -1;
+        q->probing = 0;
+        gw_req_delist(g, q);
+        int ok = !r->has_error_code && !r->error && r->dim > 0 && r->n_embedding == r->dim;
+        gw_oai_cache_vector(g, q, ok ? r->embedding : NULL, ok ? (int)r->dim : 0);
+        return;
+    }
+    if (!q || !q->embed) return; /* ended meanwhile, or a stale answer for an id moved on */
+    q->on_worker = 0;
+    if (r->has_error_code || r->error) {
+        int c = r->has_error_code ? r->error_code : LLM_EIO;
+        const char *msg = r->error ? r->error : cm_strerror(c);
+        if (c == LLM_EAGAIN) q->on_worker = 0, gw_req_retry(q, GW_FAIL_OVERLOADED, 503, msg, "overloaded");
+        else if (c == LLM_ETIMEDOUT) g->m.timed_out++, gw_req_finish(q, 504, msg, "timeout");
+        else if (c == LLM_EINVAL || c == LLM_ERANGE) gw_req_finish(q, 400, msg, "invalid_value");
+        else gw_req_finish(q, 500, msg, "internal_error");
+        return;
+    }
+    int D = (int)r->dim;
+    if (D < 1 || r->n_embedding != (size_t)q->n_inputs * (size_t)D) {
+        gw_req_finish(q, 502, "the worker group's answer does not match the request", "bad_gateway");
+        return;
+    }
+    json_t *data = json_array();
+    for (int i = 0; data && i < q->n_inputs; i++) {
+        const float *v = r->embedding + (size_t)i * D;
+        json_t *vec;
+        if (q->b64) {
+            vec = b64_vector(v, D);
+        } else {
+            vec = json_array();
+            for (int d = 0; vec && d < D; d++) json_array_append_new(vec, json_real(v[d]));
+        }
+        json_array_append_new(data, json_pack("{s:s,s:i,s:o*}", "object", "embedding", "index", i, "embedding", vec));
+    }
+    int pt = r->has_prompt_tokens ? r->prompt_tokens : q->n_tok;
+    q->body = json_pack("{s:s,s:o*,s:s,s:{s:i,s:i}}", "object", "list", "data", data, "model", g->eserved, "usage",
+                        "prompt_tokens", pt, "total_tokens", pt);
+    if (!q->body) {
+        gw_req_finish(q, 500, "out of memory", "internal_error");
+        return;
+    }
+    gw_req_finish(q, 200, NULL, NULL);
+}
