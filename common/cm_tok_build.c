@@ -169,6 +169,32 @@ int cm_tok_finish(cm_tokenizer *t) {
     return 0;
 }
 
+int cm_tok_merges_init(cm_tokenizer *t, uint64_t n) {
+    uint64_t cap = 1;
+    while (cap < n * 2 + 2) cap <<= 1;
+    t->mmask = cap - 1;
+    t->mkey = calloc(cap, sizeof *t->mkey);
+    t->mrank = malloc(cap * sizeof *t->mrank);
+    t->mres = malloc(cap * sizeof *t->mres);
+    return t->mkey && t->mrank && t->mres ? 0 : LLM_ENOMEM;
+}
+
+void cm_tok_merge_add(cm_tokenizer *t, int32_t rank, const char *ls, size_t ll, const char *rs, size_t rl) {
+    char buf[1024];
+    if (ll + rl >= sizeof buf) return; /* malformed merge: skipped */
+    int32_t l = find_text(t, ls, ll), r = find_text(t, rs, rl);
+    memcpy(buf, ls, ll);
+    memcpy(buf + ll, rs, rl);
+    int32_t m = find_text(t, buf, ll + rl);
+    if (l < 0 || r < 0 || m < 0 || find_merge(t, l, r) >= 0) return;
+    uint64_t key = (((uint64_t)(uint32_t)l << 32) | (uint32_t)r) + 1;
+    uint64_t h = XXH3_64bits(&key, 8) & t->mmask;
+    while (t->mkey[h]) h = (h + 1) & t->mmask;
+    t->mkey[h] = key;
+    t->mrank[h] = rank;
+    t->mres[h] = m;
+}
+
 cm_tokenizer *cm_tok_new(void) {
     cm_tokenizer *t = calloc(1, sizeof *t);
     if (t) t->bos = t->eos = t->unk = -1;
@@ -276,29 +302,10 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
             rc = LLM_EFORMAT;
             goto fail;
         }
-        uint64_t nm = km->v.arr.n, cap = 1;
-        while (cap < nm * 2 + 2) cap <<= 1;
-        t->mmask = cap - 1;
-        t->mkey = calloc(cap, sizeof *t->mkey);
-        t->mrank = malloc(cap * sizeof *t->mrank);
-        t->mres = malloc(cap * sizeof *t->mres);
-        if (!t->mkey || !t->mrank || !t->mres) { rc = LLM_ENOMEM; goto fail; }
-        char buf[1024];
-        for (uint64_t i = 0; i < nm; i++) {
+        if ((rc = cm_tok_merges_init(t, km->v.arr.n))) goto fail;
+        for (uint64_t i = 0; i < km->v.arr.n; i++) {
             const char *s = merges[i].ptr, *sp = memchr(s, ' ', merges[i].len);
-            if (!sp || merges[i].len >= sizeof buf) continue; /* malformed merge: skip */
-            size_t ll = (size_t)(sp - s), rl = merges[i].len - ll - 1;
-            int32_t l = find_text(t, s, ll), r = find_text(t, sp + 1, rl);
-            memcpy(buf, s, ll);
-            memcpy(buf + ll, sp + 1, rl);
-            int32_t m = find_text(t, buf, ll + rl);
-            if (l < 0 || r < 0 || m < 0 || find_merge(t, l, r) >= 0) continue;
-            uint64_t key = (((uint64_t)(uint32_t)l << 32) | (uint32_t)r) + 1;
-            uint64_t h = XXH3_64bits(&key, 8) & t->mmask;
-            while (t->mkey[h]) h = (h + 1) & t->mmask;
-            t->mkey[h] = key;
-            t->mrank[h] = (int32_t)i;
-            t->mres[h] = m;
+            if (sp) cm_tok_merge_add(t, (int32_t)i, s, (size_t)(sp - s), sp + 1, merges[i].len - (size_t)(sp - s) - 1);
         }
     }
     cm_str tmpl;

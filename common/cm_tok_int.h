@@ -59,6 +59,10 @@ int cm_tok_alloc_vocab(cm_tokenizer *t, int32_t n);
 int cm_tok_set_entry(cm_tokenizer *t, int32_t id, const char *s, size_t len);
 /* After vocabulary, types, ids and flags are set: indexes, pieces, specials. */
 int cm_tok_finish(cm_tokenizer *t);
+/* BPE merges, after cm_tok_finish (they look tokens up): room for n, then
+ * each (left, right) pair by rank; pairs naming no token are skipped. */
+int cm_tok_merges_init(cm_tokenizer *t, uint64_t n);
+void cm_tok_merge_add(cm_tokenizer *t, int32_t rank, const char *ls, size_t ll, const char *rs, size_t rl);
 
 /* ---- byte-level mapping (GPT-2 bytes_to_unicode): cm_tokenizer.c ------- */
 

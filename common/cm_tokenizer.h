@@ -27,9 +27,14 @@ enum { CM_TT_NORMAL = 1, CM_TT_UNKNOWN = 2, CM_TT_CONTROL = 3, CM_TT_USER = 4, C
 
 int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t errlen);
 /* A Hugging Face tokenizer.json (cm_tok_hf.c): WordPiece models with the
- * BertNormalizer, BertPreTokenizer and a [CLS] A [SEP] post-processor; any
- * other model, normalizer or pre-tokenizer is refused by name. */
+ * BertNormalizer, BertPreTokenizer and a [CLS] A [SEP] post-processor, and
+ * byte-level BPE with the pre-tokenizers above (GPT-2, SmolLM/StarCoder,
+ * Llama 3, Qwen2); any other model, normalizer or pre-tokenizer is refused
+ * by name. */
 int cm_tok_from_hf_json(const char *path, cm_tokenizer **out, char *err, size_t errlen);
+/* A checkpoint directory's tokenizer.json with its tokenizer_config.json
+ * (when present): BOS / EOS, add_bos_token, the chat template. */
+int cm_tok_from_hf_dir(const char *dir, cm_tokenizer **out, char *err, size_t errlen);
 /* The same over a file's bytes (tests, fuzzing). */
 int cm_tok_from_hf_json_mem(const char *data, size_t len, cm_tokenizer **out, char *err, size_t errlen);
 /* llama2.c tokenizer.bin (SentencePiece pieces with scores); vocab from the model. */

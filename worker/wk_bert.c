@@ -75,9 +75,8 @@ int wk_encoder_load(const wk_encoder_opts *o, wk_encoder **out, char *err, size_
         goto fail;
     }
     if (e->file->format == CM_FMT_HF) {
-        char p[1024], te[400];
-        snprintf(p, sizeof p, "%s/tokenizer.json", o->model_path);
-        if ((rc = cm_tok_from_hf_json(p, &e->tok, te, sizeof te))) {
+        char te[600];
+        if ((rc = cm_tok_from_hf_dir(o->model_path, &e->tok, te, sizeof te))) {
             snprintf(err, errlen, "%s", te);
             goto fail;
         }

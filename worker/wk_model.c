@@ -179,9 +179,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
             goto fail;
         }
     } else if (m->file->format == CM_FMT_HF) {
-        char p[1024];
-        snprintf(p, sizeof p, "%s/tokenizer.json", o->model_path);
-        if ((rc = cm_tok_from_hf_json(p, &m->tok, err, errlen))) goto fail;
+        if ((rc = cm_tok_from_hf_dir(o->model_path, &m->tok, err, errlen))) goto fail;
     } else {
         if (!o->tokenizer_path) {
             snprintf(err, errlen, "%s: a llama2.c model needs --tokenizer PATH (tokenizer.bin)", o->model_path);

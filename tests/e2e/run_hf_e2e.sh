@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Llama-family Hugging Face checkpoints: the default GGUF written as an F16
+# and a BF16 Hugging Face directory by tests/ref/gguf_to_hf.py (the `gguf`,
+# `safetensors` and `tokenizers` packages, in a venv of their own), then
+# hf_test compares each with the GGUF (tokenizer against `tokenizers`,
+# logits, greedy tokens) and `llmserve generate` runs the F16 one.
+#   run_hf_e2e.sh BUILD_DIR MODEL
+# Exit 77 (skipped) when the model or the packages cannot be had.
+set -uo pipefail
+BUILD=$1
+MODEL=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+[ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
+VENV="$BUILD/.venv-ref"
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import gguf, safetensors, tokenizers, numpy" 2>/dev/null; then
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "python3 venv unavailable"; exit 77; }
+    "$VENV/bin/pip" install -q gguf safetensors tokenizers numpy >/dev/null 2>&1 ||
+        { echo "pip install gguf safetensors tokenizers numpy failed (offline?)"; exit 77; }
+fi
+OUT=$(mktemp -d "$BUILD/hf-e2e.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+rc=0
+for dt in f16 bf16; do
+    "$VENV/bin/python" "$HERE/../ref/gguf_to_hf.py" "$MODEL" "$OUT/$dt" --dtype "$dt" || exit 1
+    "$VENV/bin/python" - "$OUT/$dt/tokenizer.json" "$OUT/ids.json" <<'PY'
+import json, sys
+from tokenizers import Tokenizer
+t = Tokenizer.from_file(sys.argv[1])
+texts = ["Hello world", "The capital of France is Paris.", "  leading spaces and\ttabs\n\nnewlines",
+         "Numbers 1234567 and 3.14159, dates 2026-12-02", "def f(x):\n    return x ** 2  # square",
+         "Ünïcödé: naïve café, 東京, 서울, emoji 🤖", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+         "don't won't it's I'm we'll they've", "URL https://example.org/a?b=c&d=e", "a" * 300,
+         "   ", "multiple     spaces between     words"]
+json.dump([{"text": s, "ids": t.encode(s, add_special_tokens=False).ids} for s in texts], open(sys.argv[2], "w"))
+PY
+    "$BUILD/tests/hf_test" "$MODEL" "$OUT/$dt" "$OUT/ids.json" || rc=1
+    if [ $dt = f16 ]; then
+        a=$("$BUILD/llmserve" generate --model "$MODEL" --prompt "The capital of France is" -n 8 --temperature 0 --threads 2 2>/dev/null)
+        b=$("$BUILD/llmserve" generate --model "$OUT/f16" --prompt "The capital of France is" -n 8 --temperature 0 --threads 2 2>/dev/null)
+        echo "generate: GGUF '$a' / Hugging Face F16 '$b'"
+        [ -n "$b" ] || { echo "FAIL: generate from the Hugging Face directory printed nothing"; rc=1; }
+    fi
+    rm -rf "$OUT/$dt"
+done
+exit $rc
