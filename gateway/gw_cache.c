@@ -1,6 +1,7 @@
 #include "gw_cache.h"
 #include "cm_error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -36,12 +37,13 @@ static void unlink_entry(gw_cache *c, gw_centry *e) {
     if (e->sc_next) e->sc_next->sc_prev = e->sc_prev;
     gw_map_del(&c->exact, ekey(e->scope, e->exact));
     c->n--;
-    c->bytes -= sizeof *e + e->len + (e->vec ? sizeof(float) * (size_t)c->dim : 0);
+    c->bytes -= sizeof *e + e->len + (e->vec ? 5 * (size_t)c->dim : 0);
 }
 
 static void drop(gw_cache *c, gw_centry *e) {
     unlink_entry(c, e);
     free(e->vec);
+    free(e->q8);
     free(e->text);
     free(e);
 }
@@ -84,12 +86,35 @@ int gw_cache_get_exact(gw_cache *c, uint64_t scope, uint64_t exact, double now, 
     return 1;
 }
 
+/* Independent partial sums, so the compiler vectorizes both dot products. */
+static float dot_f32(const float *a, const float *b, int n) {
+    float acc[16] = {0}, s = 0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int j = 0; j < 16; j++) s += acc[j];
+    return s;
+}
+
+static float dot_q8(const int8_t *a, const float *b, int n) {
+    float acc[16] = {0}, s = 0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += (float)a[i + j] * b[i + j];
+    for (; i < n; i++) s += (float)a[i] * b[i];
+    for (int j = 0; j < 16; j++) s += acc[j];
+    return s;
+}
+
+#define RESCORE 4 /* best int8 scores scored again in float */
+
 int gw_cache_get_similar(gw_cache *c, uint64_t scope, const float *vec, double now, gw_cache_hit *out) {
     out->e = NULL;
     out->similarity = -2;
     out->exact = 0;
-    gw_centry *best = NULL;
-    float bs = -2;
+    gw_centry *best = NULL, *cand[RESCORE] = {0};
+    float bs = -2, cs[RESCORE] = {-3, -3, -3, -3};
     for (gw_centry *e = gw_map_get(&c->scopes, nz(scope)), *nx; e; e = nx) {
         nx = e->sc_next;
         if (!fresh(c, e, now)) {
@@ -97,10 +122,16 @@ int gw_cache_get_similar(gw_cache *c, uint64_t scope, const float *vec, double n
             c->expired++;
             continue;
         }
-        if (!e->vec) continue;
-        float s = 0;
-        for (int d = 0; d < c->dim; d++) s += e->vec[d] * vec[d];
-        if (s > bs) bs = s, best = e;
+        if (!e->q8) continue;
+        float s = dot_q8(e->q8, vec, c->dim) * e->q8_scale;
+        if (s <= cs[RESCORE - 1]) continue;
+        int k = RESCORE - 1; /* insertion into the short sorted list */
+        while (k > 0 && cs[k - 1] < s) cs[k] = cs[k - 1], cand[k] = cand[k - 1], k--;
+        cs[k] = s, cand[k] = e;
+    }
+    for (int k = 0; k < RESCORE && cand[k]; k++) {
+        float s = dot_f32(cand[k]->vec, vec, c->dim);
+        if (s > bs) bs = s, best = cand[k];
     }
     out->similarity = bs;
     if (best && bs >= c->threshold) {
@@ -122,15 +153,23 @@ int gw_cache_put(gw_cache *c, uint64_t scope, uint64_t exact, const float *vec, 
     if (!e) return LLM_ENOMEM;
     e->text = malloc(len + 1);
     e->vec = vec ? malloc(sizeof(float) * (size_t)c->dim) : NULL;
-    if (!e->text || (vec && !e->vec) || gw_map_put(&c->exact, ekey(scope, exact), e)) {
+    e->q8 = vec ? malloc((size_t)c->dim) : NULL;
+    if (!e->text || (vec && (!e->vec || !e->q8)) || gw_map_put(&c->exact, ekey(scope, exact), e)) {
         free(e->text);
         free(e->vec);
+        free(e->q8);
         free(e);
         return LLM_ENOMEM;
     }
     memcpy(e->text, text, len);
     e->text[len] = 0;
-    if (vec) memcpy(e->vec, vec, sizeof(float) * (size_t)c->dim);
+    if (vec) {
+        float mx = 0;
+        memcpy(e->vec, vec, sizeof(float) * (size_t)c->dim);
+        for (int d = 0; d < c->dim; d++) mx = fabsf(vec[d]) > mx ? fabsf(vec[d]) : mx;
+        e->q8_scale = mx > 0 ? mx / 127 : 1;
+        for (int d = 0; d < c->dim; d++) e->q8[d] = (int8_t)lrintf(vec[d] / e->q8_scale);
+    }
     e->len = len;
     e->scope = scope;
     e->exact = exact;
@@ -145,6 +184,7 @@ int gw_cache_put(gw_cache *c, uint64_t scope, uint64_t exact, const float *vec, 
         gw_map_del(&c->exact, ekey(scope, exact));
         free(e->text);
         free(e->vec);
+        free(e->q8);
         free(e);
         return LLM_ENOMEM;
     }
@@ -153,7 +193,7 @@ int gw_cache_put(gw_cache *c, uint64_t scope, uint64_t exact, const float *vec, 
     c->lru_head = e;
     if (!c->lru_tail) c->lru_tail = e;
     c->n++;
-    c->bytes += sizeof *e + len + (vec ? sizeof(float) * (size_t)c->dim : 0);
+    c->bytes += sizeof *e + len + (vec ? 5 * (size_t)c->dim : 0);
     c->inserts++;
     while (c->n > c->max_entries) {
         drop(c, c->lru_tail);

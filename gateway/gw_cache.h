@@ -10,8 +10,10 @@
  *
  * The semantic index is flat: the cosine of the query against every entry
  * of its scope (unit vectors: a dot product), O(entries in the scope x
- * dim). docs/tuning.md has its measured cost against entries; the size
- * bound keeps it well under a millisecond. Entries leave by TTL (checked on
+ * dim). The scan reads int8 copies of the vectors (a quarter of the
+ * memory traffic), then the few best are scored again in float, so the
+ * similarity that decides is exact. docs/tuning.md has the measured cost
+ * against entries. Entries leave by TTL (checked on
  * lookup) and least-recently-used order past the size bound. Everything
  * here runs on the gateway's loop thread. */
 #ifndef GW_CACHE_H
@@ -28,6 +30,8 @@ typedef struct gw_centry {
     uint64_t scope, exact;
     double created;
     float *vec;                                /* [dim] unit length, or NULL */
+    int8_t *q8;                                /* [dim] vec in int8, q8 * q8_scale = vec (the scan reads these) */
+    float q8_scale;
     char *text;                                /* the answer */
     size_t len;
     int finish;                                /* CM_OAI_FINISH_STOP or _LENGTH */

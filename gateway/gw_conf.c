@@ -58,7 +58,8 @@ const gw_flag gw_flags[] = {
     {"semantic-cache-threshold", "C", "0.90", "cosine of the last user turns' embeddings that counts as the same question "
      "(docs/tuning.md: its false-hit rate)", K_DBL, 1, F(scache_threshold), 0, 1},
     {"semantic-cache-ttl", "S", "3600", "seconds an answer is reused (0: until evicted)", K_DBL, 1, F(scache_ttl), 0, 1e9},
-    {"semantic-cache-size", "N", "10000", "answers kept, least recently used out", K_INT, 1, F(scache_size), 1, 1000000},
+    {"semantic-cache-size", "N", "10000", "answers kept, least recently used out (each lookup scans its scope: 0.7 ms at "
+     "10000 on a 2-core EPYC, docs/tuning.md)", K_INT, 1, F(scache_size), 1, 20000},
     {"semantic-cache-sampled", NULL, NULL, "cache answers to requests with temperature > 0 too (by default only greedy "
      "ones: a sampled answer is one of many)", K_ON, 1, F(scache_sampled), 0, 0},
     {"log-requests", NULL, NULL, "one access-log line per request (default)", K_ON, 0, F(log_requests), 0, 0},

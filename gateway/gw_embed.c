@@ -187,35 +187,7 @@ static void eprep_done(gw_job *j) {
     snprintf(err, sizeof err, "%s", p->err);
     const char *code = p->code;
     free(p);
-    if (!q->conn) {
-        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
-        return;
-    }
-    if (status) {
-        gw_req_finish(q, status, err, code);
-        return;
-    }
-    if (g->draining) {
-        gw_http_header(q->conn, "Connection", "close");
-        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
-        return;
-    }
-    double need = (double)q->n_tok;
-    if (!gw_limits_fits(&g->lim, need)) {
-        q->param = "input";
-        snprintf(err, sizeof err, "this request's %.0f tokens are more than --rate-limit-tpm %.0f allows", need, g->conf.tpm);
-        gw_req_finish(q, 400, err, "invalid_value");
-        return;
-    }
-    double wait = gw_limits_admit(&g->lim, gw_now(), q->key, need);
-    if (wait > 0) {
-        char ra[32];
-        snprintf(ra, sizeof ra, "%d", (int)ceil(wait));
-        gw_http_header(q->conn, "Retry-After", ra);
-        g->m.rate_limited++;
-        gw_req_finish(q, 429, "rate limit reached; retry after the time in Retry-After", "rate_limit_exceeded");
-        return;
-    }
+    if (gw_oai_prepared(q, status, err, code) || gw_oai_limits(g, q, (double)q->n_tok, "input")) return;
     int wi = gw_embed_pick(g, -1);
     if (wi < 0) {
         g->m.overloaded++;
@@ -261,25 +233,11 @@ void gw_embed_handle(gw *g, gw_http_req *r, int key) {
                       NULL, "no_workers");
         return;
     }
-    gw_req *q = calloc(1, sizeof *q);
+    char *body;
     eprep *p = calloc(1, sizeof *p);
-    char *body = malloc(r->body_len + 1);
-    if (!q || !p || !body) {
-        free(q);
-        free(p);
-        free(body);
-        gw_http_error(r->conn, 500, "out of memory", NULL, "internal_error");
-        return;
-    }
-    memcpy(body, r->body, r->body_len);
-    body[r->body_len] = 0;
-    q->g = g;
-    q->conn = r->conn;
-    q->worker = -1;
-    q->key = key;
+    gw_req *q = gw_oai_new_req(g, r, key, g->emodel, p, &body);
+    if (!q) return;
     q->embed = 1;
-    q->t_arrive = gw_now();
-    q->model = gw_model_ref(g->emodel);
     p->job.run = eprep_run;
     p->job.done = eprep_done;
     p->q = q;
@@ -290,16 +248,7 @@ void gw_embed_handle(gw *g, gw_http_req *r, int key) {
     p->max_len = g->emax_len;
     p->vocab = cm_tok_vocab(g->emodel->tok);
     p->dim = g->edim;
-    if (gw_tokq_submit(g->tokq, &p->job)) {
-        free(body);
-        free(p);
-        g->m.overloaded++;
-        gw_http_header(q->conn, "Retry-After", "1");
-        gw_req_finish(q, 503, "the gateway is at capacity: too many requests waiting to be tokenized", "overloaded");
-        return;
-    }
-    g->preparing++;
-    gw_http_on_gone(r->conn, eprep_gone, q);
+    gw_oai_submit(g, q, &p->job, body, eprep_gone);
 }
 
 int gw_embed_pick(gw *g, int exclude) {

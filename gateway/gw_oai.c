@@ -329,20 +329,65 @@ static void prep_run(gw_job *j) {
     if (q->c.n_batch) q->max_tokens *= q->c.n_batch; /* what the rate limits count: every prompt's */
 }
 
-/* Rate limits, then a worker group. */
-static void admit(gw *g, gw_req *q) {
-    char err[640];
-    if (!q->conn) { /* the client left while the cache was asked */
-        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
+gw_req *gw_oai_new_req(gw *g, gw_http_req *r, int key, gw_model *m, void *job, char **body) {
+    gw_req *q = calloc(1, sizeof *q);
+    *body = malloc(r->body_len + 1);
+    if (!q || !job || !*body) {
+        free(q);
+        free(job);
+        free(*body);
+        gw_http_error(r->conn, 500, "out of memory", NULL, "internal_error");
+        return NULL;
+    }
+    memcpy(*body, r->body, r->body_len);
+    (*body)[r->body_len] = 0;
+    q->g = g;
+    q->conn = r->conn;
+    q->worker = -1;
+    q->key = key;
+    q->t_arrive = gw_now();
+    q->model = gw_model_ref(m);
+    return q;
+}
+
+void gw_oai_submit(gw *g, gw_req *q, gw_job *job, char *body, void (*gone)(void *)) {
+    if (gw_tokq_submit(g->tokq, job)) {
+        free(body);
+        free(job);
+        g->m.overloaded++;
+        gw_http_header(q->conn, "Retry-After", "1");
+        gw_req_finish(q, 503, "the gateway is at capacity: too many requests waiting to be tokenized", "overloaded");
         return;
     }
-    double need = (double)q->n_tok + q->max_tokens;
+    g->preparing++;
+    gw_http_on_gone(q->conn, gone, q);
+}
+
+int gw_oai_prepared(gw_req *q, int status, const char *err, const char *code) {
+    if (!q->conn) { /* the client left while its request was prepared */
+        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
+        return 1;
+    }
+    if (status) {
+        gw_req_finish(q, status, err, code);
+        return 1;
+    }
+    if (q->g->draining) {
+        gw_http_header(q->conn, "Connection", "close");
+        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
+        return 1;
+    }
+    return 0;
+}
+
+int gw_oai_limits(gw *g, gw_req *q, double need, const char *param) {
+    char err[300];
     if (!gw_limits_fits(&g->lim, need)) {
-        q->param = "max_tokens";
-        snprintf(err, sizeof err, "this request needs %.0f tokens (prompt + max_tokens), more than --rate-limit-tpm %.0f allows",
-                 need, g->conf.tpm);
+        q->param = param;
+        snprintf(err, sizeof err, "this request needs %.0f tokens (%s), more than --rate-limit-tpm %.0f allows", need,
+                 q->embed ? "its inputs" : "prompt + max_tokens", g->conf.tpm);
         gw_req_finish(q, 400, err, "invalid_value");
-        return;
+        return 1;
     }
     double wait = gw_limits_admit(&g->lim, gw_now(), q->key, need);
     if (wait > 0) {
@@ -351,9 +396,18 @@ static void admit(gw *g, gw_req *q) {
         gw_http_header(q->conn, "Retry-After", ra);
         g->m.rate_limited++;
         gw_req_finish(q, 429, "rate limit reached; retry after the time in Retry-After", "rate_limit_exceeded");
+        return 1;
+    }
+    return 0;
+}
+
+/* Rate limits, then a worker group. */
+static void admit(gw *g, gw_req *q) {
+    if (!q->conn) { /* the client left while the cache was asked */
+        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
         return;
     }
-    gw_req_start(g, q);
+    if (!gw_oai_limits(g, q, (double)q->n_tok + q->max_tokens, "max_tokens")) gw_req_start(g, q);
 }
 
 /* A cached answer, as the worker would have given it: the same response
@@ -432,19 +486,7 @@ static void prep_done(gw_job *j) {
     snprintf(err, sizeof err, "%s", p->err);
     const char *code = p->code;
     free(p);
-    if (!q->conn) { /* the client left while its request was prepared */
-        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
-        return;
-    }
-    if (status) {
-        gw_req_finish(q, status, err, code);
-        return;
-    }
-    if (g->draining) {
-        gw_http_header(q->conn, "Connection", "close");
-        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
-        return;
-    }
+    if (gw_oai_prepared(q, status, err, code)) return;
     if (q->cache_on && g->conf.scache) {
         gw_cache_hit h;
         if (gw_cache_get_exact(&g->cache, q->cache_scope, q->cache_exact, gw_now(), &h)) {
@@ -501,24 +543,10 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
         gw_http_error(r->conn, 503, "no worker group is available", NULL, "no_workers");
         return;
     }
-    gw_req *q = calloc(1, sizeof *q);
+    char *body;
     prep *p = calloc(1, sizeof *p);
-    char *body = malloc(r->body_len + 1);
-    if (!q || !p || !body) {
-        free(q);
-        free(p);
-        free(body);
-        gw_http_error(r->conn, 500, "out of memory", NULL, "internal_error");
-        return;
-    }
-    memcpy(body, r->body, r->body_len);
-    body[r->body_len] = 0;
-    q->g = g;
-    q->conn = r->conn;
-    q->worker = -1;
-    q->key = key;
-    q->t_arrive = gw_now();
-    q->model = gw_model_ref(g->model);
+    gw_req *q = gw_oai_new_req(g, r, key, g->model, p, &body);
+    if (!q) return;
     p->job.run = prep_run;
     p->job.done = prep_done;
     p->q = q;
@@ -538,16 +566,7 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
         }
     }
     p->vocab = cm_tok_vocab(g->model->tok);
-    if (gw_tokq_submit(g->tokq, &p->job)) {
-        free(body);
-        free(p);
-        g->m.overloaded++;
-        gw_http_header(q->conn, "Retry-After", "1");
-        gw_req_finish(q, 503, "the gateway is at capacity: too many requests waiting to be tokenized", "overloaded");
-        return;
-    }
-    g->preparing++;
-    gw_http_on_gone(r->conn, prep_gone, q);
+    gw_oai_submit(g, q, &p->job, body, prep_gone);
 }
 
 static void handle_models(gw *g, gw_http_req *r) {

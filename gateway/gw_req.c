@@ -254,11 +254,11 @@ static int assign_rid(gw *g, gw_req *q) {
     return gw_map_put(&g->reqs, q->rid, q);
 }
 
+static void list_in(gw *g, gw_req *q);
+
 int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short, void *), double secs) {
     if (assign_rid(g, q)) return LLM_ENOMEM;
-    q->next = g->req_list;
-    if (g->req_list) g->req_list->prev = q;
-    g->req_list = q;
+    list_in(g, q);
     q->timer = evtimer_new(g->base, timeout, q);
     struct timeval tv = {(time_t)secs, (suseconds_t)((secs - (double)(time_t)secs) * 1e6)};
     if (q->timer) evtimer_add(q->timer, &tv);
@@ -278,15 +278,25 @@ void gw_req_delist(gw *g, gw_req *q) {
     q->timer = NULL;
 }
 
-int gw_req_enlist(gw *g, gw_req *q) {
-    if (assign_rid(g, q)) return LLM_ENOMEM;
+/* Into the list worker loss and drain walk. */
+static void list_in(gw *g, gw_req *q) {
     q->next = g->req_list;
     if (g->req_list) g->req_list->prev = q;
     g->req_list = q;
+}
+
+/* The client's hang-up, and the deadline timer every 200 ms. */
+static void watch(gw *g, gw_req *q) {
     gw_http_on_gone(q->conn, on_gone, q);
     q->timer = evtimer_new(g->base, on_timer, q);
     struct timeval tv = {0, 200000};
     if (q->timer) evtimer_add(q->timer, &tv);
+}
+
+int gw_req_enlist(gw *g, gw_req *q) {
+    if (assign_rid(g, q)) return LLM_ENOMEM;
+    list_in(g, q);
+    watch(g, q);
     return 0;
 }
 
@@ -397,13 +407,8 @@ static void start_batch(gw *g, gw_req *q) {
         gw_req_finish(q, 500, "out of memory", "internal_error");
         return;
     }
-    q->next = g->req_list;
-    if (g->req_list) g->req_list->prev = q;
-    g->req_list = q;
-    gw_http_on_gone(q->conn, on_gone, q);
-    q->timer = evtimer_new(g->base, on_timer, q);
-    struct timeval tv = {0, 200000};
-    if (q->timer) evtimer_add(q->timer, &tv);
+    list_in(g, q);
+    watch(g, q);
     if (q->c.stream) {
         gw_http_stream_begin(q->conn);
         g->open_streams++;
@@ -466,9 +471,7 @@ void gw_req_start(gw *g, gw_req *q) {
         gw_req_finish(q, 500, "out of memory", "internal_error");
         return;
     }
-    q->next = g->req_list;
-    if (g->req_list) g->req_list->prev = q;
-    g->req_list = q;
+    list_in(g, q);
     cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), q->echo, q->echo_len);
     q->res.prompt_tokens = q->n_tok;
     q->res.trim_policy = q->trim_policy, q->res.trim_messages = q->trim_messages, q->res.trim_tokens = q->trim_tokens;

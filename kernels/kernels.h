@@ -98,6 +98,11 @@ void kn_matmul_multi(kn_pool *p, int nw, const kn_weight *const *w, float *const
 /* Quantizes x into a (if needed) and multiplies. */
 void kn_matmul(kn_pool *p, const kn_weight *w, float *y, const float *x, kn_act *a, int B);
 
+/* y[b * ldy + r] = w[r] . x[b] for r < n, b < B, on the calling thread:
+ * float [n][k] against float [B][k] (the encoder's attention: scores and
+ * the weighted sum of values as two small GEMMs per head). */
+void kn_gemm_f32(const float *w, int64_t k, int64_t n, const float *x, int B, float *y, int64_t ldy);
+
 /* Dequantizes row r of w into out[k] (embedding lookup). */
 void kn_get_row(const kn_weight *w, int64_t r, float *out);
 

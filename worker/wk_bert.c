@@ -46,6 +46,12 @@ static int vec(wk_encoder *e, const float **out, const char *name, uint64_t n, c
     return 0;
 }
 
+/* Floats of one thread's attention scratch: Q, K, V^T and the output of a
+ * head [L][hd] each, the scores [L][L], the row sums [L]. */
+static size_t wk_bert_scratch(int ml, int hd) {
+    return 4 * (size_t)ml * (size_t)hd + (size_t)ml * (size_t)ml + (size_t)ml;
+}
+
 static int alloc_f(float **p, size_t n) {
     *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
     return *p ? 0 : LLM_ENOMEM;
@@ -138,13 +144,18 @@ int wk_encoder_load(const wk_encoder_opts *o, wk_encoder **out, char *err, size_
 #undef V
     }
     int ml = wk_encoder_max_len(e);
+    if (ml > 4096) { /* attention holds an input's whole score matrix */
+        snprintf(err, errlen, "%s: inputs of %d tokens; encoders of more than 4096 are not supported", o->model_path, ml);
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
     e->max_tokens = o->max_tokens > 0 ? o->max_tokens : DEFAULT_MAX_TOKENS;
     if (e->max_tokens < ml) e->max_tokens = ml;
     size_t T = (size_t)e->max_tokens;
     if ((rc = alloc_f(&e->x, T * D)) || (rc = alloc_f(&e->q, T * D)) || (rc = alloc_f(&e->k, T * D)) ||
         (rc = alloc_f(&e->v, T * D)) || (rc = alloc_f(&e->att, T * D)) || (rc = alloc_f(&e->tmp, T * D)) ||
         (rc = alloc_f(&e->h, T * H)) ||
-        (rc = alloc_f(&e->scratch, (size_t)kn_pool_size(e->pool) * (size_t)ml)))
+        (rc = alloc_f(&e->scratch, (size_t)kn_pool_size(e->pool) * wk_bert_scratch(ml, (int)c->head_dim))))
         goto fail;
     if (D % 32 == 0 && (rc = kn_act_init(&e->act_dim, (int64_t)D, e->max_tokens))) goto fail;
     if (H % 32 == 0 && (rc = kn_act_init(&e->act_hidden, (int64_t)H, e->max_tokens))) goto fail;
@@ -192,17 +203,6 @@ static void layer_norm(float *out, const float *x, const float *w, const float *
     for (int i = 0; i < n; i++) out[i] = ((float)(x[i] - mean)) * inv * w[i] + b[i];
 }
 
-static float dot(const float *a, const float *b, int n) {
-    float acc[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float s = 0;
-    for (; i < n; i++) s += a[i] * b[i];
-    for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
-}
-
 /* The step's layout: input s holds rows [row[s], row[s] + len[s]). */
 typedef struct {
     wk_encoder *e;
@@ -211,29 +211,35 @@ typedef struct {
 } attn_ctx;
 
 /* Bidirectional attention, one (input, head) unit at a time: every token
- * sees every token of its own input. Scores and softmax in fp32. */
+ * sees every token of its own input. The head's Q and K and V transposed
+ * are copied out contiguous, then scores S = Q K^T and the sum P V are two
+ * float GEMMs on the kernels' blocked path; softmax in fp32 between them. */
 static void attn_task(void *p, int ith, int nth) {
     attn_ctx *a = p;
     wk_encoder *e = a->e;
-    int H = (int)e->cfg.n_head, hd = (int)e->cfg.head_dim, D = (int)e->cfg.dim;
-    float scale = 1.0f / sqrtf((float)hd), *sc = e->scratch + (size_t)ith * (size_t)wk_encoder_max_len(e);
+    int H = (int)e->cfg.n_head, hd = (int)e->cfg.head_dim, D = (int)e->cfg.dim, ml = wk_encoder_max_len(e);
+    float scale = 1.0f / sqrtf((float)hd);
+    float *qb = e->scratch + (size_t)ith * wk_bert_scratch(ml, hd), *kb = qb + (size_t)ml * hd, *vt = kb + (size_t)ml * hd,
+          *S = vt + (size_t)ml * hd, *O = S + (size_t)ml * ml; /* [L][hd] [L][hd] [hd][L] [L][L] [L][hd] */
     for (int u = ith; u < a->n_units; u += nth) {
         int s = u / H, h = u % H, r0 = a->row[s], L = a->len[s];
         for (int i = 0; i < L; i++) {
-            const float *q = e->q + (size_t)(r0 + i) * D + h * hd;
-            float mx = -INFINITY, sum = 0;
-            for (int j = 0; j < L; j++) {
-                sc[j] = dot(q, e->k + (size_t)(r0 + j) * D + h * hd, hd) * scale;
-                if (sc[j] > mx) mx = sc[j];
-            }
-            for (int j = 0; j < L; j++) sum += sc[j] = expf(sc[j] - mx);
-            float inv = 1.0f / sum, *o = e->att + (size_t)(r0 + i) * D + h * hd;
-            memset(o, 0, sizeof(float) * (size_t)hd);
-            for (int j = 0; j < L; j++) {
-                const float *v = e->v + (size_t)(r0 + j) * D + h * hd;
-                float pj = sc[j] * inv;
-                for (int d = 0; d < hd; d++) o[d] += pj * v[d];
-            }
+            const float *src = (size_t)(r0 + i) * D + h * hd + e->q;
+            memcpy(qb + (size_t)i * hd, src, sizeof(float) * (size_t)hd);
+            memcpy(kb + (size_t)i * hd, e->k + (size_t)(r0 + i) * D + h * hd, sizeof(float) * (size_t)hd);
+            for (int d = 0; d < hd; d++) vt[(size_t)d * L + i] = e->v[(size_t)(r0 + i) * D + h * hd + d];
+        }
+        kn_gemm_f32(kb, hd, L, qb, L, S, L); /* S[i][j] = q_i . k_j */
+        float *inv = O + (size_t)ml * hd;
+        for (int i = 0; i < L; i++) {
+            float *row = S + (size_t)i * L, mx = -INFINITY;
+            for (int j = 0; j < L; j++) mx = row[j] > mx ? row[j] : mx;
+            inv[i] = 1.0f / kn_exp_sum(row, L, mx, scale, row);
+        }
+        kn_gemm_f32(vt, L, hd, S, L, O, hd); /* O[i][d] = sum_j p_ij v_jd */
+        for (int i = 0; i < L; i++) {
+            float *o = e->att + (size_t)(r0 + i) * D + h * hd;
+            for (int d = 0; d < hd; d++) o[d] = O[(size_t)i * hd + d] * inv[i];
         }
     }
 }

@@ -383,5 +383,7 @@ static void silu_mul_avx2(float *a, const float *b, int n) {
     kn_silu_mul_scalar(a + i, b + i, n - i);
 }
 
-const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, dot_avx2,
+KN_GEMM_F32(gemm_f32_avx2, 8)
+
+const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
                               attn_group_avx2, f32_to_f16_avx2, silu_mul_avx2, exp_sum_avx2};

@@ -319,5 +319,7 @@ static float exp_sum_avx512(const float *x, int n, float mx, float scale, float 
     return _mm512_reduce_add_ps(acc) + kn_exp_sum_scalar(x + i, n - i, mx, scale, out + i);
 }
 
-const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, dot_avx512,
+KN_GEMM_F32(gemm_f32_avx512, 16)
+
+const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
                                 attn_group_avx512, f32_to_f16_avx512, silu_mul_avx512, exp_sum_avx512};

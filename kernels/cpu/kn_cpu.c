@@ -289,22 +289,23 @@ void kn_thread_cleanup(void) {
     tl_cap = 0;
 }
 
+/* Float weights: F32 rows straight from the tensor, F16/BF16 rows
+ * converted KN_ROWS at a time, then the ISA's blocked float GEMM. */
 static void gemm_float(const kn_weight *w, const float *x, int B, float *y, int64_t r0, int64_t r1) {
-    if ((size_t)w->k > tl_cap) { /* grows once per thread, not per call */
+    if (w->type == CM_F32) {
+        impl->gemm_f32((const float *)w->raw + r0 * w->k, w->k, r1 - r0, x, B, y + r0, w->n);
+        return;
+    }
+    if ((size_t)w->k * KN_ROWS > tl_cap) { /* grows once per thread, not per call */
         free(tl_row);
-        tl_row = malloc(sizeof(float) * (size_t)w->k);
-        tl_cap = tl_row ? (size_t)w->k : 0;
+        tl_row = malloc(sizeof(float) * (size_t)w->k * KN_ROWS);
+        tl_cap = tl_row ? (size_t)w->k * KN_ROWS : 0;
         if (!tl_row) abort();
     }
-    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
-    for (int64_t r = r0; r < r1; r++) {
-        const void *src = (const uint8_t *)w->raw + (size_t)r * rb;
-        const float *row = src;
-        if (w->type != CM_F32) {
-            kn_get_row(w, r, tl_row);
-            row = tl_row;
-        }
-        for (int b = 0; b < B; b++) y[(size_t)b * w->n + r] = impl->dot(row, x + (size_t)b * w->k, (int)w->k);
+    for (int64_t r = r0; r < r1; r += KN_ROWS) {
+        int64_t nr = r1 - r < KN_ROWS ? r1 - r : KN_ROWS;
+        for (int64_t i = 0; i < nr; i++) kn_get_row(w, r + i, tl_row + i * w->k);
+        impl->gemm_f32(tl_row, w->k, nr, x, B, y + r, w->n);
     }
 }
 
@@ -334,6 +335,10 @@ void kn_matmul_multi(kn_pool *p, int nw, const kn_weight *const *w, float *const
     mm_ctx c = {nw, w, y, x, a, B, 0};
     for (int i = 0; i < nw; i++) c.units += (w[i]->n + KN_ROWS - 1) / KN_ROWS;
     kn_pool_run(p, mm_task, &c);
+}
+
+void kn_gemm_f32(const float *w, int64_t k, int64_t n, const float *x, int B, float *y, int64_t ldy) {
+    impl->gemm_f32(w, k, n, x, B, y, ldy);
 }
 
 void kn_matmul(kn_pool *p, const kn_weight *w, float *y, const float *x, kn_act *a, int B) {

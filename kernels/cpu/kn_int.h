@@ -5,6 +5,8 @@
 
 #include "kernels.h"
 
+#include <string.h>
+
 /* Where one KV head's rows live: position j at byte offset kn_kv_off(r, j)
  * from k (and v); both already point at the head within a row. */
 typedef struct kn_kv_rows {
@@ -29,6 +31,10 @@ typedef struct {
     void (*gemm_q8)(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
                     int64_t g0, int64_t g1);
     float (*dot)(const float *a, const float *b, int n);
+    /* y[b * ldy + r] = w[r] . x[b] for r < nr, b < B: float weights [nr][k]
+     * against float activations [B][k] (F32 checkpoints; F16/BF16 rows
+     * converted first). KN_GEMM_F32 below makes each ISA's. */
+    void (*gemm_f32)(const float *w, int64_t k, int64_t nr, const float *x, int B, float *y, int64_t ldy);
     /* Attention of the g query heads sharing one KV head, one query token:
      * q [g][hd], len positions read through kv, s scratch [g][len],
      * out [g][hd]. */
@@ -38,6 +44,60 @@ typedef struct {
     void (*silu_mul)(float *a, const float *b, int n); /* a = silu(a) * b */
     float (*exp_sum)(const float *x, int n, float mx, float scale, float *out); /* kn_exp_sum */
 } kn_impl;
+
+/* A float GEMM blocked 4 weight rows x 4 activation rows: 16 accumulators of
+ * VL lanes (GCC vector extensions, compiled to the including file's ISA),
+ * so each loaded vector feeds four FMAs instead of one dot product's one.
+ * Edge blocks (fewer rows or activations) run the same arithmetic in the
+ * same order, so a token's result never depends on where in the batch it
+ * sits. */
+#define KN_GEMM_F32(NAME, VL)                                                                               \
+    typedef float NAME##_vf __attribute__((vector_size(VL * 4)));                                          \
+    static inline __attribute__((always_inline)) void NAME##_block(const float *const *wr, int np, const float *const *xb, int nq, int64_t k, \
+                                    float *y, int64_t ldy, int full) {                                     \
+        NAME##_vf acc[4][4];                                                                               \
+        memset(acc, 0, sizeof acc);                                                                        \
+        int64_t kv = k / VL * VL;                                                                          \
+        for (int64_t i = 0; i < kv; i += VL) {                                                             \
+            NAME##_vf a[4], c[4];                                                                          \
+            if (full) { /* constant bounds: the compiler keeps all 16 in registers */                      \
+                for (int t = 0; t < 4; t++) {                                                              \
+                    memcpy(&a[t], wr[t] + i, sizeof a[t]);                                                 \
+                    memcpy(&c[t], xb[t] + i, sizeof c[t]);                                                 \
+                }                                                                                          \
+                for (int p = 0; p < 4; p++)                                                                \
+                    for (int q = 0; q < 4; q++) acc[p][q] += a[p] * c[q];                                  \
+            } else {                                                                                       \
+                for (int t = 0; t < np; t++) memcpy(&a[t], wr[t] + i, sizeof a[t]);                        \
+                for (int t = 0; t < nq; t++) memcpy(&c[t], xb[t] + i, sizeof c[t]);                        \
+                for (int p = 0; p < np; p++)                                                               \
+                    for (int q = 0; q < nq; q++) acc[p][q] += a[p] * c[q];                                 \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int p = 0; p < np; p++)                                                                       \
+            for (int q = 0; q < nq; q++) {                                                                 \
+                float s = 0;                                                                               \
+                for (int j = 0; j < VL; j++) s += acc[p][q][j];                                            \
+                for (int64_t i = kv; i < k; i++) s += wr[p][i] * xb[q][i];                                 \
+                y[(int64_t)q * ldy + p] = s;                                                               \
+            }                                                                                              \
+    }                                                                                                      \
+    static void NAME(const float *w, int64_t k, int64_t nr, const float *x, int B, float *y, int64_t ldy) { \
+        for (int64_t r = 0; r < nr; r += 4) {                                                              \
+            int np = nr - r < 4 ? (int)(nr - r) : 4;                                                       \
+            const float *wr[4];                                                                            \
+            for (int t = 0; t < 4; t++) wr[t] = w + (r + (t < np ? t : 0)) * k;                            \
+            for (int b = 0; b < B; b += 4) {                                                               \
+                int nq = B - b < 4 ? B - b : 4;                                                            \
+                const float *xb[4];                                                                        \
+                for (int t = 0; t < 4; t++) xb[t] = x + (int64_t)(b + (t < nq ? t : 0)) * k;               \
+                if (np == 4 && nq == 4) /* two copies: the full block's loops have constant bounds */    \
+                    NAME##_block(wr, 4, xb, 4, k, y + (int64_t)b * ldy + r, ldy, 1);                        \
+                else                                                                                       \
+                    NAME##_block(wr, np, xb, nq, k, y + (int64_t)b * ldy + r, ldy, 0);                      \
+            }                                                                                              \
+        }                                                                                                  \
+    }
 
 void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
                            float *out);

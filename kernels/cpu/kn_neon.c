@@ -245,7 +245,9 @@ static void silu_mul_neon(float *a, const float *b, int n) {
     kn_silu_mul_scalar(a + i, b + i, n - i);
 }
 
-const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, dot_neon,
+KN_GEMM_F32(gemm_f32_neon, 4)
+
+const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, dot_neon, gemm_f32_neon,
                               attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};
 const kn_impl kn_impl_neon_dot = {"neon-dotprod", quant_act_neon, kn_neon_gemm_dot, kn_neon_gemm_dot, dot_neon,
-                                  attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};
+                                  gemm_f32_neon, attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};

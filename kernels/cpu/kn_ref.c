@@ -186,8 +186,14 @@ void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = cm_f32_to_f16(src[i]);
 }
 
+/* no blocking: the reference is the plain dot product, row by row */
+static void gemm_f32_scalar(const float *w, int64_t k, int64_t nr, const float *x, int B, float *y, int64_t ldy) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int b = 0; b < B; b++) y[(int64_t)b * ldy + r] = dot_scalar(w + r * k, x + (int64_t)b * k, (int)k);
+}
+
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
-                                dot_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar,
+                                dot_scalar, gemm_f32_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar,
                                 kn_silu_mul_scalar, kn_exp_sum_scalar};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
