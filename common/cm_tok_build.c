@@ -106,10 +106,11 @@ int cm_tok_finish(cm_tokenizer *t) {
                 else { memcpy(p + o, s + i, (size_t)n); o += (size_t)n; }
                 i += (size_t)n;
             }
-        } else if (t->kind == CM_TOK_SPM && t->type[id] == CM_TT_BYTE && parse_byte_token(s, len) >= 0) {
+        } else if ((t->kind == CM_TOK_SPM || t->kind == CM_TOK_UNI) && t->type[id] == CM_TT_BYTE &&
+                   parse_byte_token(s, len) >= 0) {
             p[o++] = (char)parse_byte_token(s, len);
             t->byte_tok[(unsigned char)p[0]] = id;
-        } else if (t->kind == CM_TOK_SPM) {
+        } else if (t->kind == CM_TOK_SPM || t->kind == CM_TOK_UNI) {
             for (size_t i = 0; i < len;) {
                 if (i + 3 <= len && memcmp(s + i, SPM_SPACE, 3) == 0) { p[o++] = ' '; i += 3; }
                 else p[o++] = s[i++];
@@ -214,8 +215,9 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
     if (cm_str_eq(model, "gpt2")) t->kind = CM_TOK_BPE;
     else if (cm_str_eq(model, "llama")) t->kind = CM_TOK_SPM;
     else if (cm_str_eq(model, "wordpiece")) t->kind = CM_TOK_WPM;
+    else if (cm_str_eq(model, "unigram")) t->kind = CM_TOK_UNI;
     else {
-        snprintf(err, errlen, "tokenizer model '%.*s' is not supported (gpt2, llama, wordpiece)", (int)(model.len > 32 ? 32 : model.len), model.ptr);
+        snprintf(err, errlen, "tokenizer model '%.*s' is not supported (gpt2, llama, wordpiece, unigram)", (int)(model.len > 32 ? 32 : model.len), model.ptr);
         rc = LLM_EUNSUP;
         goto fail;
     }
@@ -264,6 +266,21 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
     cm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
     cm_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
     if (t->add_bos && t->bos < 0) t->add_bos = 0;
+    if (t->kind == CM_TOK_UNI) {
+        uint32_t u = 0;
+        t->uni_split = 1;
+        t->uni_prepend = 1;
+        if (!cm_gguf_get_u32(g, "tokenizer.unigram.flags", &u)) {
+            t->uni_split = (int)(u & 1), t->uni_prepend = (int)(u >> 1 & 3), t->uni_byte_fallback = (int)(u >> 3 & 1);
+            t->add_eos = (int)(u >> 4 & 1);
+        }
+        t->add_space_prefix = 0;
+        if (t->unk < 0) {
+            snprintf(err, errlen, "a unigram tokenizer needs an unknown token");
+            rc = LLM_EFORMAT;
+            goto fail;
+        }
+    }
     if (t->kind == CM_TOK_WPM) {
         cm_str px = {"##", 2};
         t->wp_max_chars = 100;
@@ -295,6 +312,7 @@ int cm_tok_from_gguf(const cm_gguf *g, cm_tokenizer **out, char *err, size_t err
             CM_WARN("pre-tokenizer '%.*s' is not known; using GPT-2's", (int)(pre.len > 32 ? 32 : pre.len), pre.ptr);
     }
     if ((rc = cm_tok_finish(t))) goto fail;
+    if (t->kind == CM_TOK_UNI) cm_tok_unigram_ready(t);
     if (t->kind == CM_TOK_BPE) {
         const cm_gguf_kv *km = cm_gguf_find(g, "tokenizer.ggml.merges");
         if (!km || (rc = cm_gguf_arr_strings(km, &merges))) {
@@ -508,13 +526,16 @@ int cm_tok_export(const cm_tokenizer *t, uint8_t **out, size_t *len) {
         qsort(m, nm, sizeof *m, merge_cmp);
     }
     wbuf b = {0};
-    uint64_t nkv = 8 + (t->kind == CM_TOK_BPE ? 2 : 0) + (t->kind == CM_TOK_WPM ? 3 : 0) + (t->bos >= 0) + (t->eos >= 0) + (t->unk >= 0) +
+    uint64_t nkv = 8 + (t->kind == CM_TOK_BPE ? 2 : 0) + (t->kind == CM_TOK_WPM ? 3 : 0) + (t->kind == CM_TOK_UNI) + (t->bos >= 0) + (t->eos >= 0) + (t->unk >= 0) +
                    (t->chat_template != NULL);
     wput(&b, "GGUF", 4);
     wu32(&b, 3);
     wu64(&b, 0);   /* tensors */
     wu64(&b, nkv);
-    const char *model = t->kind == CM_TOK_BPE ? "gpt2" : t->kind == CM_TOK_WPM ? "wordpiece" : "llama";
+    const char *model = t->kind == CM_TOK_BPE   ? "gpt2"
+                        : t->kind == CM_TOK_WPM ? "wordpiece"
+                        : t->kind == CM_TOK_UNI ? "unigram"
+                                                : "llama";
     wkey(&b, "tokenizer.ggml.model", CM_GGUF_STRING);
     wstr(&b, model, strlen(model));
     wkey(&b, "tokenizer.ggml.tokens", CM_GGUF_ARRAY);
@@ -555,6 +576,10 @@ int cm_tok_export(const cm_tokenizer *t, uint8_t **out, size_t *len) {
             wput(&b, " ", 1);
             wput(&b, t->text[m[i].r], rl);
         }
+    }
+    if (t->kind == CM_TOK_UNI) {
+        wkey(&b, "tokenizer.unigram.flags", CM_GGUF_U32);
+        wu32(&b, (uint32_t)(t->uni_split | t->uni_prepend << 1 | t->uni_byte_fallback << 3 | t->add_eos << 4));
     }
     if (t->kind == CM_TOK_WPM) {
         wkey(&b, "tokenizer.wordpiece.flags", CM_GGUF_U32);

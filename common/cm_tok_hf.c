@@ -224,6 +224,99 @@ static int from_json_bpe(json_t *root, json_t *cfg, cm_tokenizer *t, char *e, si
     return 0;
 }
 
+/* Unigram (SentencePiece models converted to tokenizer.json: T5, ALBERT,
+ * XLM-R shapes): [piece, log probability] pairs, unk_id, byte fallback; the
+ * Metaspace pre-tokenizer; no normalizer (a Precompiled or NFKC one is
+ * refused: its tables are not implemented); a template adding a special
+ * token before and / or after the text. */
+static int from_json_unigram(json_t *root, cm_tokenizer *t, char *e, size_t el) {
+    json_t *model = json_object_get(root, "model");
+    t->kind = CM_TOK_UNI;
+    json_t *norm = json_object_get(root, "normalizer");
+    if (norm && !json_is_null(norm)) {
+        snprintf(e, el, "a Unigram normalizer ('%.40s') is not supported", jtype(norm) ? jtype(norm) : "?");
+        return LLM_EUNSUP;
+    }
+    json_t *pre = json_object_get(root, "pre_tokenizer");
+    const char *pty = jtype(pre), *rep = json_string_value(json_object_get(pre, "replacement"));
+    const char *scheme = json_string_value(json_object_get(pre, "prepend_scheme"));
+    json_t *split = json_object_get(pre, "split"), *aps = json_object_get(pre, "add_prefix_space");
+    if (!pty || strcmp(pty, "Metaspace") || !rep || strcmp(rep, SPM_SPACE)) {
+        snprintf(e, el, "a Unigram pre_tokenizer must be Metaspace with U+2581 ('%.40s' is not supported)", pty ? pty : "?");
+        return LLM_EUNSUP;
+    }
+    t->uni_split = split ? json_is_true(split) : 1;
+    t->uni_prepend = scheme ? (!strcmp(scheme, "always") ? 1 : !strcmp(scheme, "first") ? 2 : 0) : aps && !json_is_true(aps) ? 0 : 1;
+    if (scheme && strcmp(scheme, "always") && strcmp(scheme, "first") && strcmp(scheme, "never")) {
+        snprintf(e, el, "Metaspace prepend_scheme '%.20s' is not one of always, first, never", scheme);
+        return LLM_EUNSUP;
+    }
+    t->uni_byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+    json_t *vocab = json_object_get(model, "vocab"), *unk = json_object_get(model, "unk_id");
+    size_t nv = json_array_size(vocab);
+    if (!json_is_array(vocab) || nv == 0 || nv > MAX_VOCAB || !json_is_integer(unk) || json_integer_value(unk) < 0 ||
+        json_integer_value(unk) >= (json_int_t)nv) {
+        snprintf(e, el, "model.vocab must be a list of 1 to %d [piece, score] pairs and model.unk_id one of them",
+                 MAX_VOCAB);
+        return LLM_EFORMAT;
+    }
+    int rc = cm_tok_alloc_vocab(t, (int32_t)nv);
+    if (rc) return rc;
+    size_t i;
+    json_t *v;
+    json_array_foreach(vocab, i, v) {
+        json_t *pc = json_array_get(v, 0), *sc = json_array_get(v, 1);
+        if (json_array_size(v) != 2 || !json_is_string(pc) || !json_is_number(sc)) {
+            snprintf(e, el, "model.vocab[%zu] is not [piece, score]", i);
+            return LLM_EFORMAT;
+        }
+        if ((rc = cm_tok_set_entry(t, (int32_t)i, json_string_value(pc), json_string_length(pc)))) return rc;
+        t->score[i] = (float)json_number_value(sc);
+        const char *p = json_string_value(pc);
+        t->type[i] = strlen(p) == 6 && !strncmp(p, "<0x", 3) && p[5] == '>' ? CM_TT_BYTE : CM_TT_NORMAL;
+    }
+    t->unk = (int32_t)json_integer_value(unk);
+    t->type[t->unk] = CM_TT_UNKNOWN;
+    json_t *at;
+    json_array_foreach(json_object_get(root, "added_tokens"), i, at) {
+        json_t *idv = json_object_get(at, "id");
+        const char *c = json_string_value(json_object_get(at, "content"));
+        json_int_t id = json_is_integer(idv) ? json_integer_value(idv) : -1;
+        if (!c || id < 0 || id >= (json_int_t)nv || strcmp(t->text[id], c)) {
+            snprintf(e, el, "added_tokens[%zu] is not a token of the vocabulary with its id", i);
+            return LLM_EFORMAT;
+        }
+        if (id != t->unk) t->type[id] = json_is_true(json_object_get(at, "special")) ? CM_TT_CONTROL : CM_TT_USER;
+    }
+    json_t *post = json_object_get(root, "post_processor");
+    const char *ppt = jtype(post);
+    if (post && !json_is_null(post)) {
+        json_t *single = json_object_get(post, "single");
+        size_t ns = json_array_size(single);
+        if (!ppt || strcmp(ppt, "TemplateProcessing") || ns < 1 || ns > 3) {
+            snprintf(e, el, "post_processor '%.40s' is not supported for Unigram (TemplateProcessing)", ppt ? ppt : "?");
+            return LLM_EUNSUP;
+        }
+        int seen_a = 0;
+        for (size_t k = 0; k < ns; k++) {
+            json_t *it = json_array_get(single, k), *sp = json_object_get(it, "SpecialToken");
+            if (json_object_get(it, "Sequence")) {
+                seen_a = 1;
+                continue;
+            }
+            int32_t id = lookup(t, json_string_value(json_object_get(sp, "id")));
+            if (id < 0) {
+                snprintf(e, el, "post_processor names a token that is not in the vocabulary");
+                return LLM_EFORMAT;
+            }
+            if (seen_a) t->eos = id, t->add_eos = 1;
+            else t->bos = id, t->add_bos = 1;
+        }
+        if (t->add_eos && !t->add_bos) t->add_bos = 1; /* encoding "with specials" adds the EOS */
+    }
+    return 0;
+}
+
 /* After cm_tok_finish: the merges, "a b" strings or ["a", "b"] pairs. */
 static int bpe_merges(json_t *root, cm_tokenizer *t, char *e, size_t el) {
     json_t *merges = json_object_get(json_object_get(root, "model"), "merges"), *m;
@@ -253,8 +346,9 @@ static int from_json(json_t *root, json_t *cfg, cm_tokenizer *t, char *e, size_t
         mty = "WordPiece"; /* older files leave the type out */
     if (!mty && json_object_get(model, "merges")) mty = "BPE";
     if (mty && !strcmp(mty, "BPE")) return from_json_bpe(root, cfg, t, e, el);
+    if (mty && !strcmp(mty, "Unigram")) return from_json_unigram(root, t, e, el);
     if (!mty || strcmp(mty, "WordPiece")) {
-        snprintf(e, el, "model '%.40s' is not supported (WordPiece, byte-level BPE)", mty ? mty : "?");
+        snprintf(e, el, "model '%.40s' is not supported (WordPiece, byte-level BPE, Unigram)", mty ? mty : "?");
         return LLM_EUNSUP;
     }
     t->kind = CM_TOK_WPM;
@@ -350,6 +444,7 @@ static int from_mem(const char *data, size_t len, const char *cfg_data, size_t c
     if ((rc = from_json(root, cfg, t, e, sizeof e))) goto fail;
     if ((rc = cm_tok_finish(t))) goto fail;
     if (t->kind == CM_TOK_BPE && (rc = bpe_merges(root, t, e, sizeof e))) goto fail;
+    if (t->kind == CM_TOK_UNI) cm_tok_unigram_ready(t);
     json_decref(root);
     json_decref(cfg);
     *out = t;

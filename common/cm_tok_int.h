@@ -49,6 +49,11 @@ struct cm_tokenizer {
     unsigned wp_flags;
     char wp_prefix[8];
     uint32_t wp_prefix_len, wp_max_chars;
+    /* Unigram (CM_TOK_UNI): scores are log probabilities (Viterbi); the
+     * Metaspace pre-tokenizer's ways; the post-processor's EOS */
+    double uni_unk_score;          /* the lowest score less 10: an unknown character's */
+    int uni_split, uni_prepend;    /* words split at U+2581; 1: always, 2: first section only */
+    int uni_byte_fallback, add_eos;
 };
 
 enum { CM_WPM_CLEAN = 1, CM_WPM_CHINESE = 2, CM_WPM_STRIP = 4, CM_WPM_LOWER = 8 };
@@ -62,6 +67,8 @@ int cm_tok_finish(cm_tokenizer *t);
 /* BPE merges, after cm_tok_finish (they look tokens up): room for n, then
  * each (left, right) pair by rank; pairs naming no token are skipped. */
 int cm_tok_merges_init(cm_tokenizer *t, uint64_t n);
+/* Unigram, after cm_tok_finish: the unknown character's score. */
+void cm_tok_unigram_ready(cm_tokenizer *t);
 void cm_tok_merge_add(cm_tokenizer *t, int32_t rank, const char *ls, size_t ll, const char *rs, size_t rl);
 
 /* ---- byte-level mapping (GPT-2 bytes_to_unicode): cm_tokenizer.c ------- */

@@ -438,6 +438,98 @@ static int encode_wpm_text(const cm_tokenizer *t, const char *s, size_t len, ive
     return 0;
 }
 
+/* ---- Unigram -------------------------------------------------------------- */
+
+void cm_tok_unigram_ready(cm_tokenizer *t) {
+    float mn = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (t->type[i] == CM_TT_NORMAL && t->score[i] < mn) mn = t->score[i];
+    t->uni_unk_score = (double)mn - 10.0; /* what Hugging Face's Unigram gives a character no piece covers */
+}
+
+/* One word by Viterbi: the segmentation with the highest sum of piece log
+ * probabilities (ties keep the first found, the shorter piece); a character
+ * no piece starts with costs the unknown score; neighbouring unknowns are one
+ * [UNK] (or their bytes, with byte fallback). O(length x longest piece). */
+static int uni_word(const cm_tokenizer *t, const char *s, size_t n, double *best, int32_t *from, int32_t *id, ivec *out) {
+    for (size_t i = 0; i <= n; i++) from[i] = -1;
+    best[0] = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t ml = (size_t)cm_utf8_decode(s + i, n - i, &cp);
+        if (i == 0 || from[i] >= 0) {
+            int single = 0;
+            for (size_t e = i + 1; e <= n && e - i <= t->max_token_bytes; e++) {
+                if (e < n && ((unsigned char)s[e] & 0xc0) == 0x80) continue; /* not a character boundary */
+                int32_t k = find_text(t, s + i, e - i);
+                if (k < 0) continue;
+                double sc = best[i] + t->score[k];
+                if (from[e] < 0 || sc > best[e]) best[e] = sc, from[e] = (int32_t)i, id[e] = k;
+                if (e - i == ml) single = 1;
+            }
+            if (!single) {
+                double sc = best[i] + t->uni_unk_score;
+                if (from[i + ml] < 0 || sc > best[i + ml]) best[i + ml] = sc, from[i + ml] = (int32_t)i, id[i + ml] = t->unk;
+            }
+        }
+        i += ml;
+    }
+    /* back from the end: the pieces in reverse, written forwards below */
+    size_t m = 0, e = n;
+    int32_t *ends = (int32_t *)(id + n + 1); /* the caller sized id for two uses */
+    while (e > 0) {
+        ends[m++] = (int32_t)e;
+        e = (size_t)from[e];
+    }
+    for (size_t k = m; k-- > 0;) {
+        size_t b = k + 1 < m ? (size_t)ends[k + 1] : 0, en = (size_t)ends[k];
+        if (id[en] != t->unk) {
+            push(out, id[en]);
+            continue;
+        }
+        while (k > 0 && id[ends[k - 1]] == t->unk) en = (size_t)ends[--k]; /* fuse the unknowns */
+        int32_t whole = find_text(t, s + b, en - b);
+        if (whole >= 0 && whole != t->unk) push(out, whole);
+        else if (t->uni_byte_fallback)
+            for (size_t q = b; q < en; q++) push(out, t->byte_tok[(unsigned char)s[q]] >= 0 ? t->byte_tok[(unsigned char)s[q]] : t->unk);
+        else push(out, t->unk);
+    }
+    return 0;
+}
+
+/* Metaspace (spaces become U+2581, one prepended unless there is one) then
+ * each word (split before each U+2581) by Viterbi. */
+static int encode_uni_text(const cm_tokenizer *t, const char *text, size_t len, int first, ivec *out) {
+    size_t cap = len * 3 + 4;
+    char *s = malloc(cap);
+    double *best = malloc(sizeof *best * (cap + 1));
+    int32_t *from = malloc(sizeof *from * (cap + 1)), *id = malloc(sizeof *id * 2 * (cap + 1));
+    if (!s || !best || !from || !id) {
+        free(s); free(best); free(from); free(id);
+        return LLM_ENOMEM;
+    }
+    size_t n = 0;
+    int prepend = t->uni_prepend == 1 || (t->uni_prepend == 2 && first);
+    if (prepend && !(len && text[0] == ' ')) { memcpy(s, SPM_SPACE, 3); n = 3; }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') { memcpy(s + n, SPM_SPACE, 3); n += 3; }
+        else s[n++] = text[i];
+    }
+    for (size_t i = 0; i < n && !out->over;) {
+        size_t j = i + 1;
+        if (t->uni_split) {
+            if (n - i >= 3 && !memcmp(s + i, SPM_SPACE, 3)) j = i + 3;
+            while (j < n && !(n - j >= 3 && !memcmp(s + j, SPM_SPACE, 3))) j++;
+        } else {
+            j = n;
+        }
+        uni_word(t, s + i, j - i, best, from, id, out);
+        i = j;
+    }
+    free(s); free(best); free(from); free(id);
+    return 0;
+}
+
 /* ---- encode ------------------------------------------------------------ */
 
 /* The longest special token at s (user-defined ones always, control ones
@@ -468,8 +560,9 @@ int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int
     if (add_bos < 0) add_bos = t->add_bos;
     /* no token stands for more than max_token_bytes: a text that long is over
      * the limit whatever it says, and is refused before any work */
-    size_t least = t->max_token_bytes && t->kind != CM_TOK_WPM ? len / t->max_token_bytes : 0; /* WordPiece: a
-                                                                     * long word is one [UNK] */
+    size_t least = t->max_token_bytes && t->kind != CM_TOK_WPM && t->kind != CM_TOK_UNI
+                       ? len / t->max_token_bytes /* WordPiece, Unigram: a long unknown run is one [UNK] */
+                       : 0;
     if (max_ids != SIZE_MAX && least > max_ids) {
         *n = least;
         return LLM_ERANGE;
@@ -482,6 +575,7 @@ int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int
         if (i > frag) { /* raw text [frag, i) */
             if (t->kind == CM_TOK_BPE) rc = encode_bpe_text(t, &w, text + frag, i - frag, &out);
             else if (t->kind == CM_TOK_WPM) rc = encode_wpm_text(t, text + frag, i - frag, &out);
+            else if (t->kind == CM_TOK_UNI) rc = encode_uni_text(t, text + frag, i - frag, frag == 0, &out);
             else rc = encode_spm_text(t, &w, text + frag, i - frag, t->add_space_prefix && prev_special, &out);
             prev_special = 0;
         }
@@ -491,7 +585,7 @@ int cm_tok_encode_limit(const cm_tokenizer *t, const char *text, size_t len, int
         i += t->text_len[sp];
         frag = i;
     }
-    if (!rc && add_bos && t->kind == CM_TOK_WPM && t->eos >= 0) push(&out, t->eos); /* [CLS] text [SEP] */
+    if (!rc && add_bos && (t->kind == CM_TOK_WPM || t->add_eos) && t->eos >= 0) push(&out, t->eos); /* [CLS] text [SEP] */
     free(w.id); free(w.prev); free(w.next); free(w.start); free(w.len); free(w.h.a);
     if (!rc && out.oom) rc = LLM_ENOMEM;
     if (!rc && out.over) {
@@ -528,7 +622,8 @@ char *cm_tok_decode(const cm_tokenizer *t, const int32_t *ids, size_t n, int ren
         const char *p;
         size_t l;
         if (cm_tok_piece(t, ids[i], render_special, &p, &l)) continue;
-        if (((t->kind == CM_TOK_SPM && t->add_space_prefix) || t->kind == CM_TOK_WPM) && o == 0 && l && p[0] == ' ') {
+        if (((t->kind == CM_TOK_SPM && t->add_space_prefix) || t->kind == CM_TOK_WPM || (t->kind == CM_TOK_UNI && t->uni_prepend)) &&
+            o == 0 && l && p[0] == ' ') {
             p++;
             l--;
         }
@@ -547,7 +642,8 @@ char *cm_tok_decode(const cm_tokenizer *t, const int32_t *ids, size_t n, int ren
 
 void cm_detok_init(cm_detok *d, const cm_tokenizer *t) {
     d->npend = 0;
-    d->first = (t->kind == CM_TOK_SPM && t->add_space_prefix) || t->kind == CM_TOK_WPM;
+    d->first = (t->kind == CM_TOK_SPM && t->add_space_prefix) || t->kind == CM_TOK_WPM ||
+               (t->kind == CM_TOK_UNI && t->uni_prepend);
 }
 
 size_t cm_detok_push(cm_detok *d, const cm_tokenizer *t, int32_t id, char *out, size_t cap) {

@@ -19,7 +19,7 @@
 
 typedef struct cm_tokenizer cm_tokenizer;
 
-enum { CM_TOK_BPE = 1, CM_TOK_SPM = 2, CM_TOK_WPM = 3 /* WordPiece (BERT) */ };
+enum { CM_TOK_BPE = 1, CM_TOK_SPM = 2, CM_TOK_WPM = 3 /* WordPiece (BERT) */, CM_TOK_UNI = 4 /* Unigram */ };
 enum { CM_PRE_GPT2 = 0, CM_PRE_LLAMA3, CM_PRE_QWEN2, CM_PRE_SMOLLM };
 /* GGUF token types */
 enum { CM_TT_NORMAL = 1, CM_TT_UNKNOWN = 2, CM_TT_CONTROL = 3, CM_TT_USER = 4, CM_TT_UNUSED = 5,
