@@ -95,14 +95,17 @@ static void defaults(cm_oai_completion *c) {
 }
 
 int cm_oai_overflow_parse(const char *s) {
-    static const char *const names[] = {"error", "truncate-left", "middle-out"};
-    for (int i = 0; s && i < 3; i++)
+    static const char *const names[] = {"error", "truncate-left", "middle-out", "summarize"};
+    for (int i = 0; s && i < 4; i++)
         if (!strcmp(s, names[i])) return i;
     return -1;
 }
 
 const char *cm_oai_overflow_name(int p) {
-    return p == CM_OVERFLOW_TRUNCATE_LEFT ? "truncate-left" : p == CM_OVERFLOW_MIDDLE_OUT ? "middle-out" : "error";
+    return p == CM_OVERFLOW_TRUNCATE_LEFT ? "truncate-left"
+           : p == CM_OVERFLOW_MIDDLE_OUT  ? "middle-out"
+           : p == CM_OVERFLOW_SUMMARIZE   ? "summarize"
+                                          : "error";
 }
 
 int cm_utf8_valid(const char *s, size_t n) {
@@ -751,7 +754,7 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
     json_t *co = json_object_get(o, "context_overflow");
     if (co && !json_is_null(co) && (c->context_overflow = cm_oai_overflow_parse(json_string_value(co))) < 0)
-        BAD("context_overflow", "'context_overflow' must be 'error', 'truncate-left' or 'middle-out'");
+        BAD("context_overflow", "'context_overflow' must be 'error', 'truncate-left', 'middle-out' or 'summarize'");
     if ((rc = parse_tools(o, c, err, errlen, param))) goto fail;
     if ((rc = check_fields(o, 1, err, errlen, param))) goto fail;
     json_decref(o);

@@ -100,10 +100,11 @@ typedef struct {
 } cm_oai_completion;
 
 /* A chat history longer than the context: refuse (400), drop the oldest
- * turns, or drop the turns after the first exchange; the system prompt and
- * the newest turns always stay. */
-enum { CM_OVERFLOW_ERROR = 0, CM_OVERFLOW_TRUNCATE_LEFT = 1, CM_OVERFLOW_MIDDLE_OUT = 2 };
-/* "error" | "truncate-left" | "middle-out" -> CM_OVERFLOW_*, or -1. */
+ * turns, drop the turns after the first exchange, or put the served
+ * model's summary of those in their place; the system prompt and the
+ * newest turns always stay. */
+enum { CM_OVERFLOW_ERROR = 0, CM_OVERFLOW_TRUNCATE_LEFT = 1, CM_OVERFLOW_MIDDLE_OUT = 2, CM_OVERFLOW_SUMMARIZE = 3 };
+/* "error" | "truncate-left" | "middle-out" | "summarize" -> CM_OVERFLOW_*, or -1. */
 int cm_oai_overflow_parse(const char *s);
 const char *cm_oai_overflow_name(int policy);
 

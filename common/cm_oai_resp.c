@@ -224,10 +224,15 @@ json_t *cm_oai_usage_json(const cm_oai_result *r) {
     for (int i = 0; i < r->n && !r->score_only; i++) out += r->ch[i].completion_tokens;
     json_t *u = json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", out,
                           "total_tokens", r->prompt_tokens + out, "prompt_tokens_details", "cached_tokens", r->cached_tokens);
-    if (u && r->trim_policy) /* llmserve's: the history did not fit the context and was trimmed */
-        json_object_set_new(u, "context_trimming", json_pack("{s:s,s:i,s:i}", "policy", cm_oai_overflow_name(r->trim_policy),
-                                                             "dropped_messages", r->trim_messages, "dropped_tokens",
-                                                             r->trim_tokens));
+    if (u && r->trim_policy) { /* llmserve's: the history did not fit the context and was trimmed */
+        json_t *t = json_pack("{s:s,s:i,s:i}", "policy", cm_oai_overflow_name(r->trim_policy), "dropped_messages",
+                              r->trim_messages, "dropped_tokens", r->trim_tokens);
+        if (t && r->trim_policy == CM_OVERFLOW_SUMMARIZE) {
+            json_object_set_new(t, "summary_tokens", json_integer(r->trim_summary_tokens));
+            json_object_set_new(t, "summary_cached", json_boolean(r->trim_summary_cached));
+        }
+        json_object_set_new(u, "context_trimming", t);
+    }
     return u;
 }
 

@@ -55,6 +55,7 @@ typedef struct {
     int prompt_tokens, cached_tokens;
     int trim_policy;             /* CM_OVERFLOW_* when the history was trimmed to fit, else 0 */
     int trim_messages, trim_tokens; /* what it dropped */
+    int trim_summary_tokens, trim_summary_cached; /* summarize: the summary put in its place */
     int prompt_logprobs, score_only; /* the request's */
     const int32_t *prompt;       /* borrowed: the prompt's token ids, for its logprobs */
     int n_prompt;

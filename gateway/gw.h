@@ -107,6 +107,10 @@ typedef struct gw {
     char eserved[256];
     int emax_len, edim;
     gw_cache cache;              /* --semantic-cache (its dim is set by the first embedding model) */
+    /* context_overflow summarize: summaries of dropped turns by their transcript's hash, the last 256 */
+    gw_map sums;
+    uint64_t sum_ring[256];
+    int sum_at;
     /* workers (gw_pool) */
     gw_worker w[GW_MAX_WORKERS];
     int n_workers, rr, tick;

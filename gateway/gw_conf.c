@@ -50,9 +50,10 @@ const gw_flag gw_flags[] = {
      F(tokenizer_threads), 1, 256},
     {"tokenizer-queue", "N", "256", "requests waiting for a tokenizer thread before 503", K_INT, 1, F(tokenizer_queue), 1,
      1 << 20},
-    {"context-overflow", "error|truncate-left|middle-out", "error", "a chat history longer than the context: refuse it "
-     "(400), drop the oldest turns, or drop the turns after the first exchange; the system prompt and the newest turn "
-     "stay (a request's context_overflow field overrides)", K_STR, 1, F(context_overflow), 0, 0},
+    {"context-overflow", "error|truncate-left|middle-out|summarize", "error", "a chat history longer than the context: "
+     "refuse it (400), drop the oldest turns, drop the turns after the first exchange, or put the served model's summary "
+     "of those in their place; the system prompt and the newest turn stay (a request's context_overflow overrides)",
+     K_STR, 1, F(context_overflow), 0, 0},
     {"semantic-cache", NULL, NULL, "reuse answers to chat requests: exact repeats of the last user turn, and with an "
      "embedding model (--embedding-model) similar ones; per API key, parameters and context", K_ON, 1, F(scache), 0, 0},
     {"semantic-cache-threshold", "C", "0.90", "cosine of the last user turns' embeddings that counts as the same question "
@@ -163,7 +164,7 @@ int gw_conf_parse(gw_conf *c, int argc, char **argv) {
         return 2;
     }
     if (cm_oai_overflow_parse(c->context_overflow) < 0) {
-        fprintf(stderr, "llmserve-gateway: --context-overflow expects error, truncate-left or middle-out, not '%s'\n",
+        fprintf(stderr, "llmserve-gateway: --context-overflow expects error, truncate-left, middle-out or summarize, not '%s'\n",
                 c->context_overflow);
         return 2;
     }

@@ -165,6 +165,9 @@ void gw_stop(gw *g) {
     gw_model_unref(g->emodel);
     g->model = g->emodel = NULL;
     gw_cache_free(&g->cache);
+    for (int i = 0; i < 256; i++)
+        if (g->sum_ring[i]) free(gw_map_del(&g->sums, g->sum_ring[i]));
+    gw_map_free(&g->sums);
     gw_limits_free(&g->lim);
     gw_auth_free(&g->auth);
     gw_conf_free(&g->conf);

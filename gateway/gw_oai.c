@@ -142,7 +142,7 @@ static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budge
     for (int i = k0; i < n && nu < 4096; i++)
         if (!strcmp(ms[i].role, "user")) users[nu++] = i;
     /* droppable turns: [start of turn t, start of turn t+1) for t in [t0, nu-1); the first turn starts at k0 */
-    int t0 = policy == CM_OVERFLOW_MIDDLE_OUT ? 1 : 0, nd = nu - 1 - t0;
+    int t0 = policy == CM_OVERFLOW_TRUNCATE_LEFT ? 0 : 1, nd = nu - 1 - t0;
     size_t full = 0;
     int32_t *ids = NULL;
     render_tokens(m, q, ms, n, SIZE_MAX, &ids, &full); /* what the whole history would take, for usage */
@@ -155,7 +155,7 @@ static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budge
         snprintf(p->err, sizeof p->err, nd < 1 ? "The messages take %zu tokens, more than the %zu this model's context "
                  "leaves for them, and there is no earlier turn to drop (context_overflow %s keeps the system prompt%s "
                  "and the last turn)" : "out of memory", full, budget, cm_oai_overflow_name(policy),
-                 policy == CM_OVERFLOW_MIDDLE_OUT ? ", the first turn" : "");
+                 policy != CM_OVERFLOW_TRUNCATE_LEFT ? ", the first turn" : "");
         return;
     }
     /* the history without droppable turns [0, d): the kept head, then from the start of turn t0 + d on */
@@ -190,8 +190,58 @@ static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budge
     q->tok = best_ids;
     q->n_tok = (int)best_nt;
     q->trim_policy = policy;
-    q->trim_messages = users[t0 + best] - (t0 == 0 ? k0 : users[t0]);
+    q->summ_head = t0 == 0 ? k0 : users[t0];
+    q->summ_from = users[t0 + best];
+    q->trim_messages = q->summ_from - q->summ_head;
     q->trim_tokens = full > best_nt ? (int)(full - best_nt) : 0;
+}
+
+static const char SUMMARY_SYSTEM[] =
+    "You summarize conversations. Write a short summary of the conversation below: its facts, names, numbers, "
+    "decisions and open questions, in a few sentences. Write only the summary.";
+#define SUMMARY_INTRO "Summary of the earlier conversation: "
+
+/* context_overflow summarize, on the tokenizer thread: the dropped turns as
+ * a transcript, and the prompt that asks the served model to summarize
+ * them (the transcript's newest part when all of it would not fit). Without
+ * one, the request goes on as middle-out. */
+static void summary_prompt(prep *p, gw_req *q, const gw_model *m) {
+    size_t cap = 1024, len = 0;
+    char *tr = malloc(cap);
+    for (int i = q->summ_head; tr && i < q->summ_from; i++) {
+        const struct cm_oai_msg *ms = &q->c.messages[i];
+        const char *body = ms->content ? ms->content : ms->tool_calls ? ms->tool_calls : "";
+        size_t need = strlen(ms->role) + strlen(body) + 32;
+        if (len + need > cap) {
+            while (len + need > cap) cap *= 2;
+            char *nt = realloc(tr, cap);
+            if (!nt) { free(tr); tr = NULL; break; }
+            tr = nt;
+        }
+        len += (size_t)snprintf(tr + len, cap - len, "%s%s: %s\n", ms->tool_calls && !ms->content ? "(tool call) " : "",
+                                ms->role, body);
+    }
+    if (!tr) return;
+    q->summ_key = XXH3_64bits(tr, len) ^ m->fp;
+    if (!q->summ_key) q->summ_key = 1;
+    const char *from = tr;
+    for (int tries = 0; tries < 6; tries++) { /* halve the transcript, from its old end, until it fits */
+        cm_chat_msg cm[2] = {{"system", SUMMARY_SYSTEM}, {"user", from}};
+        char *text = NULL;
+        size_t nt = 0;
+        if (cm_chat_render(m->chat_kind, NULL, cm, 2, 1, &text) || !text) break;
+        int rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, (size_t)(p->max_len - q->summ_room), &q->summ_tok,
+                                     &nt);
+        free(text);
+        if (rc == 0) {
+            q->summ_n = (int)nt;
+            break;
+        }
+        if (rc != LLM_ERANGE) break;
+        from += strlen(from) / 2;
+        while ((*from & 0xc0) == 0x80) from++; /* a character boundary */
+    }
+    free(tr);
 }
 
 /* On a tokenizer thread: everything about the request that needs no loop state. */
@@ -225,8 +275,11 @@ static void prep_run(gw_job *j) {
                                   "prompt in this model's context of %d tokens", room, L);
             rc = render_tokens(m, q, q->c.messages, q->c.n_messages, (size_t)(L - room), &q->tok, &nt);
             if (rc == LLM_ERANGE) {
-                trim(p, q, m, policy, (size_t)(L - room));
+                /* summarize: the kept turns leave room for the summary too */
+                q->summ_room = policy == CM_OVERFLOW_SUMMARIZE ? ((L - room) / 4 < 256 ? (L - room) / 4 : 256) : 0;
+                trim(p, q, m, policy, (size_t)(L - room - q->summ_room));
                 if (p->status) return;
+                if (policy == CM_OVERFLOW_SUMMARIZE) summary_prompt(p, q, m);
                 nt = (size_t)q->n_tok;
                 rc = 0;
             }
@@ -402,12 +455,99 @@ int gw_oai_limits(gw *g, gw_req *q, double need, const char *param) {
 }
 
 /* Rate limits, then a worker group. */
+static void start_summary(gw *g, gw_req *q);
+
 static void admit(gw *g, gw_req *q) {
-    if (!q->conn) { /* the client left while the cache was asked */
+    if (!q->conn) { /* the client left while the cache or the summary was asked */
         gw_req_finish(q, 499, "the client closed the connection", "client_closed");
         return;
     }
+    if (q->summ_n) { /* context_overflow summarize: the summary first */
+        start_summary(g, q);
+        return;
+    }
     if (!gw_oai_limits(g, q, (double)q->n_tok + q->max_tokens, "max_tokens")) gw_req_start(g, q);
+}
+
+/* The summary of q's dropped turns: from the gateway's last 256, else
+ * asked of the served model as a request of its own (greedy, at most
+ * summ_room tokens), which calls gw_oai_summary_done when it ends. */
+static void start_summary(gw *g, gw_req *q) {
+    const char *hit = gw_map_get(&g->sums, q->summ_key);
+    int n = q->summ_n;
+    q->summ_n = 0; /* asked once */
+    if (hit) {
+        q->summ_cached = 1;
+        gw_oai_summary_done(g, q, hit, strlen(hit));
+        return;
+    }
+    gw_req *k = calloc(1, sizeof *k);
+    if (!k) {
+        gw_oai_summary_done(g, q, NULL, 0);
+        return;
+    }
+    k->g = g;
+    k->worker = -1;
+    k->key = q->key;
+    k->t_arrive = gw_now();
+    k->model = gw_model_ref(q->model);
+    k->tok = q->summ_tok, k->n_tok = n;
+    q->summ_tok = NULL;
+    k->max_tokens = q->summ_room > 24 ? q->summ_room - 16 : 8; /* the intro line takes the rest */
+    k->c.is_chat = 1, k->c.n = 1, k->c.top_p = 1, k->c.top_k = -1, k->c.repetition_penalty = 1;
+    k->c.logprobs = k->c.prompt_logprobs = -1;
+    k->summ_for = q;
+    gw_req_start(g, k); /* a refusal ends it, which calls gw_oai_summary_done */
+}
+
+void gw_oai_summary_done(gw *g, gw_req *q, const char *text, size_t len) {
+    if (!q->conn) {
+        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
+        return;
+    }
+    const gw_model *m = q->model;
+    while (len && (text[len - 1] == ' ' || text[len - 1] == '\n')) len--;
+    char *content = text && len ? malloc(sizeof SUMMARY_INTRO + len) : NULL;
+    struct cm_oai_msg *keep = content ? calloc((size_t)q->c.n_messages + 1, sizeof *keep) : NULL;
+    int L = g->max_model_len, kn = 0, ok = 0;
+    if (keep) {
+        memcpy(content, SUMMARY_INTRO, sizeof SUMMARY_INTRO - 1);
+        memcpy(content + sizeof SUMMARY_INTRO - 1, text, len);
+        content[sizeof SUMMARY_INTRO - 1 + len] = 0;
+        if (!q->summ_cached) { /* kept for the next request of this conversation */
+            char *copy = strndup(text, len);
+            if (copy && !gw_map_get(&g->sums, q->summ_key) && !gw_map_put(&g->sums, q->summ_key, copy)) {
+                if (g->sum_ring[g->sum_at]) free(gw_map_del(&g->sums, g->sum_ring[g->sum_at]));
+                g->sum_ring[g->sum_at] = q->summ_key;
+                g->sum_at = (g->sum_at + 1) % 256;
+            } else {
+                free(copy);
+            }
+        }
+        for (int i = 0; i < q->summ_head; i++) keep[kn++] = q->c.messages[i];
+        keep[kn++] = (struct cm_oai_msg){"system", content, NULL, NULL};
+        for (int i = q->summ_from; i < q->c.n_messages; i++) keep[kn++] = q->c.messages[i];
+        int32_t *ids = NULL;
+        size_t nt = 0;
+        /* on the loop: one render and tokenization of at most the context (milliseconds) */
+        if (!render_tokens(m, q, keep, kn, (size_t)(L - (q->c.max_tokens ? q->c.max_tokens : 1)), &ids, &nt)) {
+            q->summ_tokens = (int)nt - q->n_tok;
+            free(q->tok);
+            q->tok = ids;
+            q->n_tok = (int)nt;
+            if (!q->c.max_tokens) q->max_tokens = L - (int)nt;
+            ok = 1;
+        }
+    }
+    if (!ok) { /* no summary: the turns stay dropped, and the usage says middle-out */
+        CM_WARN("request %s: no summary of its %d dropped messages; they are dropped", q->id[0] ? q->id : "-",
+                q->trim_messages);
+        q->trim_policy = CM_OVERFLOW_MIDDLE_OUT;
+        q->summ_cached = 0;
+    }
+    free(content);
+    free(keep);
+    admit(g, q);
 }
 
 /* A cached answer, as the worker would have given it: the same response

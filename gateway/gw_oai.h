@@ -31,6 +31,10 @@ int gw_oai_limits(gw *g, struct gw_req *q, double need, const char *param);
 /* --semantic-cache: the question's vector arrived (vec NULL: it did not, in
  * time); a hit answers, else the request goes on to a worker group. */
 void gw_oai_cache_vector(gw *g, struct gw_req *q, const float *vec, int dim);
+/* context_overflow summarize: the summary arrived (text NULL: it did not);
+ * the request goes on with it in place of the turns it stands for, or with
+ * them dropped. */
+void gw_oai_summary_done(gw *g, struct gw_req *q, const char *text, size_t len);
 /* A request ended with 200: its answer is stored when it may be reused. */
 void gw_oai_cache_store(gw *g, struct gw_req *q);
 

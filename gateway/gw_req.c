@@ -56,6 +56,7 @@ void gw_req_free(gw_req *q) {
     free(q->cache_etok);
     free(q->cache_vec);
     free(q->ctext);
+    free(q->summ_tok);
     free(q->kids);
     json_decref(q->choices);
     cm_oai_result_free(&q->res);
@@ -80,6 +81,13 @@ static json_t *batch_json(const gw_req *q, json_t *choices) { /* takes choices *
 
 void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     gw *g = q->g;
+    if (q->summ_for) { /* a summary for another request's history: it goes on, with the summary or without */
+        gw_req *par = q->summ_for;
+        q->summ_for = NULL;
+        const cm_oai_choice *ch = &q->res.ch[0];
+        gw_oai_summary_done(g, par, status == 200 && q->res.n == 1 && ch->text ? ch->text : NULL,
+                            status == 200 ? ch->len : 0);
+    }
     int kid = q->parent || q->abandon;
     if (q->worker >= 0) {
         if (status != 200 && q->on_worker) gw_pool_cancel(g, q->worker, q->rid); /* it may still run there */
@@ -475,6 +483,7 @@ void gw_req_start(gw *g, gw_req *q) {
     cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), q->echo, q->echo_len);
     q->res.prompt_tokens = q->n_tok;
     q->res.trim_policy = q->trim_policy, q->res.trim_messages = q->trim_messages, q->res.trim_tokens = q->trim_tokens;
+    q->res.trim_summary_tokens = q->summ_tokens, q->res.trim_summary_cached = q->summ_cached;
     if (!q->c.stream) { /* the echo is in the collected text already */
         free(q->echo);
         q->echo = NULL;
@@ -487,7 +496,7 @@ void gw_req_start(gw *g, gw_req *q) {
     g->w[wi].routed_hit_tokens += (uint64_t)hit;
     g->m.prompt_tokens += (uint64_t)q->n_tok;
     gw_hist_add(&g->m.queue, q->t_sent - q->t_arrive);
-    if (!q->parent) gw_http_on_gone(q->conn, on_gone, q);
+    if (!q->parent && q->conn) gw_http_on_gone(q->conn, on_gone, q); /* a summary request has no client */
     q->timer = evtimer_new(g->base, on_timer, q);
     struct timeval tv = {0, 200000};
     if (q->timer) evtimer_add(q->timer, &tv);

@@ -67,6 +67,12 @@ typedef struct gw_req {
     float *cache_vec;
     char *ctext;                 /* a streamed answer's text, kept to be stored */
     int trim_policy, trim_messages, trim_tokens; /* the history was trimmed to fit (gw_oai.c) */
+    /* context_overflow summarize: the prompt asking for the summary, where it goes, its cache key; the
+     * summary request points back at the request it serves */
+    int32_t *summ_tok;
+    int summ_n, summ_head, summ_from, summ_room, summ_tokens, summ_cached;
+    uint64_t summ_key;
+    struct gw_req *summ_for;
     size_t clen, ccap;
 } gw_req;
 

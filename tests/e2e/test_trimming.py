@@ -1,7 +1,8 @@
 """Context trimming (context_overflow) through the gateway: a chat history
 longer than the context is refused by default; truncate-left drops the
 oldest turns and keeps the system prompt and the newest turns; middle-out
-also keeps the first exchange. The kept history is checked against /tokenize
+also keeps the first exchange; summarize puts the served model's summary of
+the dropped turns in their place (made once, then reused). The kept history is checked against /tokenize
 of the expected messages (the same template and tokenizer): the fewest whole
 turns dropped, the prompt within the context less max_tokens, and the
 policy and what was dropped in usage, streamed or not."""
@@ -72,6 +73,18 @@ for policy in ["truncate-left", "middle-out"]:
     check(tr.get("dropped_tokens") == full - want if want else False, "%s: dropped_tokens is what the history lost"
           % policy)
     check(u.get("prompt_tokens", L) + u.get("completion_tokens", L) <= L, "%s: never past the context" % policy)
+# summarize: the dropped middle replaced by the served model's own summary, kept for the next request
+for attempt in ("made", "cached"):
+    st, j = post("/v1/chat/completions", {"messages": history, "max_tokens": MAXTOK, "temperature": 0,
+                                          "context_overflow": "summarize"})
+    u = j.get("usage", {})
+    tr = u.get("context_trimming", {})
+    check(st == 200 and tr.get("policy") == "summarize" and tr.get("summary_tokens", 0) > 0,
+          "summarize (%s): answered with a summary of %s tokens in place of %s messages"
+          % (attempt, tr.get("summary_tokens"), tr.get("dropped_messages")))
+    check(tr.get("summary_cached") == (attempt == "cached"), "summarize: the summary was %s" % attempt)
+    check(u.get("prompt_tokens", L) <= budget and u.get("prompt_tokens", L) + u.get("completion_tokens", L) <= L,
+          "summarize: within the context (%s prompt tokens)" % u.get("prompt_tokens"))
 # streamed, with usage
 r = urllib.request.Request(GW + "/v1/chat/completions", json.dumps({
     "messages": history, "max_tokens": MAXTOK, "stream": True, "stream_options": {"include_usage": True},
