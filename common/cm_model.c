@@ -289,8 +289,12 @@ int cm_model_open_mem(const void *data, size_t size, const char *name, cm_model_
 }
 
 void cm_model_served_name(const char *model_path, const char *dummy_config, char *out, size_t len) {
-    const char *p = dummy_config ? dummy_config : model_path, *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
-    snprintf(out, len, "%s%s", dummy_config ? "dummy-" : "", base);
+    const char *p = dummy_config ? dummy_config : model_path;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') n--; /* a directory given as DIR/ is named DIR */
+    const char *base = p + n;
+    while (base > p && base[-1] != '/') base--;
+    snprintf(out, len, "%s%.*s", dummy_config ? "dummy-" : "", (int)(p + n - base), base);
     char *dot = strrchr(out, '.');
     if (!dummy_config && dot && !strcmp(dot, ".gguf")) *dot = 0;
 }

@@ -313,7 +313,18 @@ static void hf_dirs(void) {
     rmdir(dir);
 }
 
+static void served_names(void) {
+    char n[64];
+    cm_model_served_name("models/all-MiniLM-L6-v2/", NULL, n, sizeof n);
+    CHECK(!strcmp(n, "all-MiniLM-L6-v2"));
+    cm_model_served_name("/abs/models/x.gguf", NULL, n, sizeof n);
+    CHECK(!strcmp(n, "x"));
+    cm_model_served_name("dir", NULL, n, sizeof n);
+    CHECK(!strcmp(n, "dir"));
+}
+
 int main(void) {
+    served_names();
     reader();
     hf_dirs();
     return tst_done("safetensors_test");
