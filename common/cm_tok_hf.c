@@ -436,7 +436,8 @@ static int from_mem(const char *data, size_t len, const char *cfg_data, size_t c
         rc = LLM_EFORMAT;
         goto fail;
     }
-    if (cfg_len && !json_is_object(cfg = json_loadb(cfg_data, cfg_len, JSON_REJECT_DUPLICATES, &je))) {
+    if (cfg_len) cfg = json_loadb(cfg_data, cfg_len, JSON_REJECT_DUPLICATES, &je); /* json_is_object is a macro */
+    if (cfg_len && !json_is_object(cfg)) {
         snprintf(e, sizeof e, "tokenizer_config.json is not a JSON object");
         rc = LLM_EFORMAT;
         goto fail;

@@ -107,7 +107,7 @@ static void pump(client *c, double secs) {
                 c->tokens[i] = r->prompt_tokens;
                 free(c->emb[i]);
                 c->emb[i] = malloc(sizeof(float) * (r->n_embedding + 1));
-                memcpy(c->emb[i], r->embedding, sizeof(float) * r->n_embedding);
+                if (r->n_embedding) memcpy(c->emb[i], r->embedding, sizeof(float) * r->n_embedding);
                 c->n_emb[i] = r->n_embedding;
             }
         }
