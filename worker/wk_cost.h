@@ -20,7 +20,7 @@
 #ifndef WK_COST_H
 #define WK_COST_H
 
-typedef struct {
+typedef struct wk_cost {
     double theta[3];   /* fixed, a, b (b per 1,000 attended positions), all >= 0 */
     double A[3][3];    /* weighted sums of x x' and of x ms, x = (1, tokens, attended) */
     double y[3];

@@ -136,14 +136,7 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
         int dec = 0;
         for (int i = 0; i < e->n_running; i++) dec += e->running[i]->n_tok - e->running[i]->n_computed <= 1;
         spec = (!e->o.spec.max_batch || dec <= e->o.spec.max_batch) && (wk_cost_known(&e->cost) || !e->o.spec.cost_rule);
-        e->spec_floor = 0;
-        if (spec && e->o.spec.cost_rule) {
-            double f = wk_cost_predict(&e->cost, 0, 0), a = wk_cost_predict(&e->cost, 1, 0) - f;
-            e->spec_floor = a > 0 && f + a * dec > 0 ? (float)(a * dec / (f + a * dec)) : 0.f;
-            /* a draft model's tokens cost too: with c its cost per token against the target's (weight bytes,
-               as decoding reads them), a proposal pays when r > a*B/(F+a*B) + c */
-            e->spec_floor += e->draft_cost;
-        }
+        e->spec_floor = spec && e->o.spec.cost_rule ? wk_spec_floor(&e->cost, dec, e->draft_cost) : 0.f;
         e->spec_on = spec && e->spec_floor < 1.f;
     }
     /* every running stream advances each step; prompts share what is left */

@@ -1,5 +1,6 @@
 #include "wk_spec.h"
 #include "cm_error.h"
+#include "wk_cost.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -131,4 +132,10 @@ int wk_spec_ngram(const int32_t *tok, int n, int nmin, int nmax, int k, int32_t 
 int wk_spec_next_k(int k, int accepted, int kmax) {
     int nk = accepted >= k ? k + 1 : accepted + 1;
     return nk < 1 ? 1 : nk > kmax ? kmax : nk;
+}
+
+float wk_spec_floor(const wk_cost *c, int decodes, float draft_cost) {
+    if (!wk_cost_known(c)) return 1.f;
+    double f = wk_cost_predict(c, 0, 0), a = wk_cost_predict(c, 1, 0) - f, b = decodes;
+    return (a > 0 && f + a * b > 0 ? (float)(a * b / (f + a * b)) : 0.f) + draft_cost;
 }

@@ -65,4 +65,11 @@ int wk_spec_ngram(const int32_t *tok, int n, int nmin, int nmax, int k, int32_t 
  * was taken otherwise, within [1, kmax]. */
 int wk_spec_next_k(int k, int accepted, int kmax);
 
+struct wk_cost;
+/* The acceptance a sequence's drafts need to pay in a step where `decodes`
+ * sequences decode, from the step cost fit (ms = F + a*T): a*B / (F + a*B),
+ * plus draft_cost (a draft model's cost per token against the target's).
+ * 1 or more: no draft can pay; 1 while the fit knows nothing. */
+float wk_spec_floor(const struct wk_cost *c, int decodes, float draft_cost);
+
 #endif

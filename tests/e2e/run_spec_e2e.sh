@@ -15,7 +15,11 @@ fail() { echo "FAIL: $*"; kill "${PIDS[@]}" 2>/dev/null; wait; exit 1; }
 start() { "$BUILD/llmserve" serve "$MODEL" --port "$1" --max-model-len 1024 --kv-cache-memory 256MiB --log-level warn "${@:2}" &
           PIDS+=($!); }
 start "$P1"
-start "$P2" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
+# "cost_rule": false on both: by the default rule a sequence drafts only while its acceptance beats the
+# compute share of a step, which this 2-core machine measures differently from run to run (on a CPU a
+# small model is nearly compute-bound: a floor near 0.4, higher while other tests load it), so whether
+# these short requests draft at all would be up to chance; spec_test checks the rule on fixed costs
+start "$P2" --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "cost_rule": false}'
 start "$P3" --speculative-config '{"method": "draft_model", "model": "'"$MODEL"'", "num_speculative_tokens": 3, "cost_rule": false}'
 for p in "$P1" "$P2" "$P3"; do
     for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1 && break; sleep 0.2; done
@@ -33,8 +37,10 @@ S=$(stream "$P2")
 [ "$S" = "$A" ] || fail "speculating server's stream differs: $S vs $A"
 C=$(text "$P3"); CS=$(stream "$P3")
 [ "$C" = "$A" ] && [ "$CS" = "$A" ] || fail "draft-model server answered differently: $C / $CS vs $A"
-sleep 1.5  # the next heartbeat carries the worker's counters to the gateway
-M=$(curl -s "http://127.0.0.1:$P2/metrics")
+# a heartbeat (each second) carries the worker's counters to the gateway: wait for one, up to 15 s
+metrics() { for _ in $(seq 1 30); do M=$(curl -s "http://127.0.0.1:$1/metrics")
+                [ "$(val vllm:spec_decode_num_drafts_total)" -gt 0 ] && return; sleep 0.5; done; }
+metrics "$P2"
 val() { echo "$M" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 ~ "^"n"\\{" {s += $NF} END {print s + 0}'; }
 D=$(val vllm:spec_decode_num_drafts_total); DT=$(val vllm:spec_decode_num_draft_tokens_total)
 AC=$(val vllm:spec_decode_num_accepted_tokens_total); P0=$(val vllm:spec_decode_num_accepted_tokens_per_pos_total)
@@ -46,7 +52,7 @@ if command -v promtool >/dev/null; then
     bad=$(echo "$M" | promtool check metrics 2>&1 | grep -v "should not contain ':'" | grep -v '^$')
     [ -z "$bad" ] || fail "promtool: $bad"
 fi
-M=$(curl -s "http://127.0.0.1:$P3/metrics")
+metrics "$P3"
 D3=$(val vllm:spec_decode_num_drafts_total); DT3=$(val vllm:spec_decode_num_draft_tokens_total)
 AC3=$(val vllm:spec_decode_num_accepted_tokens_total)
 [ "$D3" -gt 0 ] && [ "$AC3" -gt 0 ] && [ "$AC3" -le "$DT3" ] || fail "draft model: drafts $D3, accepted $AC3 of $DT3"

@@ -3,7 +3,10 @@
  * engine_test's test_speculative. */
 #include "cm_error.h"
 #include "tst.h"
+#include "wk_cost.h"
 #include "wk_spec.h"
+
+#include <math.h>
 
 #include <string.h>
 
@@ -56,6 +59,31 @@ static void test_next_k(void) {
     CHECK_INT(wk_spec_next_k(4, 0, 8), 1); /* never below one */
 }
 
+/* The cost rule's floor from a fit of steps that cost exactly 4 ms + 3 ms a token (a small model on a
+ * CPU: nearly compute-bound) and 20 ms + 0.05 ms a token (a GPU: bound by reading the weights). */
+static void test_floor(void) {
+    wk_cost c;
+    wk_cost_init(&c);
+    CHECK(wk_spec_floor(&c, 1, 0.f) >= 1.f); /* nothing measured: no draft may run on the rule */
+    wk_cost_observe(&c, 1, 0, 7);
+    wk_cost_observe(&c, 1, 0, 7);
+    CHECK(wk_spec_floor(&c, 1, 0.f) >= 1.f); /* decodes alone do not tell a token's cost */
+    for (int i = 0; i < 6; i++) {
+        wk_cost_observe(&c, 64, 0, 4 + 3 * 64);
+        wk_cost_observe(&c, 1, 0, 7);
+    }
+    CHECK(fabsf(wk_spec_floor(&c, 1, 0.f) - 3.f / 7.f) < 0.02f);    /* a*B / (F + a*B) */
+    CHECK(fabsf(wk_spec_floor(&c, 8, 0.f) - 24.f / 28.f) < 0.02f);  /* more decodes: compute-bound */
+    CHECK(fabsf(wk_spec_floor(&c, 1, 0.25f) - (3.f / 7.f + 0.25f)) < 0.02f); /* a draft model's own cost */
+    wk_cost_init(&c);
+    for (int i = 0; i < 6; i++) {
+        wk_cost_observe(&c, 256, 0, 20 + 0.05 * 256);
+        wk_cost_observe(&c, 1, 0, 20.05);
+    }
+    CHECK(wk_spec_floor(&c, 1, 0.f) < 0.01f);                   /* a drafted token is nearly free */
+    CHECK(fabsf(wk_spec_floor(&c, 64, 0.f) - 3.2f / 23.2f) < 0.02f);
+}
+
 static void test_config(void) {
     char err[256];
     wk_spec_config c;
@@ -106,6 +134,7 @@ static void test_config(void) {
 int main(void) {
     test_ngram();
     test_next_k();
+    test_floor();
     test_config();
     return tst_done("spec_test");
 }
