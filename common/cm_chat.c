@@ -1,5 +1,6 @@
 #include "cm_chat.h"
 #include "cm_error.h"
+#include "cm_tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +16,18 @@ int cm_chat_detect(const char *t) {
     if (strstr(t, "<start_of_turn>")) return CM_CHAT_GEMMA;
     if (strstr(t, "<<SYS>>")) return CM_CHAT_LLAMA2;
     if (strstr(t, "[INST]")) return CM_CHAT_MISTRAL;
+    return CM_CHAT_CHATML;
+}
+
+int cm_chat_for(const cm_tokenizer *t) {
+    const char *tmpl = cm_tok_chat_template(t);
+    if (tmpl) return cm_chat_detect(tmpl);
+    static const struct { const char *marker; int kind; } by_vocab[] = {
+        {"<|im_start|>", CM_CHAT_CHATML}, {"<|start_header_id|>", CM_CHAT_LLAMA3}, {"<start_of_turn>", CM_CHAT_GEMMA}};
+    for (size_t i = 0; i < sizeof by_vocab / sizeof *by_vocab; i++) {
+        int32_t id = cm_tok_lookup(t, by_vocab[i].marker);
+        if (id >= 0 && cm_tok_type(t, id) == CM_TT_CONTROL) return by_vocab[i].kind;
+    }
     return CM_CHAT_CHATML;
 }
 

@@ -18,6 +18,12 @@ typedef struct {
 
 /* Family from a template's text (NULL: ChatML). */
 int cm_chat_detect(const char *tmpl);
+struct cm_tokenizer;
+/* The model's format: from its chat template when the metadata has one, else
+ * from the turn markers its vocabulary holds as control tokens (a GGUF made
+ * from a base model often carries none: Gemma's <start_of_turn>, Llama 3's
+ * <|start_header_id|>), else chatml. */
+int cm_chat_for(const struct cm_tokenizer *t);
 /* Family by name ("chatml", "llama2", "llama3", "mistral", "gemma"); -1 if unknown. */
 int cm_chat_by_name(const char *name);
 const char *cm_chat_name(int kind);

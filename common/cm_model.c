@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,40 @@ static int gguf_u32_arch(const cm_gguf *g, const char *arch, const char *suffix,
     return rc;
 }
 
+/* Gemma 3's attention: what the GGUF says (the window, linear RoPE scaling of the global layers) and
+ * what llama.cpp's loader fixes for the architecture, as Hugging Face's config does (five local layers
+ * to one global, the local layers' RoPE base 10,000; the 27B's query scale from dim / heads, the
+ * others' from the head size). */
+static int gemma_config(const cm_gguf *g, cm_model_config *c, char *err, size_t errlen) {
+    int rc;
+    c->swa_period = 6;
+    c->rope_theta_swa = 10000.f;
+    if ((rc = gguf_u32_arch(g, c->arch, "attention.sliding_window", &c->swa_window, 1, err, errlen))) return rc;
+    if ((rc = gguf_u32_arch(g, c->arch, "attention.sliding_window_pattern", &c->swa_period, 0, err, errlen)))
+        return rc;
+    if (c->swa_window == 0 || c->swa_period == 0) {
+        snprintf(err, errlen, "%s.attention.sliding_window and its pattern must be positive", c->arch);
+        return LLM_EFORMAT;
+    }
+    char key[128];
+    cm_str st;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
+    if (!cm_gguf_get_str(g, key, &st) && !(st.len == 4 && !memcmp(st.ptr, "none", 4))) {
+        if (!(st.len == 6 && !memcmp(st.ptr, "linear", 6))) {
+            snprintf(err, errlen, "%s '%.*s' is not supported (linear, none)", key, (int)(st.len < 32 ? st.len : 32), st.ptr);
+            return LLM_EUNSUP;
+        }
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", c->arch);
+        cm_gguf_get_f32(g, key, &c->rope_scale);
+        if (!(c->rope_scale >= 1.f && c->rope_scale <= 1024.f)) {
+            snprintf(err, errlen, "%s %g is out of range (1..1024)", key, (double)c->rope_scale);
+            return LLM_EFORMAT;
+        }
+    }
+    if (c->n_layer == 62 && c->n_head) c->attn_scale = 1.f / sqrtf((float)c->dim / (float)c->n_head); /* 27B */
+    return 0;
+}
+
 static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     cm_gguf *g = m->gguf;
     cm_model_config *c = &m->cfg;
@@ -69,8 +104,11 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     } else if (strcmp(c->arch, "qwen2") == 0) {
         c->rope_type = CM_ROPE_NEOX;
         c->qkv_bias = 1;
+    } else if (strcmp(c->arch, "gemma3") == 0) {
+        c->rope_type = CM_ROPE_NEOX;
+        c->gemma = 1;
     } else {
-        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2)", c->arch);
+        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2, gemma3)", c->arch);
         return LLM_EUNSUP;
     }
     if (!cm_gguf_get_str(g, "general.name", &s)) {
@@ -105,11 +143,13 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     cm_gguf_get_f32(g, key, &c->rope_theta);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", c->arch);
     cm_gguf_get_f32(g, key, &c->norm_eps);
+    c->rope_scale = 1.f;
+    if (c->gemma && (rc = gemma_config(g, c, err, errlen))) return rc;
     int type;
     uint64_t n;
     const void *d;
     if (cm_gguf_get_arr(g, "tokenizer.ggml.tokens", &type, &n, &d) == 0) c->vocab = (uint32_t)n;
-    uint32_t v;
+    uint32_t v = 0; /* stays 0 when the key is absent */
     if (gguf_u32_arch(g, c->arch, "vocab_size", &v, 0, err, errlen) == 0 && v) c->vocab = v;
     if (!c->vocab) {
         const cm_gguf_tensor *t = cm_gguf_find_tensor(g, "token_embd.weight");

@@ -37,6 +37,15 @@ typedef struct {
     int pooling;         /* CM_POOL_*: the checkpoint's sentence-transformers pooling (default CLS) */
     int normalize;       /* L2-normalise the pooled embedding */
     uint32_t max_seq;    /* longest input the embedding model takes (<= ctx_len) */
+    /* Gemma 3 (gemma3): the embedding scaled by sqrt(dim), GeGLU (tanh GELU), RMS norms after the
+     * attention and the FFN (post_attention_norm, post_ffw_norm) and of each query and key head
+     * (attn_q_norm, attn_k_norm); local layers attend to the last swa_window positions, with RoPE
+     * base rope_theta_swa; every swa_period-th layer (l+1 a multiple) is global, its positions
+     * divided by rope_scale (linear RoPE scaling; 1: none) */
+    int gemma;
+    uint32_t swa_window, swa_period;
+    float rope_theta_swa, rope_scale;
+    float attn_scale;    /* softmax scale of the scores; 0: 1/sqrt(head_dim) */
 } cm_model_config;
 
 typedef struct {

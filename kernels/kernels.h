@@ -4,7 +4,8 @@
  * Matmul convention: y[B, N] = x[B, K] . W[N, K]^T, W stored as GGUF stores
  * it (N rows of K, quantized in blocks of 32 along K).
  *
- * Quantized weights (Q4_0, Q4_1, Q8_0) are repacked once at load time into
+ * Quantized weights (Q4_0, Q4_1, Q8_0; Q5_0, Q5_1 and the K-quants Q2_K to
+ * Q6_K through cm_unpack32's form) are repacked once at load time into
  * an interleaved layout of 16 rows per group so one SIMD register holds one
  * int32 partial sum per row: no horizontal sums in the inner loop, and each
  * weight group is loaded once for every activation row of a batch (a real
@@ -20,7 +21,7 @@
 
 #define KN_ROWS 16 /* rows per interleaved group */
 
-enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2 };
+enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3 };
 
 /* Interleaved group-block of a 4-bit matrix: 16 rows x 32 elements.
  * chunk c (0..3), byte r*4+i: low nibble = row r element 8c+i,
@@ -35,12 +36,21 @@ typedef struct {
     uint8_t qs[8][64];
 } kn_pq8;
 
+/* Unsigned integers (0..63) with an affine map per half block of 16:
+ * w = d[h]*u + m[h]. Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K (Q4_K, whose
+ * sub-blocks are 32 long and 4-bit, goes to kn_pq4). Chunk c (0..7), byte
+ * r*4+i = row r element 4c+i: chunks 0-3 are half 0, 4-7 half 1. */
+typedef struct {
+    uint16_t d[2][KN_ROWS], m[2][KN_ROWS]; /* fp16 */
+    uint8_t qs[8][64];
+} kn_pq8h;
+
 typedef struct kn_weight {
     int type;            /* enum cm_dtype of raw */
     int64_t n, k;        /* rows, row length */
     const void *raw;     /* GGUF layout, [n][k] in blocks */
     int pack;            /* KN_PACK_* */
-    void *packed;        /* [ceil(n/16)][k/32] kn_pq4 or kn_pq8, owned */
+    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq8 or kn_pq8h, owned */
 } kn_weight;
 
 /* Activations quantized for integer dot products. */
@@ -50,6 +60,7 @@ typedef struct kn_act {
     int8_t *qs;          /* [cap][k] */
     float *d;            /* [cap][nblk] scale */
     float *ds;           /* [cap][nblk] scale * sum(qs of block) */
+    float *hs;           /* [cap][2*nblk] scale * sum(qs of each half block of 16) */
 } kn_act;
 
 typedef struct kn_pool kn_pool;
@@ -87,6 +98,10 @@ void kn_weight_free(kn_weight *w);
 int kn_act_init(kn_act *a, int64_t k, int cap);
 void kn_act_free(kn_act *a);
 
+/* Rows r0.. of a as a kn_act of their own (the same memory): threads
+ * quantize their share of a batch into it. */
+kn_act kn_act_view(const kn_act *a, int r0);
+
 /* ---- ops --------------------------------------------------------------- */
 /* x [rows, k] float -> a. */
 void kn_quantize_act(kn_act *a, const float *x, int rows);
@@ -112,6 +127,7 @@ void kn_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int pos,
              const float *inv_freq);
 void kn_silu_mul(float *a, const float *b, int n); /* a = silu(a) * b */
+void kn_gelu_mul(float *a, const float *b, int n); /* a = gelu(a) * b, GELU's tanh form (GeGLU) */
 void kn_softmax(float *x, int n);
 /* out[i] = exp((x[i] - mx) * scale), exactly 0 where (x[i] - mx) * scale is
  * below -87 (a masked logit, -inf, has probability 0); returns their sum.
@@ -137,8 +153,9 @@ void kn_kv_store(int kv_type, void *dst, const float *src, int n);
  *
  * Sequence s has T tokens at positions pos0..pos0+T-1, whose queries are rows
  * row..row+T-1 of q [rows][n_head][hd]; their outputs go to the same rows of
- * out. Each token attends to positions 0..its own (K/V of the new tokens must
- * already be stored). Decode is T = 1 for many sequences of different lengths;
+ * out. Each token attends to positions 0..its own, or to the last `window`
+ * of them (Gemma's local layers) (K/V of the new tokens must already be
+ * stored). Decode is T = 1 for many sequences of different lengths;
  * prefill of a chunk over a cached prefix is pos0 > 0, T > 1. Work units
  * (token x KV head) are split over the pool by cost (positions read).
  * Scores and softmax in fp32; the result of a token does not depend on which
@@ -158,7 +175,12 @@ typedef struct {
     const void *kc, *vc;
     size_t block_stride;   /* bytes */
     float *scratch;        /* kn_attention_scratch(max_len) floats per pool thread */
+    int window;            /* sliding window: a token at p attends to p-window+1..p; 0: all before it */
 } kn_attn_args;
+/* The first position a token at pos attends to under the args' window. */
+static inline int kn_attn_first(const kn_attn_args *a, int pos) {
+    return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0;
+}
 size_t kn_attention_scratch(int max_len);
 void kn_attention(kn_pool *p, const kn_attn_args *a);
 

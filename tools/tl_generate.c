@@ -221,7 +221,7 @@ int tl_generate_main(int argc, char **argv) {
     CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s (%s), %d threads", o.model,
             m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
             m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool));
-    if (tmpl_kind < 0) tmpl_kind = cm_chat_detect(cm_tok_chat_template(m->tok));
+    if (tmpl_kind < 0) tmpl_kind = cm_chat_for(m->tok);
     char *def_sys = cm_chat_default_system(cm_tok_chat_template(m->tok));
     const char *sys = o.system ? o.system : def_sys;
 

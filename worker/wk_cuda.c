@@ -17,6 +17,7 @@
  * and the two row-parallel GEMMs of a layer are summed with NCCL. */
 #include "wk_cuda.h"
 #include "cm_dtype.h"
+#include "cm_quant.h"
 #include "cm_error.h"
 #include "cm_log.h"
 
@@ -121,7 +122,7 @@ static int up_weight(wk_cuda *g, const kn_weight *w, dweight *d, uint64_t seed, 
     d->type = w->type;
     d->n = w->n;
     d->k = w->k;
-    if (w->type == CM_Q4_0 || w->type == CM_Q4_1 || w->type == CM_Q8_0) {
+    if (cm_quant_known(w->type)) {
         size_t deq = (size_t)w->n * (size_t)w->k * 2;
         if (deq > g->deq_bytes) g->deq_bytes = deq;
     }
@@ -156,6 +157,11 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
         return LLM_EDEVICE;
     }
     const cm_model_config *c = &m->cfg;
+    if (c->gemma) {
+        snprintf(err, errlen, "--device cuda: %s (sliding-window attention, GeGLU, the extra norms) runs on the CPU "
+                 "only for now", c->arch);
+        return LLM_EUNSUP;
+    }
     wk_cuda *g = calloc(1, sizeof *g);
     if (!g) return LLM_ENOMEM;
     m->cu = g;

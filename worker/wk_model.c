@@ -1,6 +1,7 @@
 #include "wk_model.h"
 #include "wk_cuda.h"
 #include "cm_dtype.h"
+#include "cm_quant.h"
 #include "cm_error.h"
 #include "cm_log.h"
 
@@ -44,15 +45,16 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
         raw = copy;
         k = c1 - c0;
     }
-    if (m->device == WK_DEV_CUDA && t->type != CM_Q4_0 && t->type != CM_Q4_1 && t->type != CM_Q8_0 &&
-        t->type != CM_F16 && t->type != CM_BF16 && t->type != CM_F32)
+    if (m->device == WK_DEV_CUDA && !cm_quant_known(t->type) && t->type != CM_F16 && t->type != CM_BF16 &&
+        t->type != CM_F32)
         rc = LLM_EUNSUP;
     else if (m->device == WK_DEV_CUDA) /* the GPU reads GGUF blocks as they are: no CPU repacking */
         *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)k, raw, KN_PACK_NONE, NULL};
     else
         rc = kn_weight_init(w, t->type, (int64_t)(r1 - r0), (int64_t)k, raw);
     if (rc == LLM_EUNSUP)
-        snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q8_0)",
+        snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+                 "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
                  m->file->path, name, cm_dtype_name(t->type));
     else if (rc)
         snprintf(err, errlen, "%s: cannot prepare tensor '%s': %s", m->file->path, name, cm_strerror(rc));
@@ -241,6 +243,13 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         V(bq, "attn_q.bias", QD, 1)
         V(bk, "attn_k.bias", KVD, 1)
         V(bv, "attn_v.bias", KVD, 1)
+        if (c->gemma) {
+            V(post_attn_norm, "post_attention_norm.weight", D, 0)
+            V(post_ffn_norm, "post_ffw_norm.weight", D, 0)
+            V(q_norm, "attn_q_norm.weight", hd, 0)
+            V(k_norm, "attn_k_norm.weight", hd, 0)
+            L->window = (l + 1) % c->swa_period ? (int)c->swa_window : 0;
+        }
         if (L->bq) L->bq += q0;
         if (L->bk) L->bk += k0;
         if (L->bv) L->bv += k0;
@@ -250,8 +259,16 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     }
     m->inv_freq = malloc(sizeof(float) * (c->rope_dim / 2 + 1));
     if (!m->inv_freq) { rc = LLM_ENOMEM; goto fail; }
-    for (uint32_t i = 0; i < c->rope_dim / 2; i++)
-        m->inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim);
+    for (uint32_t i = 0; i < c->rope_dim / 2; i++) /* linear scaling divides positions: frequencies */
+        m->inv_freq[i] = (float)(pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) /
+                                 (c->rope_scale > 1.f ? (double)c->rope_scale : 1.0));
+    if (c->gemma) {
+        if (!(m->inv_freq_swa = malloc(sizeof(float) * (c->rope_dim / 2 + 1)))) { rc = LLM_ENOMEM; goto fail; }
+        for (uint32_t i = 0; i < c->rope_dim / 2; i++)
+            m->inv_freq_swa[i] = (float)pow((double)c->rope_theta_swa, -2.0 * i / (double)c->rope_dim);
+    }
+    for (uint32_t l = 0; l < c->n_layer; l++)
+        m->layers[l].inv_freq = m->layers[l].window ? m->inv_freq_swa : m->inv_freq;
     int B = m->max_batch = o->max_batch > 0 ? o->max_batch : 64;
     size_t b = (size_t)B;
     if ((rc = alloc_f(&m->x, b * D)) || (rc = alloc_f(&m->xb, b * (D > QD ? D : QD))) ||
@@ -295,6 +312,7 @@ void wk_model_free(wk_model *m) {
     free(m->owned);
     free(m->layers);
     free(m->inv_freq);
+    free(m->inv_freq_swa);
     free(m->x); free(m->xb); free(m->xb2); free(m->q); free(m->att); free(m->k); free(m->v);
     free(m->hb); free(m->hb2); free(m->attn_scratch);
     free(m->tok_pos); free(m->tok_blocks); free(m->attn_seq);
@@ -428,7 +446,7 @@ typedef struct {
     kn_act *act;
 } rows_ctx;
 
-enum { OP_NORM, OP_SILU, OP_QUANT };
+enum { OP_NORM, OP_SILU, OP_GELU, OP_QUANT };
 
 static void rows_task(void *p, int ith, int nth) {
     rows_ctx *c = p;
@@ -437,12 +455,10 @@ static void rows_task(void *p, int ith, int nth) {
         size_t o = (size_t)r * (size_t)c->n;
         if (c->op == OP_NORM) kn_rmsnorm(c->dst + o, c->src + o, c->w, c->n, c->m->cfg.norm_eps);
         else if (c->op == OP_SILU) kn_silu_mul(c->dst + o, c->src + o, c->n);
+        else if (c->op == OP_GELU) kn_gelu_mul(c->dst + o, c->src + o, c->n);
     }
     if (c->op == OP_QUANT && r1 > r0) {
-        kn_act sub = *c->act; /* a view of rows r0..r1 */
-        sub.qs += (size_t)r0 * (size_t)sub.k;
-        sub.d += (size_t)r0 * (size_t)sub.nblk;
-        sub.ds += (size_t)r0 * (size_t)sub.nblk;
+        kn_act sub = kn_act_view(c->act, r0);
         kn_quantize_act(&sub, c->src + (size_t)r0 * (size_t)c->n, r1 - r0);
     }
 }
@@ -474,8 +490,14 @@ static void qkv_post(wk_model *m, const wk_layer *L, wk_cache *c, int l, int T) 
         if (L->bq) for (int i = 0; i < QD; i++) q[i] += L->bq[i];
         if (L->bk) for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
         if (L->bv) for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
-        kn_rope(q, nh, hd, (int)cf->rope_dim, cf->rope_type, pos, m->inv_freq);
-        kn_rope(k, nkv, hd, (int)cf->rope_dim, cf->rope_type, pos, m->inv_freq);
+        if (L->q_norm)
+            for (int h = 0; h < nh; h++) kn_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, cf->norm_eps);
+        if (L->k_norm)
+            for (int h = 0; h < nkv; h++) kn_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, cf->norm_eps);
+        if (cf->attn_scale > 0) /* the kernel scales by 1/sqrt(hd): the rest here */
+            for (int i = 0; i < QD; i++) q[i] *= cf->attn_scale * sqrtf((float)hd);
+        kn_rope(q, nh, hd, (int)cf->rope_dim, cf->rope_type, pos, L->inv_freq);
+        kn_rope(k, nkv, hd, (int)cf->rope_dim, cf->rope_type, pos, L->inv_freq);
         size_t off = layer + (size_t)m->tok_blocks[t][pos >> c->block_shift] * c->block_stride +
                      ((size_t)pos & mask) * (size_t)KVD * eb;
         kn_kv_store(c->type, c->k + off, k, KVD);
@@ -499,6 +521,8 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         m->attn_seq[i] = (kn_attn_seq){s[i].n, s[i].pos0, t, s[i].blocks};
         for (int j = 0; j < s[i].n; j++, t++) {
             kn_get_row(&m->tok_embd, s[i].tokens[j], m->x + (size_t)t * D);
+            if (cf->gemma) /* Gemma scales the embedding by sqrt(dim) (in fp32, as llama.cpp) */
+                for (int d = 0; d < D; d++) m->x[(size_t)t * D + d] *= sqrtf((float)D);
             m->tok_pos[t] = s[i].pos0 + j;
             m->tok_blocks[t] = s[i].blocks;
         }
@@ -513,22 +537,24 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
         kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
                            c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
-                           m->attn_scratch};
+                           m->attn_scratch, L->window};
         kn_attention(m->pool, &aa);
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;
         mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
+        if (L->post_attn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_attn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->ffn_norm, D, NULL);
         const kn_weight *gu[2] = {&L->gate, &L->up};
         float *gu_out[2] = {m->hb, m->hb2};
         mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
-        par_rows(m, OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
+        par_rows(m, cf->gemma ? OP_GELU : OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
         const kn_weight *dn = &L->down;
         float *d_out = m->xb2;
         mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
+        if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
     }
     /* gather the rows that want logits, then one LM-head GEMM */

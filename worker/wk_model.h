@@ -18,6 +18,10 @@ typedef struct {
     kn_weight wq, wk, wv, wo, gate, up, down;
     const float *attn_norm, *ffn_norm;   /* [dim] */
     const float *bq, *bk, *bv;           /* [n_head*hd], [n_kv*hd], or NULL */
+    /* Gemma 3: norms after attention and FFN [dim], of each query and key head [hd], or NULL */
+    const float *post_attn_norm, *post_ffn_norm, *q_norm, *k_norm;
+    int window;                          /* sliding window (local layers), 0: global */
+    const float *inv_freq;               /* the layer's RoPE frequencies (local and global differ) */
 } wk_layer;
 
 enum { WK_DEV_CPU = 0, WK_DEV_CUDA = 1 };
@@ -35,6 +39,7 @@ typedef struct wk_model {
     const float *output_norm;
     wk_layer *layers;
     float *inv_freq;                     /* [rope_dim/2] */
+    float *inv_freq_swa;                 /* [rope_dim/2] local layers' (Gemma 3), or NULL */
     float **owned;                       /* norms converted to f32 */
     int n_owned;
     int max_batch;

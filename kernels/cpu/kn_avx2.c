@@ -153,6 +153,45 @@ static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64
     for (int t = 0; t < BN; t++) out[t] = acc[t];
 }
 
+/* kn_pq8h: one 8-row half h against BN <= BT2 activation rows. Weights are 0..63, so a vpmaddubsw
+ * lane is at most 2*63*128 = 16,128 and two chunks' add up exactly in int16; the block's halves of 16
+ * elements (chunks 0-3, 4-7) sum apart, each to its own scale, and the minimums take the activations'
+ * half sums. */
+static inline __attribute__((always_inline)) void q8h_tile(const kn_pq8h *P, int64_t nb, int h, const kn_act *a,
+                                                           int b0, const int BN, __m256 *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[BT2];
+    for (int t = 0; t < BN; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq8h *p = &P[blk];
+        if (h == 0)
+            for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
+        for (int e = 0; e < 2; e++) {
+            __m256i si[BT2];
+            for (int t = 0; t < BN; t++) si[t] = _mm256_setzero_si256();
+            for (int c = 4 * e; c < 4 * e + 4; c += 2) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(p->qs[c + 1] + 32 * h));
+                for (int t = 0; t < BN; t++) {
+                    const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
+                    __m256i tt = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(xb[c])),
+                                                  _mm256_maddubs_epi16(w1, _mm256_set1_epi32(xb[c + 1])));
+                    si[t] = _mm256_add_epi32(si[t], _mm256_madd_epi16(tt, ones));
+                    KEEP(si[t]);
+                }
+            }
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d[e] + 8 * h)));
+            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m[e] + 8 * h)));
+            for (int t = 0; t < BN; t++) {
+                size_t ai = (size_t)(b0 + t) * a->nblk + blk;
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
+                acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->hs[2 * ai + e]), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < BN; t++) out[t] = acc[t];
+}
+
 /* The tile for bn rows (1..BT2), each size its own inlined copy. */
 #define BY_SIZE(fn, P)                                                                                 \
     switch (bn) {                                                                                      \
@@ -163,7 +202,8 @@ static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64
     }
 static __attribute__((noinline)) void tile_q8(const kn_weight *w, int64_t g, int64_t nb, int h, const kn_act *a,
                                                int b0, int bn, __m256 *acc) {
-    BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
+    if (w->pack == KN_PACK_Q8H) BY_SIZE(q8h_tile, (const kn_pq8h *)w->packed + g * nb)
+    else BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
 }
 #undef BY_SIZE
 
@@ -385,5 +425,5 @@ static void silu_mul_avx2(float *a, const float *b, int n) {
 
 KN_GEMM_F32(gemm_f32_avx2, 8)
 
-const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
+const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
                               attn_group_avx2, f32_to_f16_avx2, silu_mul_avx2, exp_sum_avx2};

@@ -98,6 +98,40 @@ static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0
     }
 }
 
+/* kn_pq8h: unsigned weights (0..63) with a scale and a minimum per half block; the halves' sums kept
+ * apart (chunks 0-3, 4-7) and scaled each by its own. */
+static inline void q8h_group(const kn_pq8h *P, int64_t nb, const kn_act *a, int b0, int bn, __m512 *acc) {
+    __m512 accm[BT];
+    for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq8h *p = &P[blk];
+        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
+        __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[0]));
+        __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[1]));
+        __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
+        __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
+        __m512i w[8];
+        for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
+        for (int t = 0; t < bn; t++) {
+            int b = b0 + t;
+            const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(xb[0]));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], _mm512_set1_epi32(xb[4]));
+            for (int c = 1; c < 4; c++) {
+                s0 = _mm512_dpbusd_epi32(s0, w[c], _mm512_set1_epi32(xb[c]));
+                s1 = _mm512_dpbusd_epi32(s1, w[c + 4], _mm512_set1_epi32(xb[c + 4]));
+            }
+            size_t ai = (size_t)b * a->nblk + blk;
+            __m512 dx = _mm512_set1_ps(a->d[ai]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(d0, dx), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d1, dx), acc[t]);
+            accm[t] = _mm512_fmadd_ps(m0, _mm512_set1_ps(a->hs[2 * ai]), accm[t]);
+            accm[t] = _mm512_fmadd_ps(m1, _mm512_set1_ps(a->hs[2 * ai + 1]), accm[t]);
+        }
+    }
+    for (int t = 0; t < bn; t++) acc[t] = _mm512_add_ps(acc[t], accm[t]);
+}
+
 static inline void store_rows(float *y, int64_t ldy, int b0, int bn, int64_t g, int64_t n,
                               const __m512 *acc) {
     int64_t r0 = g * KN_ROWS;
@@ -114,6 +148,7 @@ static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, in
             int bn = B - b0 < BT ? B - b0 : BT;
             __m512 acc[BT];
             if (w->pack == KN_PACK_Q8) q8_group((const kn_pq8 *)w->packed + g * nb, nb, a, b0, bn, acc);
+            else if (w->pack == KN_PACK_Q8H) q8h_group((const kn_pq8h *)w->packed + g * nb, nb, a, b0, bn, acc);
             else q4_group((const kn_pq4 *)w->packed + g * nb, nb, a, b0, bn, acc);
             store_rows(y, ldy, b0, bn, g, w->n, acc);
         }
@@ -321,5 +356,5 @@ static float exp_sum_avx512(const float *x, int n, float mx, float scale, float 
 
 KN_GEMM_F32(gemm_f32_avx512, 16)
 
-const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
+const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
                                 attn_group_avx512, f32_to_f16_avx512, silu_mul_avx512, exp_sum_avx512};

@@ -2,6 +2,7 @@
  * and the element-wise ops. */
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_quant.h"
 #include "kn_int.h"
 
 #include <math.h>
@@ -153,6 +154,10 @@ const char *kn_isa_name(void) {
 
 /* ---- weights ------------------------------------------------------------ */
 
+/* 4-bit types (Q4_0, Q4_1, Q4_K: one scale and minimum per block of 32) into
+ * kn_pq4; scales are rounded to fp16 (Q4_K's d*scale has up to 17
+ * significant bits: a relative change below 2.5e-4, far under the int8
+ * activations' rounding). */
 static void repack_q4(kn_weight *w) {
     int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
     size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
@@ -164,27 +169,39 @@ static void repack_q4(kn_weight *w) {
             for (int r = 0; r < KN_ROWS; r++) {
                 int64_t row = g * KN_ROWS + r;
                 if (row >= w->n) continue; /* zero rows pad the last group */
-                const uint8_t *src = (const uint8_t *)w->raw + (size_t)row * rb;
-                const uint8_t *qs;
-                if (w->type == CM_Q4_0) {
-                    const cm_block_q4_0 *b = (const cm_block_q4_0 *)src + blk;
-                    p->d[r] = b->d;
-                    p->m[r] = cm_f32_to_f16(-8.f * cm_f16_to_f32(b->d));
-                    qs = b->qs;
-                } else {
-                    const cm_block_q4_1 *b = (const cm_block_q4_1 *)src + blk;
-                    p->d[r] = b->d;
-                    p->m[r] = b->m;
-                    qs = b->qs;
-                }
                 uint8_t q[32];
-                for (int j = 0; j < 16; j++) {
-                    q[j] = qs[j] & 15;
-                    q[j + 16] = qs[j] >> 4;
-                }
+                float d[2], m[2];
+                cm_unpack32(w->type, (const uint8_t *)w->raw + (size_t)row * rb, blk, q, d, m);
+                p->d[r] = cm_f32_to_f16(d[0]);
+                p->m[r] = cm_f32_to_f16(m[0]);
                 for (int c = 0; c < 4; c++)
                     for (int i = 0; i < 4; i++)
                         p->qs[c][r * 4 + i] = (uint8_t)(q[8 * c + i] | (q[8 * c + 4 + i] << 4));
+            }
+        }
+}
+
+/* Q5_0, Q5_1 and the K-quants but Q4_K into kn_pq8h. */
+static void repack_q8h(kn_weight *w) {
+    int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    kn_pq8h *P = w->packed;
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t blk = 0; blk < nb; blk++) {
+            kn_pq8h *p = &P[g * nb + blk];
+            memset(p, 0, sizeof *p);
+            for (int r = 0; r < KN_ROWS; r++) {
+                int64_t row = g * KN_ROWS + r;
+                if (row >= w->n) continue;
+                uint8_t q[32];
+                float d[2], m[2];
+                cm_unpack32(w->type, (const uint8_t *)w->raw + (size_t)row * rb, blk, q, d, m);
+                for (int h = 0; h < 2; h++) {
+                    p->d[h][r] = cm_f32_to_f16(d[h]);
+                    p->m[h][r] = cm_f32_to_f16(m[h]);
+                }
+                for (int c = 0; c < 8; c++)
+                    for (int i = 0; i < 4; i++) p->qs[c][r * 4 + i] = q[4 * c + i];
             }
         }
 }
@@ -219,17 +236,21 @@ int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw
     if (n <= 0 || k <= 0) return LLM_EINVAL;
     switch (type) {
     case CM_F32: case CM_F16: case CM_BF16: return 0;
-    case CM_Q4_0: case CM_Q4_1: case CM_Q8_0: break;
-    default: return LLM_EUNSUP;
+    default: if (!cm_quant_known(type)) return LLM_EUNSUP;
     }
-    if (k % 32) return LLM_EINVAL;
+    if (k % (int64_t)cm_dtype_block(type)) return LLM_EINVAL;
     int64_t ng = (n + KN_ROWS - 1) / KN_ROWS, nb = k / 32;
-    w->pack = type == CM_Q8_0 ? KN_PACK_Q8 : KN_PACK_Q4;
-    size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8 ? sizeof(kn_pq8) : sizeof(kn_pq4));
+    w->pack = type == CM_Q8_0                                         ? KN_PACK_Q8
+              : type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q4_K ? KN_PACK_Q4
+                                                                      : KN_PACK_Q8H;
+    size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8   ? sizeof(kn_pq8)
+                                     : w->pack == KN_PACK_Q4 ? sizeof(kn_pq4)
+                                                             : sizeof(kn_pq8h));
     w->packed = aligned_alloc(64, (sz + 63) / 64 * 64);
     if (!w->packed) return LLM_ENOMEM;
     if (w->pack == KN_PACK_Q8) repack_q8(w);
-    else repack_q4(w);
+    else if (w->pack == KN_PACK_Q4) repack_q4(w);
+    else repack_q8h(w);
     return 0;
 }
 
@@ -247,7 +268,8 @@ int kn_act_init(kn_act *a, int64_t k, int cap) {
     a->qs = aligned_alloc(64, ((size_t)cap * (size_t)k + 63) / 64 * 64);
     a->d = malloc(sizeof(float) * (size_t)(cap * (a->nblk ? a->nblk : 1)));
     a->ds = malloc(sizeof(float) * (size_t)(cap * (a->nblk ? a->nblk : 1)));
-    if (!a->qs || !a->d || !a->ds) {
+    a->hs = malloc(sizeof(float) * (size_t)(cap * (a->nblk ? 2 * a->nblk : 1)));
+    if (!a->qs || !a->d || !a->ds || !a->hs) {
         kn_act_free(a);
         return LLM_ENOMEM;
     }
@@ -258,14 +280,35 @@ void kn_act_free(kn_act *a) {
     free(a->qs);
     free(a->d);
     free(a->ds);
+    free(a->hs);
     memset(a, 0, sizeof *a);
+}
+
+kn_act kn_act_view(const kn_act *a, int r0) {
+    kn_act v = *a;
+    v.qs += (size_t)r0 * (size_t)a->k;
+    v.d += (size_t)r0 * (size_t)a->nblk;
+    v.ds += (size_t)r0 * (size_t)a->nblk;
+    v.hs += (size_t)r0 * (size_t)a->nblk * 2;
+    v.cap -= r0;
+    return v;
 }
 
 void kn_quantize_act(kn_act *a, const float *x, int rows) {
     a->rows = rows;
-    for (int b = 0; b < rows; b++)
+    for (int b = 0; b < rows; b++) {
+        const int8_t *q = a->qs + (size_t)b * a->k;
+        const float *d = a->d + (size_t)b * a->nblk;
         impl->quant_act(x + (size_t)b * a->k, a->k, a->qs + (size_t)b * a->k, a->d + (size_t)b * a->nblk,
                         a->ds + (size_t)b * a->nblk);
+        float *hs = a->hs + (size_t)b * a->nblk * 2; /* kn_pq8h's minimums: k adds, against the GEMM's k*n */
+        for (int64_t j = 0; j < a->nblk; j++) {
+            int s0 = 0, s1 = 0;
+            for (int i = 0; i < 16; i++) s0 += q[32 * j + i], s1 += q[32 * j + 16 + i];
+            hs[2 * j] = d[j] * (float)s0;
+            hs[2 * j + 1] = d[j] * (float)s1;
+        }
+    }
 }
 
 /* ---- matmul driver ------------------------------------------------------ */
@@ -322,6 +365,7 @@ static void mm_task(void *p, int ith, int nth) {
         if (g1 > ng) g1 = ng;
         if (g1 <= g0) continue;
         if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q8H) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (kn_weight_wants_act(w)) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {
             int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;
@@ -386,12 +430,24 @@ void kn_get_row(const kn_weight *w, int64_t r, float *out) {
     case CM_BF16:
         for (int64_t i = 0; i < w->k; i++) out[i] = cm_bf16_to_f32(((const uint16_t *)row)[i]);
         return;
-    default:
-        for (int64_t i = 0; i < w->k; i++) out[i] = kn_ref_dequant(w->type, row, i);
+    default: /* the other quantized types */
+        for (int64_t b = 0; b < w->k / 32; b++) {
+            uint8_t q[32];
+            float d[2], m[2];
+            cm_unpack32(w->type, row, b, q, d, m);
+            for (int i = 0; i < 32; i++) out[32 * b + i] = d[i / 16] * (float)q[i] + m[i / 16];
+        }
     }
 }
 
 /* ---- element-wise ------------------------------------------------------- */
+
+void kn_gelu_mul(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) {
+        float v = a[i];
+        a[i] = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))) * b[i];
+    }
+}
 
 void kn_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     float ss = 0; /* fp32 sum of squares: n <= 65536 keeps the error far below bf16 weights' */
@@ -524,13 +580,14 @@ static void attn_task(void *p, int ith, int nth) {
     float scale = 1.f / sqrtf((float)a->hd);
     size_t eb = kn_kv_elem_bytes(a->kv_type);
     kn_kv_rows kv = {NULL, NULL, NULL, a->block_shift, a->kv_type, a->block_stride,
-                     (size_t)a->n_kv * (size_t)a->hd * eb};
+                     (size_t)a->n_kv * (size_t)a->hd * eb, 0};
     int64_t lo = c->total * ith / nth, hi = c->total * (ith + 1) / nth, cum = 0;
     for (int si = 0; si < a->n_seq && cum < hi; si++) {
         const kn_attn_seq *sq = &a->seq[si];
         kv.blocks = sq->blocks;
         for (int t = 0; t < sq->T && cum < hi; t++) {
-            int len = sq->pos0 + t + 1;
+            kv.first = kn_attn_first(a, sq->pos0 + t);
+            int len = sq->pos0 + t + 1 - kv.first;
             for (int u = 0; u < a->n_kv * per_kv; u++) {
                 /* a unit belongs to the thread whose share holds its midpoint */
                 int64_t mid = cum + len / 2;
@@ -554,6 +611,7 @@ void kn_attention(kn_pool *p, const kn_attn_args *a) {
     if (kn_pool_size(p) > 1 && tokens * a->n_kv < 4 * kn_pool_size(p)) c.slice = 1;
     int per_kv = (group + c.slice - 1) / c.slice;
     for (int si = 0; si < a->n_seq; si++)
-        for (int t = 0; t < a->seq[si].T; t++) c.total += (int64_t)(a->seq[si].pos0 + t + 1) * a->n_kv * per_kv;
+        for (int t = 0, p0 = a->seq[si].pos0; t < a->seq[si].T; t++)
+            c.total += (int64_t)(p0 + t + 1 - kn_attn_first(a, p0 + t)) * a->n_kv * per_kv;
     kn_pool_run(p, attn_task, &c);
 }

@@ -14,9 +14,11 @@ typedef struct kn_kv_rows {
     const int32_t *blocks;
     int shift, kind;      /* element type: KN_KV_F32, KN_KV_F16 or KN_KV_FP8 */
     size_t block_stride, row_bytes;
+    int first;            /* row j is position first + j (a sliding window's start) */
 } kn_kv_rows;
 
 static inline size_t kn_kv_off(const kn_kv_rows *r, int j) {
+    j += r->first;
     return (size_t)r->blocks[j >> r->shift] * r->block_stride +
            (size_t)(j & ((1 << r->shift) - 1)) * r->row_bytes;
 }
@@ -30,6 +32,8 @@ typedef struct {
                     int64_t g0, int64_t g1);
     void (*gemm_q8)(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
                     int64_t g0, int64_t g1);
+    void (*gemm_q8h)(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                     int64_t g0, int64_t g1);
     float (*dot)(const float *a, const float *b, int n);
     /* y[b * ldy + r] = w[r] . x[b] for r < nr, b < B: float weights [nr][k]
      * against float activations [B][k] (F32 checkpoints; F16/BF16 rows

@@ -44,21 +44,31 @@ static inline int32x4_t dot4_mull(int32x4_t acc, int8x16_t w, int8x16_t x) {
  * tile (batch-invariance). */
 static void group_mull(const kn_weight *w, int64_t g, const kn_act *a, int b0, int bn, float32x4_t acc[][4]) {
     int64_t nb = w->k / 32;
-    int q8 = w->pack == KN_PACK_Q8;
+    int q8 = w->pack == KN_PACK_Q8, q8h = w->pack == KN_PACK_Q8H;
     for (int t = 0; t < bn; t++)
         for (int r = 0; r < 4; r++) acc[t][r] = vdupq_n_f32(0);
     for (int64_t blk = 0; blk < nb; blk++) {
         int8x16_t wq[8][4]; /* [chunk][rows 4r..4r+3] */
-        float32x4_t dw[4], mw[4];
+        float32x4_t dw[2][4], mw[2][4];
         kn_neon_unpack(w, g, nb, blk, wq, dw, mw);
         for (int t = 0; t < bn; t++) {
             const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
             size_t ai = (size_t)(b0 + t) * a->nblk + blk;
             for (int r = 0; r < 4; r++) {
+                if (q8h) { /* each half block to its own scale and minimum */
+                    for (int e = 0; e < 2; e++) {
+                        int32x4_t s = vdupq_n_s32(0);
+                        for (int c = 4 * e; c < 4 * e + 4; c++)
+                            s = dot4_mull(s, wq[c][r], vreinterpretq_s8_s32(vdupq_n_s32(xb[c])));
+                        acc[t][r] = vfmaq_f32(acc[t][r], vcvtq_f32_s32(s), vmulq_n_f32(dw[e][r], a->d[ai]));
+                        acc[t][r] = vfmaq_n_f32(acc[t][r], mw[e][r], a->hs[2 * ai + e]);
+                    }
+                    continue;
+                }
                 int32x4_t s = vdupq_n_s32(0);
                 for (int c = 0; c < 8; c++) s = dot4_mull(s, wq[c][r], vreinterpretq_s8_s32(vdupq_n_s32(xb[c])));
-                acc[t][r] = vfmaq_f32(acc[t][r], vcvtq_f32_s32(s), vmulq_n_f32(dw[r], a->d[ai]));
-                if (!q8) acc[t][r] = vfmaq_n_f32(acc[t][r], mw[r], a->ds[ai]);
+                acc[t][r] = vfmaq_f32(acc[t][r], vcvtq_f32_s32(s), vmulq_n_f32(dw[0][r], a->d[ai]));
+                if (!q8) acc[t][r] = vfmaq_n_f32(acc[t][r], mw[0][r], a->ds[ai]);
             }
         }
     }
@@ -247,7 +257,7 @@ static void silu_mul_neon(float *a, const float *b, int n) {
 
 KN_GEMM_F32(gemm_f32_neon, 4)
 
-const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, dot_neon, gemm_f32_neon,
+const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, gemm_neon, dot_neon, gemm_f32_neon,
                               attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};
-const kn_impl kn_impl_neon_dot = {"neon-dotprod", quant_act_neon, kn_neon_gemm_dot, kn_neon_gemm_dot, dot_neon,
+const kn_impl kn_impl_neon_dot = {"neon-dotprod", quant_act_neon, kn_neon_gemm_dot, kn_neon_gemm_dot, kn_neon_gemm_dot, dot_neon,
                                   gemm_f32_neon, attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};

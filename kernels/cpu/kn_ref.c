@@ -4,6 +4,7 @@
  * for tests; kn_impl_scalar runs the same integer algorithm as the SIMD paths
  * over the packed layout, in plain C, for CPUs without AVX2. */
 #include "cm_dtype.h"
+#include "cm_quant.h"
 #include "kn_int.h"
 
 #include <math.h>
@@ -30,7 +31,7 @@ float kn_ref_dequant(int type, const void *row, int64_t i) {
         const cm_block_q8_0 *b = (const cm_block_q8_0 *)p + i / 32;
         return cm_f16_to_f32(b->d) * (float)b->qs[i % 32];
     }
-    default: return NAN;
+    default: return cm_quant_known(type) ? cm_quant_at(type, p, i) : NAN;
     }
 }
 
@@ -64,21 +65,21 @@ void kn_ref_attention(const kn_attn_args *a) {
         const kn_attn_seq *sq = &a->seq[si];
         for (int t = 0; t < sq->T; t++)
             for (int h = 0; h < a->n_head; h++) {
-                int len = sq->pos0 + t + 1, kvh = h / group;
+                int len = sq->pos0 + t + 1, kvh = h / group, first = kn_attn_first(a, sq->pos0 + t);
                 size_t qo = ((size_t)(sq->row + t) * a->n_head + h) * a->hd;
                 const float *q = a->q + qo;
                 double mx = -INFINITY, sum = 0;
-                for (int j = 0; j < len; j++) {
+                for (int j = first; j < len; j++) {
                     double d = 0;
                     for (int i = 0; i < a->hd; i++) d += (double)q[i] * kv_at(a, sq, a->kc, j, kvh, i);
                     s[j] = d / sqrt((double)a->hd);
                     if (s[j] > mx) mx = s[j];
                 }
-                for (int j = 0; j < len; j++) sum += (s[j] = exp(s[j] - mx));
+                for (int j = first; j < len; j++) sum += (s[j] = exp(s[j] - mx));
                 float *o = a->out + qo;
                 for (int i = 0; i < a->hd; i++) {
                     double acc = 0;
-                    for (int j = 0; j < len; j++) acc += s[j] * kv_at(a, sq, a->vc, j, kvh, i);
+                    for (int j = first; j < len; j++) acc += s[j] * kv_at(a, sq, a->vc, j, kvh, i);
                     o[i] = (float)(acc / sum);
                 }
             }
@@ -144,6 +145,32 @@ static void gemm_q8_scalar(const kn_weight *w, const kn_act *a, int B, float *y,
         }
 }
 
+static void gemm_q8h_scalar(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
+                            int64_t g0, int64_t g1) {
+    int64_t nb = w->k / 32;
+    const kn_pq8h *P = w->packed;
+    for (int64_t g = g0; g < g1; g++)
+        for (int b = 0; b < B; b++) {
+            float acc[KN_ROWS] = {0};
+            const int8_t *xq = a->qs + (size_t)b * a->k;
+            for (int64_t blk = 0; blk < nb; blk++) {
+                const kn_pq8h *p = &P[g * nb + blk];
+                const int8_t *xb = xq + 32 * blk;
+                float dx = a->d[(size_t)b * nb + blk];
+                const float *hs = a->hs + ((size_t)b * nb + blk) * 2;
+                for (int r = 0; r < KN_ROWS; r++)
+                    for (int h = 0; h < 2; h++) {
+                        int s = 0;
+                        for (int c = 4 * h; c < 4 * h + 4; c++)
+                            for (int i = 0; i < 4; i++) s += p->qs[c][r * 4 + i] * xb[4 * c + i];
+                        acc[r] += cm_f16_to_f32(p->d[h][r]) * dx * (float)s + cm_f16_to_f32(p->m[h][r]) * hs[h];
+                    }
+            }
+            for (int r = 0; r < KN_ROWS && g * KN_ROWS + r < w->n; r++)
+                y[(size_t)b * ldy + g * KN_ROWS + r] = acc[r];
+        }
+}
+
 static float dot_scalar(const float *a, const float *b, int n) {
     float s = 0;
     for (int i = 0; i < n; i++) s += a[i] * b[i];
@@ -192,7 +219,7 @@ static void gemm_f32_scalar(const float *w, int64_t k, int64_t nr, const float *
         for (int b = 0; b < B; b++) y[(int64_t)b * ldy + r] = dot_scalar(w + r * k, x + (int64_t)b * k, (int)k);
 }
 
-const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar,
+const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar, gemm_q8h_scalar,
                                 dot_scalar, gemm_f32_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar,
                                 kn_silu_mul_scalar, kn_exp_sum_scalar};
 

@@ -115,7 +115,7 @@ extern "C" int kn_cuda_silu_mul(float *d_a, const float *d_b, int n) {
 }
 
 static int gguf_type_ok(int type) {
-    return type == CM_F32 || type == CM_F16 || type == CM_BF16 || type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q8_0;
+    return type == CM_F32 || type == CM_F16 || type == CM_BF16 || cm_quant_known(type);
 }
 
 extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B) {

@@ -13,6 +13,7 @@ extern "C" {
 #include "cm_dtype.h"
 #include "cm_error.h"
 }
+#include "cm_quant.h"
 
 #define KN_CUDA_CHECK(call)                                                                        \
     do {                                                                                           \
@@ -33,28 +34,15 @@ extern "C" {
         }                                                                                          \
     } while (0)
 
-/* Element i of a row stored in GGUF layout (F32, F16, BF16, Q8_0, Q4_0,
- * Q4_1), dequantized in registers. For dense types `row` may be a whole
- * tensor and i a flat index. */
+/* Element i of a row stored in GGUF layout (F32, F16, BF16, and every
+ * quantized type cm_quant.h decodes), dequantized in registers. For dense
+ * types `row` may be a whole tensor and i a flat index. */
 __device__ __forceinline__ float weight_at(int type, const uint8_t *row, int64_t i) {
     switch (type) {
     case CM_F32: return ((const float *)row)[i];
     case CM_F16: return __half2float(((const __half *)row)[i]);
     case CM_BF16: return __uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
-    case CM_Q8_0: {
-        const uint8_t *b = row + (i / 32) * 34;
-        return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + i % 32];
-    }
-    case CM_Q4_0: {
-        const uint8_t *b = row + (i / 32) * 18;
-        int j = (int)(i % 32), q = j < 16 ? b[2 + j] & 15 : b[2 + j - 16] >> 4;
-        return __half2float(*(const __half *)b) * (float)(q - 8);
-    }
-    default: { // CM_Q4_1
-        const uint8_t *b = row + (i / 32) * 20;
-        int j = (int)(i % 32), q = j < 16 ? b[4 + j] & 15 : b[4 + j - 16] >> 4;
-        return __half2float(*(const __half *)b) * (float)q + __half2float(*(const __half *)(b + 2));
-    }
+    default: return cm_quant_at(type, row, i);
     }
 }
 

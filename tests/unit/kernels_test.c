@@ -36,15 +36,22 @@ static void *rand_weight(int type, int64_t n, int64_t k) {
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k), sz = rb * (size_t)n;
     uint8_t *p = malloc(sz);
     for (size_t i = 0; i < sz; i++) p[i] = (uint8_t)rnd();
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t b = 0; b < k / 32; b++) {
-            uint8_t *row = p + (size_t)r * rb;
-            uint16_t d = cm_f32_to_f16(0.001f + 0.05f * (float)(rnd() % 1000) / 1000.f);
-            uint16_t m = cm_f32_to_f16(-0.2f * (float)(rnd() % 1000) / 1000.f);
-            if (type == CM_Q4_0) memcpy(row + b * 18, &d, 2);
-            if (type == CM_Q4_1) { memcpy(row + b * 20, &d, 2); memcpy(row + b * 20 + 2, &m, 2); }
-            if (type == CM_Q8_0) memcpy(row + b * 34, &d, 2);
-        }
+    /* each block's fp16 fields (scale, then minimum if any), at their byte offsets */
+    int dof = -1, mof = -1;
+    switch (type) {
+    case CM_Q4_0: case CM_Q5_0: case CM_Q8_0: dof = 0; break;
+    case CM_Q4_1: case CM_Q5_1: case CM_Q4_K: case CM_Q5_K: dof = 0, mof = 2; break;
+    case CM_Q2_K: dof = 80, mof = 82; break;
+    case CM_Q3_K: dof = 108; break;
+    case CM_Q6_K: dof = 208; break;
+    }
+    size_t bb = cm_dtype_block_bytes(type);
+    for (size_t o = 0; dof >= 0 && o < sz; o += bb) {
+        uint16_t d = cm_f32_to_f16(0.001f + 0.05f * (float)(rnd() % 1000) / 1000.f);
+        uint16_t m = cm_f32_to_f16((type == CM_Q4_1 || type == CM_Q5_1 ? -0.2f : 0.02f) * (float)(rnd() % 1000) / 1000.f);
+        memcpy(p + o + dof, &d, 2);
+        if (mof >= 0) memcpy(p + o + mof, &m, 2);
+    }
     if (type == CM_F32)
         for (int64_t i = 0; i < n * k; i++) { float f = frand(); memcpy(p + 4 * i, &f, 4); }
     if (type == CM_F16)
@@ -81,10 +88,12 @@ static void test_quant(void) {
 }
 
 static void test_matmul(kn_pool *pool) {
-    static const int types[] = {CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_F32, CM_F16, CM_BF16};
-    for (int it = 0; it < 60; it++) {
-        int type = types[it % 6];
-        int64_t n = 1 + rnd() % 70, k = 32 * (1 + rnd() % 24);
+    static const int types[] = {CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_F32, CM_F16, CM_BF16, CM_Q5_0,
+                                CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
+    enum { NT = sizeof types / sizeof *types };
+    for (int it = 0; it < 5 * NT; it++) {
+        int type = types[it % NT];
+        int64_t n = 1 + rnd() % 70, k = cm_dtype_block(type) == 256 ? 256 * (1 + rnd() % 3) : 32 * (1 + rnd() % 24);
         int B = 1 + (int)(rnd() % 13);
         void *raw = rand_weight(type, n, k);
         float *x = malloc(sizeof(float) * (size_t)(B * k));
@@ -190,7 +199,8 @@ static void test_attention(kn_pool *pool) {
         for (size_t i = 0; i < qn; i++) q[i] = frand() * 3;
         float *scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(pool));
         kn_attn_args ra = {n_seq, seq, nh, n_kv, hd, kv_type, shift, max_len, q, ref, kc, vc,
-                           (size_t)bs * row_n * eb, NULL};
+                           (size_t)bs * row_n * eb, NULL, 0};
+        if (it % 5 == 1) ra.window = 1 + (int)(rnd() % 40); /* Gemma's local layers */
         kn_ref_attention(&ra);
         for (int is = 0; is < N_ISA; is++) {
             if (kn_set_isa(isas[is])) continue;

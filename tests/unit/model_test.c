@@ -54,10 +54,19 @@ static void golden(const char *model, const char *path) {
     json_t *c;
     json_array_foreach(json_object_get(doc, "cases"), ci, c) {
         json_t *pid = json_object_get(c, "prompt_ids"), *gr = json_object_get(c, "greedy"),
-               *fl = json_object_get(c, "first_logits");
+               *fl = json_object_get(c, "first_logits"), *tl = json_object_get(c, "top_logits");
         const char *prompt = json_string_value(json_object_get(c, "prompt"));
         int np = (int)json_array_size(pid), ng = (int)json_array_size(gr);
-        CHECK_INT(json_array_size(fl), V);
+        /* the whole first row, or (a large vocabulary) its largest entries as [id, logit] pairs */
+        int nsel = fl ? V : (int)json_array_size(tl);
+        CHECK(fl ? json_array_size(fl) == (size_t)V : nsel > 0);
+        int32_t *sel = malloc(sizeof(int32_t) * (size_t)nsel);
+        float *lsel = malloc(sizeof(float) * (size_t)nsel);
+        for (int i = 0; i < nsel; i++) {
+            sel[i] = fl ? i : (int32_t)json_integer_value(json_array_get(json_array_get(tl, (size_t)i), 0));
+            ref[i] = json_real_value(fl ? json_array_get(fl, (size_t)i) : json_array_get(json_array_get(tl, (size_t)i), 1));
+            if (sel[i] < 0 || sel[i] >= V) sel[i] = 0;
+        }
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)(np + ng));
         for (int i = 0; i < np; i++) toks[i] = (int32_t)json_integer_value(json_array_get(pid, (size_t)i));
         /* our tokenizer must agree with the reference one on the prompt */
@@ -74,15 +83,16 @@ static void golden(const char *model, const char *path) {
          * cache) against the float-activation reference: the quantization
          * noise shows (4-10% measured on these prompts), so this bound is loose */
         CHECK_RC(wk_forward(m, kv16, toks, np, lg, 0), 0);
-        for (int i = 0; i < V; i++) ref[i] = json_real_value(json_array_get(fl, (size_t)i));
-        double ef = rel_l2(lg, ref, V);
+        for (int i = 0; i < nsel; i++) lsel[i] = lg[sel[i]];
+        double ef = rel_l2(lsel, ref, nsel);
         CHECK(ef < 0.15);
         /* reference mode (float activations, F32 KV cache): must match the
          * float64 numpy forward tightly and reproduce its greedy tokens */
         kn_set_act_f32(1);
         CHECK_RC(wk_forward(m, kv, toks, np, lg, 0), 0);
-        double e = rel_l2(lg, ref, V);
-        CHECK(e < 1e-4);
+        for (int i = 0; i < nsel; i++) lsel[i] = lg[sel[i]];
+        double e = rel_l2(lsel, ref, nsel);
+        CHECK(e < 5e-4); /* fp32 against float64: 1e-6 on short prompts, 2e-4 over Gemma's 544 positions */
         int same = 0;
         for (int i = 0; i < ng; i++) {
             int32_t t = wk_argmax(lg, V);
@@ -101,6 +111,8 @@ static void golden(const char *model, const char *path) {
         wk_kv_free(kv);
         wk_kv_free(kv16);
         free(toks);
+        free(sel);
+        free(lsel);
     }
     free(lg);
     free(ref);
@@ -522,7 +534,7 @@ static void fp8_kv(const char *model) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: model_test MODEL GOLDEN [STORIES_DIR]\n");
+        fprintf(stderr, "usage: model_test MODEL GOLDEN [STORIES_DIR [GEMMA3 GEMMA3_GOLDEN]]\n");
         return 2;
     }
     tiny();
@@ -531,5 +543,6 @@ int main(int argc, char **argv) {
     golden(argv[1], argv[2]);
     fp8_kv(argv[1]);
     if (argc > 3) stories(argv[3]);
+    if (argc > 5) golden(argv[4], argv[5]); /* Gemma 3 270M Q4_K_M: K-quants, GeGLU, sliding windows */
     return tst_done("model_test");
 }
