@@ -50,6 +50,8 @@ static void usage(FILE *f) {
                "  generate     generate text from a prompt or a chat (streams to stdout)\n"
                "  perplexity   negative log-likelihood and perplexity of a text file\n"
                "  embed        sentence embeddings of texts (a BERT-family Hugging Face model)\n"
+               "  quantize     a GGUF file into another of a lower precision (K-quants, Q8_0, Q4_0 ...)\n"
+               "  eval         a model against its reference: perplexity, KL, top-1, tasks, size, speed\n"
                "  bench serve  load any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, throughput\n"
                "  plan         KV-cache capacity: weights and KV per GPU, max tokens and sequences\n"
                "  cost         cost per 1k requests, self-hosting per million tokens, break-even\n\n"
@@ -73,6 +75,8 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return tl_generate_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "perplexity") == 0) return tl_perplexity_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "embed") == 0) return tl_embed_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "quantize") == 0) return tl_quantize_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "eval") == 0) return tl_eval_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "plan") == 0) return tl_plan_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return tl_bench_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "cost") == 0) return tl_cost_main(argc - 1, argv + 1);

@@ -11,6 +11,8 @@ int tl_serve_main(int argc, char **argv);
 int tl_plan_main(int argc, char **argv);
 int tl_cost_main(int argc, char **argv);
 int tl_bench_main(int argc, char **argv);
+int tl_quantize_main(int argc, char **argv);
+int tl_eval_main(int argc, char **argv);
 
 struct wk_model;
 struct wk_engine_opts;

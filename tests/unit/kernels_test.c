@@ -102,6 +102,17 @@ static void test_matmul(kn_pool *pool) {
         kn_weight w;
         CHECK_RC(kn_weight_init(&w, type, n, k, raw), 0);
         kn_ref_matmul(&w, ref, x, B);
+        /* the same with the activations as the integer path sees them (int8 blocks of 32, dequantized):
+         * the integer kernels must match it to float rounding, and to the packs' fp16 scales (products
+         * of two scales rounded: 2.4e-4 at most each) */
+        float *xq = malloc(sizeof(float) * (size_t)(B * k)), *refq = malloc(sizeof(float) * (size_t)(B * n));
+        for (int64_t b = 0; b < B * k / 32; b++) {
+            int8_t qb[32];
+            float d, ds;
+            kn_ref_quant_block(x + 32 * b, qb, &d, &ds);
+            for (int i = 0; i < 32; i++) xq[32 * b + i] = d * (float)qb[i];
+        }
+        kn_ref_matmul(&w, refq, xq, B);
         float *first = NULL;
         for (int is = 0; is < N_ISA; is++) {
             if (kn_set_isa(isas[is])) continue;
@@ -112,6 +123,15 @@ static void test_matmul(kn_pool *pool) {
             float *y = out_buf((size_t)(B * n));
             kn_matmul(pool, &wi, y, x, &a, B);
             double e = tst_rel_l2(y, ref, (size_t)(B * n));
+            if (w.pack) {
+                double eq = tst_rel_l2(y, refq, (size_t)(B * n));
+                double tolq = type == CM_Q4_K || type == CM_Q6_K || type == CM_Q2_K || type == CM_Q3_K ||
+                                      type == CM_Q5_K || type == CM_Q4_1 || type == CM_Q5_1 ? 5e-4 : 2e-5;
+                if (!(eq < tolq))
+                    fprintf(stderr, "matmul %s %s n=%lld k=%lld B=%d: rel %.3g against int8-rounded inputs\n", isas[is],
+                            cm_dtype_name(type), (long long)n, (long long)k, B, eq);
+                CHECK(eq < tolq);
+            }
             /* quantized: int8 activations; float types: fp32 accumulation */
             double tol = w.pack ? 2e-2 : 1e-5;
             if (!(e < tol))
@@ -139,6 +159,8 @@ static void test_matmul(kn_pool *pool) {
             kn_weight_free(&wi);
         }
         free(first);
+        free(xq);
+        free(refq);
         kn_weight_free(&w);
         free(raw);
         free(x);
