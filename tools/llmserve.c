@@ -51,6 +51,7 @@ static void usage(FILE *f) {
                "  perplexity   negative log-likelihood and perplexity of a text file\n"
                "  embed        sentence embeddings of texts (a BERT-family Hugging Face model)\n"
                "  quantize     a GGUF file into another of a lower precision (K-quants, Q8_0, Q4_0 ...)\n"
+               "  imatrix      an importance matrix from a calibration text, for quantize --imatrix\n"
                "  eval         a model against its reference: perplexity, KL, top-1, tasks, size, speed\n"
                "  bench serve  load any OpenAI-compatible server: TTFT, TPOT, ITL, E2E, throughput\n"
                "  plan         KV-cache capacity: weights and KV per GPU, max tokens and sequences\n"
@@ -77,6 +78,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "embed") == 0) return tl_embed_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "quantize") == 0) return tl_quantize_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "eval") == 0) return tl_eval_main(argc - 1, argv + 1);
+    if (strcmp(argv[1], "imatrix") == 0) return tl_imatrix_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "plan") == 0) return tl_plan_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return tl_bench_main(argc - 1, argv + 1);
     if (strcmp(argv[1], "cost") == 0) return tl_cost_main(argc - 1, argv + 1);

@@ -13,6 +13,7 @@ int tl_cost_main(int argc, char **argv);
 int tl_bench_main(int argc, char **argv);
 int tl_quantize_main(int argc, char **argv);
 int tl_eval_main(int argc, char **argv);
+int tl_imatrix_main(int argc, char **argv);
 
 struct wk_model;
 struct wk_engine_opts;

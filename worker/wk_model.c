@@ -475,6 +475,8 @@ static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, 
     int quant = 0;
     for (int i = 0; i < nw; i++) quant |= kn_weight_wants_act(w[i]);
     if (quant) par_rows(m, OP_QUANT, T, NULL, x, NULL, (int)act->k, act);
+    if (m->act_hook)
+        for (int i = 0; i < nw; i++) m->act_hook(m->act_hook_ctx, w[i], x, T);
     kn_matmul_multi(m->pool, nw, w, y, x, act, T);
 }
 

@@ -69,6 +69,9 @@ typedef struct wk_model {
     int32_t *plan;                       /* step plan buffer (tensor parallel) */
     size_t plan_cap;
     struct wk_batch_seq *plan_seqs;      /* [max_batch] */
+    /* called with every matmul's input rows x [T][w->k] before it runs (llmserve imatrix), or NULL */
+    void (*act_hook)(void *ctx, const kn_weight *w, const float *x, int T);
+    void *act_hook_ctx;
 } wk_model;
 
 typedef struct {
