@@ -37,6 +37,29 @@ int tl_parse_float(const char *flag, const char *s, double lo, double hi, double
 
 int tl_parse_kv_dtype(const char *s, int *out) { return wk_parse_kv_dtype(s, out); }
 
+char *tl_read_file(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16;
+    char *text = malloc(cap);
+    *len = 0;
+    for (size_t r; text && (r = fread(text + *len, 1, cap - *len, f)) > 0;) {
+        *len += r;
+        if (*len == cap) {
+            char *nt = realloc(text, cap *= 2);
+            if (!nt) free(text);
+            text = nt;
+        }
+    }
+    int bad = ferror(f);
+    if (f != stdin) fclose(f);
+    if (bad) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
 double tl_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

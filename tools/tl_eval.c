@@ -31,6 +31,7 @@ static void help(FILE *f) {
                "  --file TEXT        text for perplexity, KL and top-1 ('-' for stdin)\n"
                "  --ctx N            window in tokens (default 256)\n"
                "  --max-tokens N     score at most N tokens of the text (default all)\n"
+               "  --kv-cache-dtype T A's KV cache: f16 (default), bf16, f32, fp8 (the reference keeps f16)\n"
                "  --no-tasks         skip the task set\n"
                "  --no-speed         skip the prefill / decode timing\n"
                "  --threads N        threads (default: all CPUs)\n"
@@ -71,7 +72,7 @@ typedef struct {
     const char *path;
     wk_model *m;
     wk_kv *kv;
-    int act_f32;
+    int act_f32, kv_type;
     double size_mb, bpw, nll, prefill_tps, decode_tps;
     int tasks_ok, tasks_by[3][2]; /* arith, fact, code: passed, run */
 } side;
@@ -195,38 +196,21 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static char *read_all(const char *file, size_t *len) {
-    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16;
-    char *text = malloc(cap);
-    *len = 0;
-    for (size_t r; text && (r = fread(text + *len, 1, cap - *len, f)) > 0;) {
-        *len += r;
-        if (*len == cap) {
-            char *nt = realloc(text, cap *= 2);
-            if (!nt) free(text);
-            text = nt;
-        }
-    }
-    if (f != stdin) fclose(f);
-    return text;
-}
-
 int tl_eval_main(int argc, char **argv) {
     const char *file = NULL;
     side A = {0}, B = {0};
+    A.kv_type = B.kv_type = KN_KV_F16;
     long ctx = 256, max_tokens = 0, threads = 0;
     double check_kl = -1, check_top1 = -1;
     int tasks_on = 1, speed_on = 1, json = 0;
-    enum { O_REF = 1000, O_RF32, O_AF32, O_NOTASK, O_NOSPEED, O_JSON, O_CKL, O_CT1, O_MAXT };
+    enum { O_REF = 1000, O_RF32, O_AF32, O_NOTASK, O_NOSPEED, O_JSON, O_CKL, O_CT1, O_MAXT, O_KV };
     static const struct option lo[] = {
         {"model", required_argument, 0, 'm'},  {"ref", required_argument, 0, O_REF},   {"ref-act-f32", no_argument, 0, O_RF32},
         {"act-f32", no_argument, 0, O_AF32},   {"file", required_argument, 0, 'f'},    {"ctx", required_argument, 0, 'c'},
         {"max-tokens", required_argument, 0, O_MAXT}, {"no-tasks", no_argument, 0, O_NOTASK},
         {"no-speed", no_argument, 0, O_NOSPEED}, {"threads", required_argument, 0, 'j'}, {"json", no_argument, 0, O_JSON},
         {"check-kl", required_argument, 0, O_CKL}, {"check-top1", required_argument, 0, O_CT1},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"kv-cache-dtype", required_argument, 0, O_KV}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -242,6 +226,7 @@ int tl_eval_main(int argc, char **argv) {
         case O_NOSPEED: speed_on = 0; break;
         case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
         case O_JSON: json = 1; break;
+        case O_KV: if (tl_parse_kv_dtype(optarg, &A.kv_type)) return 2; break;
         case O_CKL: if (tl_parse_float("--check-kl", optarg, 0, 1e9, &check_kl)) return 2; break;
         case O_CT1: if (tl_parse_float("--check-top1", optarg, 0, 1, &check_top1)) return 2; break;
         case 'h': help(stdout); return 0;
@@ -255,7 +240,7 @@ int tl_eval_main(int argc, char **argv) {
     }
     if (!B.path) B.path = A.path;
     size_t len = 0;
-    char *text = read_all(file, &len), err[512] = "";
+    char *text = tl_read_file(file, &len), err[512] = "";
     if (!text) {
         fprintf(stderr, "llmserve: %s: cannot read\n", file);
         return 1;
@@ -289,8 +274,8 @@ int tl_eval_main(int argc, char **argv) {
     la = malloc(sizeof(float) * (size_t)V * (size_t)CH);
     lb = malloc(sizeof(float) * (size_t)V * (size_t)CH);
     kls = malloc(sizeof(double) * nt);
-    if (!la || !lb || !kls || (rc = wk_kv_create(A.m, (int)ctx, KN_KV_F16, &A.kv)) ||
-        (rc = wk_kv_create(B.m, (int)ctx, KN_KV_F16, &B.kv)))
+    if (!la || !lb || !kls || (rc = wk_kv_create(A.m, (int)ctx, A.kv_type, &A.kv)) ||
+        (rc = wk_kv_create(B.m, (int)ctx, B.kv_type, &B.kv)))
         goto out;
     double t0 = tl_now();
     size_t scored = 0, agree = 0;
@@ -324,7 +309,7 @@ int tl_eval_main(int argc, char **argv) {
     for (int i = 0; i < 2 && (tasks_on || speed_on); i++) {
         wk_kv_free(sides[i]->kv);
         sides[i]->kv = NULL;
-        if ((rc = wk_kv_create(sides[i]->m, 512, KN_KV_F16, &sides[i]->kv))) goto out;
+        if ((rc = wk_kv_create(sides[i]->m, 512, sides[i]->kv_type, &sides[i]->kv))) goto out;
         if (tasks_on && (rc = run_tasks(sides[i], la))) goto out;
         if (speed_on && (rc = speed(sides[i], toks, nt, la))) goto out;
     }
@@ -353,7 +338,8 @@ int tl_eval_main(int argc, char **argv) {
             side *s = sides[i];
             char name[64], tk[16] = "-", pf[16] = "-", dc[16] = "-";
             const char *base = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
-            snprintf(name, sizeof name, "%s%.36s%s", i ? "ref: " : "", base, s->act_f32 ? " (f32 act)" : "");
+            snprintf(name, sizeof name, "%s%.36s%s%s", i ? "ref: " : "", base, s->act_f32 ? " (f32 act)" : "",
+                     s->kv_type == KN_KV_FP8 ? " (fp8 KV)" : s->kv_type == KN_KV_BF16 ? " (bf16 KV)" : s->kv_type == KN_KV_F32 ? " (f32 KV)" : "");
             if (tasks_on) snprintf(tk, sizeof tk, "%d/%d", s->tasks_ok, N_TASKS);
             if (speed_on) snprintf(pf, sizeof pf, "%.0f", s->prefill_tps), snprintf(dc, sizeof dc, "%.1f", s->decode_tps);
             if (i == 0)

@@ -146,23 +146,12 @@ int tl_imatrix_main(int argc, char **argv) {
         help(stderr);
         return 2;
     }
-    FILE *tf = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
-    if (!tf) {
-        fprintf(stderr, "llmserve: %s: cannot open\n", file);
+    size_t len = 0;
+    char *text = tl_read_file(file, &len);
+    if (!text) {
+        fprintf(stderr, "llmserve: %s: cannot read\n", file);
         return 1;
     }
-    size_t cap = 1 << 16, len = 0;
-    char *text = malloc(cap);
-    for (size_t r; text && (r = fread(text + len, 1, cap - len, tf)) > 0;) {
-        len += r;
-        if (len == cap) {
-            char *nt = realloc(text, cap *= 2);
-            if (!nt) free(text);
-            text = nt;
-        }
-    }
-    if (tf != stdin) fclose(tf);
-    if (!text) return 1;
     char err[512] = "";
     wk_model *m = NULL;
     wk_model_opts mo = {.model_path = model, .threads = (int)threads};

@@ -15,6 +15,7 @@
  * that several matmuls share. Random weights with plausible scales.
  * A benchmark, not a test: it prints figures and checks nothing. */
 #include "cm_dtype.h"
+#include "cm_quantize.h"
 #include "cm_error.h"
 #include "kernels.h"
 
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 
@@ -34,20 +36,20 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng >> 16);
 }
 
+/* Weights made as `llmserve quantize` makes them, from uniform random floats. */
 static void *rand_weight(int type, int64_t n, int64_t k) {
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k), sz = rb * (size_t)n;
     uint8_t *p = malloc(sz);
-    if (!p) return NULL;
-    for (size_t i = 0; i < sz; i++) p[i] = (uint8_t)rnd();
-    size_t bb = type == CM_Q4_1 ? 20 : type == CM_Q4_0 ? 18 : 34;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t b = 0; b < k / 32; b++) {
-            uint8_t *blk = p + (size_t)r * rb + (size_t)b * bb;
-            uint16_t d = cm_f32_to_f16(0.001f + 0.05f * (float)(rnd() % 1000) / 1000.f);
-            uint16_t m = cm_f32_to_f16(-0.2f * (float)(rnd() % 1000) / 1000.f);
-            memcpy(blk, &d, 2);
-            if (type == CM_Q4_1) memcpy(blk + 2, &m, 2);
-        }
+    float *x = malloc(sizeof(float) * (size_t)k);
+    if (!p || !x) {
+        free(p), free(x);
+        return NULL;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t i = 0; i < k; i++) x[i] = 0.05f * ((float)(rnd() % 2001) / 1000.f - 1.f);
+        cm_quantize_row(type, x, k, NULL, p + (size_t)r * rb);
+    }
+    free(x);
     return p;
 }
 
@@ -119,9 +121,11 @@ int main(int argc, char **argv) {
     char tbuf[64];
     snprintf(tbuf, sizeof tbuf, "%s", type_list);
     for (char *tn = strtok(tbuf, ","); tn; tn = strtok(NULL, ",")) {
-        int type = !strcmp(tn, "q4_1") ? CM_Q4_1 : !strcmp(tn, "q4_0") ? CM_Q4_0 : !strcmp(tn, "q8_0") ? CM_Q8_0 : -1;
+        int type = -1;
+        for (int t = 0; t < CM_DTYPE_COUNT; t++)
+            if (cm_quantize_supported(t) && cm_dtype_block(t) > 1 && !strcasecmp(tn, cm_dtype_name(t))) type = t;
         if (type < 0) {
-            fprintf(stderr, "gemm-bench: type %s: use q4_0, q4_1 or q8_0\n", tn);
+            fprintf(stderr, "gemm-bench: type %s: use q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k\n", tn);
             return 2;
         }
         for (int si = 0; si < n_shape; si += 2) {

@@ -389,7 +389,7 @@ int main(void) {
         CHECK(tst_rel_l2(got, ref, 9 * 64) < 1e-4);
     }
     /* matmul over the GGUF types against the float64 reference */
-    int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0};
+    int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_Q5_0, CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         int64_t N = 77, K = 256;
         int B = 3;
@@ -399,11 +399,14 @@ int main(void) {
         if (types[t] == CM_F32) for (size_t i = 0; i < bytes / 4; i++) ((float *)raw)[i] = frand();
         if (types[t] == CM_F16) for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)raw)[i] = cm_f32_to_f16(frand());
         size_t bb = cm_dtype_block_bytes(types[t]);
-        if (types[t] != CM_F32 && types[t] != CM_F16)
+        /* each block's fp16 scale (and minimum) at its offset: sane values, as in kernels_test */
+        int ty = types[t], dof = ty == CM_Q2_K ? 80 : ty == CM_Q3_K ? 108 : ty == CM_Q6_K ? 208 : 0;
+        int mof = ty == CM_Q4_1 || ty == CM_Q5_1 || ty == CM_Q4_K || ty == CM_Q5_K ? 2 : ty == CM_Q2_K ? 82 : -1;
+        if (ty != CM_F32 && ty != CM_F16)
             for (size_t i = 0; i < bytes / bb; i++) {
-                uint16_t d = cm_f32_to_f16(0.01f), m = cm_f32_to_f16(-0.05f);
-                memcpy(raw + i * bb, &d, 2);
-                if (types[t] == CM_Q4_1) memcpy(raw + i * bb + 2, &m, 2);
+                uint16_t d = cm_f32_to_f16(0.01f), m = cm_f32_to_f16(ty == CM_Q4_1 || ty == CM_Q5_1 ? -0.05f : 0.01f);
+                memcpy(raw + i * bb + dof, &d, 2);
+                if (mof >= 0) memcpy(raw + i * bb + mof, &m, 2);
             }
         kn_weight wt = {types[t], N, K, raw, 0, NULL};
         float *xs = malloc(sizeof(float) * (size_t)(B * K)), *yr = malloc(sizeof(float) * (size_t)(B * N)),
