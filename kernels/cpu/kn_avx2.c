@@ -400,6 +400,12 @@ static void attn_group_avx2(const float *q, const kn_kv_rows *kv, int len, int h
     else attn_body_avx2(q, kv, len, hd / 8, g, scale, s, out, KN_KV_F32);
 }
 
+static void f16_to_f32_avx2(const uint16_t *src, float *dst, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    kn_f16_to_f32_scalar(src + i, dst + i, n - i);
+}
+
 static void f32_to_f16_avx2(const float *src, uint16_t *dst, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -426,4 +432,4 @@ static void silu_mul_avx2(float *a, const float *b, int n) {
 KN_GEMM_F32(gemm_f32_avx2, 8)
 
 const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
-                              attn_group_avx2, f32_to_f16_avx2, silu_mul_avx2, exp_sum_avx2};
+                              attn_group_avx2, f32_to_f16_avx2, f16_to_f32_avx2, silu_mul_avx2, exp_sum_avx2};

@@ -319,6 +319,12 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F32);
 }
 
+static void f16_to_f32_avx512(const uint16_t *src, float *dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    kn_f16_to_f32_scalar(src + i, dst + i, n - i);
+}
+
 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -357,4 +363,4 @@ static float exp_sum_avx512(const float *x, int n, float mx, float scale, float 
 KN_GEMM_F32(gemm_f32_avx512, 16)
 
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
-                                attn_group_avx512, f32_to_f16_avx512, silu_mul_avx512, exp_sum_avx512};
+                                attn_group_avx512, f32_to_f16_avx512, f16_to_f32_avx512, silu_mul_avx512, exp_sum_avx512};

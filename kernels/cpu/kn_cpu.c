@@ -424,9 +424,7 @@ void kn_get_row(const kn_weight *w, int64_t r, float *out) {
             }
         }
         return;
-    case CM_F16:
-        for (int64_t i = 0; i < w->k; i++) out[i] = cm_f16_to_f32(((const uint16_t *)row)[i]);
-        return;
+    case CM_F16: impl->f16_to_f32((const uint16_t *)row, out, (int)w->k); return;
     case CM_BF16:
         for (int64_t i = 0; i < w->k; i++) out[i] = cm_bf16_to_f32(((const uint16_t *)row)[i]);
         return;

@@ -45,6 +45,7 @@ typedef struct {
     void (*attn_group)(const float *q, const struct kn_kv_rows *kv, int len, int hd, int g, float scale,
                        float *s, float *out);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int n);
+    void (*f16_to_f32)(const uint16_t *src, float *dst, int n); /* F16 weights' rows (kn_get_row) */
     void (*silu_mul)(float *a, const float *b, int n); /* a = silu(a) * b */
     float (*exp_sum)(const float *x, int n, float mx, float scale, float *out); /* kn_exp_sum */
 } kn_impl;
@@ -106,6 +107,7 @@ typedef struct {
 void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
                            float *out);
 void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
+void kn_f16_to_f32_scalar(const uint16_t *src, float *dst, int n);
 void kn_silu_mul_scalar(float *a, const float *b, int n);
 float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out);
 

@@ -238,6 +238,12 @@ static void attn_group_neon(const float *q, const kn_kv_rows *kv, int len, int h
     else attn_body_neon(q, kv, len, hd / 4, g, scale, s, out, KN_KV_F32);
 }
 
+static void f16_to_f32_neon(const uint16_t *src, float *dst, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(src + i))));
+    kn_f16_to_f32_scalar(src + i, dst + i, n - i);
+}
+
 static void f32_to_f16_neon(const float *src, uint16_t *dst, int n) {
     int i = 0; /* FCVTN rounds to nearest even, as cm_f32_to_f16 */
     for (; i + 4 <= n; i += 4) vst1_u16(dst + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
@@ -258,6 +264,6 @@ static void silu_mul_neon(float *a, const float *b, int n) {
 KN_GEMM_F32(gemm_f32_neon, 4)
 
 const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, gemm_neon, dot_neon, gemm_f32_neon,
-                              attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};
+                              attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon};
 const kn_impl kn_impl_neon_dot = {"neon-dotprod", quant_act_neon, kn_neon_gemm_dot, kn_neon_gemm_dot, kn_neon_gemm_dot, dot_neon,
-                                  gemm_f32_neon, attn_group_neon, f32_to_f16_neon, silu_mul_neon, exp_sum_neon};
+                                  gemm_f32_neon, attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon};

@@ -209,6 +209,10 @@ void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd
     }
 }
 
+void kn_f16_to_f32_scalar(const uint16_t *src, float *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = cm_f16_to_f32(src[i]);
+}
+
 void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = cm_f32_to_f16(src[i]);
 }
@@ -220,7 +224,7 @@ static void gemm_f32_scalar(const float *w, int64_t k, int64_t nr, const float *
 }
 
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar, gemm_q8h_scalar,
-                                dot_scalar, gemm_f32_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar,
+                                dot_scalar, gemm_f32_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar, kn_f16_to_f32_scalar,
                                 kn_silu_mul_scalar, kn_exp_sum_scalar};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
