@@ -6,6 +6,7 @@
  * is checked to stay inside the directory. */
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_hf_quant.h"
 #include "cm_model.h"
 #include "cm_safetensors.h"
 
@@ -230,11 +231,65 @@ static int shard_names(const char *dir, char ***names, int *n, char *e, size_t e
     return rc;
 }
 
-static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *file, size_t *cap, char *e,
-                       size_t el) {
+static int push_tensor(cm_model_file *m, size_t *cap, const cm_tensor_ref *r) {
+    if (m->n_tensors == *cap) {
+        size_t nc = *cap ? *cap * 2 : 256;
+        cm_tensor_ref *nt = realloc(m->tensors, nc * sizeof *nt);
+        if (!nt) return LLM_ENOMEM;
+        m->tensors = nt;
+        *cap = nc;
+    }
+    m->tensors[m->n_tensors++] = *r;
+    return 0;
+}
+
+/* An AWQ / GPTQ layer's parts as the files give them. */
+typedef struct {
+    char name[64]; /* the GGUF name of its weight */
+    const cm_st_tensor *part[CM_HFQ_NPARTS];
+} hfq_layer;
+
+typedef struct {
+    cm_hfq_config cfg;
+    hfq_layer *l;
+    size_t n, cap;
+} hfq_set;
+
+static int add_part(hfq_set *q, int p, const char *name, const cm_st_tensor *t, const char *file, char *e,
+                    size_t el) {
+    size_t i = 0;
+    while (i < q->n && strcmp(q->l[i].name, name)) i++;
+    if (i == q->n) {
+        if (q->n == q->cap) {
+            size_t nc = q->cap ? q->cap * 2 : 64;
+            hfq_layer *nl = realloc(q->l, nc * sizeof *nl);
+            if (!nl) return LLM_ENOMEM;
+            q->l = nl;
+            q->cap = nc;
+        }
+        memset(&q->l[q->n], 0, sizeof q->l[0]);
+        snprintf(q->l[q->n].name, sizeof q->l[0].name, "%s", name);
+        q->n++;
+    }
+    if (q->l[i].part[p]) {
+        snprintf(e, el, "%s: tensor '%s' appears twice", file, t->name);
+        return LLM_EFORMAT;
+    }
+    q->l[i].part[p] = t;
+    return 0;
+}
+
+static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *file, size_t *cap, hfq_set *q,
+                       char *e, size_t el) {
     for (size_t i = 0; i < s->n_tensors; i++) {
         const cm_st_tensor *t = &s->tensors[i];
-        char name[64];
+        char name[64], base[256];
+        int p = q->cfg.method ? cm_hfq_part(t->name, base, sizeof base) : -1;
+        if (p >= 0) {
+            int rc = map_name(m->cfg.encoder, base, name, sizeof name) ? add_part(q, p, name, t, file, e, el) : 0;
+            if (rc) return rc;
+            continue;
+        }
         if (!map_name(m->cfg.encoder, t->name, name, sizeof name)) continue;
         if (t->type != CM_F32 && t->type != CM_F16 && t->type != CM_BF16) {
             snprintf(e, el, "%s: tensor '%s' is %s (F32, F16 and BF16 load)", file, t->name, t->dtype);
@@ -244,21 +299,36 @@ static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *fi
             snprintf(e, el, "%s: tensor '%s' appears twice", file, t->name);
             return LLM_EFORMAT;
         }
-        if (m->n_tensors == *cap) {
-            size_t nc = *cap ? *cap * 2 : 256;
-            cm_tensor_ref *nt = realloc(m->tensors, nc * sizeof *nt);
-            if (!nt) return LLM_ENOMEM;
-            m->tensors = nt;
-            *cap = nc;
+        cm_tensor_ref r;
+        memset(&r, 0, sizeof r);
+        snprintf(r.name, sizeof r.name, "%s", name);
+        r.type = t->type;
+        r.n_dims = t->n_dims;
+        memcpy(r.ne, t->ne, sizeof r.ne);
+        r.data = t->data;
+        r.nbytes = t->nbytes;
+        int rc = push_tensor(m, cap, &r);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Every AWQ / GPTQ layer into GGUF blocks (and its permutation). */
+static int convert_layers(cm_model_file *m, size_t *cap, const hfq_set *q, char *e, size_t el) {
+    if (q->n && !(m->bufs = calloc(2 * q->n, sizeof *m->bufs))) return LLM_ENOMEM;
+    for (size_t i = 0; i < q->n; i++) {
+        const hfq_layer *l = &q->l[i];
+        if (cm_model_tensor(m, l->name)) {
+            snprintf(e, el, "'%s' is both quantized and a plain weight", l->name);
+            return LLM_EFORMAT;
         }
-        cm_tensor_ref *r = &m->tensors[m->n_tensors++];
-        memset(r, 0, sizeof *r);
-        snprintf(r->name, sizeof r->name, "%s", name);
-        r->type = t->type;
-        r->n_dims = t->n_dims;
-        memcpy(r->ne, t->ne, sizeof r->ne);
-        r->data = t->data;
-        r->nbytes = t->nbytes;
+        cm_tensor_ref w, perm;
+        void *bw, *bp;
+        int rc = cm_hfq_convert(&q->cfg, l->part, l->name, &w, &perm, &bw, &bp, e, el);
+        if (rc) return rc;
+        if (bw) m->bufs[m->n_bufs++] = bw;
+        if (bp) m->bufs[m->n_bufs++] = bp;
+        if ((rc = push_tensor(m, cap, &w)) || (perm.data && (rc = push_tensor(m, cap, &perm)))) return rc;
     }
     return 0;
 }
@@ -269,6 +339,8 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
     char **shards = NULL;
     int n_shards = 0, rc;
     size_t cap = 0;
+    hfq_set q;
+    memset(&q, 0, sizeof q);
     cm_model_file *m = calloc(1, sizeof *m);
     if (!m) return LLM_ENOMEM;
     m->format = CM_FMT_HF;
@@ -291,12 +363,20 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
     snprintf(e, sizeof e, "config.json: model_type '%.32s' is not supported (bert, llama, mistral, qwen2)",
              mt ? mt : "");
     int tie = json_is_true(json_object_get(cj, "tie_word_embeddings"));
-    json_decref(cj);
     if (!known) {
+        json_decref(cj);
         rc = LLM_EUNSUP;
         goto fail;
     }
     e[0] = 0;
+    rc = cm_hfq_config_parse(cj, &q.cfg, e, sizeof e);
+    if (!rc && q.cfg.method && !strcmp(mt, "bert")) {
+        snprintf(e, sizeof e, "config.json: quantized encoder (bert) checkpoints are not supported");
+        rc = LLM_EUNSUP;
+    }
+    json_decref(cj);
+    if (rc) goto fail;
+    m->hf_quant = q.cfg.method;
     if ((rc = cm_model_config_json(p, &m->cfg, e, sizeof e))) goto fail;
     const char *base = strrchr(dir, '/') && strrchr(dir, '/')[1] ? strrchr(dir, '/') + 1 : dir;
     snprintf(m->cfg.name, sizeof m->cfg.name, "%s", base);
@@ -319,8 +399,11 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
             goto fail;
         }
         m->n_st++;
-        if ((rc = add_tensors(m, m->st[i], shards[i], &cap, e, sizeof e))) goto fail;
+        if ((rc = add_tensors(m, m->st[i], shards[i], &cap, &q, e, sizeof e))) goto fail;
     }
+    if ((rc = convert_layers(m, &cap, &q, e, sizeof e))) goto fail;
+    free(q.l);
+    q.l = NULL;
     m->cfg.tied = !m->cfg.encoder && (tie || !cm_model_tensor(m, "output.weight"));
     if ((rc = cm_model_validate_config(&m->cfg, e, sizeof e))) goto fail;
     for (int i = 0; i < n_shards; i++) free(shards[i]);
@@ -329,6 +412,7 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
     return 0;
 fail:
     if (err) snprintf(err, errlen, "%s: %s", dir, e);
+    free(q.l);
     for (int i = 0; i < n_shards; i++) free(shards[i]);
     free(shards);
     cm_model_close(m);

@@ -346,6 +346,8 @@ void cm_model_close(cm_model_file *m) {
     free(m->st);
     if (m->map && !m->map_borrowed) munmap(m->map, m->map_size);
     free(m->owned);
+    for (int i = 0; i < m->n_bufs; i++) free(m->bufs[i]);
+    free(m->bufs);
     free(m->tensors);
     free(m);
 }

@@ -71,6 +71,9 @@ typedef struct cm_model_file {
     size_t n_tensors;
     struct cm_safetensors **st; /* CM_FMT_HF: the checkpoint's files */
     int n_st;
+    void **bufs;         /* CM_FMT_HF: AWQ / GPTQ layers converted to GGUF blocks, owned */
+    int n_bufs;
+    int hf_quant;        /* CM_FMT_HF: the checkpoint's quantization (CM_HFQ_* of cm_hf_quant.h) */
 } cm_model_file;
 
 /* Opens by content: GGUF magic, else a llama2.c checkpoint; a directory is
@@ -97,7 +100,9 @@ int cm_model_validate_config(const cm_model_config *c, char *err, size_t errlen)
 
 /* ---- Hugging Face checkpoints (cm_hf.c) ---------------------------------- */
 /* A directory with config.json and model.safetensors (or shards listed in
- * model.safetensors.index.json), F32/F16/BF16. Tensors are renamed the GGUF
+ * model.safetensors.index.json), F32/F16/BF16, or AWQ / GPTQ layers
+ * (quantization_config), converted to Q4_0 / Q4_1 / Q8_0 blocks at load
+ * (cm_hf_quant.h; act-order layers add "<name>.perm" tensors). Tensors are renamed the GGUF
  * way (llama: token_embd, blk.N.attn_q ...; bert: as llama.cpp's BERT GGUFs,
  * token_embd, position_embd, token_types, token_embd_norm, blk.N.attn_q,
  * attn_output_norm, ffn_up, ffn_down, layer_output_norm). Llama-family

@@ -51,6 +51,8 @@ typedef struct kn_weight {
     const void *raw;     /* GGUF layout, [n][k] in blocks */
     int pack;            /* KN_PACK_* */
     void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq8 or kn_pq8h, owned */
+    const int32_t *perm; /* [k] or NULL: the rows hold input perm[j] at j (act-order GPTQ); the
+                          * caller gathers x[perm[j]] before the matmul, the kernels never look */
 } kn_weight;
 
 /* Activations quantized for integer dot products. */

@@ -11,6 +11,7 @@
  * text the figures are reproducible run to run on one instruction set. */
 #include "cm_error.h"
 #include "cm_gguf.h"
+#include "cm_safetensors.h"
 #include "tl_common.h"
 #include "wk_model.h"
 
@@ -91,22 +92,32 @@ static double lse(const float *x, int n) {
     return mx + log(s);
 }
 
-/* The file's size and its weight matrices' bits per element. */
+/* The file's size (a directory's: its safetensors files') and its weight
+ * matrices' bits per element as stored (an AWQ / GPTQ layer's qweight,
+ * qzeros and scales together). */
 static void size_of(side *s) {
     struct stat st;
     s->size_mb = stat(s->path, &st) ? 0 : (double)st.st_size / 1e6;
-    cm_gguf *g = NULL;
-    char err[256];
-    if (cm_gguf_open(s->path, &g, err, sizeof err)) return;
+    cm_model_file *m = NULL;
+    char err[600];
+    if (cm_model_open(s->path, &m, err, sizeof err)) return;
     double bytes = 0, el = 0;
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (g->tensors[i].n_dims >= 2) {
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].n_dims >= 2) {
             double e = 1;
-            for (uint32_t d = 0; d < g->tensors[i].n_dims; d++) e *= (double)g->tensors[i].ne[d];
-            el += e, bytes += (double)g->tensors[i].nbytes;
+            for (uint32_t d = 0; d < m->tensors[i].n_dims; d++) e *= (double)m->tensors[i].ne[d];
+            el += e, bytes += (double)m->tensors[i].nbytes;
         }
+    if (m->format == CM_FMT_HF) {
+        s->size_mb = 0, bytes = 0;
+        for (int f = 0; f < m->n_st; f++) {
+            s->size_mb += (double)m->st[f]->size / 1e6;
+            for (size_t i = 0; i < m->st[f]->n_tensors; i++)
+                if (m->st[f]->tensors[i].n_dims >= 2) bytes += (double)m->st[f]->tensors[i].nbytes;
+        }
+    }
     s->bpw = el > 0 ? 8 * bytes / el : 0;
-    cm_gguf_close(g);
+    cm_model_close(m);
 }
 
 static int forward(side *s, const int32_t *t, int n, float *lg, int all) {

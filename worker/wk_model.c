@@ -20,8 +20,27 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
     int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
     if (rc) return rc;
     if (!t->data) { /* a dummy made on the GPU: this rank's part is made there too */
-        *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)(c1 - c0), NULL, KN_PACK_NONE, NULL};
+        *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)(c1 - c0), NULL, KN_PACK_NONE, NULL, NULL};
         return 0;
+    }
+    /* act-order GPTQ: the rows hold the inputs in the order of "<name minus .weight>.perm" */
+    char pn[80];
+    size_t nl = strlen(name);
+    snprintf(pn, sizeof pn, "%.*s.perm", (int)(nl > 7 ? nl - 7 : nl), name);
+    const cm_tensor_ref *pt = cm_model_tensor(m->file, pn);
+    if (pt) {
+        const char *why = pt->type != CM_I32 || pt->ne[0] != k || pt->n_dims != 1 ? "is not int32 [k]"
+                          : !strcmp(name, "token_embd.weight")                     ? "is on the embedding"
+                          : c0 != 0 || c1 != k ? "cannot be split by input columns (tensor parallelism)"
+                          : m->device == WK_DEV_CUDA ? "runs on the CPU only"
+                                                     : NULL;
+        for (uint64_t j = 0; !why && j < k; j++)
+            if (((const int32_t *)pt->data)[j] < 0 || (uint64_t)((const int32_t *)pt->data)[j] >= k)
+                why = "is not a permutation";
+        if (why) {
+            snprintf(err, errlen, "%s: '%s' (act-order input order) %s", m->file->path, pn, why);
+            return LLM_EUNSUP;
+        }
     }
     size_t blk = cm_dtype_block(t->type), rb = cm_dtype_row_bytes(t->type, k);
     const char *raw = t->data ? (const char *)t->data + r0 * rb : NULL; /* NULL: dummy weights made on the GPU */
@@ -49,9 +68,13 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
         t->type != CM_F32)
         rc = LLM_EUNSUP;
     else if (m->device == WK_DEV_CUDA) /* the GPU reads GGUF blocks as they are: no CPU repacking */
-        *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)k, raw, KN_PACK_NONE, NULL};
+        *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)k, raw, KN_PACK_NONE, NULL, NULL};
     else
         rc = kn_weight_init(w, t->type, (int64_t)(r1 - r0), (int64_t)k, raw);
+    if (!rc && pt) {
+        w->perm = pt->data;
+        if ((int)k > m->perm_k) m->perm_k = (int)k;
+    }
     if (rc == LLM_EUNSUP)
         snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
                  "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
@@ -286,6 +309,9 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     uint64_t QDl = (uint64_t)m->n_head_l * c->head_dim;
     if (QDl % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QDl, B))) goto fail;
     if (m->hidden_l % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)m->hidden_l, B))) goto fail;
+    if (m->perm_k && ((rc = alloc_f(&m->xperm, b * (size_t)m->perm_k)) ||
+                      (rc = kn_act_init(&m->act_perm, (int64_t)m->perm_k, B))))
+        goto fail;
     if (m->device == WK_DEV_CUDA && (rc = wk_cuda_load(m, err, errlen))) goto fail;
     *out = m;
     return 0;
@@ -325,6 +351,8 @@ void wk_model_free(wk_model *m) {
     kn_act_free(&m->act_dim);
     kn_act_free(&m->act_q);
     kn_act_free(&m->act_hidden);
+    kn_act_free(&m->act_perm);
+    free(m->xperm);
     if (!m->pool_borrowed) kn_pool_destroy(m->pool);
     cm_tok_free(m->tok);
     cm_model_close(m->file);
@@ -470,14 +498,46 @@ static void par_rows(wk_model *m, int op, int T, float *dst, float *src, const f
     if (op == OP_QUANT) act->rows = T;
 }
 
+/* y = x[.perm] . W^T for one act-order weight: its input gathered, then quantized on its own. */
+static void mm_perm(wk_model *m, const kn_weight *w, float *y, const float *x, int T) {
+    int64_t k = w->k;
+    for (int t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) m->xperm[t * k + j] = x[t * k + w->perm[j]];
+    kn_act a = m->act_perm; /* the same memory at this weight's row length */
+    a.k = k;
+    a.nblk = k / 32;
+    if (kn_weight_wants_act(w)) par_rows(m, OP_QUANT, T, NULL, m->xperm, NULL, (int)k, &a);
+    kn_matmul_multi(m->pool, 1, &w, &y, m->xperm, &a, T);
+}
+
 /* y = x . W^T for the listed weights, quantizing x once when needed. */
-static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
+static void mm_plain(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
     int quant = 0;
     for (int i = 0; i < nw; i++) quant |= kn_weight_wants_act(w[i]);
     if (quant) par_rows(m, OP_QUANT, T, NULL, x, NULL, (int)act->k, act);
     if (m->act_hook)
         for (int i = 0; i < nw; i++) m->act_hook(m->act_hook_ctx, w[i], x, T);
     kn_matmul_multi(m->pool, nw, w, y, x, act, T);
+}
+
+/* The same, act-order weights (kn_weight.perm) each on its own. */
+static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
+    if (!m->perm_k) {
+        mm_plain(m, nw, w, y, x, act, T);
+        return;
+    }
+    const kn_weight *rest[4];
+    float *ry[4];
+    int nr = 0;
+    for (int i = 0; i < nw; i++) {
+        if (!w[i]->perm) {
+            rest[nr] = w[i], ry[nr++] = y[i];
+            continue;
+        }
+        if (m->act_hook) m->act_hook(m->act_hook_ctx, w[i], x, T);
+        mm_perm(m, w[i], y[i], x, T);
+    }
+    if (nr) mm_plain(m, nr, rest, ry, x, act, T);
 }
 
 /* Adds the bias (if any), rotates and stores K/V of every token of the step. */

@@ -54,6 +54,10 @@ typedef struct wk_model {
     const int32_t **tok_blocks;          /* [B] its sequence's block table */
     kn_attn_seq *attn_seq;               /* [B] */
     kn_act act_dim, act_q, act_hidden;
+    /* act-order GPTQ weights read their input gathered (kn_weight.perm): [B][perm_k] */
+    float *xperm;
+    kn_act act_perm;
+    int perm_k;                          /* the longest input of such a weight, 0: none */
     /* tensor parallelism: this rank's share (everything when tp_size is 1).
      * Query heads [head0, head0+n_head_l) with their KV heads
      * [kv0, kv0+n_kv_l), FFN columns [hid0, hid0+hidden_l), vocabulary rows
