@@ -186,9 +186,9 @@ put("grammar", "regex", b"\x02" + b"^(?:[a-z]+\\.)*\\d{2,3}[^\\s]?$" + b"\x00ab.
 # ---- Hugging Face files (fuzz_hf): a safetensors file and a WordPiece tokenizer.json
 def safetensors(tensors):
     hdr, data = {"__metadata__": {"format": "pt"}}, b""
-    for name, dtype, shape, size in tensors:
+    for name, dtype, shape, size, *given in tensors:
         hdr[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + size]}
-        data += bytes(i % 251 for i in range(size))
+        data += given[0] if given else bytes(i % 251 for i in range(size))
     h = json.dumps(hdr).encode()
     h += b" " * (-len(h) % 8)
     return struct.pack("<Q", len(h)) + h + data
@@ -196,6 +196,12 @@ def safetensors(tensors):
 
 put("hf", "tiny-st", safetensors([("a", "F32", [2, 3], 24), ("b", "F16", [4], 8), ("ids", "I64", [1, 2], 16),
                                    ("e", "BF16", [0], 0)]))
+# a GPTQ layer of 64 inputs, 8 outputs, groups of 32 (valid under the 4-bit g32 config), and an AWQ one
+put("hf", "gptq-layer", safetensors([("l.qweight", "I32", [8, 8], 256), ("l.qzeros", "I32", [2, 1], 8),
+                                     ("l.scales", "F16", [2, 8], 32), ("l.g_idx", "I32", [64], 256,
+                                      struct.pack("<64i", *[(k * 5 + 3) % 64 // 32 for k in range(64)]))]))
+put("hf", "awq-layer", safetensors([("l.qweight", "I32", [64, 1], 256), ("l.qzeros", "I32", [2, 1], 8),
+                                    ("l.scales", "F16", [2, 8], 32)]))
 put("hf", "tiny-wordpiece", json.dumps({
     "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
               "max_input_chars_per_word": 100,
