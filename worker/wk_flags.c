@@ -147,12 +147,14 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
     case WK_M_QUANT:
         if (!strcmp(arg, "none") || !strcmp(arg, "auto")) f->quant = WK_QUANT_NONE;
         else if (!strcmp(arg, "fp8")) f->quant = WK_QUANT_FP8;
-        else if (!strcmp(arg, "awq") || !strcmp(arg, "gptq") || !strcmp(arg, "int8") || !strcmp(arg, "int4")) {
-            fprintf(stderr, "llmserve: --quantization %s is not built yet (safetensors AWQ/GPTQ/INT8 checkpoints); "
-                            "GGUF Q4_0/Q4_1/Q8_0 files and --quantization fp8 work\n", arg);
+        else if (!strcmp(arg, "awq")) f->quant = WK_QUANT_AWQ;
+        else if (!strcmp(arg, "gptq")) f->quant = WK_QUANT_GPTQ;
+        else if (!strcmp(arg, "int8") || !strcmp(arg, "int4")) {
+            fprintf(stderr, "llmserve: --quantization %s is not a method: an AWQ or GPTQ checkpoint says its own in "
+                            "config.json (or give awq / gptq), a GGUF file its types\n", arg);
             return LLM_EINVAL;
         } else {
-            fprintf(stderr, "llmserve: --quantization expects fp8 (or none), not '%s'\n", arg);
+            fprintf(stderr, "llmserve: --quantization expects fp8, awq, gptq (or none), not '%s'\n", arg);
             return LLM_EINVAL;
         }
         return 0;

@@ -92,6 +92,7 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     "model:\n"                                                                                     \
     "  --device cpu|cuda           where the forward pass runs (default cpu)\n"                     \
     "  --quantization fp8          FP8 E4M3 weights (per-channel scales) and activations (CUDA)\n"   \
+    "  --quantization awq|gptq     insist the checkpoint is AWQ / GPTQ (read from config.json anyway)\n" \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
     "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, llama-2-7b,\n"     \

@@ -2,6 +2,7 @@
 #include "wk_cuda.h"
 #include "cm_dtype.h"
 #include "cm_quant.h"
+#include "cm_hf_quant.h"
 #include "cm_error.h"
 #include "cm_log.h"
 
@@ -185,6 +186,15 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
             goto fail;
     } else if ((rc = cm_model_open(o->model_path, &m->file, err, errlen)))
         goto fail;
+    if ((m->quant == WK_QUANT_AWQ || m->quant == WK_QUANT_GPTQ) &&
+        m->file->hf_quant != (m->quant == WK_QUANT_AWQ ? CM_HFQ_AWQ : CM_HFQ_GPTQ)) {
+        snprintf(err, errlen, "--quantization %s: %s is not %s checkpoint (its config.json's quantization_config "
+                 "says %s)", m->quant == WK_QUANT_AWQ ? "awq" : "gptq", o->model_path ? o->model_path : "the model",
+                 m->quant == WK_QUANT_AWQ ? "an AWQ" : "a GPTQ",
+                 m->file->hf_quant == CM_HFQ_AWQ ? "awq" : m->file->hf_quant == CM_HFQ_GPTQ ? "gptq" : "nothing");
+        rc = LLM_EINVAL;
+        goto fail;
+    }
     m->cfg = m->file->cfg;
     const cm_model_config *c = &m->cfg;
     if (c->encoder) {

@@ -95,7 +95,9 @@ typedef struct {
                                           * outlive this one) instead of starting one */
 } wk_model_opts;
 
-enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1 };
+/* FP8: float weights re-quantized to E4M3 at load (CUDA). AWQ / GPTQ: the checkpoint must be
+ * one (they are read from its config.json either way; the flag only insists, as vLLM's does). */
+enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1, WK_QUANT_AWQ = 2, WK_QUANT_GPTQ = 3 };
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
 void wk_model_free(wk_model *m);

@@ -70,6 +70,11 @@ PYX
     echo "$msg" | grep -q -- "$3" || fail "$1: error '$msg' does not say '$3'"
     echo "refused ($1): $(echo "$msg" | tail -1)"
 }
+msg=$("$L" generate --model "$OUT/gptq-act" --quantization awq --prompt hi -n 1 --threads 2 2>&1 >/dev/null) &&
+    fail "--quantization awq ran a GPTQ checkpoint"
+echo "$msg" | grep -q "not an AWQ checkpoint" || fail "--quantization awq on GPTQ: '$msg'"
+"$L" generate --model "$OUT/gptq-act" --quantization gptq --prompt hi -n 1 --threads 2 >/dev/null 2>&1 ||
+    fail "--quantization gptq refused a GPTQ checkpoint"
 refuse "bitsandbytes" 'c["quantization_config"]["quant_method"] = "bitsandbytes"' "bitsandbytes"
 refuse "3-bit" 'c["quantization_config"]["bits"] = 3' "bits 3"
 refuse "marlin" 'c["quantization_config"]["checkpoint_format"] = "marlin"' "marlin"
