@@ -21,7 +21,7 @@
 
 #define KN_ROWS 16 /* rows per interleaved group */
 
-enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3 };
+enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3, KN_PACK_Q4H = 4 };
 
 /* Interleaved group-block of a 4-bit matrix: 16 rows x 32 elements.
  * chunk c (0..3), byte r*4+i: low nibble = row r element 8c+i,
@@ -44,13 +44,21 @@ typedef struct {
     uint16_t d[2][KN_ROWS], m[2][KN_ROWS]; /* fp16 */
     uint8_t qs[8][64];
 } kn_pq8h;
+/* The same for u 0..15 (Q2_K, Q3_K): 6 bits a weight, not 10. Byte j of
+ * qs[c] (c 0..3) holds byte j of kn_pq8h's chunk c in its low nibble and of
+ * chunk c+4 in its high one: one load gives a half-0 and a half-1 chunk.
+ * d and m lie where kn_pq8h has them (the kernels share the code). */
+typedef struct {
+    uint16_t d[2][KN_ROWS], m[2][KN_ROWS]; /* fp16 */
+    uint8_t qs[4][64];
+} kn_pq4h;
 
 typedef struct kn_weight {
     int type;            /* enum cm_dtype of raw */
     int64_t n, k;        /* rows, row length */
     const void *raw;     /* GGUF layout, [n][k] in blocks */
     int pack;            /* KN_PACK_* */
-    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq8 or kn_pq8h, owned */
+    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq8, kn_pq8h or kn_pq4h, owned */
     const int32_t *perm; /* [k] or NULL: the rows hold input perm[j] at j (act-order GPTQ); the
                           * caller gathers x[perm[j]] before the matmul, the kernels never look */
 } kn_weight;

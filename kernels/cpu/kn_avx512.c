@@ -99,19 +99,31 @@ static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0
 }
 
 /* kn_pq8h: unsigned weights (0..63) with a scale and a minimum per half block; the halves' sums kept
- * apart (chunks 0-3, 4-7) and scaled each by its own. */
-static inline void q8h_group(const kn_pq8h *P, int64_t nb, const kn_act *a, int b0, int bn, __m512 *acc) {
+ * apart (chunks 0-3, 4-7) and scaled each by its own. kn_pq4h (nib): the same in nibbles, chunk c in the
+ * low ones of qs[c & 3] (c < 4) or the high ones. */
+static inline __attribute__((always_inline)) void q8h_group(const char *P, const int nib, int64_t nb, const kn_act *a,
+                                                            int b0, int bn, __m512 *acc) {
+    const size_t bs = nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 accm[BT];
     for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
-        const kn_pq8h *p = &P[blk];
-        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
+        const kn_pq8h *p = (const kn_pq8h *)(P + (size_t)blk * bs);
+        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
         __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[0]));
         __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[1]));
         __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
         __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
         __m512i w[8];
-        for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
+        if (nib) {
+            for (int c = 0; c < 4; c++) {
+                __m512i v = _mm512_loadu_si512(((const kn_pq4h *)p)->qs[c]);
+                w[c] = _mm512_and_si512(v, m4);
+                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+        } else {
+            for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
+        }
         for (int t = 0; t < bn; t++) {
             int b = b0 + t;
             const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
@@ -148,7 +160,10 @@ static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, in
             int bn = B - b0 < BT ? B - b0 : BT;
             __m512 acc[BT];
             if (w->pack == KN_PACK_Q8) q8_group((const kn_pq8 *)w->packed + g * nb, nb, a, b0, bn, acc);
-            else if (w->pack == KN_PACK_Q8H) q8h_group((const kn_pq8h *)w->packed + g * nb, nb, a, b0, bn, acc);
+            else if (w->pack == KN_PACK_Q8H)
+                q8h_group((const char *)((const kn_pq8h *)w->packed + g * nb), 0, nb, a, b0, bn, acc);
+            else if (w->pack == KN_PACK_Q4H)
+                q8h_group((const char *)((const kn_pq4h *)w->packed + g * nb), 1, nb, a, b0, bn, acc);
             else q4_group((const kn_pq4 *)w->packed + g * nb, nb, a, b0, bn, acc);
             store_rows(y, ldy, b0, bn, g, w->n, acc);
         }

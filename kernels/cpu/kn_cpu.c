@@ -181,15 +181,18 @@ static void repack_q4(kn_weight *w) {
         }
 }
 
-/* Q5_0, Q5_1 and the K-quants but Q4_K into kn_pq8h. */
+/* Q5_0, Q5_1, Q5_K, Q6_K into kn_pq8h; Q2_K, Q3_K (u 0..15) into kn_pq4h. */
 static void repack_q8h(kn_weight *w) {
     int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
     size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
-    kn_pq8h *P = w->packed;
+    int nib = w->pack == KN_PACK_Q4H;
+    size_t bs = nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
     for (int64_t g = 0; g < ng; g++)
         for (int64_t blk = 0; blk < nb; blk++) {
-            kn_pq8h *p = &P[g * nb + blk];
-            memset(p, 0, sizeof *p);
+            /* the two share d and m's place; only qs differs */
+            kn_pq8h *p = (kn_pq8h *)((char *)w->packed + (size_t)(g * nb + blk) * bs);
+            kn_pq4h *p4 = (kn_pq4h *)p;
+            memset(p, 0, bs);
             for (int r = 0; r < KN_ROWS; r++) {
                 int64_t row = g * KN_ROWS + r;
                 if (row >= w->n) continue;
@@ -201,7 +204,10 @@ static void repack_q8h(kn_weight *w) {
                     p->m[h][r] = cm_f32_to_f16(m[h]);
                 }
                 for (int c = 0; c < 8; c++)
-                    for (int i = 0; i < 4; i++) p->qs[c][r * 4 + i] = q[4 * c + i];
+                    for (int i = 0; i < 4; i++) {
+                        if (nib) p4->qs[c & 3][r * 4 + i] |= (uint8_t)((q[4 * c + i] & 15) << (c >= 4 ? 4 : 0));
+                        else p->qs[c][r * 4 + i] = q[4 * c + i];
+                    }
             }
         }
 }
@@ -242,10 +248,12 @@ int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw
     int64_t ng = (n + KN_ROWS - 1) / KN_ROWS, nb = k / 32;
     w->pack = type == CM_Q8_0                                         ? KN_PACK_Q8
               : type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q4_K ? KN_PACK_Q4
+              : type == CM_Q2_K || type == CM_Q3_K                    ? KN_PACK_Q4H
                                                                       : KN_PACK_Q8H;
-    size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8   ? sizeof(kn_pq8)
-                                     : w->pack == KN_PACK_Q4 ? sizeof(kn_pq4)
-                                                             : sizeof(kn_pq8h));
+    size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8    ? sizeof(kn_pq8)
+                                     : w->pack == KN_PACK_Q4  ? sizeof(kn_pq4)
+                                     : w->pack == KN_PACK_Q4H ? sizeof(kn_pq4h)
+                                                              : sizeof(kn_pq8h));
     w->packed = aligned_alloc(64, (sz + 63) / 64 * 64);
     if (!w->packed) return LLM_ENOMEM;
     if (w->pack == KN_PACK_Q8) repack_q8(w);
@@ -365,7 +373,7 @@ static void mm_task(void *p, int ith, int nth) {
         if (g1 > ng) g1 = ng;
         if (g1 <= g0) continue;
         if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
-        else if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q8H) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else if (kn_weight_wants_act(w) && (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H)) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (kn_weight_wants_act(w)) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {
             int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;

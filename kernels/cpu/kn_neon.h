@@ -10,18 +10,33 @@
 
 /* Unpacks block blk of 16-row group g into signed int8 wq[chunk][rows 4r..4r+3] (Q8: stored
  * +128, the xor makes it signed; Q4: low nibbles then high per 16-byte chunk; Q8H: 0..63 as
- * stored) with its scales dw and, for Q4 and Q8H, minimums mw (zero for Q8), prefetching 4 KiB
+ * stored; Q4H: Q8H's chunks from nibbles) with its scales dw and, for Q4 and Q8H, minimums mw (zero for Q8), prefetching 4 KiB
  * ahead as the x86 paths do. Index [e] of dw and mw is the half block (chunks 4e..4e+3): Q8H's
  * differ, the others' are the same. */
 static inline void kn_neon_unpack(const kn_weight *w, int64_t g, int64_t nb, int64_t blk, int8x16_t wq[8][4],
                                   float32x4_t dw[2][4], float32x4_t mw[2][4]) {
-    if (w->pack == KN_PACK_Q8H) {
-        const kn_pq8h *p = (const kn_pq8h *)w->packed + g * nb + blk;
-        __builtin_prefetch((const char *)p + 4096);
-        __builtin_prefetch((const char *)p + 4096 + 256);
-        __builtin_prefetch((const char *)p + 4096 + 512);
-        for (int c = 0; c < 8; c++)
-            for (int r = 0; r < 4; r++) wq[c][r] = vreinterpretq_s8_u8(vld1q_u8(p->qs[c] + 16 * r));
+    if (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H) {
+        const kn_pq8h *p;
+        if (w->pack == KN_PACK_Q4H) { /* chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
+            const kn_pq4h *p4 = (const kn_pq4h *)w->packed + g * nb + blk;
+            const uint8x16_t m4 = vdupq_n_u8(0x0f);
+            __builtin_prefetch((const char *)p4 + 4096);
+            __builtin_prefetch((const char *)p4 + 4096 + 256);
+            for (int c = 0; c < 4; c++)
+                for (int r = 0; r < 4; r++) {
+                    uint8x16_t v = vld1q_u8(p4->qs[c] + 16 * r);
+                    wq[c][r] = vreinterpretq_s8_u8(vandq_u8(v, m4));
+                    wq[c + 4][r] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                }
+            p = (const kn_pq8h *)p4; /* d and m where kn_pq8h has them */
+        } else {
+            p = (const kn_pq8h *)w->packed + g * nb + blk;
+            __builtin_prefetch((const char *)p + 4096);
+            __builtin_prefetch((const char *)p + 4096 + 256);
+            __builtin_prefetch((const char *)p + 4096 + 512);
+            for (int c = 0; c < 8; c++)
+                for (int r = 0; r < 4; r++) wq[c][r] = vreinterpretq_s8_u8(vld1q_u8(p->qs[c] + 16 * r));
+        }
         for (int e = 0; e < 2; e++)
             for (int r = 0; r < 4; r++) {
                 dw[e][r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d[e] + 4 * r)));
