@@ -21,7 +21,7 @@
 
 #define KN_ROWS 16 /* rows per interleaved group */
 
-enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3, KN_PACK_Q4H = 4 };
+enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3, KN_PACK_Q4H = 4, KN_PACK_Q6H = 5 };
 
 /* Interleaved group-block of a 4-bit matrix: 16 rows x 32 elements.
  * chunk c (0..3), byte r*4+i: low nibble = row r element 8c+i,
@@ -52,13 +52,21 @@ typedef struct {
     uint16_t d[2][KN_ROWS], m[2][KN_ROWS]; /* fp16 */
     uint8_t qs[4][64];
 } kn_pq4h;
+/* And for u 0..63 (Q5_0, Q5_1, Q5_K, Q6_K): 8 bits a weight. The low four
+ * bits as kn_pq4h's; bits 2c'..2c'+1 of byte j of qh[e] are the top two of
+ * byte j of chunk 4e+c' (c' 0..3). */
+typedef struct {
+    uint16_t d[2][KN_ROWS], m[2][KN_ROWS]; /* fp16 */
+    uint8_t qs[4][64];
+    uint8_t qh[2][64];
+} kn_pq6h;
 
 typedef struct kn_weight {
     int type;            /* enum cm_dtype of raw */
     int64_t n, k;        /* rows, row length */
     const void *raw;     /* GGUF layout, [n][k] in blocks */
     int pack;            /* KN_PACK_* */
-    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq8, kn_pq8h or kn_pq4h, owned */
+    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq8, kn_pq8h, kn_pq4h or kn_pq6h, owned */
     const int32_t *perm; /* [k] or NULL: the rows hold input perm[j] at j (act-order GPTQ); the
                           * caller gathers x[perm[j]] before the matmul, the kernels never look */
 } kn_weight;

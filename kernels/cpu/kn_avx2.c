@@ -157,19 +157,34 @@ static inline __attribute__((always_inline)) void q8_tile(const kn_pq8 *P, int64
  * lane is at most 2*63*128 = 16,128 and two chunks' add up exactly in int16; the block's halves of 16
  * elements (chunks 0-3, 4-7) sum apart, each to its own scale, and the minimums take the activations'
  * half sums. */
+/* Bits 2c, 2c+1 of each byte of h moved to bits 4, 5 (kn_pq6h's top two bits of chunk c). */
+static inline __m256i top2(__m256i h, int c) {
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    switch (c & 3) {
+    case 0: return _mm256_and_si256(_mm256_slli_epi16(h, 4), m30);
+    case 1: return _mm256_and_si256(_mm256_slli_epi16(h, 2), m30);
+    case 2: return _mm256_and_si256(h, m30);
+    default: return _mm256_and_si256(_mm256_srli_epi16(h, 2), m30);
+    }
+}
+
+/* mode 0: kn_pq8h; 1: kn_pq4h; 2: kn_pq6h (nibbles and two bits from qh). */
 static inline __attribute__((always_inline)) void q8h_tile(const char *P, int64_t nb, int h, const kn_act *a,
-                                                           int b0, const int BN, __m256 *out, const int nib) {
+                                                           int b0, const int BN, __m256 *out, const int mode) {
+    const int nib = mode != 0;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
-    const size_t bs = nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    const size_t bs = mode == 2 ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
     __m256 acc[BT2];
     for (int t = 0; t < BN; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq8h *p = (const kn_pq8h *)(P + (size_t)blk * bs);
         if (h == 0)
             for (int l = 0; l < (int)bs; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
-        __m256i v4[4];
+        __m256i v4[4], qh[2];
         if (nib) /* kn_pq4h: chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
             for (int c = 0; c < 4; c++) v4[c] = _mm256_loadu_si256((const __m256i *)(((const kn_pq4h *)p)->qs[c] + 32 * h));
+        if (mode == 2)
+            for (int e = 0; e < 2; e++) qh[e] = _mm256_loadu_si256((const __m256i *)(((const kn_pq6h *)p)->qh[e] + 32 * h));
         for (int e = 0; e < 2; e++) {
             __m256i si[BT2];
             for (int t = 0; t < BN; t++) si[t] = _mm256_setzero_si256();
@@ -178,6 +193,10 @@ static inline __attribute__((always_inline)) void q8h_tile(const char *P, int64_
                 if (nib) {
                     w0 = _mm256_and_si256(e ? _mm256_srli_epi16(v4[c & 3], 4) : v4[c & 3], m4);
                     w1 = _mm256_and_si256(e ? _mm256_srli_epi16(v4[(c + 1) & 3], 4) : v4[(c + 1) & 3], m4);
+                    if (mode == 2) {
+                        w0 = _mm256_or_si256(w0, top2(qh[e], c));
+                        w1 = _mm256_or_si256(w1, top2(qh[e], c + 1));
+                    }
                 } else {
                     w0 = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
                     w1 = _mm256_loadu_si256((const __m256i *)(p->qs[c + 1] + 32 * h));
@@ -209,6 +228,10 @@ static inline __attribute__((always_inline)) void q4h_tile(const char *P, int64_
                                                            const int BN, __m256 *out) {
     q8h_tile(P, nb, h, a, b0, BN, out, 1);
 }
+static inline __attribute__((always_inline)) void q6h_tile(const char *P, int64_t nb, int h, const kn_act *a, int b0,
+                                                           const int BN, __m256 *out) {
+    q8h_tile(P, nb, h, a, b0, BN, out, 2);
+}
 
 /* The tile for bn rows (1..BT2), each size its own inlined copy. */
 #define BY_SIZE(fn, P)                                                                                 \
@@ -222,6 +245,7 @@ static __attribute__((noinline)) void tile_q8(const kn_weight *w, int64_t g, int
                                                int b0, int bn, __m256 *acc) {
     if (w->pack == KN_PACK_Q8H) BY_SIZE(q8h_tile8, (const char *)((const kn_pq8h *)w->packed + g * nb))
     else if (w->pack == KN_PACK_Q4H) BY_SIZE(q4h_tile, (const char *)((const kn_pq4h *)w->packed + g * nb))
+    else if (w->pack == KN_PACK_Q6H) BY_SIZE(q6h_tile, (const char *)((const kn_pq6h *)w->packed + g * nb))
     else BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
 }
 #undef BY_SIZE

@@ -98,12 +98,23 @@ static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0
     }
 }
 
-/* kn_pq8h: unsigned weights (0..63) with a scale and a minimum per half block; the halves' sums kept
- * apart (chunks 0-3, 4-7) and scaled each by its own. kn_pq4h (nib): the same in nibbles, chunk c in the
- * low ones of qs[c & 3] (c < 4) or the high ones. */
-static inline __attribute__((always_inline)) void q8h_group(const char *P, const int nib, int64_t nb, const kn_act *a,
+/* Bits 2c, 2c+1 of each byte of h moved to bits 4, 5 (kn_pq6h's top two bits of chunk c). */
+static inline __m512i top2(__m512i h, int c) {
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    switch (c) {
+    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
+    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
+    case 2: return _mm512_and_si512(h, m30);
+    default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
+    }
+}
+
+/* kn_pq8h (mode 0): unsigned weights (0..63) with a scale and a minimum per half block; the halves' sums
+ * kept apart (chunks 0-3, 4-7) and scaled each by its own. kn_pq4h (mode 1): the same in nibbles, chunk c
+ * in the low ones of qs[c & 3] (c < 4) or the high ones; kn_pq6h (mode 2): those and two more bits from qh. */
+static inline __attribute__((always_inline)) void q8h_group(const char *P, const int mode, int64_t nb, const kn_act *a,
                                                             int b0, int bn, __m512 *acc) {
-    const size_t bs = nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    const size_t bs = mode == 2 ? sizeof(kn_pq6h) : mode ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 accm[BT];
     for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
@@ -115,11 +126,20 @@ static inline __attribute__((always_inline)) void q8h_group(const char *P, const
         __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
         __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
         __m512i w[8];
-        if (nib) {
+        if (mode) {
+            __m512i h0 = _mm512_setzero_si512(), h1 = h0;
+            if (mode == 2) {
+                h0 = _mm512_loadu_si512(((const kn_pq6h *)p)->qh[0]);
+                h1 = _mm512_loadu_si512(((const kn_pq6h *)p)->qh[1]);
+            }
             for (int c = 0; c < 4; c++) {
                 __m512i v = _mm512_loadu_si512(((const kn_pq4h *)p)->qs[c]);
                 w[c] = _mm512_and_si512(v, m4);
                 w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (mode == 2) {
+                    w[c] = _mm512_or_si512(w[c], top2(h0, c));
+                    w[c + 4] = _mm512_or_si512(w[c + 4], top2(h1, c));
+                }
             }
         } else {
             for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
@@ -164,6 +184,8 @@ static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, in
                 q8h_group((const char *)((const kn_pq8h *)w->packed + g * nb), 0, nb, a, b0, bn, acc);
             else if (w->pack == KN_PACK_Q4H)
                 q8h_group((const char *)((const kn_pq4h *)w->packed + g * nb), 1, nb, a, b0, bn, acc);
+            else if (w->pack == KN_PACK_Q6H)
+                q8h_group((const char *)((const kn_pq6h *)w->packed + g * nb), 2, nb, a, b0, bn, acc);
             else q4_group((const kn_pq4 *)w->packed + g * nb, nb, a, b0, bn, acc);
             store_rows(y, ldy, b0, bn, g, w->n, acc);
         }

@@ -181,17 +181,19 @@ static void repack_q4(kn_weight *w) {
         }
 }
 
-/* Q5_0, Q5_1, Q5_K, Q6_K into kn_pq8h; Q2_K, Q3_K (u 0..15) into kn_pq4h. */
+/* Q5_0, Q5_1, Q5_K, Q6_K (u 0..63) into kn_pq6h, Q2_K, Q3_K (u 0..15) into kn_pq4h; kn_pq8h (a byte
+ * each) is the layout both are read as. */
 static void repack_q8h(kn_weight *w) {
     int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
     size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
-    int nib = w->pack == KN_PACK_Q4H;
-    size_t bs = nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    int nib = w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H, six = w->pack == KN_PACK_Q6H;
+    size_t bs = six ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
     for (int64_t g = 0; g < ng; g++)
         for (int64_t blk = 0; blk < nb; blk++) {
             /* the two share d and m's place; only qs differs */
             kn_pq8h *p = (kn_pq8h *)((char *)w->packed + (size_t)(g * nb + blk) * bs);
             kn_pq4h *p4 = (kn_pq4h *)p;
+            kn_pq6h *p6 = (kn_pq6h *)p;
             memset(p, 0, bs);
             for (int r = 0; r < KN_ROWS; r++) {
                 int64_t row = g * KN_ROWS + r;
@@ -207,6 +209,7 @@ static void repack_q8h(kn_weight *w) {
                     for (int i = 0; i < 4; i++) {
                         if (nib) p4->qs[c & 3][r * 4 + i] |= (uint8_t)((q[4 * c + i] & 15) << (c >= 4 ? 4 : 0));
                         else p->qs[c][r * 4 + i] = q[4 * c + i];
+                        if (six) p6->qh[c >> 2][r * 4 + i] |= (uint8_t)(((q[4 * c + i] >> 4) & 3) << (2 * (c & 3)));
                     }
             }
         }
@@ -249,10 +252,11 @@ int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw
     w->pack = type == CM_Q8_0                                         ? KN_PACK_Q8
               : type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q4_K ? KN_PACK_Q4
               : type == CM_Q2_K || type == CM_Q3_K                    ? KN_PACK_Q4H
-                                                                      : KN_PACK_Q8H;
+                                                                      : KN_PACK_Q6H;
     size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8    ? sizeof(kn_pq8)
                                      : w->pack == KN_PACK_Q4  ? sizeof(kn_pq4)
                                      : w->pack == KN_PACK_Q4H ? sizeof(kn_pq4h)
+                                     : w->pack == KN_PACK_Q6H ? sizeof(kn_pq6h)
                                                               : sizeof(kn_pq8h));
     w->packed = aligned_alloc(64, (sz + 63) / 64 * 64);
     if (!w->packed) return LLM_ENOMEM;
@@ -373,7 +377,7 @@ static void mm_task(void *p, int ith, int nth) {
         if (g1 > ng) g1 = ng;
         if (g1 <= g0) continue;
         if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
-        else if (kn_weight_wants_act(w) && (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H)) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else if (kn_weight_wants_act(w) && (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H)) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (kn_weight_wants_act(w)) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {
             int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;

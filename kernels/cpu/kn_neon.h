@@ -15,20 +15,35 @@
  * differ, the others' are the same. */
 static inline void kn_neon_unpack(const kn_weight *w, int64_t g, int64_t nb, int64_t blk, int8x16_t wq[8][4],
                                   float32x4_t dw[2][4], float32x4_t mw[2][4]) {
-    if (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H) {
+    if (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H) {
         const kn_pq8h *p;
-        if (w->pack == KN_PACK_Q4H) { /* chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
-            const kn_pq4h *p4 = (const kn_pq4h *)w->packed + g * nb + blk;
-            const uint8x16_t m4 = vdupq_n_u8(0x0f);
-            __builtin_prefetch((const char *)p4 + 4096);
-            __builtin_prefetch((const char *)p4 + 4096 + 256);
+        if (w->pack != KN_PACK_Q8H) { /* chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
+            int six = w->pack == KN_PACK_Q6H;
+            const char *pb = (const char *)w->packed + (size_t)(g * nb + blk) * (six ? sizeof(kn_pq6h) : sizeof(kn_pq4h));
+            const kn_pq4h *p4 = (const kn_pq4h *)pb;
+            const uint8x16_t m4 = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30);
+            __builtin_prefetch(pb + 4096);
+            __builtin_prefetch(pb + 4096 + 256);
             for (int c = 0; c < 4; c++)
                 for (int r = 0; r < 4; r++) {
                     uint8x16_t v = vld1q_u8(p4->qs[c] + 16 * r);
-                    wq[c][r] = vreinterpretq_s8_u8(vandq_u8(v, m4));
-                    wq[c + 4][r] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                    uint8x16_t lo = vandq_u8(v, m4), hi = vshrq_n_u8(v, 4);
+                    if (six) { /* two more bits, from qh[e] bits 2c..2c+1, to bits 4..5 */
+                        const kn_pq6h *p6 = (const kn_pq6h *)pb;
+                        uint8x16_t h0 = vld1q_u8(p6->qh[0] + 16 * r), h1 = vld1q_u8(p6->qh[1] + 16 * r);
+                        switch (c) {
+                        case 0: h0 = vshlq_n_u8(h0, 4), h1 = vshlq_n_u8(h1, 4); break;
+                        case 1: h0 = vshlq_n_u8(h0, 2), h1 = vshlq_n_u8(h1, 2); break;
+                        case 2: break;
+                        default: h0 = vshrq_n_u8(h0, 2), h1 = vshrq_n_u8(h1, 2); break;
+                        }
+                        lo = vorrq_u8(lo, vandq_u8(h0, m30));
+                        hi = vorrq_u8(hi, vandq_u8(h1, m30));
+                    }
+                    wq[c][r] = vreinterpretq_s8_u8(lo);
+                    wq[c + 4][r] = vreinterpretq_s8_u8(hi);
                 }
-            p = (const kn_pq8h *)p4; /* d and m where kn_pq8h has them */
+            p = (const kn_pq8h *)pb; /* d and m where kn_pq8h has them */
         } else {
             p = (const kn_pq8h *)w->packed + g * nb + blk;
             __builtin_prefetch((const char *)p + 4096);

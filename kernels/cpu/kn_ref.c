@@ -148,8 +148,8 @@ static void gemm_q8_scalar(const kn_weight *w, const kn_act *a, int B, float *y,
 static void gemm_q8h_scalar(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
                             int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
-    int nib = w->pack == KN_PACK_Q4H;
-    size_t bs = nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    int nib = w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H, six = w->pack == KN_PACK_Q6H;
+    size_t bs = six ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
     for (int64_t g = g0; g < g1; g++)
         for (int b = 0; b < B; b++) {
             float acc[KN_ROWS] = {0};
@@ -157,6 +157,7 @@ static void gemm_q8h_scalar(const kn_weight *w, const kn_act *a, int B, float *y
             for (int64_t blk = 0; blk < nb; blk++) {
                 const kn_pq8h *p = (const kn_pq8h *)((const char *)w->packed + (size_t)(g * nb + blk) * bs);
                 const kn_pq4h *p4 = (const kn_pq4h *)p;
+                const kn_pq6h *p6 = (const kn_pq6h *)p;
                 const int8_t *xb = xq + 32 * blk;
                 float dx = a->d[(size_t)b * nb + blk];
                 const float *hs = a->hs + ((size_t)b * nb + blk) * 2;
@@ -164,9 +165,11 @@ static void gemm_q8h_scalar(const kn_weight *w, const kn_act *a, int B, float *y
                     for (int h = 0; h < 2; h++) {
                         int s = 0;
                         for (int c = 4 * h; c < 4 * h + 4; c++)
-                            for (int i = 0; i < 4; i++)
-                                s += (nib ? (p4->qs[c & 3][r * 4 + i] >> (c >= 4 ? 4 : 0)) & 15 : p->qs[c][r * 4 + i]) *
-                                     xb[4 * c + i];
+                            for (int i = 0; i < 4; i++) {
+                                int u = nib ? (p4->qs[c & 3][r * 4 + i] >> (c >= 4 ? 4 : 0)) & 15 : p->qs[c][r * 4 + i];
+                                if (six) u |= ((p6->qh[c >> 2][r * 4 + i] >> (2 * (c & 3))) & 3) << 4;
+                                s += u * xb[4 * c + i];
+                            }
                         acc[r] += cm_f16_to_f32(p->d[h][r]) * dx * (float)s + cm_f16_to_f32(p->m[h][r]) * hs[h];
                     }
             }
