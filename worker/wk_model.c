@@ -73,7 +73,18 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
     else
         rc = kn_weight_init(w, t->type, (int64_t)(r1 - r0), (int64_t)k, raw);
     if (!rc && pt) {
+        /* GPTQ orders a layer's inputs by its Hessian, the same for every weight reading that input:
+         * one pointer for equal orders lets the forward pass gather and quantize once for them */
         w->perm = pt->data;
+        int seen = 0;
+        for (int i = 0; i < 3 && !seen; i++)
+            if (m->recent_perm[i] && m->recent_k[i] == k && !memcmp(m->recent_perm[i], pt->data, sizeof(int32_t) * k))
+                w->perm = m->recent_perm[i], seen = 1;
+        if (!seen) {
+            for (int i = 2; i > 0; i--) m->recent_perm[i] = m->recent_perm[i - 1], m->recent_k[i] = m->recent_k[i - 1];
+            m->recent_perm[0] = w->perm;
+            m->recent_k[0] = k;
+        }
         if ((int)k > m->perm_k) m->perm_k = (int)k;
     }
     if (rc == LLM_EUNSUP)
@@ -508,16 +519,19 @@ static void par_rows(wk_model *m, int op, int T, float *dst, float *src, const f
     if (op == OP_QUANT) act->rows = T;
 }
 
-/* y = x[.perm] . W^T for one act-order weight: its input gathered, then quantized on its own. */
-static void mm_perm(wk_model *m, const kn_weight *w, float *y, const float *x, int T) {
-    int64_t k = w->k;
+/* y_i = x[.perm] . W_i^T for act-order weights sharing one perm: the input gathered and quantized once. */
+static void mm_perm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, const float *x, int T) {
+    int64_t k = w[0]->k;
+    const int32_t *perm = w[0]->perm;
     for (int t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) m->xperm[t * k + j] = x[t * k + w->perm[j]];
-    kn_act a = m->act_perm; /* the same memory at this weight's row length */
+        for (int64_t j = 0; j < k; j++) m->xperm[t * k + j] = x[t * k + perm[j]];
+    kn_act a = m->act_perm; /* the same memory at this row length */
     a.k = k;
     a.nblk = k / 32;
-    if (kn_weight_wants_act(w)) par_rows(m, OP_QUANT, T, NULL, m->xperm, NULL, (int)k, &a);
-    kn_matmul_multi(m->pool, 1, &w, &y, m->xperm, &a, T);
+    int quant = 0;
+    for (int i = 0; i < nw; i++) quant |= kn_weight_wants_act(w[i]);
+    if (quant) par_rows(m, OP_QUANT, T, NULL, m->xperm, NULL, (int)k, &a);
+    kn_matmul_multi(m->pool, nw, w, y, m->xperm, &a, T);
 }
 
 /* y = x . W^T for the listed weights, quantizing x once when needed. */
@@ -530,22 +544,28 @@ static void mm_plain(wk_model *m, int nw, const kn_weight *const *w, float *cons
     kn_matmul_multi(m->pool, nw, w, y, x, act, T);
 }
 
-/* The same, act-order weights (kn_weight.perm) each on its own. */
+/* The same, act-order weights (kn_weight.perm) apart: one gather for each distinct order. */
 static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
     if (!m->perm_k) {
         mm_plain(m, nw, w, y, x, act, T);
         return;
     }
-    const kn_weight *rest[4];
-    float *ry[4];
-    int nr = 0;
+    const kn_weight *rest[4], *same[4];
+    float *ry[4], *sy[4];
+    int nr = 0, done[4] = {0};
     for (int i = 0; i < nw; i++) {
         if (!w[i]->perm) {
             rest[nr] = w[i], ry[nr++] = y[i];
             continue;
         }
-        if (m->act_hook) m->act_hook(m->act_hook_ctx, w[i], x, T);
-        mm_perm(m, w[i], y[i], x, T);
+        if (done[i]) continue;
+        int ns = 0;
+        for (int j = i; j < nw; j++)
+            if (w[j]->perm == w[i]->perm) {
+                if (m->act_hook) m->act_hook(m->act_hook_ctx, w[j], x, T);
+                same[ns] = w[j], sy[ns++] = y[j], done[j] = 1;
+            }
+        mm_perm(m, ns, same, sy, x, T);
     }
     if (nr) mm_plain(m, nr, rest, ry, x, act, T);
 }

@@ -58,6 +58,8 @@ typedef struct wk_model {
     float *xperm;
     kn_act act_perm;
     int perm_k;                          /* the longest input of such a weight, 0: none */
+    const int32_t *recent_perm[3];       /* the last distinct ones loaded: q/k/v (gate/up) share theirs */
+    uint64_t recent_k[3];                /* their lengths */
     /* tensor parallelism: this rank's share (everything when tp_size is 1).
      * Query heads [head0, head0+n_head_l) with their KV heads
      * [kv0, kv0+n_kv_l), FFN columns [hid0, hid0+hidden_l), vocabulary rows

@@ -16,8 +16,10 @@ its v1 / v2 zero points), with numpy only; no quantization library.
                 qzeros  int32 [G, N/8]     ORDER = 0 2 4 6 1 3 5 7
                 scales  fp16  [G, N]
         With --act-order (GPTQ) the inputs are grouped in the order of
-        decreasing column norm, as desc_act groups them by decreasing Hessian
-        diagonal, so g_idx is a permutation of groups, not k // group.
+        decreasing column norm (summed over q/k/v, or gate/up: the weights
+        reading one input share it, as GPTQ's Hessian order is the input's),
+        as desc_act groups them by decreasing Hessian diagonal, so g_idx is a
+        permutation of groups, not k // group.
         The other tensors are stored as F16. After packing, the unpacker below
         reads the file back and must give exactly the values quantized.
 
@@ -42,13 +44,14 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def quantize(w, bits, group, sym, act_order):
-    """w [N, K] float32 -> q [N, K] ints, scales [G, N] fp16, zeros [G, N] ints, g_idx [K]."""
+def quantize(w, bits, group, sym, key):
+    """w [N, K] float32 -> q [N, K] ints, scales [G, N] fp16, zeros [G, N] ints, g_idx [K].
+    key [K] or None: act-order, the inputs grouped in decreasing key."""
     n, k = w.shape
     gs = group if group > 0 else k
     maxq = (1 << bits) - 1
-    if act_order:
-        perm = np.argsort(-np.sum(w.astype(np.float64) ** 2, axis=0), kind="stable")
+    if key is not None:
+        perm = np.argsort(-key, kind="stable")
         g_idx = np.empty(k, np.int32)
         g_idx[perm] = np.arange(k) // gs
     else:
@@ -131,12 +134,22 @@ def pack(a):
             shutil.copy(os.path.join(a.src, f), a.out)
     sym = not a.asym and a.method == "gptq"
     out, expect = {}, {}
+    # act-order: GPTQ orders a layer's inputs by its Hessian's diagonal, one for every weight that reads
+    # that input (q/k/v; gate/up); here by the sum of those weights' squared columns
+    readers = {"self_attn.q_proj": ("q_proj", "k_proj", "v_proj"), "self_attn.k_proj": ("q_proj", "k_proj", "v_proj"),
+               "self_attn.v_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_proj": ("gate_proj", "up_proj"),
+               "mlp.up_proj": ("gate_proj", "up_proj")}
     for name, w in src.items():
         base = name[:-len(".weight")] if name.endswith(".weight") else None
         if not base or not base.split(".", 3)[-1] in LINEARS:
             out[name] = w.astype(np.float16)
             continue
-        q, s, z, g_idx = quantize(w, a.bits, a.group, sym, a.act_order)
+        key = None
+        if a.act_order:
+            kind = base.split(".", 3)[-1]
+            mates = [base.rsplit(".", 1)[0] + "." + r for r in readers[kind]] if kind in readers else [base]
+            key = sum(np.sum(src[m + ".weight"].astype(np.float64) ** 2, axis=0) for m in mates)
+        q, s, z, g_idx = quantize(w, a.bits, a.group, sym, key)
         expect[base] = s.astype(np.float32)[g_idx].T * (q - z[g_idx].T)
         if a.method == "gptq":
             out[base + ".qweight"] = pack_fields(q.T, a.bits, 0)

@@ -302,6 +302,15 @@ static void checkpoint(const char *qdir, const char *rdir, const char *type, int
     CHECK_RC(wk_model_load(&oh, &h, err, sizeof err), 0);
     if (!g || !h) return;
     CHECK_INT(g->perm_k ? 1 : 0, act_order);
+    if (act_order) { /* q/k/v and gate/up read one input each: one order (one gather) per input */
+        int distinct = 0;
+        for (uint32_t l = 0; l < g->cfg.n_layer; l++) {
+            const wk_layer *L = &g->layers[l];
+            CHECK(L->wq.perm && L->wq.perm == L->wk.perm && L->wk.perm == L->wv.perm && L->gate.perm == L->up.perm);
+            distinct += 1 + (L->wo.perm != L->wq.perm) + (L->gate.perm != L->wq.perm) + (L->down.perm != L->gate.perm);
+        }
+        CHECK_INT(distinct, 4 * (int)g->cfg.n_layer);
+    }
     static const char *prompt = "The capital of France is";
     int32_t *ids = NULL;
     size_t nt = 0;
