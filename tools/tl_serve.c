@@ -244,8 +244,10 @@ int tl_serve_main(int argc, char **argv) {
             clock_gettime(CLOCK_MONOTONIC, &ts);
             double up = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - ch->started;
             ch->backoff = up > 30 ? 0.5 : ch->backoff ? (ch->backoff * 2 > 30 ? 30 : ch->backoff * 2) : 0.5;
-            if (WIFEXITED(st) && (WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 127) && up < 5) {
-                fprintf(stderr, "llmserve serve: the %s refused its arguments (exit %d); stopping\n", ch->name,
+            /* exit 2: a flag or a model file the child refuses; on its first start (a large model's load can
+               take minutes before it fails) or within seconds of a restart, stop rather than loop */
+            if (WIFEXITED(st) && (WEXITSTATUS(st) == 2 || WEXITSTATUS(st) == 127) && (up < 5 || !ch->restarts)) {
+                fprintf(stderr, "llmserve serve: the %s refused its arguments or its model (exit %d); stopping\n", ch->name,
                         WEXITSTATUS(st));
                 stop_flag = 1;
                 refused = 1;

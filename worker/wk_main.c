@@ -246,7 +246,9 @@ int main(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
         wk_tp_free(group_h);
-        return 1;
+        /* a file or flags that cannot load (format, unsupported, not found) exit 2: restarting cannot help,
+           and the supervisor stops; memory, I/O and the group's sockets may do better next time */
+        return rc == LLM_ENOMEM || rc == LLM_EIO || rc == LLM_EDEVICE || rc == LLM_EAGAIN || rc == LLM_ETIMEDOUT ? 1 : 2;
     }
     CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s (%s), %d threads, rank %d of %d",
             m->file->path, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # --load-format dummy on the worker: bad combinations are refused with a
-# clear line (exit 2; an unknown preset exits 1 naming the presets), and a
+# clear line (exit 2; an unknown preset names the presets), and a
 # dummy worker of a real shape starts, sizes its KV cache and serves until
 # SIGTERM, with no checkpoint on disk.
 #   run_dummy_e2e.sh BUILD_DIR
@@ -19,9 +19,9 @@ expect 2 "needs --model-config" -- --load-format dummy
 expect 2 "add --load-format dummy" -- --model-config llama-3-8b
 expect 2 "load-format expects auto or dummy" -- --load-format safetensors
 expect 2 "dtype expects" -- --load-format dummy --model-config smollm2-135m --dtype q9_9
-expect 1 "presets: llama-2-7b" -- --load-format dummy --model-config no-such-model
+expect 2 "presets: llama-2-7b" -- --load-format dummy --model-config no-such-model
 echo '{"hidden_size": 64}' > "$OUT/bad.json"
-expect 1 "needs num_hidden_layers" -- --load-format dummy --model-config "$OUT/bad.json"
+expect 2 "needs num_hidden_layers" -- --load-format dummy --model-config "$OUT/bad.json"
 # a valid but absurd shape (about 280 TB) is refused before any memory is touched
 echo '{"num_hidden_layers": 1024, "hidden_size": 65536, "num_attention_heads": 512, "intermediate_size": 262144,
        "vocab_size": 1000}' > "$OUT/huge.json"

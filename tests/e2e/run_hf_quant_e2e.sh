@@ -75,6 +75,14 @@ msg=$("$L" generate --model "$OUT/gptq-act" --quantization awq --prompt hi -n 1 
 echo "$msg" | grep -q "not an AWQ checkpoint" || fail "--quantization awq on GPTQ: '$msg'"
 "$L" generate --model "$OUT/gptq-act" --quantization gptq --prompt hi -n 1 --threads 2 >/dev/null 2>&1 ||
     fail "--quantization gptq refused a GPTQ checkpoint"
+# act-order under tensor parallelism: o_proj / down_proj cannot be split by input columns; serve stops
+# with the reason instead of restarting the worker group forever
+PORT=$((20000 + RANDOM % 20000))
+timeout 120 "$L" serve "$OUT/gptq-act" --tensor-parallel-size 2 --threads 1 --port "$PORT" >"$OUT/serve.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "cannot be split by input columns" "$OUT/serve.log" && grep -q "its model (exit 2); stopping" "$OUT/serve.log" ||
+    { cat "$OUT/serve.log"; fail "serve with act-order and --tensor-parallel-size 2: exit $rc"; }
+echo "refused (act-order, tensor parallel): serve exited 2 naming the reason"
 refuse "bitsandbytes" 'c["quantization_config"]["quant_method"] = "bitsandbytes"' "bitsandbytes"
 refuse "3-bit" 'c["quantization_config"]["bits"] = 3' "bits 3"
 refuse "marlin" 'c["quantization_config"]["checkpoint_format"] = "marlin"' "marlin"

@@ -24,6 +24,11 @@
 #else
 #define UNDER_TSAN 0
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#else
+#define UNDER_ASAN 0
+#endif
 
 #define MAXR 40
 #define MAXT 512
@@ -827,6 +832,9 @@ static void test_speculative(void) {
             {WK_SPEC_DRAFT, 5, 0, 0, 34, "draft model, starved of blocks, k=5"},
         };
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            /* under AddressSanitizer (5x slower) the sampled pass runs two cases, one of each method: the
+               sampler's paths under speculation are the same in all, the engine's all ran greedy */
+            if (UNDER_ASAN && sample && c != 0 && c != 7) continue;
             spec_run(cases[c].method, cases[c].k, cases[c].max_batch, cases[c].alone, cases[c].n_blocks, sample, got,
                      &st);
             CHECK_INT(spec_same(ref, got, cases[c].what), SPEC_N);
