@@ -6,11 +6,12 @@
 # test_scoring.py, test_tools.py, test_trimming.py, test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
-#   run_api_e2e.sh BUILD_DIR MODEL
+#   run_api_e2e.sh BUILD_DIR MODEL [quick]
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
 BUILD=$1
 MODEL=$2
+QUICK=${3:-} # quick (the sanitizer build): the server-side tests only, not the LangChain / lm-eval clients
 HERE=$(cd "$(dirname "$0")" && pwd)
 [ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
 VENV="$BUILD/.venv-e2e"
@@ -31,17 +32,29 @@ for _ in $(seq 1 300); do
 done
 rc=0
 export GW=http://127.0.0.1:$((BASE + 1))
+T0=$SECONDS
+took() { echo "api_e2e: $1 done at $((SECONDS - T0)) s"; }
 "$VENV/bin/python" "$HERE/test_structured.py" || rc=1
+took structured
 LLMSERVE="$BUILD/llmserve" MODEL="$MODEL" "$VENV/bin/python" "$HERE/test_scoring.py" || rc=1
+took scoring
 "$VENV/bin/python" "$HERE/test_tools.py" || rc=1
+took tools
 "$VENV/bin/python" "$HERE/test_trimming.py" || rc=1
-if "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/pip" install -q langchain-openai >/dev/null 2>&1; then
+took trimming
+if [ -n "$QUICK" ]; then
+    echo "quick: the LangChain and lm-eval clients are left to the plain build (they add no server path)"
+elif "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/pip" install -q langchain-openai >/dev/null 2>&1; then
     "$VENV/bin/python" "$HERE/test_langchain.py" || rc=1
+    took langchain
 else
     echo "skip langchain: pip install langchain-openai failed (offline?)"
 fi
-if [ -x "$VENV/bin/lm_eval" ] || "$VENV/bin/pip" install -q "lm_eval[api]" >/dev/null 2>&1; then
+if [ -n "$QUICK" ]; then
+    :
+elif [ -x "$VENV/bin/lm_eval" ] || "$VENV/bin/pip" install -q "lm_eval[api]" >/dev/null 2>&1; then
     LMEVAL="$VENV/bin/lm_eval" "$VENV/bin/python" "$HERE/test_lmeval.py" || rc=1
+    took lm-eval
 else
     echo "skip lm-eval: pip install lm_eval[api] failed (offline?)"
 fi
