@@ -3,6 +3,8 @@
 #include "kn_int.h"
 
 #include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
 #include <math.h>
 
 static inline float hmax8(__m256 v) {
@@ -259,8 +261,64 @@ static void store8(float *yr, int64_t r0, int64_t n, __m256 v) {
     }
 }
 
+/* A group's kn_pq4h (mode 1) or kn_pq6h (mode 2) blocks as kn_pq8h: a batch of more than one tile
+ * unpacks each block once instead of once a tile (prefill: the unpacking is a third of the work). */
+static void expand_group(const char *P, int mode, int64_t nb, kn_pq8h *out) {
+    const size_t bs = mode == 2 ? sizeof(kn_pq6h) : sizeof(kn_pq4h);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq6h *p = (const kn_pq6h *)(P + (size_t)blk * bs); /* kn_pq4h is its prefix */
+        kn_pq8h *o = &out[blk];
+        memcpy(o->d, p->d, sizeof o->d + sizeof o->m);
+        for (int h = 0; h < 2; h++) {
+            __m256i q0 = _mm256_setzero_si256(), q1 = q0;
+            if (mode == 2) {
+                q0 = _mm256_loadu_si256((const __m256i *)(p->qh[0] + 32 * h));
+                q1 = _mm256_loadu_si256((const __m256i *)(p->qh[1] + 32 * h));
+            }
+            for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (mode == 2) {
+                    lo = _mm256_or_si256(lo, top2(q0, c));
+                    hi = _mm256_or_si256(hi, top2(q1, c));
+                }
+                _mm256_storeu_si256((__m256i *)(o->qs[c] + 32 * h), lo);
+                _mm256_storeu_si256((__m256i *)(o->qs[c + 4] + 32 * h), hi);
+            }
+        }
+    }
+}
+
 static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
+    if ((w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H) && B > BT2) {
+        kn_pq8h *x = aligned_alloc(64, sizeof(kn_pq8h) * (size_t)nb);
+        if (x) {
+            int mode = w->pack == KN_PACK_Q6H ? 2 : 1;
+            size_t bs = mode == 2 ? sizeof(kn_pq6h) : sizeof(kn_pq4h);
+            for (int64_t g = g0; g < g1; g++) {
+                expand_group((const char *)w->packed + (size_t)(g * nb) * bs, mode, nb, x);
+                for (int h = 0; h < 2; h++) {
+                    int64_t r0 = g * KN_ROWS + 8 * h;
+                    if (r0 >= w->n) break;
+                    for (int b0 = 0; b0 < B; b0 += BT2) {
+                        int bn = B - b0 < BT2 ? B - b0 : BT2;
+                        __m256 acc[BT2];
+                        switch (bn) {
+                        case 4: q8h_tile8((const char *)x, nb, h, a, b0, 4, acc); break;
+                        case 3: q8h_tile8((const char *)x, nb, h, a, b0, 3, acc); break;
+                        case 2: q8h_tile8((const char *)x, nb, h, a, b0, 2, acc); break;
+                        default: q8h_tile8((const char *)x, nb, h, a, b0, 1, acc); break;
+                        }
+                        for (int t = 0; t < bn; t++) store8(y + (size_t)(b0 + t) * ldy + r0, r0, w->n, acc[t]);
+                    }
+                }
+            }
+            free(x);
+            return;
+        } /* no memory: unpack per tile below */
+    }
     if (w->pack == KN_PACK_Q4) { /* whole groups, two activation rows a tile */
         for (int64_t g = g0; g < g1; g++)
             for (int b0 = 0; b0 < B; b0 += 2) {
