@@ -46,7 +46,7 @@ for spec in "${SPECS[@]}"; do
     "$BUILD/tests/hfq_test" "$OUT/$name" "$OUT/$name-ref" "$type" "$act" || fail "hfq_test $name"
     if [ -z "$QUICK" ]; then
         "$L" eval --model "$OUT/$name" --ref "$OUT/$name-ref" --ref-act-f32 --file "$TEXT" --max-tokens 256 \
-            --no-speed --no-tasks --threads 2 --check-kl "$kl" --check-top1 0.9 >"$OUT/eval.log" 2>&1 ||
+            --no-speed --no-tasks --threads 2 --check-kl "$kl" --check-top1 0.88 >"$OUT/eval.log" 2>&1 ||
             { cat "$OUT/eval.log"; fail "eval $name against its unpacking"; }
         echo "$name against its unpacking, int8 activations: $(sed -n 3p "$OUT/eval.log")"
     fi
