@@ -145,7 +145,7 @@ static void dense(void) {
     int types[2] = {CM_F16, CM_BF16};
     for (int t = 0; t < 2; t++) {
         for (int64_t i = 0; i < N * K; i++) w[i] = types[t] == CM_F16 ? cm_f32_to_f16(frand()) : cm_f32_to_bf16(frand());
-        kn_weight wt = {types[t], N, K, w, 0, NULL};
+        kn_weight wt = {types[t], N, K, w, 0, NULL, NULL};
         kn_ref_matmul(&wt, yr, x, B);
         void *dw;
         float *dx, *dy;
@@ -187,7 +187,7 @@ static void dense(void) {
     CHECK_RC(bad, 0);
     CHECK_RC(kn_cuda_embed(CM_Q4_1, dw, N, K, dids, 4, de), 0);
     kn_cuda_download(yg, de, sizeof(float) * 4 * (size_t)K);
-    kn_weight wq = {CM_Q4_1, N, K, raw, 0, NULL};
+    kn_weight wq = {CM_Q4_1, N, K, raw, 0, NULL, NULL};
     for (int r = 0; r < 4; r++) {
         kn_get_row(&wq, ids[r], yr);
         CHECK(tst_rel_l2(yg + (size_t)r * K, yr, (size_t)K) < 1e-6);
@@ -408,7 +408,7 @@ int main(void) {
                 memcpy(raw + i * bb + dof, &d, 2);
                 if (mof >= 0) memcpy(raw + i * bb + mof, &m, 2);
             }
-        kn_weight wt = {types[t], N, K, raw, 0, NULL};
+        kn_weight wt = {types[t], N, K, raw, 0, NULL, NULL};
         float *xs = malloc(sizeof(float) * (size_t)(B * K)), *yr = malloc(sizeof(float) * (size_t)(B * N)),
               *yg = malloc(sizeof(float) * (size_t)(B * N));
         for (int i = 0; i < B * K; i++) xs[i] = frand();
