@@ -98,6 +98,14 @@ static int shape_is(const cm_st_tensor *t, uint64_t ne0, uint64_t ne1) {
     return t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1;
 }
 
+/* The zero of group g, column n (v1 stores z-1). */
+static uint64_t zero_at(const cm_hfq_config *q, const uint32_t *Z, uint64_t g, uint64_t n, uint64_t N) {
+    const uint64_t pack = 32u / (unsigned)q->bits, mask = (1u << q->bits) - 1;
+    uint64_t z = q->method == CM_HFQ_GPTQ ? (Z[g * (N / pack) + n / pack] >> (q->bits * (n % pack))) & mask
+                                          : (Z[g * (N / 8) + n / 8] >> (4 * awq_field[n % 8])) & mask;
+    return z + !q->zero_v2;
+}
+
 int cm_hfq_convert(const cm_hfq_config *q, const cm_st_tensor *const part[CM_HFQ_NPARTS], const char *name,
                    cm_tensor_ref *w, cm_tensor_ref *perm, void **buf_w, void **buf_perm, char *e, size_t el) {
     *buf_w = *buf_perm = NULL;
@@ -172,10 +180,7 @@ int cm_hfq_convert(const cm_hfq_config *q, const cm_st_tensor *const part[CM_HFQ
     int all8 = q->bits == 4, type;
     for (uint64_t g = 0; g < G; g++)
         for (uint64_t n = 0; n < N; n++) {
-            uint64_t z;
-            if (q->method == CM_HFQ_GPTQ) z = (Z[g * (N / pack) + n / pack] >> (q->bits * (n % pack))) & mask;
-            else z = (Z[g * (N / 8) + n / 8] >> (4 * awq_field[n % 8])) & mask;
-            z += !q->zero_v2;
+            uint64_t z = zero_at(q, Z, g, n, N);
             if (q->bits == 8 && z != 128) {
                 free(order);
                 snprintf(e, el, "GPTQ layer '%s': 8-bit zero point %llu (asymmetric); only symmetric 8-bit "
@@ -203,10 +208,7 @@ int cm_hfq_convert(const cm_hfq_config *q, const cm_st_tensor *const part[CM_HFQ
                          name, (double)s, (unsigned long long)g, (unsigned long long)n);
                 return LLM_EFORMAT;
             }
-            uint64_t z;
-            if (q->method == CM_HFQ_GPTQ) z = (Z[g * (N / pack) + n / pack] >> (q->bits * (n % pack))) & mask;
-            else z = (Z[g * (N / 8) + n / 8] >> (4 * awq_field[n % 8])) & mask;
-            z += !q->zero_v2;
+            uint64_t z = zero_at(q, Z, g, n, N);
             uint8_t v[CM_QK];
             for (int j = 0; j < CM_QK; j++) {
                 uint64_t k = order ? (uint64_t)order[b * CM_QK + j] : b * CM_QK + j;

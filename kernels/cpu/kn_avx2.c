@@ -292,33 +292,6 @@ static void expand_group(const char *P, int mode, int64_t nb, kn_pq8h *out) {
 
 static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
-    if ((w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H) && B > BT2) {
-        kn_pq8h *x = aligned_alloc(64, sizeof(kn_pq8h) * (size_t)nb);
-        if (x) {
-            int mode = w->pack == KN_PACK_Q6H ? 2 : 1;
-            size_t bs = mode == 2 ? sizeof(kn_pq6h) : sizeof(kn_pq4h);
-            for (int64_t g = g0; g < g1; g++) {
-                expand_group((const char *)w->packed + (size_t)(g * nb) * bs, mode, nb, x);
-                for (int h = 0; h < 2; h++) {
-                    int64_t r0 = g * KN_ROWS + 8 * h;
-                    if (r0 >= w->n) break;
-                    for (int b0 = 0; b0 < B; b0 += BT2) {
-                        int bn = B - b0 < BT2 ? B - b0 : BT2;
-                        __m256 acc[BT2];
-                        switch (bn) {
-                        case 4: q8h_tile8((const char *)x, nb, h, a, b0, 4, acc); break;
-                        case 3: q8h_tile8((const char *)x, nb, h, a, b0, 3, acc); break;
-                        case 2: q8h_tile8((const char *)x, nb, h, a, b0, 2, acc); break;
-                        default: q8h_tile8((const char *)x, nb, h, a, b0, 1, acc); break;
-                        }
-                        for (int t = 0; t < bn; t++) store8(y + (size_t)(b0 + t) * ldy + r0, r0, w->n, acc[t]);
-                    }
-                }
-            }
-            free(x);
-            return;
-        } /* no memory: unpack per tile below */
-    }
     if (w->pack == KN_PACK_Q4) { /* whole groups, two activation rows a tile */
         for (int64_t g = g0; g < g1; g++)
             for (int b0 = 0; b0 < B; b0 += 2) {
@@ -333,17 +306,34 @@ static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int6
             }
         return;
     }
-    for (int64_t g = g0; g < g1; g++)
+    /* kn_pq4h / kn_pq6h against more than one tile: each group expanded to kn_pq8h once (x), not per tile;
+       without the memory for it, unpacked per tile */
+    int mode = w->pack == KN_PACK_Q6H ? 2 : w->pack == KN_PACK_Q4H ? 1 : 0;
+    kn_pq8h *x = mode && B > BT2 ? aligned_alloc(64, sizeof(kn_pq8h) * (size_t)nb) : NULL;
+    for (int64_t g = g0; g < g1; g++) {
+        const kn_weight *tw = w;
+        int64_t tg = g;
+        kn_weight v;
+        if (x) {
+            expand_group((const char *)w->packed + (size_t)(g * nb) * (mode == 2 ? sizeof(kn_pq6h) : sizeof(kn_pq4h)),
+                         mode, nb, x);
+            v = *w;
+            v.pack = KN_PACK_Q8H;
+            v.packed = x;
+            tw = &v, tg = 0;
+        }
         for (int h = 0; h < 2; h++) {
             int64_t r0 = g * KN_ROWS + 8 * h;
             if (r0 >= w->n) break;
             for (int b0 = 0; b0 < B; b0 += BT2) {
                 int bn = B - b0 < BT2 ? B - b0 : BT2;
                 __m256 acc[BT2];
-                tile_q8(w, g, nb, h, a, b0, bn, acc);
+                tile_q8(tw, tg, nb, h, a, b0, bn, acc);
                 for (int t = 0; t < bn; t++) store8(y + (size_t)(b0 + t) * ldy + r0, r0, w->n, acc[t]);
             }
         }
+    }
+    free(x);
 }
 
 static float dot_avx2(const float *a, const float *b, int n) {
