@@ -89,6 +89,9 @@ struct gw_req;
 typedef struct gw {
     unsigned long long bad_msgs; /* undecodable or unauthenticated messages since the last log line */
     double bad_logged;
+    unsigned long quiet_401;     /* 401s since the last warning line (one a second at most) */
+    double logged_401;
+    struct event *tail_401;      /* reports the rest of a burst once it is over */
     gw_conf conf;
     gw_auth auth;
     gw_limits lim;

@@ -1,9 +1,11 @@
 #include "gw_http.h"
 #include "cm_log.h"
 #include "cm_oai_resp.h"
+#include "gw_frame.h"
 #include "gw_map.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/http.h>
@@ -21,24 +23,17 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Where a connection is in reading its current request. */
-enum { P_IDLE = 0, P_HEADER, P_BODY, P_HANDLING, P_DISCARD, P_CLOSING };
-
-/* A body refused as too large is read and thrown away, so that the client
- * reads the 413 rather than a reset: at most this much, or until the body
- * deadline, then the connection closes. */
-#define GW_DISCARD_MAX (64u << 20)
+#define GW_TRIM_BODY (1u << 20) /* a body this large is followed by a heap trim */
 
 typedef struct cstate {
     struct cstate *prev, *next;
     gw_http *h;
     struct bufferevent *bev;     /* the filter evhttp reads through */
-    int phase, lines, linelen, cr, bad;
-    double deadline;
-    char key[16];                /* the current header line's name, lower case (Content-Length spotting) */
-    int keylen, in_value, is_cl;
-    uint64_t clen;               /* the largest Content-Length in this header */
-    uint64_t discard_left;       /* P_DISCARD: bytes still to throw away */
+    gw_frame fr;                 /* where each request begins and ends (gw_frame.h) */
+    unsigned gen;                /* fr.gen when the deadline was set */
+    double deadline;             /* of the header or body being read, while not busy */
+    unsigned answered;           /* requests answered (on_complete); fr.handed - answered are with evhttp */
+    int refused, shut;           /* fr's refusal went out; the socket's write side is shut after it */
     int ours;                    /* a reply of ours is being written (set by the handler's answer, cleared at its end) */
     int swallow;                 /* evhttp's own error reply is being thrown away: ours went out instead */
     struct event *flush;         /* moves queued output on, after evhttp turned writing on */
@@ -59,7 +54,7 @@ struct gw_http {
     struct evconnlistener *lst;
     gw_http_opts o;
     int open, max_conn, paused_cap, paused_fd;
-    struct event *tick, *resume;
+    struct event *tick, *resume, *trim;
     gw_map cons;                 /* filter bufferevent -> cstate */
     cstate *list;
     double emfile_logged;
@@ -103,118 +98,92 @@ static void listener_pause(gw_http *h, int on) {
     else if (!h->paused_cap && !h->paused_fd) evconnlistener_enable(h->lst);
 }
 
-/* A 413 in OpenAI's JSON shape, written to the socket by the filter: evhttp
- * would answer the same Content-Length with an HTML page. */
-static void refuse_too_large(cstate *cs) {
+/* Requests handed on and not yet answered: evhttp reads no more of this
+ * connection until they are, and a refusal must wait behind their replies. */
+static int busy(const cstate *cs) { return cs->fr.handed != cs->answered; }
+
+static double phase_timeout(const cstate *cs) {
+    return cs->fr.phase == GF_HEADER ? cs->h->o.header_timeout : cs->h->o.body_timeout;
+}
+
+/* The connection is to close once the refusal is out and the refused body
+ * thrown away: evhttp frees it as on a hang-up (deferred: not inside a
+ * filter or a walk). */
+static void close_if_done(cstate *cs) {
+    if (cs->refused && cs->shut && cs->fr.phase == GF_CLOSED) {
+        cs->refused = 2; /* once */
+        bufferevent_trigger_event(cs->bev, BEV_EVENT_READING | BEV_EVENT_EOF, BEV_TRIG_DEFER_CALLBACKS);
+    }
+}
+
+/* The framer's refusal (a 400, 413, 431 or 501 in OpenAI's JSON shape,
+ * with Connection: close), after any reply still going out on this
+ * connection: straight to the socket when nothing is queued before it, and
+ * the write side shut behind it so the client reads it rather than a reset
+ * while the rest of its body is thrown away; else queued behind, and shut
+ * by the tick once it has gone. */
+static void send_refusal(cstate *cs) {
     struct bufferevent *u = bufferevent_get_underlying(cs->bev);
     int fd = u ? bufferevent_getfd(u) : -1;
-    char msg[128], head[256];
-    snprintf(msg, sizeof msg, "the request body (%llu bytes) is larger than --max-body-bytes %zu",
-             (unsigned long long)cs->clen, cs->h->o.max_body);
-    json_t *j = cm_oai_error_json(413, msg, NULL, "request_too_large");
+    json_t *j = cm_oai_error_json(cs->fr.err_status, cs->fr.err_msg, NULL, cs->fr.err_code);
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    size_t bl = body ? strlen(body) : 0;
-    int hl = snprintf(head, sizeof head, "HTTP/1.1 413 %s\r\nContent-Type: application/json\r\nServer: llmserve\r\n"
-                      "Content-Length: %zu\r\nConnection: close\r\n\r\n", gw_http_reason(413), bl + 1);
-    if (fd >= 0 && body) { /* small: the socket's buffer takes it whole */
-        (void)!send(fd, head, (size_t)hl, MSG_NOSIGNAL);
-        (void)!send(fd, body, bl, MSG_NOSIGNAL);
-        (void)!send(fd, "\n", 1, MSG_NOSIGNAL);
-        shutdown(fd, SHUT_WR);
-    }
-    free(body);
-    if (cs->h->o.on_status) cs->h->o.on_status(cs->h->o.ctx, 413);
-    cs->phase = P_DISCARD;
-    cs->discard_left = cs->clen < GW_DISCARD_MAX ? cs->clen : GW_DISCARD_MAX;
-    cs->deadline = now_s() + cs->h->o.body_timeout;
-}
-
-/* One byte of a header line: spots Content-Length and reads its digits
- * (its form is checked later, by bad_header). */
-static void header_byte(cstate *cs, unsigned char c) {
-    if (!cs->in_value) {
-        if (c == ':') {
-            cs->in_value = 1;
-            cs->is_cl = cs->keylen == 14 && !memcmp(cs->key, "content-length", 14);
-            if (cs->is_cl) cs->clen = 0;
-        } else if (cs->keylen < (int)sizeof cs->key) {
-            cs->key[cs->keylen++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
-        } else {
-            cs->keylen = (int)sizeof cs->key + 1; /* too long to be Content-Length */
+    struct evbuffer *out = evbuffer_new();
+    cs->refused = 1;
+    if (out && body) {
+        evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nServer: llmserve\r\n"
+                            "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n", cs->fr.err_status,
+                            gw_http_reason(cs->fr.err_status), strlen(body) + 1, body);
+        if (fd >= 0 && u && evbuffer_get_length(bufferevent_get_output(u)) == 0) {
+            while (evbuffer_get_length(out) && evbuffer_write(out, fd) > 0) {
+            }
         }
-    } else if (cs->is_cl && c >= '0' && c <= '9') {
-        cs->clen = cs->clen > (UINT64_MAX - 9) / 10 ? UINT64_MAX : cs->clen * 10 + (uint64_t)(c - '0');
+        if (evbuffer_get_length(out) == 0 && fd >= 0) {
+            shutdown(fd, SHUT_WR);
+            cs->shut = 1;
+        } else if (u) {
+            evbuffer_add_buffer(bufferevent_get_output(u), out);
+            bufferevent_enable(u, EV_WRITE);
+        }
+    } else if (fd >= 0) { /* out of memory: no answer, only the close */
+        shutdown(fd, SHUT_WR);
+        cs->shut = 1;
     }
+    if (out) evbuffer_free(out);
+    free(body);
+    if (cs->h->o.on_status) cs->h->o.on_status(cs->h->o.ctx, cs->fr.err_status);
+    close_if_done(cs);
 }
 
-/* Sees every byte a client sends before evhttp does: times the header and
- * the body, marks headers with a NUL byte or a bare CR, which evhttp would
- * cut silently, and answers a Content-Length over the limit itself. O(1)
- * per byte, only while a header is being read. */
+static void send_continue(cstate *cs) {
+    struct bufferevent *u = bufferevent_get_underlying(cs->bev);
+    int fd = u ? bufferevent_getfd(u) : -1;
+    cs->fr.want_continue = 0;
+    if (fd >= 0 && evbuffer_get_length(bufferevent_get_output(u)) == 0)
+        (void)!send(fd, "HTTP/1.1 100 Continue\r\n\r\n", 25, MSG_NOSIGNAL);
+}
+
+/* Sees every byte a client sends before evhttp does: gw_frame finds each
+ * request's bounds and refuses what evhttp would get wrong; evhttp reads
+ * only whole, checked headers and their bodies. A refusal waits for the
+ * answer in progress on this connection, if any (pipelining). */
 static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
                                                 enum bufferevent_flush_mode mode, void *ctx) {
     cstate *cs = ctx;
     (void)lim;
     (void)mode;
-    if (!cs->h || cs->phase == P_CLOSING) {
+    if (!cs->h) {
         evbuffer_drain(src, evbuffer_get_length(src));
         return BEV_OK;
     }
-    size_t used = 0; /* bytes of src scanned, up to the header's end */
-    if (cs->phase == P_IDLE || cs->phase == P_HEADER) {
-        int nv = evbuffer_peek(src, -1, NULL, NULL, 0);
-        struct evbuffer_iovec v[64];
-        nv = evbuffer_peek(src, -1, NULL, v, nv < 64 ? nv : 64);
-        for (int i = 0; i < nv && (cs->phase == P_IDLE || cs->phase == P_HEADER); i++) {
-            const unsigned char *p = v[i].iov_base;
-            for (size_t k = 0; k < v[i].iov_len; k++) {
-                unsigned char c = p[k];
-                used++;
-                if (cs->phase == P_IDLE) {
-                    cs->phase = P_HEADER;
-                    cs->deadline = now_s() + cs->h->o.header_timeout;
-                    cs->lines = cs->linelen = cs->cr = cs->bad = 0;
-                    cs->keylen = cs->in_value = cs->is_cl = 0;
-                    cs->clen = 0;
-                }
-                if (c == '\n') {
-                    if (cs->linelen == 0 && cs->lines > 0) { /* the empty line: the header is whole */
-                        cs->phase = P_BODY;
-                        cs->deadline = now_s() + cs->h->o.body_timeout;
-                        break;
-                    }
-                    if (cs->linelen) cs->lines++;
-                    cs->linelen = cs->cr = 0;
-                    cs->keylen = cs->in_value = cs->is_cl = 0;
-                    continue;
-                }
-                if (cs->cr) cs->bad = 1; /* CR not before LF */
-                cs->cr = c == '\r';
-                if (c == 0) cs->bad = 1;
-                if (c != '\r') {
-                    cs->linelen++;
-                    if (cs->lines > 0) header_byte(cs, c); /* not on the request line */
-                }
-            }
-        }
-        if (cs->phase == P_BODY && cs->clen > cs->h->o.max_body) {
-            refuse_too_large(cs);
-            evbuffer_drain(src, used); /* evhttp never sees the header's end */
-        }
+    int st = gw_frame_feed(&cs->fr, src, dst);
+    if (cs->fr.gen != cs->gen) { /* a header or body began: its clock starts */
+        cs->gen = cs->fr.gen;
+        cs->deadline = now_s() + phase_timeout(cs);
     }
-    if (cs->phase == P_DISCARD) {
-        size_t n = evbuffer_get_length(src);
-        if (n > cs->discard_left) n = (size_t)cs->discard_left;
-        evbuffer_drain(src, evbuffer_get_length(src));
-        cs->discard_left -= n;
-        if (cs->discard_left == 0) {
-            cs->phase = P_CLOSING;
-            bufferevent_trigger_event(cs->bev, BEV_EVENT_READING | BEV_EVENT_EOF, BEV_TRIG_DEFER_CALLBACKS);
-        }
-        return BEV_OK;
-    }
-    evbuffer_add_buffer(dst, src);
+    if (st && !busy(cs)) send_refusal(cs);
+    else if (cs->fr.want_continue && !busy(cs)) send_continue(cs);
+    close_if_done(cs);
     return BEV_OK;
 }
 
@@ -301,6 +270,7 @@ static void cstate_free(void *ctx) {
     cstate *cs = ctx;
     gw_http *h = cs->h;
     if (cs->flush) event_free(cs->flush);
+    gw_frame_free(&cs->fr);
     if (!h) { /* the server went first (gw_http_free): only the state is left */
         free(cs);
         return;
@@ -322,6 +292,15 @@ static void on_flush(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     bufferevent_flush(cs->bev, EV_WRITE, BEV_NORMAL);
+    /* A filter calls the write callback only right after it moved bytes.
+     * While writing is on (a stream), evhttp's last chunk moves out the
+     * moment it is added, before evhttp sets the "all written" callback
+     * that ends the request (evhttp_send_reply_end adds, then sets): that
+     * callback would never run, and the keep-alive connection would never
+     * read its next request. Output empty with writing on is exactly the
+     * moment a socket bufferevent would call it: say so. */
+    if (evbuffer_get_length(bufferevent_get_output(cs->bev)) == 0 && (bufferevent_get_enabled(cs->bev) & EV_WRITE))
+        bufferevent_trigger(cs->bev, EV_WRITE, 0);
 }
 
 /* A filter moves output on only while writing is on, and evhttp queues a
@@ -347,6 +326,7 @@ static struct bufferevent *make_bev(struct event_base *base, void *arg) {
     }
     cs->h = h;
     cs->bev = f;
+    gw_frame_init(&cs->fr, h->o.max_body);
     cs->flush = event_new(base, -1, 0, on_flush, cs);
     evbuffer_add_cb(bufferevent_get_output(f), on_output_added, cs);
     cs->next = h->list;
@@ -367,13 +347,38 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     (void)what;
     double t = now_s();
     for (cstate *cs = h->list; cs; cs = cs->next) {
-        if ((cs->phase != P_HEADER && cs->phase != P_BODY && cs->phase != P_DISCARD) || t < cs->deadline) continue;
+        if (cs->refused == 1 && !cs->shut) { /* a refusal queued behind a reply: shut once it has gone */
+            struct bufferevent *u = bufferevent_get_underlying(cs->bev);
+            if (u && evbuffer_get_length(bufferevent_get_output(u)) == 0) {
+                shutdown(bufferevent_getfd(u), SHUT_WR);
+                cs->shut = 1;
+                close_if_done(cs);
+            }
+        }
+        /* while a request is answered its own deadlines govern (gw_req); a
+         * pipelined one behind it waits without a clock */
+        int p = cs->fr.phase;
+        if (busy(cs) || (p != GF_HEADER && p != GF_BODY && p != GF_CHUNKED && p != GF_DISCARD) || t < cs->deadline)
+            continue;
         CM_DEBUG("closing a connection: its %s took longer than its deadline",
-                 cs->phase == P_HEADER ? "header" : cs->phase == P_BODY ? "body" : "refused body");
-        cs->phase = P_CLOSING;
+                 p == GF_HEADER ? "header" : p == GF_DISCARD ? "refused body" : "body");
+        cs->fr.phase = GF_CLOSED;
         /* as evhttp's own read timeout does: it frees the connection (deferred: not inside this walk) */
         bufferevent_trigger_event(cs->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, BEV_TRIG_DEFER_CALLBACKS);
     }
+}
+
+/* A large body's buffers (the request's, the tokenizer thread's parse) are
+ * freed by now: glibc keeps freed heap pages resident until trimmed, so
+ * without this the gateway stays at the peak of its largest bodies. A walk
+ * of the heaps, once per large body: far below the cost of reading one. */
+static void on_trim(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    (void)arg;
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }
 
 static void on_resume(evutil_socket_t fd, short what, void *arg) {
@@ -557,8 +562,18 @@ static void on_complete(struct evhttp_request *req, void *arg) {
     gw_http *h = arg;
     struct evhttp_connection *evc = evhttp_request_get_connection(req);
     cstate *cs = evc ? gw_map_get(&h->cons, (uint64_t)(uintptr_t)evhttp_connection_get_bufferevent(evc)) : NULL;
-    if (cs && cs->phase == P_HANDLING) cs->phase = P_IDLE; /* keep-alive: the next request's header starts its clock */
-    if (cs) cs->ours = 0; /* all of it has passed out_filter: evhttp calls this once its buffer is empty */
+    if (evbuffer_get_length(evhttp_request_get_input_buffer(req)) >= GW_TRIM_BODY) {
+        /* after the request and its buffers are freed, in a later round of the loop */
+        struct timeval soon = {0, 50000};
+        evtimer_add(h->trim, &soon);
+    }
+    if (cs) {
+        cs->ours = 0; /* all of it has passed out_filter: evhttp calls this once its buffer is empty */
+        cs->answered++;
+        cs->deadline = now_s() + phase_timeout(cs); /* a pipelined header or body's clock starts now */
+        if (!busy(cs) && cs->fr.err_status && !cs->refused) send_refusal(cs); /* a pipelined request was refused */
+        else if (!busy(cs) && cs->fr.want_continue) send_continue(cs);
+    }
     if (evc) { /* idle between requests: evhttp's inactivity timeout again */
         double t = h->o.header_timeout;
         struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
@@ -567,22 +582,8 @@ static void on_complete(struct evhttp_request *req, void *arg) {
 }
 
 /* The header checks evhttp does not make. NULL when fine. */
-static const char *bad_header(struct evhttp_request *req, const cstate *cs) {
-    if (cs && cs->bad) return "malformed header: a NUL byte or a CR not followed by LF";
+static const char *bad_header(struct evhttp_request *req) {
     struct evkeyvalq *in = evhttp_request_get_input_headers(req);
-    struct evkeyval *kv;
-    int ncl = 0, te = 0;
-    TAILQ_FOREACH(kv, in, next) {
-        if (!strcasecmp(kv->key, "Content-Length")) {
-            ncl++;
-            if (!kv->value[0] || strspn(kv->value, "0123456789") != strlen(kv->value))
-                return "Content-Length must be a plain decimal number";
-        } else if (!strcasecmp(kv->key, "Transfer-Encoding")) {
-            te = 1;
-        }
-    }
-    if (ncl > 1) return "more than one Content-Length header";
-    if (ncl && te) return "Content-Length together with Transfer-Encoding";
     if (req->major == 1 && req->minor >= 1 && !evhttp_find_header(in, "Host")) return "HTTP/1.1 request without Host";
     return NULL;
 }
@@ -590,8 +591,6 @@ static const char *bad_header(struct evhttp_request *req, const cstate *cs) {
 static void on_request(struct evhttp_request *req, void *arg) {
     gw_http *h = arg;
     struct evhttp_connection *evc = evhttp_request_get_connection(req);
-    cstate *cs = gw_map_get(&h->cons, (uint64_t)(uintptr_t)evhttp_connection_get_bufferevent(evc));
-    if (cs) cs->phase = P_HANDLING;
     gw_conn *c = calloc(1, sizeof *c);
     if (!c) {
         evhttp_send_error(req, 500, "Internal Server Error");
@@ -616,7 +615,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         gw_http_error(c, 505, v, NULL, "http_version_not_supported");
         return;
     }
-    const char *bad = bad_header(req, cs);
+    const char *bad = bad_header(req);
     if (bad) {
         gw_http_header(c, "Connection", "close");
         gw_http_error(c, 400, bad, NULL, "bad_request");
@@ -675,7 +674,8 @@ int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out
     evconnlistener_set_error_cb(h->lst, on_accept_error);
     h->tick = event_new(base, -1, EV_PERSIST, on_tick, h);
     h->resume = evtimer_new(base, on_resume, h);
-    if (!h->tick || !h->resume) goto fail;
+    h->trim = evtimer_new(base, on_trim, h);
+    if (!h->tick || !h->resume || !h->trim) goto fail;
     struct timeval q = {0, 250000};
     event_add(h->tick, &q);
     *out = h;
@@ -701,6 +701,7 @@ void gw_http_free(gw_http *h) {
     h->list = NULL;
     if (h->tick) event_free(h->tick);
     if (h->resume) event_free(h->resume);
+    if (h->trim) event_free(h->trim);
     gw_map_free(&h->cons);
     free(h);
 }

@@ -15,6 +15,7 @@
 #include "gw_req.h"
 #include "gw_tokq.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,15 @@ static void on_event_log(int severity, const char *msg) {
 
 int gw_start(gw *g, char *err, size_t errlen) {
     const gw_conf *c = &g->conf;
+#ifdef __GLIBC__
+    /* Bodies of megabytes are read, copied and parsed (on the tokenizer
+     * threads' own arenas) and then freed. glibc's mmap threshold grows to
+     * the largest such block freed, after which they come from heaps whose
+     * tops are kept resident: the gateway would stay at the peak of its
+     * largest bodies for good. A fixed threshold maps them and returns them
+     * on free (gw_http trims the rest after each large body). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+#endif
     cm_log_set_level(c->log_level);
     event_set_log_callback(on_event_log);
     for (int i = 0; i < c->n_api_keys; i++)
@@ -152,6 +162,8 @@ void gw_stop(gw *g) {
     if (g->req_list) gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");
     if (g->drain_ev) event_free(g->drain_ev);
     g->drain_ev = NULL;
+    if (g->tail_401) event_free(g->tail_401);
+    g->tail_401 = NULL;
     gw_tokq_free(g->tokq); /* finishes queued jobs: their done() answers or frees them */
     g->tokq = NULL;
     if (g->req_list) gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");

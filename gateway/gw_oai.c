@@ -646,19 +646,32 @@ static void prep_gone(void *arg) {
     q->g->m.cancelled++;
 }
 
+static void tail_401(evutil_socket_t fd, short what, void *arg) {
+    gw *g = arg;
+    (void)fd;
+    (void)what;
+    if (!g->quiet_401) return;
+    CM_WARN("401: %lu more failed API-key checks after the last line", g->quiet_401);
+    g->quiet_401 = 0;
+    g->logged_401 = gw_now();
+}
+
 static int authorized(gw *g, gw_http_req *r, int *key) {
     if (gw_auth_check(&g->auth, r->authorization, key)) return 1;
-    static double last;
-    static unsigned long quiet;
     double t = gw_now();
-    if (t - last >= 1.0) { /* one line a second at most: a key scanner must not flood the log */
+    if (t - g->logged_401 >= 1.0) { /* one line a second at most: a key scanner must not flood the warnings */
         CM_WARN("401: %s API key from %s on %s (%lu more since the last line)", r->authorization ? "wrong" : "no", r->peer,
-                r->path, quiet);
-        last = t;
-        quiet = 0;
-    } else {
-        quiet++;
+                r->path, g->quiet_401);
+        g->logged_401 = t;
+        g->quiet_401 = 0;
+    } else if (g->quiet_401++ == 0) { /* the first held back: its burst's count goes out once the second is over */
+        if (!g->tail_401) g->tail_401 = evtimer_new(g->base, tail_401, g);
+        struct timeval tv = {1, 100000};
+        if (g->tail_401) evtimer_add(g->tail_401, &tv);
     }
+    if (g->conf.log_requests) /* the access log has every request, refused ones too */
+        CM_INFO("request - key=- worker=-1 in=0 out=0 cached=0 ttft=-1.0ms total=0.0ms status=401 code=invalid_api_key "
+                "peer=%s path=%.128s", r->peer, r->path);
     gw_http_error(r->conn, 401, "missing or invalid API key (Authorization: Bearer KEY)", NULL, "invalid_api_key");
     return 0;
 }
