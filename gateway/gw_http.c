@@ -54,6 +54,7 @@ struct gw_http {
     struct evconnlistener *lst;
     gw_http_opts o;
     int open, max_conn, paused_cap, paused_fd;
+    uint64_t accepted;
     struct event *tick, *resume, *trim;
     gw_map cons;                 /* filter bufferevent -> cstate */
     cstate *list;
@@ -333,6 +334,7 @@ static struct bufferevent *make_bev(struct event_base *base, void *arg) {
     if (h->list) h->list->prev = cs;
     h->list = cs;
     gw_map_put(&h->cons, (uint64_t)(uintptr_t)f, cs);
+    h->accepted++;
     if (++h->open >= h->max_conn && !h->paused_cap) { /* the kernel's backlog holds the rest */
         h->paused_cap = 1;
         listener_pause(h, 1);
@@ -707,6 +709,8 @@ void gw_http_free(gw_http *h) {
 }
 
 int gw_http_open_connections(const gw_http *h) { return h->open; }
+
+uint64_t gw_http_accepted(const gw_http *h) { return h->accepted; }
 
 int gw_http_port(const gw_http *h) {
     struct sockaddr_storage a;

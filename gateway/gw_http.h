@@ -22,6 +22,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct gw_http gw_http;
 typedef struct gw_conn gw_conn;
@@ -52,6 +53,8 @@ typedef struct {
 int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out, char *err, size_t errlen);
 void gw_http_free(gw_http *h);
 int gw_http_open_connections(const gw_http *h);
+/* Connections accepted since the start. */
+uint64_t gw_http_accepted(const gw_http *h);
 /* The port it listens on (the one the kernel chose for port 0), or -1. */
 int gw_http_port(const gw_http *h);
 

@@ -1,4 +1,5 @@
 #include "gw_metrics.h"
+#include "gw_http.h"
 #include "gw_pool.h"
 #include "gw_tokq.h"
 
@@ -158,6 +159,11 @@ char *gw_metrics_text(const gw *g, size_t *len) {
         gauge(o, "llmserve:semantic_cache_bytes", "Memory the cached answers and vectors hold.", "", (double)c->bytes);
     }
     gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", g->open_streams);
+    if (g->http) {
+        gauge(o, "llmserve:http_connections_open", "Client connections open.", "", gw_http_open_connections(g->http));
+        counter(o, "llmserve:http_connections_total", "Client connections accepted (requests over kept-alive ones are not).",
+                gw_http_accepted(g->http));
+    }
     gauge(o, "llmserve:preparing_requests", "Requests being parsed and tokenized off the event loop.", "", g->preparing);
     gauge(o, "llmserve:draining", "1 while the gateway drains after SIGTERM.", "", g->draining);
     hist(o, "llmserve:time_to_first_token_seconds", "Time to first token.", &g->m.ttft);

@@ -226,6 +226,8 @@ frontend llm
     default_backend gateways
 backend gateways
     balance roundrobin
+    # pooled upstream connections, as deployments run it: a connection a stream used serves the next request
+    http-reuse always
     option httpchk GET /health
     http-check expect status 200
     server g1 127.0.0.1:%d check inter 250 fall 1 rise 1
