@@ -290,7 +290,15 @@ static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *fi
             if (rc) return rc;
             continue;
         }
-        if (!map_name(m->cfg.encoder, t->name, name, sizeof name)) continue;
+        if (!map_name(m->cfg.encoder, t->name, name, sizeof name)) {
+            /* an encoder's task heads (pooler, cls) are not its embedding; a decoder's every
+             * tensor is its math, but for the RoPE table old checkpoints saved (recomputed here) */
+            size_t nl = strlen(t->name);
+            if (m->cfg.encoder || (nl > 20 && !strcmp(t->name + nl - 20, "rotary_emb.inv_freq"))) continue;
+            snprintf(e, el, "%s: tensor '%s' is not one this engine computes with: refused rather than ignored", file,
+                     t->name);
+            return LLM_EUNSUP;
+        }
         if (t->type != CM_F32 && t->type != CM_F16 && t->type != CM_BF16) {
             snprintf(e, el, "%s: tensor '%s' is %s (F32, F16 and BF16 load)", file, t->name, t->dtype);
             return LLM_EUNSUP;

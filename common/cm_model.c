@@ -1,4 +1,5 @@
 #include "cm_model.h"
+#include "cm_rope.h"
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_safetensors.h"
@@ -69,22 +70,57 @@ static int gemma_config(const cm_gguf *g, cm_model_config *c, char *err, size_t 
         snprintf(err, errlen, "%s.attention.sliding_window and its pattern must be positive", c->arch);
         return LLM_EFORMAT;
     }
-    char key[128];
-    cm_str st;
-    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
-    if (!cm_gguf_get_str(g, key, &st) && !(st.len == 4 && !memcmp(st.ptr, "none", 4))) {
-        if (!(st.len == 6 && !memcmp(st.ptr, "linear", 6))) {
-            snprintf(err, errlen, "%s '%.*s' is not supported (linear, none)", key, (int)(st.len < 32 ? st.len : 32), st.ptr);
-            return LLM_EUNSUP;
-        }
-        snprintf(key, sizeof key, "%s.rope.scaling.factor", c->arch);
-        cm_gguf_get_f32(g, key, &c->rope_scale);
-        if (!(c->rope_scale >= 1.f && c->rope_scale <= 1024.f)) {
-            snprintf(err, errlen, "%s %g is out of range (1..1024)", key, (double)c->rope_scale);
-            return LLM_EFORMAT;
-        }
-    }
     if (c->n_layer == 62 && c->n_head) c->attn_scale = 1.f / sqrtf((float)c->dim / (float)c->n_head); /* 27B */
+    return 0;
+}
+
+/* The {arch}. keys this loader honours, for every architecture it takes;
+ * gemma3 adds its own. Any other {arch}. key changes the math in a way the
+ * engine does not implement (a sliding window on a llama, logit
+ * soft-capping, experts, ...): the model is refused, naming the key and its
+ * value, rather than computed wrong without a word. general.* and
+ * tokenizer.* keys describe the file and the tokenizer. */
+static const char *const KEYS_ALL[] = {
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+    "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "attention.key_length", "attention.value_length",
+    "rope.dimension_count", "rope.freq_base", "vocab_size", "rope.scaling.type", "rope.scaling.factor",
+    "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow", "rope.scaling.finetuned", NULL};
+static const char *const KEYS_GEMMA[] = {"attention.sliding_window", "attention.sliding_window_pattern", NULL};
+
+static int listed(const char *const *l, const char *s, size_t n) {
+    for (; *l; l++)
+        if (strlen(*l) == n && !memcmp(*l, s, n)) return 1;
+    return 0;
+}
+
+static void kv_value(const cm_gguf_kv *kv, char *out, size_t len) {
+    switch (kv->type) {
+    case CM_GGUF_STRING: snprintf(out, len, "'%.*s'", (int)(kv->v.s.len < 40 ? kv->v.s.len : 40), kv->v.s.ptr); break;
+    case CM_GGUF_F32: case CM_GGUF_F64: snprintf(out, len, "%g", kv->v.f); break;
+    case CM_GGUF_I8: case CM_GGUF_I16: case CM_GGUF_I32: case CM_GGUF_I64:
+        snprintf(out, len, "%lld", (long long)kv->v.i);
+        break;
+    case CM_GGUF_BOOL: snprintf(out, len, "%s", kv->v.u ? "true" : "false"); break;
+    case CM_GGUF_ARRAY: snprintf(out, len, "an array of %llu", (unsigned long long)kv->v.arr.n); break;
+    default: snprintf(out, len, "%llu", (unsigned long long)kv->v.u);
+    }
+}
+
+static int check_keys(const cm_gguf *g, const cm_model_config *c, char *err, size_t errlen) {
+    size_t al = strlen(c->arch);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const cm_gguf_kv *kv = &g->kv[i];
+        if (kv->key.len <= al || memcmp(kv->key.ptr, c->arch, al) || kv->key.ptr[al] != '.') continue;
+        const char *rest = kv->key.ptr + al + 1;
+        size_t n = kv->key.len - al - 1;
+        if (listed(KEYS_ALL, rest, n) || (c->gemma && listed(KEYS_GEMMA, rest, n))) continue;
+        char v[64];
+        kv_value(kv, v, sizeof v);
+        snprintf(err, errlen, "metadata %.*s = %s changes the model in a way this engine does not implement: refused "
+                 "rather than computed wrong", (int)(kv->key.len < 96 ? kv->key.len : 96), kv->key.ptr, v);
+        return LLM_EUNSUP;
+    }
     return 0;
 }
 
@@ -143,8 +179,21 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     cm_gguf_get_f32(g, key, &c->rope_theta);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", c->arch);
     cm_gguf_get_f32(g, key, &c->norm_eps);
-    c->rope_scale = 1.f;
+    uint32_t vlen = c->head_dim;
+    if ((rc = gguf_u32_arch(g, c->arch, "attention.value_length", &vlen, 0, err, errlen))) return rc;
+    if (vlen != c->head_dim) {
+        snprintf(err, errlen, "%s.attention.value_length %u differs from the key length %u: not supported", c->arch, vlen,
+                 c->head_dim);
+        return LLM_EUNSUP;
+    }
+    if ((rc = check_keys(g, c, err, errlen))) return rc;
     if (c->gemma && (rc = gemma_config(g, c, err, errlen))) return rc;
+    if ((rc = cm_rope_from_gguf(g, c, err, errlen))) return rc;
+    if (c->gemma && c->rs.type != CM_RS_NONE && c->rs.type != CM_RS_LINEAR) { /* its local layers are never scaled */
+        snprintf(err, errlen, "%s.rope.scaling.type %s is not supported for gemma3 (linear, none)", c->arch,
+                 cm_rope_type_name(c->rs.type));
+        return LLM_EUNSUP;
+    }
     int type;
     uint64_t n;
     const void *d;
@@ -354,7 +403,16 @@ void cm_model_close(cm_model_file *m) {
 
 const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name) {
     for (size_t i = 0; i < m->n_tensors; i++)
-        if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+        if (strcmp(m->tensors[i].name, name) == 0) {
+            m->tensors[i].used = 1;
+            return &m->tensors[i];
+        }
+    return NULL;
+}
+
+const char *cm_model_unused_tensor(const cm_model_file *m) {
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (!m->tensors[i].used) return m->tensors[i].name;
     return NULL;
 }
 

@@ -15,6 +15,19 @@
 enum { CM_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama in GGUF, llama2.c */
        CM_ROPE_NEOX = 1  /* rotate halves (x[i], x[i+d/2]): qwen2, gpt-neox */ };
 
+/* RoPE scaling (cm_rope.h). */
+enum { CM_RS_NONE = 0, CM_RS_LINEAR, CM_RS_DYNAMIC, CM_RS_YARN, CM_RS_LLAMA3 };
+
+typedef struct {
+    int type;            /* CM_RS_* */
+    float factor;        /* how many times the original context */
+    uint32_t orig_ctx;   /* the context the model was trained at (original_max_position_embeddings) */
+    float low_freq_factor, high_freq_factor; /* llama3 */
+    float beta_fast, beta_slow;              /* yarn: the blend's ends, in rotations over orig_ctx */
+    int truncate;                            /* yarn: the blend's ends rounded out to whole pairs */
+    float mscale;        /* yarn's attention factor: cos and sin times it, so q.k times its square (1: none) */
+} cm_rope_scaling;
+
 enum { CM_FMT_GGUF = 1, CM_FMT_LLAMA2C = 2, CM_FMT_DUMMY = 3, CM_FMT_HF = 4 };
 
 /* How an encoder's token states become one sentence embedding. */
@@ -41,10 +54,11 @@ typedef struct {
      * attention and the FFN (post_attention_norm, post_ffw_norm) and of each query and key head
      * (attn_q_norm, attn_k_norm); local layers attend to the last swa_window positions, with RoPE
      * base rope_theta_swa; every swa_period-th layer (l+1 a multiple) is global, its positions
-     * divided by rope_scale (linear RoPE scaling; 1: none) */
+     * scaled by rs (the local layers never are) */
     int gemma;
     uint32_t swa_window, swa_period;
-    float rope_theta_swa, rope_scale;
+    float rope_theta_swa;
+    cm_rope_scaling rs;  /* RoPE scaling (cm_rope.h); for gemma3, of the global layers */
     float attn_scale;    /* softmax scale of the scores; 0: 1/sqrt(head_dim) */
 } cm_model_config;
 
@@ -55,6 +69,7 @@ typedef struct {
     uint64_t ne[4];      /* ne[0] contiguous */
     const void *data;
     uint64_t nbytes;
+    int used;            /* looked up (cm_model_tensor): a loader checks none is left unused */
 } cm_tensor_ref;
 
 typedef struct cm_model_file {
@@ -84,8 +99,11 @@ int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errle
  * result; name stands for the path in errors. */
 int cm_model_open_mem(const void *data, size_t size, const char *name, cm_model_file **out, char *err, size_t errlen);
 void cm_model_close(cm_model_file *m);
-/* NULL when absent. */
+/* NULL when absent. Marks the tensor used. */
 const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name);
+/* The name of a tensor no lookup has asked for (one the loader would
+ * ignore), or NULL. */
+const char *cm_model_unused_tensor(const cm_model_file *m);
 /* Checks a tensor exists with shape [ne0, ne1] (ne1 = 1 for vectors). */
 int cm_model_tensor_expect(const cm_model_file *m, const char *name, uint64_t ne0, uint64_t ne1,
                            const cm_tensor_ref **out, char *err, size_t errlen);

@@ -325,6 +325,8 @@ int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, 
         if (vec[2]) TRY(kn_cuda_add_bias(g->q, vec[2], T, QD));
         if (vec[3]) TRY(kn_cuda_add_bias(g->k, vec[3], T, KVD));
         if (vec[4]) TRY(kn_cuda_add_bias(g->v, vec[4], T, KVD));
+        if (cf->attn_scale > 0) /* the kernel scales by 1/sqrt(hd): the rest here, as the CPU path does */
+            TRY(kn_cuda_scale(g->q, cf->attn_scale * sqrtf((float)hd), (size_t)T * (size_t)QD));
         TRY(kn_cuda_rope_rows(g->q, T, nh, hd, (int)cf->rope_dim, cf->rope_type, d_pos, g->inv_freq));
         TRY(kn_cuda_rope_rows(g->k, T, nkv, hd, (int)cf->rope_dim, cf->rope_type, d_pos, g->inv_freq));
         size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;

@@ -5,6 +5,7 @@
 #include "cm_hf_quant.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "cm_rope.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -301,15 +302,27 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
 #undef V
 #undef P
     }
+    /* Llama 3.x GGUF files carry their rope scaling as one divisor a frequency pair */
+    const cm_tensor_ref *rf = cm_model_tensor(m->file, "rope_freqs.weight");
+    if (rf && (rf->type != CM_F32 || rf->ne[0] != c->rope_dim / 2 || (rf->n_dims > 1 && rf->ne[1] != 1))) {
+        snprintf(err, errlen, "%s: rope_freqs.weight must be %u F32 values (one per rotated pair)", o->model_path,
+                 c->rope_dim / 2);
+        rc = LLM_EFORMAT;
+        goto fail;
+    }
+    const char *unused = cm_model_unused_tensor(m->file);
+    if (unused) {
+        snprintf(err, errlen, "%s: tensor '%s' is not one the %s forward pass computes with: refused rather than ignored",
+                 o->model_path, unused, c->arch);
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
     m->inv_freq = malloc(sizeof(float) * (c->rope_dim / 2 + 1));
     if (!m->inv_freq) { rc = LLM_ENOMEM; goto fail; }
-    for (uint32_t i = 0; i < c->rope_dim / 2; i++) /* linear scaling divides positions: frequencies */
-        m->inv_freq[i] = (float)(pow((double)c->rope_theta, -2.0 * i / (double)c->rope_dim) /
-                                 (c->rope_scale > 1.f ? (double)c->rope_scale : 1.0));
-    if (c->gemma) {
+    cm_rope_inv_freq(&c->rs, c->rope_theta, c->rope_dim, rf ? rf->data : NULL, m->inv_freq);
+    if (c->gemma) { /* the local layers: their own base, never scaled */
         if (!(m->inv_freq_swa = malloc(sizeof(float) * (c->rope_dim / 2 + 1)))) { rc = LLM_ENOMEM; goto fail; }
-        for (uint32_t i = 0; i < c->rope_dim / 2; i++)
-            m->inv_freq_swa[i] = (float)pow((double)c->rope_theta_swa, -2.0 * i / (double)c->rope_dim);
+        cm_rope_inv_freq(NULL, c->rope_theta_swa, c->rope_dim, NULL, m->inv_freq_swa);
     }
     for (uint32_t l = 0; l < c->n_layer; l++)
         m->layers[l].inv_freq = m->layers[l].window ? m->inv_freq_swa : m->inv_freq;

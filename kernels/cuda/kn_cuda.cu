@@ -275,6 +275,12 @@ __global__ void add_bias_kernel(float *x, const float *b, size_t total, int n) {
     if (i < total) x[i] += b[i % n];
 }
 
+// grid: ceil(n/256) blocks of 256
+__global__ void scale_kernel(float *x, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
 // grid: rows blocks of 256: dst[r] = src[idx[r]]
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n) {
     const float *s = src + (size_t)idx[blockIdx.x] * n;
@@ -295,6 +301,13 @@ extern "C" int kn_cuda_add_bias(float *d_x, const float *d_b, int rows, int n) {
     if (rows <= 0 || n <= 0) return LLM_EINVAL;
     size_t total = (size_t)rows * (size_t)n;
     add_bias_kernel<<<(unsigned)((total + 255) / 256), 256>>>(d_x, d_b, total, n);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_scale(float *d_x, float s, size_t n) {
+    if (n == 0) return 0;
+    scale_kernel<<<(unsigned)((n + 255) / 256), 256>>>(d_x, s, n);
     KN_CUDA_LAUNCHED();
     return 0;
 }

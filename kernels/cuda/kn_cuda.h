@@ -85,6 +85,8 @@ int kn_cuda_rope_rows(float *d_x, int rows, int n_heads, int head_dim, int rope_
                       const float *d_inv_freq);
 /* x[r][i] += b[i] for rows x n. */
 int kn_cuda_add_bias(float *d_x, const float *d_b, int rows, int n);
+/* x[i] *= s over n floats (the CPU reference is the loop). */
+int kn_cuda_scale(float *d_x, float s, size_t n);
 /* dst[r] = src[idx[r]], rows of n floats. */
 int kn_cuda_gather_rows(float *d_dst, const float *d_src, const int32_t *d_idx, int rows, int n);
 /* Device to device. */

@@ -32,8 +32,45 @@ PROMPTS = [
 ]
 
 
+def scaled_inv_freq(theta, d, sc):
+    """Inverse frequencies [d/2] under a Hugging Face rope_scaling dict (None: plain), and the factor that
+    multiplies cos and sin (yarn's attention factor), as transformers' _compute_*_parameters define them."""
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if not sc:
+        return inv, 1.0
+    t = sc.get("rope_type", sc.get("type"))
+    f = float(sc.get("factor", 1.0))
+    if t == "linear":
+        return inv / f, 1.0
+    if t == "dynamic":  # vLLM's: the NTK base for the longest context the factor allows
+        base = theta * (f * f - (f - 1)) ** (d / (d - 2))
+        return base ** (-np.arange(0, d, 2, dtype=np.float64) / d), 1.0
+    if t == "llama3":
+        old = sc["original_max_position_embeddings"]
+        lo, hi = sc.get("low_freq_factor", 1.0), sc.get("high_freq_factor", 4.0)
+        wavelen = 2 * np.pi / inv
+        out = np.where(wavelen > old / lo, inv / f, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return np.where(mid, (1 - smooth) * out / f + smooth * out, out), 1.0
+    if t == "yarn":
+        orig = sc["original_max_position_embeddings"]
+        bf, bs = sc.get("beta_fast", 32), sc.get("beta_slow", 1)
+        dim_of = lambda rot: d * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(theta))
+        lo, hi = max(np.floor(dim_of(bf)), 0), min(np.ceil(dim_of(bs)), d - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(d // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+        extra = 1 - ramp
+        inv = inv / f * (1 - extra) + inv * extra
+        att = sc.get("attention_factor")
+        return inv, att if att is not None else (0.1 * np.log(f) + 1.0 if f > 1 else 1.0)
+    raise ValueError("rope type %s" % t)
+
+
 class Model:
-    def __init__(self, path):
+    def __init__(self, path, scaling=None, neox=None):
+        """scaling: a Hugging Face rope_scaling dict that overrides the file's own."""
         r = GGUFReader(path)
         self.f = {k: v for k, v in r.fields.items()}
         arch = self.s("general.architecture")
@@ -42,15 +79,26 @@ class Model:
         self.dim = int(g("embedding_length"))
         self.n_head = int(g("attention.head_count"))
         self.n_kv = int(g("attention.head_count_kv", self.n_head))
-        self.hd = self.dim // self.n_head
+        self.hd = int(g("attention.key_length", self.dim // self.n_head))
         self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
         self.theta = float(g("rope.freq_base", 10000.0))
-        self.neox = arch == "qwen2"
+        self.neox = arch == "qwen2" if neox is None else neox
         self.t = {}
         for t in r.tensors:
             w = dequantize(t.data, t.tensor_type).astype(np.float32)
             shape = [int(x) for x in t.shape]  # gguf order: ne0 first
             self.t[t.name] = w.reshape(list(reversed(shape)))
+        st = g("rope.scaling.type")
+        if scaling is None and st in ("linear", "yarn"):  # the GGUF spelling (llama.cpp's keys)
+            f = float(g("rope.scaling.factor", 1.0))
+            scaling = {"rope_type": st, "factor": f}
+            if st == "yarn":
+                scaling["original_max_position_embeddings"] = int(g("rope.scaling.original_context_length",
+                                                                    g("context_length")))
+                scaling["attention_factor"] = float(g("rope.scaling.attn_factor", 1.0)) * (0.1 * np.log(f) + 1.0)
+        self.inv, self.mscale = scaled_inv_freq(self.theta, self.hd, scaling)
+        if "rope_freqs.weight" in self.t:  # Llama 3.x GGUF: one divisor a frequency pair
+            self.inv = self.inv / self.t["rope_freqs.weight"].astype(np.float64).reshape(-1)
 
     def v(self, k, d=None):
         f = self.f.get(k)
@@ -61,9 +109,8 @@ class Model:
 
     def rope(self, x, pos):  # x [n, hd]
         half = self.hd // 2
-        inv = self.theta ** (-np.arange(half, dtype=np.float64) * 2.0 / self.hd)
-        ang = pos * inv
-        c, s = np.cos(ang), np.sin(ang)
+        ang = pos * self.inv
+        c, s = np.cos(ang) * self.mscale, np.sin(ang) * self.mscale
         x = x.astype(np.float64)
         if self.neox:
             a, b = x[:, :half], x[:, half:]
@@ -82,8 +129,8 @@ class Model:
         x = x.astype(np.float64)
         return x / np.sqrt(np.mean(x * x) + self.eps) * w
 
-    def forward(self, tokens):
-        """Logits for every position, [T, vocab], float64."""
+    def forward(self, tokens, rows=None):
+        """Logits for every position (or those in rows), [T, vocab], float64."""
         T = len(tokens)
         x = self.t["token_embd.weight"][tokens].astype(np.float64)
         group = self.n_head // self.n_kv
@@ -113,7 +160,7 @@ class Model:
             g_ = self.mm(h, p + "ffn_gate.weight")
             u = self.mm(h, p + "ffn_up.weight")
             x = x + self.mm(g_ / (1 + np.exp(-g_)) * u, p + "ffn_down.weight")
-        h = np.stack([self.norm(x[t], self.t["output_norm.weight"]) for t in range(T)])
+        h = np.stack([self.norm(x[t], self.t["output_norm.weight"]) for t in (range(T) if rows is None else rows)])
         return self.mm(h, "output.weight" if "output.weight" in self.t else "token_embd.weight")
 
 

@@ -2,6 +2,7 @@
  * (as on the development machines and in CI) it says so and skips (77). */
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_rope.h"
 #include "kernels.h"
 #include "kn_cuda.h"
 #include "kn_cuda_plan.h"
@@ -387,6 +388,30 @@ int main(void) {
         CHECK_RC(kn_cuda_rope(dx, 9, 64, 64, type, 123, 10000.f), 0);
         kn_cuda_download(got, dx, sizeof(float) * 9 * 64);
         CHECK(tst_rel_l2(got, ref, 9 * 64) < 1e-4);
+    }
+    /* rope over rows with scaled frequency tables (llama3, yarn), then yarn's q scale */
+    {
+        cm_rope_scaling rs[2] = {{CM_RS_LLAMA3, 8.f, 8192, 1.f, 4.f, 0, 0, 0, 1.f},
+                                 {CM_RS_YARN, 4.f, 4096, 0, 0, 32.f, 1.f, 1, 1.2f}};
+        int32_t pos[3] = {5, 9000, 30000}, *dpos;
+        float finv[32], *dinv;
+        CHECK_RC(kn_cuda_malloc((void **)&dpos, sizeof pos), 0);
+        CHECK_RC(kn_cuda_malloc((void **)&dinv, sizeof finv), 0);
+        kn_cuda_upload(dpos, pos, sizeof pos);
+        for (int k = 0; k < 2; k++) {
+            cm_rope_inv_freq(&rs[k], 500000.0, 64, NULL, finv);
+            kn_cuda_upload(dinv, finv, sizeof finv);
+            memcpy(ref, x, sizeof(float) * 3 * 4 * 64);
+            for (int r = 0; r < 3; r++) kn_rope(ref + r * 4 * 64, 4, 64, 64, CM_ROPE_NEOX, pos[r], finv);
+            for (int i = 0; k == 1 && i < 3 * 4 * 64; i++) ref[i] *= 1.44f;
+            kn_cuda_upload(dx, x, sizeof(float) * 3 * 4 * 64);
+            CHECK_RC(kn_cuda_rope_rows(dx, 3, 4, 64, 64, CM_ROPE_NEOX, dpos, dinv), 0);
+            if (k == 1) CHECK_RC(kn_cuda_scale(dx, 1.44f, 3 * 4 * 64), 0);
+            kn_cuda_download(got, dx, sizeof(float) * 3 * 4 * 64);
+            CHECK(tst_rel_l2(got, ref, 3 * 4 * 64) < 1e-4);
+        }
+        kn_cuda_free(dpos);
+        kn_cuda_free(dinv);
     }
     /* matmul over the GGUF types against the float64 reference */
     int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_Q5_0, CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
