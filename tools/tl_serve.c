@@ -57,7 +57,7 @@ static pid_t spawn(child *c) {
  * serve in gw_conf's table goes to the gateway; a few go to both. */
 static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max-model-len", "max-num-seqs",
                                "max-num-batched-tokens", "max-step-ms", "block-size", "kv-cache-memory", "gpu-memory-utilization",
-                               "kv-cache-dtype", "quantization", "dtype", "dummy-seed", "load-format", "model-config",
+                               "kv-cache-dtype", "quantization", "rope-scaling", "dtype", "dummy-seed", "load-format", "model-config",
                                "speculative-config", "num-speculative-tokens", "ngram-prompt-lookup-max",
                                "ngram-prompt-lookup-min", "speculative-disable-by-batch-size", NULL};
 static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", "rpc-secret-file", NULL};

@@ -3,6 +3,7 @@
 #include "cm_error.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +159,18 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
             return LLM_EINVAL;
         }
         return 0;
+    case WK_M_ROPE: {
+        json_error_t je;
+        json_t *j = json_loads(arg, 0, &je);
+        int ok = json_is_object(j);
+        json_decref(j);
+        if (!ok) {
+            fprintf(stderr, "llmserve: --rope-scaling expects a JSON object as config.json's rope_scaling, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        f->rope_scaling = arg;
+        return 0;
+    }
     case WK_M_SEED: {
         char *end;
         errno = 0;
@@ -187,5 +200,6 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
     mo->seed = f->seed;
     mo->device = f->device;
     mo->quant = f->quant;
+    mo->rope_scaling = f->rope_scaling;
     return 0;
 }

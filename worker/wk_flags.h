@@ -78,7 +78,8 @@ enum {
  * PRESET|config.json [--dtype T]. Codes from
  * WK_MODEL_FLAG_BASE go to wk_model_flag (check them before engine flags),
  * then wk_model_flags_apply fills the model options. */
-enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE, WK_M_QUANT };
+enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE, WK_M_QUANT,
+       WK_M_ROPE };
 
 #define WK_MODEL_LONGOPTS                                                                          \
     {"load-format", required_argument, 0, WK_M_LOAD_FORMAT},                                       \
@@ -86,13 +87,17 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     {"dtype", required_argument, 0, WK_M_DTYPE},                                                   \
     {"dummy-seed", required_argument, 0, WK_M_SEED},                                               \
     {"device", required_argument, 0, WK_M_DEVICE},                                                 \
-    {"quantization", required_argument, 0, WK_M_QUANT}
+    {"quantization", required_argument, 0, WK_M_QUANT},                                            \
+    {"rope-scaling", required_argument, 0, WK_M_ROPE}
 
 #define WK_MODEL_FLAGS_HELP                                                                        \
     "model:\n"                                                                                     \
     "  --device cpu|cuda           where the forward pass runs (default cpu)\n"                     \
     "  --quantization fp8          FP8 E4M3 weights (per-channel scales) and activations (CUDA)\n"   \
     "  --quantization awq|gptq     insist the checkpoint is AWQ / GPTQ (read from config.json anyway)\n" \
+    "  --rope-scaling JSON         RoPE scaling for a model that has none, as config.json's rope_scaling\n" \
+    "                              ({\"rope_type\":\"yarn\",\"factor\":4,...}; linear, dynamic, yarn, llama3):\n" \
+    "                              the context grows as vLLM derives it\n" \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
     "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, llama-2-7b,\n"     \
@@ -107,6 +112,7 @@ typedef struct {
     uint64_t seed;
     int device;                          /* WK_DEV_* */
     int quant;                           /* WK_QUANT_* */
+    const char *rope_scaling;            /* --rope-scaling JSON */
 } wk_load_flags;
 
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */

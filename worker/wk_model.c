@@ -7,6 +7,7 @@
 #include "cm_log.h"
 #include "cm_rope.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,6 +179,24 @@ static int alloc_f(float **p, size_t n) {
     return *p ? 0 : LLM_ENOMEM;
 }
 
+/* --rope-scaling, as vLLM's: config.json's rope_scaling for a model that has none (one with its own would
+ * mean two scalings, and Gemma 3 scales only its global layers: both refused). */
+static int rope_override(wk_model *m, const char *js, char *err, size_t errlen) {
+    cm_model_config *c = &m->cfg;
+    if (c->rs.type != CM_RS_NONE || c->gemma || cm_model_tensor(m->file, "rope_freqs.weight")) {
+        snprintf(err, errlen, "--rope-scaling: the model has its own RoPE scaling (%s%s): not replaced",
+                 c->gemma ? "gemma3 " : "", c->rs.type != CM_RS_NONE ? cm_rope_type_name(c->rs.type) : "rope_freqs.weight");
+        return LLM_EUNSUP;
+    }
+    json_error_t je;
+    json_t *j = json_loads(js, 0, &je);
+    int rc = cm_rope_from_json(j, c, "--rope-scaling", err, errlen);
+    json_decref(j);
+    if (!rc && c->rs.type != CM_RS_NONE)
+        CM_INFO("--rope-scaling: %s x%g, context %u", cm_rope_type_name(c->rs.type), (double)c->rs.factor, c->ctx_len);
+    return rc;
+}
+
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen) {
     *out = NULL;
     int rc;
@@ -208,6 +227,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         goto fail;
     }
     m->cfg = m->file->cfg;
+    if (o->rope_scaling && (rc = rope_override(m, o->rope_scaling, err, errlen))) goto fail;
     const cm_model_config *c = &m->cfg;
     if (c->encoder) {
         snprintf(err, errlen, "%s: a %s model is an embedding encoder, not a generative model", o->model_path, c->arch);

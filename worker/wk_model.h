@@ -95,6 +95,7 @@ typedef struct {
     int quant;                           /* WK_QUANT_*: weights re-quantized at load (CUDA) */
     kn_pool *pool;                       /* set: run on this thread pool (another model's, which must
                                           * outlive this one) instead of starting one */
+    const char *rope_scaling;            /* --rope-scaling: a rope_scaling JSON object for a model without one */
 } wk_model_opts;
 
 /* FP8: float weights re-quantized to E4M3 at load (CUDA). AWQ / GPTQ: the checkpoint must be

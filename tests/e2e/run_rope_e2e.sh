@@ -5,9 +5,10 @@
 # rope_scaling) with reference logits from the independent numpy forward,
 # and models carrying settings the engine does not implement; rope_test
 # holds our logits to the reference past the original context and checks
-# each refusal names its key. Then a worker serves the yarn directory up to
-# the context its scaling allows, refuses a --max-model-len past it, and a
-# gateway answers a completion from it.
+# each refusal names its key. Then a worker refuses a --max-model-len past
+# the context yarn allows, and a worker whose model has no scaling, given
+# yarn by --rope-scaling, answers a prompt past its original context through
+# a gateway.
 #   run_rope_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
@@ -35,7 +36,10 @@ grep -q "513" "$OUT/w513.log" && [ $rc -ne 0 ] ||
     { echo "FAIL: --max-model-len 513 past yarn's 512 was not refused (exit $rc)"; cat "$OUT/w513.log"; exit 1; }
 echo "ok   --max-model-len 513 past what yarn 4x over 128 allows is refused: $(grep -m1 513 "$OUT/w513.log")"
 WP=$((21000 + $$ % 9000)); GP=$((WP + 1))
-"${W[@]}" --listen tcp://127.0.0.1:$WP --max-model-len 512 >"$OUT/w.log" 2>&1 & PIDS+=($!)
+# served: a model without scaling given yarn by --rope-scaling, as vLLM's flag does, to the context it allows
+"$BUILD/llmserve-worker" --model "$OUT/short.gguf" --kv-cache-memory 64MiB --threads 1 --log-level warn \
+    --rope-scaling '{"rope_type":"yarn","factor":4,"original_max_position_embeddings":128}' \
+    --listen tcp://127.0.0.1:$WP --max-model-len 512 >"$OUT/w.log" 2>&1 & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $GP --workers tcp://127.0.0.1:$WP --log-level warn >"$OUT/g.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 150); do
     curl -s "http://127.0.0.1:$GP/health" 2>/dev/null | grep -q '"workers_up":1' && break
@@ -44,6 +48,6 @@ done
 R=$(curl -s -m 60 "http://127.0.0.1:$GP/v1/completions" -H 'Content-Type: application/json' \
     -d "{\"prompt\": \"$(printf 'word %.0s' $(seq 1 200))\", \"max_tokens\": 4, \"temperature\": 0}")
 echo "$R" | grep -q '"completion_tokens":4' ||
-    { echo "FAIL: the yarn model did not answer a 400-token completion through the gateway: $R"; cat "$OUT/w.log"; exit 1; }
-echo "ok   the yarn model serves a completion of a prompt past its original context through the gateway"
+    { echo "FAIL: the --rope-scaling yarn model did not answer a 400-token completion through the gateway: $R"; cat "$OUT/w.log"; exit 1; }
+echo "ok   a 128-token model given yarn 4x by --rope-scaling serves a 400-token prompt through the gateway"
 echo "rope e2e: 0 failed"

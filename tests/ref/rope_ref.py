@@ -139,6 +139,13 @@ def main():
         p = os.path.join(OUT, t + ".gguf")
         write_gguf(p, ORIG, kv=[("llama.rope.scaling.type", t, GGUFValueType.STRING)] + kv)
         man.append({"name": "gguf " + t, "path": p, "ref": reference(p, t, ids)})
+    # --rope-scaling on a model without scaling: the same maths as yarn.gguf's own keys
+    p = os.path.join(OUT, "short.gguf")
+    write_gguf(p, ORIG)
+    y = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIG}
+    man.append({"name": "gguf + --rope-scaling yarn", "path": p, "rope_scaling": json.dumps(y), "ref": "yarn.ref.json"})
+    man.append({"name": "gguf linear + --rope-scaling", "path": os.path.join(OUT, "linear.gguf"),
+                "rope_scaling": json.dumps(y), "refuse": "--rope-scaling"})
     # Hugging Face directories: the plain weights, config.json's rope_scaling (q/k rotate in halves there)
     for t, sc, mpe in (("llama3", l3, 4096),
                        ("linear", {"rope_type": "linear", "factor": 4.0}, ORIG),

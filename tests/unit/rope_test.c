@@ -6,6 +6,8 @@
  *     float activations, and its logits at positions past the original
  *     context of 128 must match the independent numpy forward (llama_ref.py)
  *     to 1e-3 relative, top-1 equal;
+ *   - --rope-scaling on a model without scaling gives the same logits as
+ *     the file's own keys, and is refused on a model that has its own;
  *   - each model carrying a setting the engine does not implement must fail
  *     to load with an error that names it.
  * Without arguments (as a plain ctest run) it checks the frequency tables
@@ -32,14 +34,14 @@ static double rel_l2(const float *a, const double *b, int n) {
     return sqrt(d / s);
 }
 
-static void scaled(const char *name, const char *path, const char *ref_path) {
+static void scaled(const char *name, const char *path, const char *rope, const char *ref_path) {
     char err[512] = "";
     json_error_t je;
     json_t *ref = json_load_file(ref_path, 0, &je);
     CHECK(ref != NULL);
     if (!ref) return;
     wk_model *m = NULL;
-    wk_model_opts o = {.model_path = path, .threads = 2, .max_batch = 64};
+    wk_model_opts o = {.model_path = path, .threads = 2, .max_batch = 64, .rope_scaling = rope};
     CHECK_RC(wk_model_load(&o, &m, err, sizeof err), 0);
     if (!m) {
         fprintf(stderr, "%s: %s\n", name, err);
@@ -90,10 +92,10 @@ static void scaled(const char *name, const char *path, const char *ref_path) {
     json_decref(ref);
 }
 
-static void refused(const char *name, const char *path, const char *key) {
+static void refused(const char *name, const char *path, const char *rope, const char *key) {
     char err[512] = "";
     wk_model *m = NULL;
-    wk_model_opts o = {.model_path = path, .threads = 1, .max_batch = 4};
+    wk_model_opts o = {.model_path = path, .threads = 1, .max_batch = 4, .rope_scaling = rope};
     int rc = wk_model_load(&o, &m, err, sizeof err);
     int ok = rc != 0 && strstr(err, key) != NULL;
     CHECK(ok);
@@ -152,12 +154,13 @@ int main(int argc, char **argv) {
         const char *path = json_string_value(json_object_get(e, "path"));
         const char *ref = json_string_value(json_object_get(e, "ref"));
         const char *key = json_string_value(json_object_get(e, "refuse"));
+        const char *rope = json_string_value(json_object_get(e, "rope_scaling")); /* as --rope-scaling */
         if (ref) {
             char rp[1024];
             snprintf(rp, sizeof rp, "%s/%s", argv[1], ref);
-            scaled(name, path, rp);
+            scaled(name, path, rope, rp);
         } else if (key) {
-            refused(name, path, key);
+            refused(name, path, rope, key);
         }
     }
     json_decref(man);
