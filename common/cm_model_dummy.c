@@ -28,10 +28,14 @@ static const struct {
     {"qwen2-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f},
     {"qwen2.5-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f},
     {"smollm2-135m", "llama", 30, 9, 3, 64, 576, 1536, 49152, 8192, 1, 0, 100000.f, 1e-5f},
+    /* Llama 3.1 / 3.3: the 3.0 shapes at 131,072 positions through llama3 RoPE scaling (8x over 8,192) */
+    {"llama-3.1-8b", "llama", 32, 32, 8, 128, 4096, 14336, 128256, 131072, 0, 0, 500000.f, 1e-5f},
+    {"llama-3.3-70b", "llama", 80, 64, 8, 128, 8192, 28672, 128256, 131072, 0, 0, 500000.f, 1e-5f},
 };
 
 const char *cm_model_preset_names(void) {
-    return "llama-2-7b, llama-3-8b, llama-3-70b, mistral-7b, qwen2-7b, qwen2.5-7b, smollm2-135m";
+    return "llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b, mistral-7b, qwen2-7b, qwen2.5-7b, "
+           "smollm2-135m";
 }
 
 int cm_model_preset(const char *name, cm_model_config *c) {
@@ -53,6 +57,8 @@ int cm_model_preset(const char *name, cm_model_config *c) {
         c->rope_theta = presets[i].theta;
         c->norm_eps = presets[i].eps;
         c->rope_type = c->qkv_bias ? CM_ROPE_NEOX : CM_ROPE_NORM;
+        if (c->ctx_len == 131072 && !strncmp(c->name, "llama-3.", 8))
+            c->rs = (cm_rope_scaling){CM_RS_LLAMA3, 8.f, 8192, 1.f, 4.f, 0, 0, 0, 1.f};
         return 0;
     }
     return LLM_ENOTFOUND;

@@ -100,7 +100,8 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     "                              the context grows as vLLM derives it\n" \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
-    "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, llama-2-7b,\n"     \
+    "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b,\n" \
+    "                              qwen2.5-7b, llama-2-7b,\n"                                      \
     "                              mistral-7b, qwen2-7b, smollm2-135m) or a config.json path\n"      \
     "  --dtype T                   dummy weight type: f16 (default), bf16, f32, q8_0, q4_0, q4_1\n" \
     "  --dummy-seed N              seed of the dummy weights (default 0)\n"
