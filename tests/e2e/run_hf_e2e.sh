@@ -14,12 +14,8 @@ BUILD=$1
 MODEL=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 [ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
-VENV="$BUILD/.venv-ref"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import gguf, safetensors, tokenizers, numpy" 2>/dev/null; then
-    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "python3 venv unavailable"; exit 77; }
-    "$VENV/bin/pip" install -q gguf safetensors tokenizers numpy >/dev/null 2>&1 ||
-        { echo "pip install gguf safetensors tokenizers numpy failed (offline?)"; exit 77; }
-fi
+. "$HERE/ref_venv.sh"
+ref_venv "$BUILD"
 OUT=$(mktemp -d "$BUILD/hf-e2e.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 rc=0

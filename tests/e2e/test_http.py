@@ -15,10 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Harness  # noqa: E402
 from httpwire import Conn, Hung, request, sse_events  # noqa: E402
 
 BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -27,23 +27,9 @@ if not os.path.isfile(MODEL):
     print("model %s not found: run tools/setup.sh" % MODEL)
     sys.exit(77)
 BASE = 12000 + os.getpid() % 8000  # below the ephemeral range
-TMP = tempfile.mkdtemp(prefix="llmserve-http-")
+H = Harness("llmserve-http-")
+TMP, check, start, procs = H.tmp, H.check, H.start, H.procs
 KEY = "k-http"
-failures = []
-procs = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-    print(("ok  " if cond else "FAIL") + " " + what, flush=True)
-
-
-def start(args, log):
-    f = open(os.path.join(TMP, log), "w")
-    p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=TMP)
-    procs.append(p)
-    return p
 
 
 def gateway(port, wport, *extra):
@@ -362,19 +348,8 @@ def main():
         drain_checks(wp)
         check(g.poll() is None, "the gateway is still running after all of it")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait()
-    print("http e2e: %d checks failed" % len(failures))
-    if failures:
-        for name in sorted(os.listdir(TMP)):
-            if name.endswith(".log"):
-                lines = open(os.path.join(TMP, name), errors="replace").readlines()
-                print("---- %s (tail)" % name)
-                print("".join(lines[-20:]))
-    return 1 if failures else 0
+        rc = H.finish("http e2e")
+    return rc
 
 
 sys.exit(main())

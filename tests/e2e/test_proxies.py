@@ -16,34 +16,19 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Harness  # noqa: E402
 from httpwire import Conn, Hung, request, sse_events  # noqa: E402
 
 BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 BASE = 30000 + os.getpid() % 2500  # below the ephemeral range (32768+)
-TMP = tempfile.mkdtemp(prefix="llmserve-proxies-")
+H = Harness("llmserve-proxies-")
+TMP, check, start, procs = H.tmp, H.check, H.start, H.procs
 CLIENTS, REQUESTS = 16, 200
-failures = []
-procs = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-    print(("ok  " if cond else "FAIL") + " " + what, flush=True)
-
-
-def start(args, log):
-    f = open(os.path.join(TMP, log), "w")
-    p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=TMP)
-    procs.append(p)
-    return p
 
 
 def health(port):
@@ -215,21 +200,10 @@ def main():
                   "nginx.log")
             check(wait(lambda: health(BASE + 4), 20), "nginx (upstream keepalive 16) answers")
             through("nginx upstream keepalive", BASE + 4, g_ports)
-        check(all(p.poll() is None for p in procs), "every process still runs")
+        check(H.running(), "every process still runs")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait()
-    print("proxies e2e: %d checks failed" % len(failures))
-    if failures:
-        for name in sorted(os.listdir(TMP)):
-            if name.endswith(".log"):
-                lines = open(os.path.join(TMP, name), errors="replace").readlines()
-                print("---- %s (tail)" % name)
-                print("".join(lines[-15:]))
-    return 1 if failures else 0
+        rc = H.finish("proxies e2e")
+    return rc
 
 
 sys.exit(main())
