@@ -794,6 +794,42 @@ int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completio
     return 0;
 }
 
+void cm_gen_params_default(cm_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = p->top_p = p->repetition_penalty = 1.f;
+    p->top_k = -1;
+    p->n = 1;
+    p->logprobs = p->prompt_logprobs = -1;
+}
+
+void cm_oai_gen_params(const cm_oai_completion *c, int max_tokens, cm_gen_params *p) {
+    cm_gen_params_default(p);
+    p->temperature = (float)c->temperature;
+    p->top_p = (float)c->top_p;
+    p->min_p = (float)c->min_p;
+    p->top_k = c->top_k;
+    p->presence_penalty = (float)c->presence_penalty;
+    p->frequency_penalty = (float)c->frequency_penalty;
+    p->repetition_penalty = (float)c->repetition_penalty;
+    p->max_tokens = max_tokens;
+    p->min_tokens = c->min_tokens;
+    p->n = c->n;
+    p->logprobs = c->logprobs;
+    p->prompt_logprobs = c->prompt_logprobs >= 0 ? c->prompt_logprobs : c->echo && c->logprobs >= 0 ? c->logprobs : -1;
+    p->ignore_eos = c->ignore_eos;
+    p->has_seed = c->has_seed;
+    p->seed = c->seed;
+    p->priority = c->priority;
+    p->cache_salt = c->cache_salt;
+    p->stop = (const char *const *)c->stop;
+    p->n_stop = c->n_stop;
+    p->stop_ids = c->stop_ids;
+    p->n_stop_ids = c->n_stop_ids;
+    p->bias = c->bias;
+    p->n_bias = c->n_bias;
+    p->grammar = c->grammar;
+}
+
 void cm_oai_completion_free(cm_oai_completion *c) {
     for (int i = 0; i < c->n_tools; i++) {
         free(c->tools[i].name);

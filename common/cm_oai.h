@@ -14,6 +14,8 @@
 #ifndef CM_OAI_H
 #define CM_OAI_H
 
+#include "cm_gen.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,10 +36,7 @@ typedef struct {
     int n_ids;
 } cm_oai_prompt;
 
-typedef struct {
-    int32_t id;
-    float bias;
-} cm_oai_bias;
+typedef cm_gen_bias cm_oai_bias;
 
 #define CM_OAI_MAX_TOOLS 128
 enum { CM_TOOL_AUTO = 0, CM_TOOL_NONE, CM_TOOL_REQUIRED, CM_TOOL_NAMED };
@@ -118,6 +117,10 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *out
 int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *out, char *err, size_t errlen,
                       const char **param);
 void cm_oai_completion_free(cm_oai_completion *c);
+/* The request's generation parameters (pointers into c): the one mapping
+ * from OpenAI's fields. max_tokens as the caller settled it (a default, the
+ * context); echo with logprobs scores the prompt as prompt_logprobs does. */
+void cm_oai_gen_params(const cm_oai_completion *c, int max_tokens, cm_gen_params *out);
 /* A deep copy of everything but the prompt(s) and messages: one prompt of a
  * batch runs as a request of its own with these parameters. */
 /* tool_choice required or named: the request's grammar, for a tool format

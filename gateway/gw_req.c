@@ -8,6 +8,7 @@
 #include "gw_oai.h"
 #include "gw_pool.h"
 #include "gw_route.h"
+#include "pr_params.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,53 +170,21 @@ static void on_gone(void *arg) {
 
 static int send_generate(gw *g, gw_req *q, int wi) {
     const cm_oai_completion *c = &q->c;
-    Llmserve__SamplingParams sp = LLMSERVE__SAMPLING_PARAMS__INIT;
-    sp.has_temperature = sp.has_top_p = sp.has_top_k = sp.has_min_p = 1;
-    sp.temperature = (float)c->temperature;
-    sp.top_p = (float)c->top_p;
-    sp.top_k = c->top_k;
-    sp.min_p = (float)c->min_p;
-    sp.has_presence_penalty = sp.has_frequency_penalty = sp.has_repetition_penalty = 1;
-    sp.presence_penalty = (float)c->presence_penalty;
-    sp.frequency_penalty = (float)c->frequency_penalty;
-    sp.repetition_penalty = (float)c->repetition_penalty;
-    sp.has_max_tokens = sp.has_min_tokens = sp.has_n = sp.has_logprobs = sp.has_ignore_eos = 1;
-    sp.max_tokens = q->max_tokens;
-    sp.min_tokens = c->min_tokens;
-    sp.n = c->n;
-    sp.logprobs = c->logprobs;
-    sp.ignore_eos = c->ignore_eos;
-    sp.has_seed = c->has_seed;
-    sp.seed = c->seed;
-    sp.n_stop = (size_t)c->n_stop;
-    sp.stop = (char **)c->stop;
-    sp.n_stop_token_ids = (size_t)c->n_stop_ids;
-    sp.stop_token_ids = (int32_t *)c->stop_ids;
-    int32_t *bid = c->n_bias ? malloc(sizeof *bid * (size_t)c->n_bias) : NULL;
-    float *bval = c->n_bias ? malloc(sizeof *bval * (size_t)c->n_bias) : NULL;
-    if (c->n_bias && (!bid || !bval)) {
-        free(bid);
-        free(bval);
-        return LLM_ENOMEM;
-    }
-    for (int i = 0; i < c->n_bias; i++) {
-        bid[i] = c->bias[i].id;
-        bval[i] = c->bias[i].bias;
-    }
-    sp.n_logit_bias_ids = sp.n_logit_bias_values = (size_t)c->n_bias;
-    sp.logit_bias_ids = bid;
-    sp.logit_bias_values = bval;
-    sp.grammar = c->grammar;
-    sp.has_prompt_logprobs = 1; /* echo with logprobs scores the prompt too (once: a resumed request has them) */
-    sp.prompt_logprobs = q->got_token ? -1 : c->prompt_logprobs >= 0 ? c->prompt_logprobs : c->echo && c->logprobs >= 0 ? c->logprobs : -1;
+    cm_gen_params gp;
+    cm_oai_gen_params(c, q->max_tokens, &gp);
+    if (q->got_token) gp.prompt_logprobs = -1; /* a resumed request has had its prompt scored */
+    Llmserve__SamplingParams sp;
+    int32_t *bid;
+    float *bval;
+    if (pr_params_to_wire(&gp, &sp, &bid, &bval)) return LLM_ENOMEM;
     Llmserve__Generate gen = LLMSERVE__GENERATE__INIT;
     gen.request_id = q->rid;
     gen.n_token_ids = (size_t)q->n_tok;
     gen.token_ids = q->tok;
     gen.params = &sp;
     gen.has_priority = 1;
-    gen.priority = c->priority;
-    gen.cache_salt = c->cache_salt;
+    gen.priority = gp.priority;
+    gen.cache_salt = (char *)gp.cache_salt;
     gen.gateway_id = g->id;
     gen.reply_address = g->reply;
     if (q->got_token) { /* moved after its first tokens: it goes on after what the client has */

@@ -25,6 +25,8 @@ typedef struct {
     cm_oai_completion req;
     cm_oai_result res;        /* the response, collected as the engine produces it */
     char id[32];
+    int32_t *ids;             /* the prompt's tokens (its logprobs are reported against them) */
+    int n_ids;
 } line;
 
 static json_t *error_obj(const char *msg, const char *param, int rc) {
@@ -37,16 +39,23 @@ static int finish_code(int f) {
            : f ? CM_OAI_FINISH_ABORT : CM_OAI_FINISH_NONE;
 }
 
+static void lp_of(cm_oai_lp *d, const wk_token_lp *l) {
+    d->token = l->token;
+    d->logprob = l->logprob;
+    d->n_top = l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS;
+    for (int k = 0; k < d->n_top; k++) d->top[k] = (cm_oai_top){l->top[k].id, l->top[k].logprob};
+}
+
 static void on_output(const wk_engine *e, line *ln, const wk_output *o) {
     const cm_tokenizer *tok = wk_engine_model(e)->tok;
     cm_oai_lp lp[64];
     int n_lp = 0;
-    for (int i = 0; o->logprobs && i < o->n_tokens && i < 64; i++, n_lp++) {
-        const wk_token_lp *l = &o->logprobs[i];
-        lp[i].token = l->token;
-        lp[i].logprob = l->logprob;
-        lp[i].n_top = l->n_top < CM_OAI_MAX_LOGPROBS ? l->n_top : CM_OAI_MAX_LOGPROBS;
-        for (int k = 0; k < lp[i].n_top; k++) lp[i].top[k] = (cm_oai_top){l->top[k].id, l->top[k].logprob};
+    for (int i = 0; o->logprobs && i < o->n_tokens && i < 64; i++, n_lp++) lp_of(&lp[i], &o->logprobs[i]);
+    if (o->n_prompt_logprobs) { /* once, with choice 0's first output (echo with logprobs, prompt_logprobs) */
+        cm_oai_lp *pl = malloc(sizeof *pl * (size_t)o->n_prompt_logprobs);
+        for (int i = 0; pl && i < o->n_prompt_logprobs; i++) lp_of(&pl[i], &o->prompt_logprobs[i]);
+        if (pl && o->n_prompt_logprobs < ln->n_ids) cm_oai_result_prompt(&ln->res, ln->ids, ln->n_ids, pl, o->n_prompt_logprobs);
+        free(pl);
     }
     cm_oai_result_add(&ln->res, o->index, o->text, o->text_len, n_lp ? lp : NULL, n_lp, tok);
     cm_oai_choice *c = &ln->res.ch[o->index];
@@ -60,33 +69,7 @@ static void free_line(line *ln) {
     cm_oai_result_free(&ln->res);
     json_decref(ln->error);
     cm_oai_completion_free(&ln->req);
-}
-
-/* Converts a parsed request to engine parameters (pointers into req). */
-static void to_params(const cm_oai_completion *r, wk_params *p) {
-    wk_params_default(p);
-    p->s.temperature = (float)r->temperature;
-    p->s.top_p = (float)r->top_p;
-    p->s.min_p = (float)r->min_p;
-    p->s.top_k = r->top_k;
-    p->s.presence_penalty = (float)r->presence_penalty;
-    p->s.frequency_penalty = (float)r->frequency_penalty;
-    p->s.repetition_penalty = (float)r->repetition_penalty;
-    p->s.n_bias = r->n_bias;
-    p->s.bias = (const wk_bias *)r->bias;
-    p->max_tokens = r->max_tokens ? r->max_tokens : 16; /* the OpenAI completions default */
-    p->min_tokens = r->min_tokens;
-    p->n = r->n;
-    p->logprobs = r->logprobs;
-    p->ignore_eos = r->ignore_eos;
-    p->has_seed = r->has_seed;
-    p->seed = r->seed;
-    p->priority = r->priority;
-    p->cache_salt = r->cache_salt ? cm_salt_of(r->cache_salt, strlen(r->cache_salt)) : 0;
-    p->n_stop = r->n_stop;
-    for (int i = 0; i < r->n_stop; i++) p->stop[i] = r->stop[i];
-    p->n_stop_ids = r->n_stop_ids;
-    p->stop_ids = r->stop_ids;
+    free(ln->ids);
 }
 
 int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const char *model_name) {
@@ -109,7 +92,6 @@ int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const 
     size_t bcap = 0;
     ssize_t got;
     long created = (long)time(NULL);
-    _Static_assert(sizeof(cm_oai_bias) == sizeof(wk_bias), "bias layouts agree");
     double t0 = tl_now();
     while ((got = getline(&buf, &bcap, f)) >= 0) {
         size_t l = (size_t)got;
@@ -138,9 +120,15 @@ int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const 
             }
             if (!prc) {
                 wk_params p;
-                to_params(&ln->req, &p);
-                prc = wk_engine_add(e, (uint64_t)n, ids, (int)nt, &p, err, sizeof err);
+                cm_gen_params gp;
+                cm_oai_gen_params(&ln->req, ln->req.max_tokens ? ln->req.max_tokens : 16 /* OpenAI's default */, &gp);
+                prc = wk_params_from_gen(&gp, &p, err, sizeof err);
+                if (!prc) prc = wk_engine_add(e, (uint64_t)n, ids, (int)nt, &p, err, sizeof err);
                 param = prc == LLM_ERANGE ? "max_tokens" : NULL;
+            }
+            if (!prc && (ln->ids = malloc(sizeof *ln->ids * (nt ? nt : 1)))) {
+                memcpy(ln->ids, ids, sizeof *ids * nt);
+                ln->n_ids = (int)nt;
             }
             char *pt = !prc && ln->req.echo && !ln->req.prompt ? cm_tok_decode(m->tok, ids, nt, 0) : NULL;
             free(own);

@@ -17,6 +17,7 @@
 
 #include "wk_blocks.h"
 #include "wk_model.h"
+#include "cm_gen.h"
 #include "wk_sampler.h"
 #include "wk_spec.h"
 
@@ -58,6 +59,10 @@ typedef struct {
 } wk_params;
 
 void wk_params_default(wk_params *p);
+/* The engine's parameters from the neutral ones (pointers borrowed: g's
+ * strings and arrays must outlive wk_engine_add, which copies them). 0, or
+ * LLM_EINVAL with err set when a list is longer than the engine takes. */
+int wk_params_from_gen(const cm_gen_params *g, wk_params *p, char *err, size_t errlen);
 
 typedef struct wk_engine_opts {
     int max_num_seqs;             /* default 256 */

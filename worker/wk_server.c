@@ -4,6 +4,7 @@
 #include "cm_error.h"
 #include "cm_hash.h"
 #include "cm_log.h"
+#include "pr_params.h"
 #include "pr_wire.h"
 
 #include <nng/protocol/pipeline0/pull.h>
@@ -410,44 +411,15 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
         return;
     }
     wk_params p;
-    wk_params_default(&p);
-    const Llmserve__SamplingParams *sp = g->params;
-    wk_bias bias[WK_MAX_BIAS];
-    if (sp) {
-        p.s.temperature = sp->has_temperature ? sp->temperature : 1;
-        p.s.top_p = sp->has_top_p ? sp->top_p : 1;
-        p.s.top_k = sp->has_top_k ? sp->top_k : -1;
-        p.s.min_p = sp->min_p;
-        p.s.presence_penalty = sp->presence_penalty;
-        p.s.frequency_penalty = sp->frequency_penalty;
-        p.s.repetition_penalty = sp->has_repetition_penalty ? sp->repetition_penalty : 1;
-        p.max_tokens = sp->max_tokens;
-        p.min_tokens = sp->min_tokens;
-        p.n = sp->has_n ? sp->n : 1;
-        p.logprobs = sp->has_logprobs ? sp->logprobs : -1;
-        p.prompt_logprobs = sp->has_prompt_logprobs ? sp->prompt_logprobs : -1;
-        p.ignore_eos = sp->ignore_eos;
-        p.has_seed = sp->has_seed;
-        p.seed = sp->seed;
-        if (sp->n_stop > WK_MAX_STOP || sp->n_stop_token_ids > WK_MAX_STOP_IDS || sp->n_logit_bias_ids > WK_MAX_BIAS ||
-            sp->n_logit_bias_ids != sp->n_logit_bias_values) {
-            send_error_chunk(s, gi, g->request_id, LLM_EINVAL, "too many stop strings, stop ids or logit_bias entries",
-                             LLMSERVE__FINISH_REASON__FINISH_ERROR);
-            return;
-        }
-        p.n_stop = (int)sp->n_stop;
-        for (size_t i = 0; i < sp->n_stop; i++) p.stop[i] = sp->stop[i];
-        p.n_stop_ids = (int)sp->n_stop_token_ids;
-        p.stop_ids = sp->stop_token_ids;
-        for (size_t i = 0; i < sp->n_logit_bias_ids; i++) bias[i] = (wk_bias){sp->logit_bias_ids[i], sp->logit_bias_values[i]};
-        p.s.n_bias = (int)sp->n_logit_bias_ids;
-        p.s.bias = bias;
-        if (sp->grammar) {
-            p.grammar = sp->grammar;
-            p.grammar_len = strlen(sp->grammar);
-        }
+    cm_gen_params gp;
+    cm_gen_bias bias[WK_MAX_BIAS];
+    char perr[256];
+    if (pr_params_from_wire(g->params, &gp, bias, WK_MAX_BIAS, perr, sizeof perr) ||
+        wk_params_from_gen(&gp, &p, perr, sizeof perr)) {
+        send_error_chunk(s, gi, g->request_id, LLM_EINVAL, perr, LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
     }
-    p.priority = g->priority;
+    p.priority = g->priority; /* on the Generate, not in its SamplingParams */
     p.cache_salt = g->cache_salt ? cm_salt_of(g->cache_salt, strlen(g->cache_salt)) : 0;
     if (g->n_token_ids > (size_t)INT32_MAX / 2 || g->n_resume_token_ids > (size_t)INT32_MAX / 2) {
         send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
