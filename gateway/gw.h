@@ -84,6 +84,7 @@ typedef struct {
 
 struct gw_http;
 struct gw_tokq;
+struct gw_pool_ops;
 struct gw_req;
 
 typedef struct gw {
@@ -115,6 +116,7 @@ typedef struct gw {
     uint64_t sum_ring[256];
     int sum_at;
     /* workers (gw_pool) */
+    const struct gw_pool_ops *pool_ops; /* what the pool hands up (gw_life registers it) */
     gw_worker w[GW_MAX_WORKERS];
     int n_workers, rr, tick;
     char dns_name[256], dns_port[16];

@@ -7,6 +7,7 @@
 #include "cm_log.h"
 #include "cm_model.h"
 #include "gw.h"
+#include "gw_embed.h"
 #include "gw_http.h"
 #include "gw_life.h"
 #include "gw_metrics.h"
@@ -154,7 +155,8 @@ int gw_start(gw *g, char *err, size_t errlen) {
         if (!err[0]) snprintf(err, errlen, "cannot start the HTTP server");
         return LLM_EIO;
     }
-    if ((rc = gw_pool_start(g, err, errlen))) return rc;
+    static const gw_pool_ops ops = {gw_req_on_chunk, gw_embed_on_result, gw_req_worker_lost};
+    if ((rc = gw_pool_start(g, &ops, err, errlen))) return rc;
     return 0;
 }
 

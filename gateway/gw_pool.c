@@ -2,8 +2,6 @@
 #include "cm_chat.h"
 #include "cm_error.h"
 #include "cm_log.h"
-#include "gw_embed.h"
-#include "gw_req.h"
 #include "gw_route.h"
 
 #include <arpa/inet.h>
@@ -254,7 +252,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
         CM_WARN("worker group %s restarted (incarnation %016llx -> %016llx): its requests move or end now", w->addr,
                 (unsigned long long)w->incarnation, (unsigned long long)h->incarnation);
         gw_keyset_clear(&w->cached);
-        gw_req_worker_lost(g, i, "the worker group serving this request restarted");
+        g->pool_ops->on_lost(g, i, "the worker group serving this request restarted");
         w->accepted = 0;
     }
     if (!w->alive) CM_INFO("worker group %s (%s) answers: model %s", w->addr, h->worker_id, h->model ? h->model : "?");
@@ -271,7 +269,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
     w->tok_fp = h->has_tokenizer_fingerprint ? h->tokenizer_fingerprint : 0;
     int task = h->has_task && h->task == LLMSERVE__TASK__TASK_EMBED ? LLMSERVE__TASK__TASK_EMBED : LLMSERVE__TASK__TASK_GENERATE;
     if (task != w->task && w->accepted) { /* the address now serves the other task: judged afresh */
-        gw_req_worker_lost(g, i, "the worker group serving this request changed what it serves");
+        g->pool_ops->on_lost(g, i, "the worker group serving this request changed what it serves");
         w->accepted = 0;
     }
     w->task = task;
@@ -332,8 +330,8 @@ static void on_recv(evutil_socket_t fd, short what, void *arg) {
             continue;
         }
         switch (e->body_case) {
-        case LLMSERVE__ENVELOPE__BODY_CHUNK: gw_req_on_chunk(g, -1, e->chunk); break;
-        case LLMSERVE__ENVELOPE__BODY_EMBED_RESULT: gw_embed_on_result(g, e->embed_result); break;
+        case LLMSERVE__ENVELOPE__BODY_CHUNK: g->pool_ops->on_chunk(g, e->chunk); break;
+        case LLMSERVE__ENVELOPE__BODY_EMBED_RESULT: g->pool_ops->on_embed_result(g, e->embed_result); break;
         case LLMSERVE__ENVELOPE__BODY_HEALTH: on_health(g, tag_worker(g, e->health->worker_tag), e->health); break;
         case LLMSERVE__ENVELOPE__BODY_MODEL_INFO:
             on_model_info(g, tag_worker(g, e->model_info->worker_tag), e->model_info);
@@ -450,7 +448,7 @@ static void resolve_workers(gw *g) {
     for (int i = 0; i < g->n_workers; i++)
         if (!seen[i] && !g->w[i].gone) {
             CM_INFO("worker group %s left %s", g->w[i].addr, g->dns_name);
-            gw_req_worker_lost(g, i, "the worker group serving this request left the service");
+            g->pool_ops->on_lost(g, i, "the worker group serving this request left the service");
             g->w[i].gone = 1;
             g->w[i].alive = g->w[i].accepted = 0;
             gw_keyset_clear(&g->w[i].cached);
@@ -468,7 +466,7 @@ static void lost(gw *g, int i, const char *what, const char *why) {
     w->blocks_total = w->blocks_free = w->rss_bytes = w->gpu_bytes = 0;
     gw_keyset_clear(&w->cached);
     CM_WARN("worker group %s %s; its requests move or end now", w->addr, what);
-    gw_req_worker_lost(g, i, why);
+    g->pool_ops->on_lost(g, i, why);
     update_max_len(g);
 }
 
@@ -498,7 +496,8 @@ static void on_lost(evutil_socket_t fd, short what, void *arg) {
                 lost(g, b[k], "closed its connection", "the worker group serving this request closed its connection");
 }
 
-int gw_pool_start(gw *g, char *err, size_t errlen) {
+int gw_pool_start(gw *g, const gw_pool_ops *ops, char *err, size_t errlen) {
+    g->pool_ops = ops;
     const gw_conf *c = &g->conf;
     if (c->workers_dns) {
         const char *colon = strrchr(c->workers_dns, ':');

@@ -5,8 +5,9 @@
  * A group is routable when it is alive (Health within GW_LIVENESS_S), ready
  * (not loading or draining) and accepted (same model name and tokenizer as
  * this gateway serves). When a group stops answering, or answers as a new
- * incarnation, every request it held is handed to gw_req_worker_lost at
- * once: within the heartbeat window, never an idle timeout. */
+ * incarnation, every request it held is handed up at once
+ * (gw_pool_ops.on_lost): within the heartbeat window, never an idle
+ * timeout. */
 #ifndef GW_POOL_H
 #define GW_POOL_H
 
@@ -19,7 +20,16 @@
  * cluster moved to a new model under the same name). */
 #define GW_MODEL_HOLD_S 30.0
 
-int gw_pool_start(gw *g, char *err, size_t errlen);
+/* What the pool hands up, registered by its owner (gw_life), as gw_http
+ * takes its handler: the pool never names the modules above it. */
+typedef struct gw_pool_ops {
+    void (*on_chunk)(gw *g, const Llmserve__TokenChunk *c);         /* a generation's tokens or its end */
+    void (*on_embed_result)(gw *g, const Llmserve__EmbedResult *r); /* an embedding request's vectors or error */
+    void (*on_lost)(gw *g, int i, const char *why);                 /* group i died, restarted or changed: every
+                                                                     * request it held moves or ends now */
+} gw_pool_ops;
+
+int gw_pool_start(gw *g, const gw_pool_ops *ops, char *err, size_t errlen);
 void gw_pool_stop(gw *g);
 int gw_pool_routable(const gw *g, int i);          /* a generation group */
 int gw_pool_routable_embed(const gw *g, int i);    /* an embedding group */

@@ -504,8 +504,7 @@ static int finish_code(int f) {
     }
 }
 
-void gw_req_on_chunk(gw *g, int from, const Llmserve__TokenChunk *c) {
-    (void)from;
+void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     gw_req *q = gw_map_get(&g->reqs, c->request_id);
     if (!q || !q->on_worker) return; /* ended, or an old id of a moved request */
     if (c->seq != q->next_seq) {

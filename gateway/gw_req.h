@@ -102,9 +102,9 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
 void gw_req_finish(gw_req *q, int status, const char *msg, const char *code);
 void gw_req_free(gw_req *q);
 
-/* From gw_pool: a TokenChunk from group w. */
-void gw_req_on_chunk(gw *g, int w, const Llmserve__TokenChunk *c);
-/* From gw_pool: group w died or restarted; every request on it moves or ends now. */
+/* A TokenChunk (gw_pool_ops.on_chunk): found by its request id, checked against the request's sequence. */
+void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c);
+/* Group w died or restarted (gw_pool_ops.on_lost); every request on it moves or ends now. */
 void gw_req_worker_lost(gw *g, int w, const char *why);
 /* Fails every live request (shutdown past the drain deadline). */
 void gw_req_fail_all(gw *g, int status, const char *msg, const char *code);
