@@ -384,11 +384,7 @@ void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
     q->on_worker = 0;
     if (r->has_error_code || r->error) {
         int c = r->has_error_code ? r->error_code : LLM_EIO;
-        const char *msg = r->error ? r->error : cm_strerror(c);
-        if (c == LLM_EAGAIN) q->on_worker = 0, gw_req_retry(q, GW_FAIL_OVERLOADED, 503, msg, "overloaded");
-        else if (c == LLM_ETIMEDOUT) g->m.timed_out++, gw_req_finish(q, 504, msg, "timeout");
-        else if (c == LLM_EINVAL || c == LLM_ERANGE) gw_req_finish(q, 400, msg, "invalid_value");
-        else gw_req_finish(q, 500, msg, "internal_error");
+        gw_req_worker_error(q, c, r->error ? r->error : cm_strerror(c));
         return;
     }
     int D = (int)r->dim;

@@ -504,6 +504,23 @@ static int finish_code(int f) {
     }
 }
 
+void gw_req_worker_error(gw_req *q, int code, const char *msg) {
+    gw *g = q->g;
+    switch (code) {
+    case LLM_ETIMEDOUT:
+        g->m.timed_out++;
+        gw_req_finish(q, 504, msg, "timeout");
+        break;
+    case LLM_EAGAIN: /* full or draining: another group may have room */
+        g->m.overloaded++;
+        gw_req_retry(q, GW_FAIL_OVERLOADED, 503, msg, "overloaded");
+        break;
+    case LLM_ERANGE: gw_req_finish(q, 400, msg, "context_length_exceeded"); break;
+    case LLM_EINVAL: gw_req_finish(q, 400, msg, "invalid_value"); break;
+    default: gw_req_finish(q, 500, msg, "worker_error");
+    }
+}
+
 void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     gw_req *q = gw_map_get(&g->reqs, c->request_id);
     if (!q || !q->on_worker) return; /* ended, or an old id of a moved request */
@@ -514,21 +531,11 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     q->next_seq++;
     if (c->has_finish && (c->finish == LLMSERVE__FINISH_REASON__FINISH_ERROR ||
                           c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT)) {
-        int code = c->has_error_code ? c->error_code : 0, status = 500;
-        const char *ec = "worker_error", *msg = c->error ? c->error : "the worker refused the request";
         q->on_worker = 0; /* it ended there */
-        if (c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT) {
-            g->m.timed_out++;
-            gw_req_finish(q, 504, msg, "timeout");
-            return;
-        }
-        if (code == LLM_EAGAIN) { /* full or draining: another group may have room */
-            g->m.overloaded++;
-            gw_req_retry(q, GW_FAIL_OVERLOADED, 503, msg, "overloaded");
-            return;
-        }
-        if (code == LLM_EINVAL || code == LLM_ERANGE) status = 400, ec = code == LLM_ERANGE ? "context_length_exceeded" : "invalid_value";
-        gw_req_finish(q, status, msg, ec);
+        gw_req_worker_error(q, c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT ? LLM_ETIMEDOUT
+                               : c->has_error_code                                  ? c->error_code
+                                                                                    : LLM_EIO,
+                            c->error ? c->error : "the worker refused the request");
         return;
     }
     if (c->index < 0 || c->index >= q->res.n) return;

@@ -102,6 +102,11 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
 void gw_req_finish(gw_req *q, int status, const char *msg, const char *code);
 void gw_req_free(gw_req *q);
 
+/* A worker group refused or failed q (code: its LLM_E*): the one mapping to
+ * what the client sees, for generation and embeddings alike (a timeout 504,
+ * overloaded retried elsewhere or 503, ERANGE context_length_exceeded and
+ * EINVAL invalid_value 400, anything else 500). q must be off the worker. */
+void gw_req_worker_error(gw_req *q, int code, const char *msg);
 /* A TokenChunk (gw_pool_ops.on_chunk): found by its request id, checked against the request's sequence. */
 void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c);
 /* Group w died or restarted (gw_pool_ops.on_lost); every request on it moves or ends now. */
