@@ -8,6 +8,7 @@
 #define GW_H
 
 #include "cm_gguf.h"
+#include "cm_time.h"
 #include "cm_tokenizer.h"
 #include "gw_auth.h"
 #include "gw_cache.h"
@@ -135,6 +136,5 @@ typedef struct gw {
     struct event *drain_ev;
 } gw;
 
-double gw_now(void);
 
 #endif

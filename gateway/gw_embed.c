@@ -1,4 +1,5 @@
 #include "gw_embed.h"
+#include "cm_time.h"
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_metrics.h"
@@ -281,11 +282,9 @@ int gw_embed_send(gw *g, gw_req *q, int wi) {
     m.n_inputs = (size_t)q->n_inputs;
     m.inputs = inp;
     if (g->conf.request_timeout > 0) {
-        struct timespec wt;
-        clock_gettime(CLOCK_REALTIME, &wt);
-        double wall_ms = (double)wt.tv_sec * 1e3 + (double)wt.tv_nsec * 1e-6;
+        double wall_ms = cm_wall_ms();
         m.has_deadline_ms = 1;
-        m.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - (gw_now() - q->t_arrive)) * 1e3);
+        m.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - (cm_now() - q->t_arrive)) * 1e3);
     }
     pr_env e;
     pr_env_init(&e);
@@ -298,7 +297,7 @@ int gw_embed_send(gw *g, gw_req *q, int wi) {
     q->worker = wi;
     q->worker_inc = g->w[wi].incarnation;
     q->on_worker = 1;
-    q->t_sent = gw_now();
+    q->t_sent = cm_now();
     g->w[wi].inflight++;
     g->w[wi].routed++;
     return 0;

@@ -1,5 +1,6 @@
 #include "gw_http.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "cm_oai_resp.h"
 #include "gw_frame.h"
 #include "gw_map.h"
@@ -61,12 +62,6 @@ struct gw_http {
     double emfile_logged;
     unsigned long emfile_count;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *gw_http_reason(int s) {
     switch (s) {
@@ -180,7 +175,7 @@ static enum bufferevent_filter_result in_filter(struct evbuffer *src, struct evb
     int st = gw_frame_feed(&cs->fr, src, dst);
     if (cs->fr.gen != cs->gen) { /* a header or body began: its clock starts */
         cs->gen = cs->fr.gen;
-        cs->deadline = now_s() + phase_timeout(cs);
+        cs->deadline = cm_now() + phase_timeout(cs);
     }
     if (st && !busy(cs)) send_refusal(cs);
     else if (cs->fr.want_continue && !busy(cs)) send_continue(cs);
@@ -347,7 +342,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     gw_http *h = arg;
     (void)fd;
     (void)what;
-    double t = now_s();
+    double t = cm_now();
     for (cstate *cs = h->list; cs; cs = cs->next) {
         if (cs->refused == 1 && !cs->shut) { /* a refusal queued behind a reply: shut once it has gone */
             struct bufferevent *u = bufferevent_get_underlying(cs->bev);
@@ -401,7 +396,7 @@ static void on_accept_error(struct evconnlistener *l, void *arg) {
     (void)l;
     (void)arg;
     h->emfile_count++;
-    double t = now_s();
+    double t = cm_now();
     if (t - h->emfile_logged >= 10) {
         CM_WARN("accept failed (%s), %lu times since the last report: pausing new connections for 100 ms",
                 evutil_socket_error_to_string(e), h->emfile_count);
@@ -572,7 +567,7 @@ static void on_complete(struct evhttp_request *req, void *arg) {
     if (cs) {
         cs->ours = 0; /* all of it has passed out_filter: evhttp calls this once its buffer is empty */
         cs->answered++;
-        cs->deadline = now_s() + phase_timeout(cs); /* a pipelined header or body's clock starts now */
+        cs->deadline = cm_now() + phase_timeout(cs); /* a pipelined header or body's clock starts now */
         if (!busy(cs) && cs->fr.err_status && !cs->refused) send_refusal(cs); /* a pipelined request was refused */
         else if (!busy(cs) && cs->fr.want_continue) send_continue(cs);
     }

@@ -3,6 +3,7 @@
  * the HTTP fuzz harness (tests/fuzz/fuzz_http.c) run the same gateway
  * through it. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "cm_gguf.h"
 #include "cm_log.h"
 #include "cm_model.h"
@@ -36,7 +37,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     static double idle_since;
-    double t = gw_now();
+    double t = cm_now();
     if (g->req_list && t >= g->drain_deadline) {
         CM_WARN("shutdown timeout: ending %s in-flight requests with an error", g->req_list->next ? "the" : "the last");
         gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");
@@ -56,7 +57,7 @@ void gw_drain(gw *g, int sig) {
         return;
     }
     g->draining = 1;
-    g->drain_deadline = gw_now() + g->conf.shutdown_timeout;
+    g->drain_deadline = cm_now() + g->conf.shutdown_timeout;
     int n = 0;
     for (gw_req *q = g->req_list; q; q = q->next) n++;
     CM_INFO("signal %d: draining %d requests for up to %.0f s (/health answers 503, new requests 503)", (int)sig, n,

@@ -8,12 +8,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-double gw_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 gw_model *gw_model_ref(gw_model *m) {
     if (m) __atomic_add_fetch(&m->refs, 1, __ATOMIC_RELAXED);
     return m;

@@ -1,4 +1,5 @@
 #include "gw_oai.h"
+#include "cm_time.h"
 #include "cm_chat.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -398,7 +399,7 @@ gw_req *gw_oai_new_req(gw *g, gw_http_req *r, int key, gw_model *m, void *job, c
     q->conn = r->conn;
     q->worker = -1;
     q->key = key;
-    q->t_arrive = gw_now();
+    q->t_arrive = cm_now();
     q->model = gw_model_ref(m);
     return q;
 }
@@ -442,7 +443,7 @@ int gw_oai_limits(gw *g, gw_req *q, double need, const char *param) {
         gw_req_finish(q, 400, err, "invalid_value");
         return 1;
     }
-    double wait = gw_limits_admit(&g->lim, gw_now(), q->key, need);
+    double wait = gw_limits_admit(&g->lim, cm_now(), q->key, need);
     if (wait > 0) {
         char ra[32];
         snprintf(ra, sizeof ra, "%d", (int)ceil(wait));
@@ -489,7 +490,7 @@ static void start_summary(gw *g, gw_req *q) {
     k->g = g;
     k->worker = -1;
     k->key = q->key;
-    k->t_arrive = gw_now();
+    k->t_arrive = cm_now();
     k->model = gw_model_ref(q->model);
     k->tok = q->summ_tok, k->n_tok = n;
     q->summ_tok = NULL;
@@ -592,7 +593,7 @@ void gw_oai_cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
         gw_cache_hit h;
         free(q->cache_vec);
         if ((q->cache_vec = malloc(sizeof(float) * (size_t)dim))) memcpy(q->cache_vec, vec, sizeof(float) * (size_t)dim);
-        if (gw_cache_get_similar(&g->cache, q->cache_scope, vec, gw_now(), &h)) {
+        if (gw_cache_get_similar(&g->cache, q->cache_scope, vec, cm_now(), &h)) {
             cache_answer(g, q, &h);
             return;
         }
@@ -610,7 +611,7 @@ void gw_oai_cache_store(gw *g, gw_req *q) {
     size_t len = q->c.stream && !q->res.tools ? q->clen : ch->len;
     if (!text) text = "", len = 0;
     gw_cache_put(&g->cache, q->cache_scope, q->cache_exact, q->cache_vec, text, len, ch->finish, ch->completion_tokens,
-                 gw_now());
+                 cm_now());
 }
 
 /* Back on the loop. */
@@ -629,7 +630,7 @@ static void prep_done(gw_job *j) {
     if (gw_oai_prepared(q, status, err, code)) return;
     if (q->cache_on && g->conf.scache) {
         gw_cache_hit h;
-        if (gw_cache_get_exact(&g->cache, q->cache_scope, q->cache_exact, gw_now(), &h)) {
+        if (gw_cache_get_exact(&g->cache, q->cache_scope, q->cache_exact, cm_now(), &h)) {
             cache_answer(g, q, &h);
             return;
         }
@@ -653,12 +654,12 @@ static void tail_401(evutil_socket_t fd, short what, void *arg) {
     if (!g->quiet_401) return;
     CM_WARN("401: %lu more failed API-key checks after the last line", g->quiet_401);
     g->quiet_401 = 0;
-    g->logged_401 = gw_now();
+    g->logged_401 = cm_now();
 }
 
 static int authorized(gw *g, gw_http_req *r, int *key) {
     if (gw_auth_check(&g->auth, r->authorization, key)) return 1;
-    double t = gw_now();
+    double t = cm_now();
     if (t - g->logged_401 >= 1.0) { /* one line a second at most: a key scanner must not flood the warnings */
         CM_WARN("401: %s API key from %s on %s (%lu more since the last line)", r->authorization ? "wrong" : "no", r->peer,
                 r->path, g->quiet_401);

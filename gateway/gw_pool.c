@@ -1,4 +1,5 @@
 #include "gw_pool.h"
+#include "cm_time.h"
 #include "cm_chat.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -65,7 +66,7 @@ static void update_max_len(gw *g) {
 static int held(const gw *g) {
     for (int k = 0; k < g->n_workers; k++)
         if (g->w[k].alive && g->w[k].accepted && !g->w[k].gone && g->w[k].task == LLMSERVE__TASK__TASK_GENERATE) return 1;
-    return g->settled_at > 0 && gw_now() - g->settled_at < GW_MODEL_HOLD_S;
+    return g->settled_at > 0 && cm_now() - g->settled_at < GW_MODEL_HOLD_S;
 }
 
 static void refuse(gw *g, int i, const char *why) {
@@ -98,7 +99,7 @@ static int name_ok(gw *g, int i) {
 
 static void ask_model_info(gw *g, int i) {
     gw_worker *w = &g->w[i];
-    double t = gw_now();
+    double t = cm_now();
     if (t - w->info_asked < 1.0) return;
     w->info_asked = t;
     char tag[16];
@@ -260,7 +261,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
     w->alive = 1;
     w->ready = !h->has_ready || h->ready;
     w->backoff = 0;
-    w->last_health = gw_now();
+    w->last_health = cm_now();
     snprintf(w->worker_id, sizeof w->worker_id, "%s", h->worker_id);
     snprintf(w->model, sizeof w->model, "%s", h->model ? h->model : "");
     w->max_model_len = h->max_model_len;
@@ -295,7 +296,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
             w->spec_pos[w->n_spec_pos++] = h->stats->spec_accepted_per_pos[k];
     }
     judge(g, i);
-    if (w->accepted && w->task == LLMSERVE__TASK__TASK_GENERATE) g->settled_at = gw_now();
+    if (w->accepted && w->task == LLMSERVE__TASK__TASK_GENERATE) g->settled_at = cm_now();
     update_max_len(g);
 }
 
@@ -320,7 +321,7 @@ static void on_recv(evutil_socket_t fd, short what, void *arg) {
         nng_msg_free(msg);
         if (rc) { /* one line every 10 s at most: a stranger may send a flood */
             g->bad_msgs++;
-            double t = gw_now();
+            double t = cm_now();
             if (t - g->bad_logged >= 10) {
                 CM_WARN("message from a worker dropped: %s (%llu since the last report)", err,
                         (unsigned long long)g->bad_msgs);
@@ -363,7 +364,7 @@ static void hello_all(gw *g) {
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_HELLO;
     e.hello = &h;
-    double t = gw_now();
+    double t = cm_now();
     for (int i = 0; i < g->n_workers; i++) {
         gw_worker *w = &g->w[i];
         if (w->gone) continue;
@@ -476,7 +477,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     (void)what;
     if (g->dns_name[0] && g->tick++ % 10 == 0) resolve_workers(g);
     hello_all(g);
-    double t = gw_now();
+    double t = cm_now();
     for (int i = 0; i < g->n_workers; i++)
         if (g->w[i].alive && t - g->w[i].last_health > GW_LIVENESS_S)
             lost(g, i, "stopped answering", "the worker group serving this request stopped answering");

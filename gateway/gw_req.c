@@ -1,4 +1,5 @@
 #include "gw_req.h"
+#include "cm_time.h"
 #include "cm_error.h"
 #include "cm_hash.h"
 #include "cm_log.h"
@@ -22,7 +23,7 @@
 static void log_request(gw_req *q, int status, const char *code) {
     gw *g = q->g;
     if (!g->conf.log_requests || q->parent || q->abandon) return; /* a batch logs once, as its parent */
-    double t = gw_now();
+    double t = cm_now();
     int out = 0;
     for (int i = 0; i < q->res.n; i++) out += q->res.ch[i].completion_tokens;
     const char *p = g->conf.log_prompts ? q->c.prompt : NULL;
@@ -96,7 +97,7 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     }
     if (status == 200) {
         if (q->cache_on) gw_oai_cache_store(g, q);
-        if (!kid) gw_hist_add(&g->m.e2e, gw_now() - q->t_arrive);
+        if (!kid) gw_hist_add(&g->m.e2e, cm_now() - q->t_arrive);
         for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
     }
     if (q->parent) { /* a batch's prompt: the parent answers */
@@ -194,9 +195,7 @@ static int send_generate(gw *g, gw_req *q, int wi) {
         gen.resume_text_bytes = (uint32_t)q->out_text;
     }
     /* the deadlines, on the wall clock the worker shares: it refuses a prompt it cannot compute in time */
-    struct timespec wt;
-    clock_gettime(CLOCK_REALTIME, &wt);
-    double wall_ms = (double)wt.tv_sec * 1e3 + (double)wt.tv_nsec * 1e-6, since = gw_now() - q->t_arrive;
+    double wall_ms = cm_wall_ms(), since = cm_now() - q->t_arrive;
     if (g->conf.request_timeout > 0) {
         gen.has_deadline_ms = 1;
         gen.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - since) * 1e3);
@@ -217,7 +216,7 @@ static int send_generate(gw *g, gw_req *q, int wi) {
     q->worker_inc = g->w[wi].incarnation;
     q->on_worker = 1;
     q->next_seq = 0;
-    q->t_sent = gw_now();
+    q->t_sent = cm_now();
     g->w[wi].inflight++;
     g->w[wi].routed++;
     return 0;
@@ -321,7 +320,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
         return;
     }
     const gw_conf *cf = &g->conf;
-    double t = gw_now();
+    double t = cm_now();
     const char *why = NULL;
     if (!q->embed && !q->got_token && cf->ttft_timeout > 0 && t - q->t_arrive >= cf->ttft_timeout)
         why = "no first token within --ttft-timeout";
@@ -441,7 +440,7 @@ void gw_req_start(gw *g, gw_req *q) {
         gw_req_finish(q, 429, "the server is at capacity; retry shortly", "overloaded");
         return;
     }
-    q->t_sent = gw_now();
+    q->t_sent = cm_now();
     if (!q->parent) /* a batch's prompts answer under their parent's id */
         snprintf(q->id, sizeof q->id, "%s-%s%llx", q->c.is_chat ? "chatcmpl" : "cmpl", g->id, (unsigned long long)(g->next_rid + 1));
     if (assign_rid(g, q)) {
@@ -561,7 +560,7 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
         q->n_out += (int)c->n_token_ids;
     }
     if (c->index == 0 && c->has_text) q->out_text += c->text.len;
-    double t = gw_now();
+    double t = cm_now();
     if (c->n_token_ids) {
         if (!q->got_token) {
             q->got_token = 1;

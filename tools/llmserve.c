@@ -60,12 +60,6 @@ char *tl_read_file(const char *path, size_t *len) {
     return text;
 }
 
-double tl_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void usage(FILE *f) {
     fprintf(f, "usage: llmserve COMMAND [flags]\n\n"
                "commands:\n"

@@ -4,6 +4,7 @@
  * for its input line, in input order, written as soon as it and all lines
  * before it are done. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "cm_log.h"
 #include "cm_oai.h"
 #include "cm_oai_resp.h"
@@ -92,7 +93,7 @@ int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const 
     size_t bcap = 0;
     ssize_t got;
     long created = (long)time(NULL);
-    double t0 = tl_now();
+    double t0 = cm_now();
     while ((got = getline(&buf, &bcap, f)) >= 0) {
         size_t l = (size_t)got;
         while (l && (buf[l - 1] == '\n' || buf[l - 1] == '\r')) l--;
@@ -184,7 +185,7 @@ int tl_batch_run(wk_model *m, const wk_engine_opts *eo, const char *path, const 
             goto out;
         }
     }
-    double dt = tl_now() - t0;
+    double dt = cm_now() - t0;
     wk_engine_stats st;
     wk_engine_get_stats(e, &st);
     completion_total = st.tokens_generated;

@@ -6,6 +6,7 @@
  * (or, when a server sends none, one token per streamed chunk).
  * --sweep runs one point per value and finds the capacity knee. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "cm_model.h"
 #include "cm_tokenizer.h"
 #include "tl_common.h"
@@ -141,7 +142,7 @@ static void on_event(bench_req *q, const char *data, double *last) {
         txt = json_string_value(d ? json_object_get(d, "content") : json_object_get(ch, "text"));
     }
     if (txt && *txt) {
-        double t = tl_now();
+        double t = cm_now();
         if (q->chunks++ == 0) q->ttft = t - q->start;
         else add_itl(q, t - *last);
         *last = t;
@@ -158,9 +159,9 @@ static void on_event(bench_req *q, const char *data, double *last) {
 /* One streaming request; fills the timings and the usage. */
 static void run_one(const bench_target *t, bench_req *q) {
     int fd = connect_to(t);
-    q->start = tl_now();
+    q->start = cm_now();
     if (fd < 0) {
-        q->e2el = tl_now() - q->start;
+        q->e2el = cm_now() - q->start;
         return;
     }
     char head[1024];
@@ -171,7 +172,7 @@ static void run_one(const bench_target *t, bench_req *q) {
                       t->path, t->host, t->auth, bl);
     if (write(fd, head, (size_t)hl) != hl || write(fd, q->body, bl) != (ssize_t)bl) {
         close(fd);
-        q->e2el = tl_now() - q->start;
+        q->e2el = cm_now() - q->start;
         return;
     }
     char buf[65536];
@@ -217,7 +218,7 @@ static void run_one(const bench_target *t, bench_req *q) {
     }
     if (!q->out_tokens) q->out_tokens = q->chunks; /* no usage: a chunk a token */
     q->ok = done && status == 200 && q->chunks > 0;
-    q->e2el = tl_now() - q->start;
+    q->e2el = cm_now() - q->start;
     close(fd);
 }
 
@@ -235,7 +236,7 @@ static void *slot_thread(void *arg) {
         pthread_mutex_unlock(&b->mu);
         if (i < 0) break;
         double wait;
-        while (!bench_stop && (wait = b->t0 + b->arrival[i] - tl_now()) > 0) {
+        while (!bench_stop && (wait = b->t0 + b->arrival[i] - cm_now()) > 0) {
             if (wait > 0.1) wait = 0.1;
             struct timespec ts = {0, (long)(wait * 1e9)};
             nanosleep(&ts, NULL);
@@ -531,11 +532,11 @@ static int run_point(const bench_opts *o, double rate, long max_conc, uint64_t s
     double spec0[3], spec1[3];
     spec_counts(&o->tg, spec0);
     int polling = pthread_create(&mth, NULL, poll_metrics, &mp) == 0, started = 0;
-    b.t0 = tl_now();
+    b.t0 = cm_now();
     for (; th && started < slots; started++)
         if (pthread_create(&th[started], NULL, slot_thread, &b)) break;
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    double dur = tl_now() - b.t0;
+    double dur = cm_now() - b.t0;
     mp.stop = 1;
     if (polling) pthread_join(mth, NULL);
     spec_counts(&o->tg, spec1);

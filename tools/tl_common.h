@@ -24,7 +24,6 @@ int tl_batch_run(struct wk_model *m, const struct wk_engine_opts *eo, const char
 /* Strict number parsing for flags: 0 or LLM_EINVAL, with a message on stderr. */
 int tl_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int tl_parse_float(const char *flag, const char *s, double lo, double hi, double *out);
-double tl_now(void);
 /* A whole file ('-': stdin) into a malloc'd buffer (not NUL-terminated); NULL when it cannot be read. */
 char *tl_read_file(const char *path, size_t *len);
 /* --kv-cache-dtype auto|f16|f32 -> KN_KV_*; LLM_EINVAL with a message. */

@@ -10,6 +10,7 @@
  * speed. --check-kl and --check-top1 make it a regression test: on a fixed
  * text the figures are reproducible run to run on one instruction set. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "cm_gguf.h"
 #include "cm_safetensors.h"
 #include "tl_common.h"
@@ -186,15 +187,15 @@ static int speed(side *s, const int32_t *toks, size_t nt, float *lg) {
     double bp = 1e9, bd = 1e9;
     for (int rep = 0; rep < 2; rep++) {
         s->kv->n = 0;
-        double t0 = tl_now();
+        double t0 = cm_now();
         int rc = forward(s, toks, np, lg, 0);
-        double t1 = tl_now();
+        double t1 = cm_now();
         for (int i = 0; i < 32 && !rc; i++) {
             int32_t t = argmax(lg, (int)s->m->cfg.vocab);
             rc = forward(s, &t, 1, lg, 0);
         }
         if (rc) return rc;
-        double t2 = tl_now();
+        double t2 = cm_now();
         bp = fmin(bp, t1 - t0), bd = fmin(bd, t2 - t1);
     }
     s->prefill_tps = np / bp;
@@ -288,7 +289,7 @@ int tl_eval_main(int argc, char **argv) {
     if (!la || !lb || !kls || (rc = wk_kv_create(A.m, (int)ctx, A.kv_type, &A.kv)) ||
         (rc = wk_kv_create(B.m, (int)ctx, B.kv_type, &B.kv)))
         goto out;
-    double t0 = tl_now();
+    double t0 = cm_now();
     size_t scored = 0, agree = 0;
     double kl_sum = 0;
     for (size_t w0 = 0; w0 + 1 < nt; w0 += (size_t)ctx) {
@@ -313,7 +314,7 @@ int tl_eval_main(int argc, char **argv) {
             }
         }
     }
-    double t_score = tl_now() - t0;
+    double t_score = cm_now() - t0;
     qsort(kls, scored, sizeof *kls, cmp_d);
     double kl_mean = kl_sum / (double)scored, kl_p99 = kls[(size_t)(0.99 * (double)(scored - 1))];
     double top1 = (double)agree / (double)scored;

@@ -1,5 +1,6 @@
 /* llmserve generate: prompt or chat in, streamed text out, speed on stderr. */
 #include "cm_chat.h"
+#include "cm_time.h"
 #include "cm_error.h"
 #include "cm_log.h"
 #include "tl_common.h"
@@ -72,17 +73,17 @@ static int run_turn(session *ss, const gen_opts *o, const int32_t *toks, int nt,
     }
     ss->kv->n = common;
     ss->ncached = common;
-    double t0 = tl_now();
+    double t0 = cm_now();
     int rc = wk_forward(m, ss->kv, toks + common, nt - common, ss->logits, 0);
     if (rc) return rc;
     memcpy(ss->cached + common, toks + common, sizeof(int32_t) * (size_t)(nt - common));
     ss->ncached = nt;
-    *t_prefill += tl_now() - t0;
+    *t_prefill += cm_now() - t0;
     *n_prefill += nt - common;
     cm_detok dt;
     cm_detok_init(&dt, m->tok);
     char buf[256];
-    t0 = tl_now();
+    t0 = cm_now();
     for (long i = 0; i < o->n; i++) {
         int32_t id = wk_sample(&ss->s, ss->logits);
         if (o->print_ids) fprintf(stderr, "%d ", id);
@@ -98,7 +99,7 @@ static int run_turn(session *ss, const gen_opts *o, const int32_t *toks, int nt,
         if ((rc = wk_forward(m, ss->kv, &id, 1, ss->logits, 0))) return rc;
         (*n_decode)++;
     }
-    *t_decode += tl_now() - t0;
+    *t_decode += cm_now() - t0;
     size_t w = cm_detok_flush(&dt, buf, sizeof buf);
     fwrite(buf, 1, w, stdout);
     if (o->print_ids) fprintf(stderr, "\n");

@@ -9,6 +9,7 @@
  * imatrix.chunks, imatrix.tokens and imatrix.dataset in its metadata. The
  * LM head's entry is "output.weight", or "token_embd.weight" when tied. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "tl_common.h"
 #include "wk_model.h"
 
@@ -189,7 +190,7 @@ int tl_imatrix_main(int argc, char **argv) {
     logits = malloc(sizeof(float) * m->cfg.vocab * (size_t)m->max_batch);
     if (!logits) { rc = LLM_ENOMEM; goto out; }
     if ((rc = wk_kv_create(m, (int)ctx, KN_KV_F16, &kv))) goto out;
-    double t0 = tl_now();
+    double t0 = cm_now();
     for (size_t w0 = 0; w0 < nt; w0 += (size_t)ctx, chunks++) {
         size_t wn = nt - w0 < (size_t)ctx ? nt - w0 : (size_t)ctx;
         kv->n = 0;
@@ -205,7 +206,7 @@ int tl_imatrix_main(int argc, char **argv) {
         goto out;
     }
     printf("%s: %d matrices, %lld tokens in %d windows of %ld (%.1f s)\n", out, col.n, col.tokens, chunks, ctx,
-           tl_now() - t0);
+           cm_now() - t0);
     ret = 0;
 out:
     kn_set_act_f32(0);

@@ -4,6 +4,7 @@
  * windows of --ctx tokens; in each window every token after the first is
  * predicted from those before it in the window. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "tl_common.h"
 #include "wk_model.h"
 
@@ -77,7 +78,7 @@ int tl_perplexity_main(int argc, char **argv) {
     int V = (int)m->cfg.vocab, B = m->max_batch;
     logits = malloc(sizeof(float) * (size_t)V * (size_t)B);
     if (!logits || wk_kv_create(m, (int)ctx, kv_type, &kv)) goto out;
-    double nll = 0, t0 = tl_now();
+    double nll = 0, t0 = cm_now();
     size_t scored = 0;
     for (size_t w0 = 0; w0 + 1 < nt; w0 += (size_t)ctx) {
         size_t wn = nt - w0 < (size_t)ctx ? nt - w0 : (size_t)ctx;
@@ -97,7 +98,7 @@ int tl_perplexity_main(int argc, char **argv) {
             }
         }
     }
-    double dt = tl_now() - t0;
+    double dt = cm_now() - t0;
     printf("tokens: %zu\nscored: %zu\nnll: %.6f\nperplexity: %.6f\n", nt, scored, nll, exp(nll / (double)scored));
     fprintf(stderr, "llmserve: %.1f tok/s\n", (double)nt / dt);
     ret = 0;

@@ -2,6 +2,7 @@
  * supervised. A child that dies is restarted (with backoff); SIGINT or
  * SIGTERM stops both. Flags follow vLLM's `vllm serve`. */
 #include "gw_conf.h"
+#include "cm_time.h"
 #include "tl_common.h"
 
 #include <errno.h>
@@ -46,9 +47,7 @@ static pid_t spawn(child *c) {
         fprintf(stderr, "llmserve serve: cannot run %s: %s\n", c->argv[0], strerror(errno));
         _exit(127);
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    c->started = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    c->started = cm_now();
     c->pid = p;
     return p;
 }
@@ -240,9 +239,7 @@ int tl_serve_main(int argc, char **argv) {
         for (int i = 0; i < 3; i++) {
             child *ch = kids[i];
             if (ch->pid != p || stop_flag) continue;
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            double up = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - ch->started;
+            double up = cm_now() - ch->started;
             ch->backoff = up > 30 ? 0.5 : ch->backoff ? (ch->backoff * 2 > 30 ? 30 : ch->backoff * 2) : 0.5;
             /* exit 2: a flag or a model file the child refuses; on its first start (a large model's load can
                take minutes before it fails) or within seconds of a restart, stop rather than loop */

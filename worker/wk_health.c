@@ -1,4 +1,5 @@
 #include "wk_health.h"
+#include "cm_time.h"
 #include "cm_error.h"
 #include "cm_log.h"
 
@@ -19,11 +20,7 @@ struct wk_health {
     int live_ms;
 };
 
-static int64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static int64_t mono_ms(void) { return (int64_t)(cm_now() * 1e3); }
 
 static const char *state_name(int s) {
     switch (s) {

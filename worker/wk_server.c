@@ -1,4 +1,5 @@
 #include "wk_server.h"
+#include "cm_time.h"
 #include "wk_embed.h"
 #include "wk_cuda.h"
 #include "cm_error.h"
@@ -92,17 +93,7 @@ typedef struct rxmsg {
 #define RX_CAP 16384
 #define RX_HARD_CAP 65536
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t wall_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static int64_t now_ms(void) { return (int64_t)(cm_now() * 1e3); }
 
 static gateway *find_gw(server *s, const char *id) {
     for (int i = 0; i < MAX_GATEWAYS; i++)
@@ -405,7 +396,7 @@ static void on_generate(server *s, const Llmserve__Generate *g) {
         send_error_chunk(s, gi, g->request_id, LLM_EAGAIN, "worker overloaded: too many waiting requests", LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;
     }
-    if (g->deadline_ms && (int64_t)g->deadline_ms <= wall_ms()) {
+    if (g->deadline_ms && (int64_t)g->deadline_ms <= (int64_t)cm_wall_ms()) {
         send_error_chunk(s, gi, g->request_id, LLM_ETIMEDOUT, "deadline passed before the request started",
                          LLMSERVE__FINISH_REASON__FINISH_TIMEOUT);
         return;
@@ -453,7 +444,7 @@ static void start_generate(server *s, int gi, const Llmserve__Generate *g, const
     if (g->first_token_deadline_ms && (!due || (int64_t)g->first_token_deadline_ms < due)) due = (int64_t)g->first_token_deadline_ms;
     if (due) {
         double est = wk_engine_prompt_estimate_ms(s->e, toks, n_toks, p.cache_salt);
-        int64_t left = due - wall_ms();
+        int64_t left = due - (int64_t)cm_wall_ms();
         if (est > 0 && est > (double)left) {
             char m[200];
             snprintf(m, sizeof m, "the prompt's %d tokens would take about %.0f ms to compute here, past the request's "
@@ -526,7 +517,7 @@ static void on_embed(server *s, const Llmserve__Embed *m) {
         send_embed_error(s, gi, m->request_id, LLM_EAGAIN, "worker overloaded: too many waiting requests");
         return;
     }
-    if (m->deadline_ms && (int64_t)m->deadline_ms <= wall_ms()) {
+    if (m->deadline_ms && (int64_t)m->deadline_ms <= (int64_t)cm_wall_ms()) {
         send_embed_error(s, gi, m->request_id, LLM_ETIMEDOUT, "deadline passed before the request started");
         return;
     }
@@ -811,7 +802,7 @@ static void publish_events(server *s) {
 }
 
 static void check_timeouts(server *s) {
-    int64_t t = now_ms(), w = wall_ms();
+    int64_t t = now_ms(), w = (int64_t)cm_wall_ms();
     int hb = s->o->heartbeat_timeout_ms > 0 ? s->o->heartbeat_timeout_ms : 5000;
     for (int g = 0; g < MAX_GATEWAYS; g++)
         if (s->gw[g].used && t - s->gw[g].last_heard > hb) drop_gateway(s, g, "no heartbeat");

@@ -17,6 +17,7 @@
  * 503 no_workers. The tokenizer and template are LLMSERVE_FUZZ_MODEL's, or
  * the synthetic ones of dummy weights. Requests need the key "fuzzkey". */
 #include "cm_log.h"
+#include "cm_time.h"
 #include "gw.h"
 #include "gw_http.h"
 #include "gw_life.h"
@@ -131,12 +132,6 @@ static void list_fds(void) {
     closedir(d);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!G) abort();
@@ -152,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < 5000 && poll(&pc, 1, 1) != 1; i++) event_base_loop(G->base, EVLOOP_NONBLOCK);
     size_t off = 0, rn = 0;
     int shut = 0;
-    double t0 = now_s();
+    double t0 = cm_now();
     for (;;) {
         int progress = 0;
         if (off < size) {
@@ -179,7 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             rn += k;
             progress = 1;
         }
-        if (now_s() - t0 > CLOSE_BOUND_S) fail("the gateway kept the connection open after its client stopped sending",
+        if (cm_now() - t0 > CLOSE_BOUND_S) fail("the gateway kept the connection open after its client stopped sending",
                                                (const uint8_t *)reply, rn);
         if (!progress) {
             struct pollfd p = {s, POLLIN, 0};
@@ -189,9 +184,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     close(s);
     check_reply(reply, rn);
     /* the client is gone: what it left must go too */
-    t0 = now_s();
+    t0 = cm_now();
     while (gw_http_open_connections(G->http) || G->req_list || G->preparing) {
-        if (now_s() - t0 > CLOSE_BOUND_S) {
+        if (cm_now() - t0 > CLOSE_BOUND_S) {
             char why[200];
             snprintf(why, sizeof why, "left behind after the client went: %d connections, %s, %d preparing",
                      gw_http_open_connections(G->http), G->req_list ? "requests" : "no requests", G->preparing);
@@ -202,7 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int fds = count_fds();
     if (!base_fds) base_fds = fds; /* after the first input: NNG's and the tokenizer's are open by then */
-    for (t0 = now_s(); fds > base_fds + 4 && now_s() - t0 < 2.0; fds = count_fds()) {
+    for (t0 = cm_now(); fds > base_fds + 4 && cm_now() - t0 < 2.0; fds = count_fds()) {
         event_base_loop(G->base, EVLOOP_NONBLOCK); /* NNG's redials and libFuzzer's corpus writes come and go */
         usleep(1000);
     }

@@ -8,6 +8,7 @@
  * far above the worst linear case (about 0.4 us a byte) and far below what
  * a quadratic path takes on the long inputs the drivers build. */
 #include "cm_error.h"
+#include "cm_time.h"
 #include "cm_gguf.h"
 #include "cm_oai.h"
 #include "cm_tokenizer.h"
@@ -19,12 +20,6 @@
 #include <time.h>
 
 static cm_tokenizer *tok;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -54,15 +49,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = size - 1;
     int32_t *ids;
     size_t n;
-    double t0 = now_s();
+    double t0 = cm_now();
     int rc = cm_tok_encode(tok, text, len, 0, special, &ids, &n);
-    double dt = now_s() - t0, bound = 0.1 + 20e-6 * (double)len;
+    double dt = cm_now() - t0, bound = 0.1 + 20e-6 * (double)len;
     if (dt > bound) { /* again, before calling it quadratic: the machine may have been busy */
         int32_t *again;
         size_t na;
-        t0 = now_s();
+        t0 = cm_now();
         if (cm_tok_encode(tok, text, len, 0, special, &again, &na) == 0) free(again);
-        double dt2 = now_s() - t0;
+        double dt2 = cm_now() - t0;
         if (dt2 > bound) {
             fprintf(stderr, "fuzz_tokenizer: %zu bytes took %.3f s and %.3f s: not linear\n", len, dt, dt2);
             abort();

@@ -470,19 +470,27 @@ static void test_serving(const char *addr) {
     CHECK(!memcmp(o1.tok, o2.tok, sizeof(int32_t) * 24)); /* same prompt, same greedy start */
     pump(&c, 3500); /* past the 3 s heartbeat timeout: gw-other is dropped, its request 401 aborted */
 
-    /* stats */
+    /* stats, asked again while the drop has not shown yet (a loaded machine, a sanitizer, stretches the
+     * 3 s: the worker checks its gateways between steps) */
     Llmserve__StatsRequest sr = LLMSERVE__STATS_REQUEST__INIT;
     sr.gateway_id = c.id;
     pr_env se;
     pr_env_init(&se);
     se.body_case = LLMSERVE__ENVELOPE__BODY_STATS_REQUEST;
     se.stats_request = &sr;
-    CHECK_RC(pr_send(c.push, &se, 0), 0);
-    for (int k = 0; k < 40 && !c.stats; k++) pump(&c, 250);
+    for (double until = now() + 20; !c.stats || (c.stats_dropped_gw < 1 && now() < until);) {
+        c.stats = 0;
+        CHECK_RC(pr_send(c.push, &se, 0), 0);
+        for (int k = 0; k < 40 && !c.stats; k++) pump(&c, 250);
+        if (!c.stats) break;
+    }
     CHECK_INT(c.stats, 1);
     CHECK(c.stats_steps > 0);
     CHECK(c.stats_tokens >= 4 * 24);
-    CHECK(c.stats_aborted >= 3); /* 200 and 302 cancelled, 401 of the vanished gateway */
+    /* 200 and 302 cancelled; gw-other dropped (its 401 aborted then, unless a fast machine finished its
+     * 900 tokens within the heartbeat timeout: the quiet-gateway check below aborts on a drop for sure) */
+    CHECK(c.stats_aborted >= 2);
+    CHECK(c.stats_dropped_gw >= 1);
     CHECK(c.events > 0); /* prefix-cache events reach the gateway */
     client_close(&c);
     CHECK_INT(stop_worker(pid), 0);
@@ -815,7 +823,10 @@ static void test_control_plane(const char *addr) {
         }
     }
     fprintf(stderr, "  a quiet gateway dropped: %d of its 3 requests reported to it as errors\n", reported);
-    CHECK_INT(reported, 3);
+    /* the reports are queued on its socket just before the worker closes it, and NNG discards what a closed
+     * socket still queues: best effort to a gateway that stopped talking (all 3 here, 1 seen under ASan on a
+     * loaded machine); every one is aborted and counted, below */
+    CHECK(reported >= 1);
     CHECK_RC(fresh_stats(&c, 5000), 0);
     CHECK(c.stats_dropped_gw >= 1 && c.stats_aborted_on_drop >= 3);
     client_close(&q);
