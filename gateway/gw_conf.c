@@ -1,6 +1,7 @@
 #include "gw_conf.h"
 #include "cm_log.h"
 #include "cm_oai.h"
+#include "cm_parse.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -78,8 +79,7 @@ const gw_flag *gw_conf_find(const char *name) {
 }
 
 static int set_flag(gw_conf *c, const gw_flag *f, const char *v) {
-    char *p = (char *)c + f->off, *end;
-    double d;
+    char *p = (char *)c + f->off;
     int lvl;
     switch (f->kind) {
     case K_STR: *(const char **)p = v; return 0;
@@ -87,16 +87,16 @@ static int set_flag(gw_conf *c, const gw_flag *f, const char *v) {
     case K_OFF: *(int *)p = 0; return 0;
     case K_INT:
     case K_DBL:
-    case K_SIZE:
-        d = strtod(v, &end);
-        if (end == v || *end || d != d || d < f->lo || d > f->hi || (f->kind != K_DBL && d != (double)(long long)d)) {
-            fprintf(stderr, "llmserve-gateway: --%s expects %s from %g to %g, not '%s'\n", f->name,
-                    f->kind == K_DBL ? "a number" : "an integer", f->lo, f->hi, v);
-            return 2;
-        }
-        if (f->kind == K_INT) *(int *)p = (int)d;
-        else *(double *)p = d;
+    case K_SIZE: {
+        char flag[48];
+        snprintf(flag, sizeof flag, "--%s", f->name);
+        long l;
+        if (f->kind == K_INT) return cm_parse_int(flag, v, (int)f->lo, (int)f->hi, (int *)p) ? 2 : 0;
+        if (f->kind == K_DBL) return cm_parse_double(flag, v, f->lo, f->hi, (double *)p) ? 2 : 0;
+        if (cm_parse_long(flag, v, (long)f->lo, (long)f->hi, &l)) return 2;
+        *(double *)p = (double)l;
         return 0;
+    }
     case K_KEY: {
         const char **k = realloc((void *)c->api_keys, sizeof *k * (size_t)(c->n_api_keys + 1));
         if (!k) return 2;

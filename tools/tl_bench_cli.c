@@ -6,8 +6,9 @@
  * (or, when a server sends none, one token per streamed chunk).
  * --sweep runs one point per value and finds the capacity knee. */
 #include "cm_error.h"
-#include "cm_time.h"
 #include "cm_model.h"
+#include "cm_parse.h"
+#include "cm_time.h"
 #include "cm_tokenizer.h"
 #include "tl_common.h"
 #include "tl_plan.h"
@@ -987,28 +988,28 @@ int tl_bench_main(int argc, char **argv) {
         case 'e': o.endpoint = optarg; break;
         case 'm': o.model = optarg; break;
         case 'd': o.dataset = optarg; break;
-        case 'n': bad |= tl_parse_int("--num-prompts", optarg, 1, 1000000, &o.num); break;
-        case 'i': bad |= tl_parse_int("--random-input-len", optarg, 1, 1000000, &o.in_len); break;
-        case 'o': bad |= tl_parse_int("--random-output-len", optarg, 1, 1000000, &o.out_len); break;
-        case 'R': bad |= tl_parse_float("--random-range-ratio", optarg, 0, 0.999, &o.range); break;
+        case 'n': bad |= cm_parse_long("--num-prompts", optarg, 1, 1000000, &o.num); break;
+        case 'i': bad |= cm_parse_long("--random-input-len", optarg, 1, 1000000, &o.in_len); break;
+        case 'o': bad |= cm_parse_long("--random-output-len", optarg, 1, 1000000, &o.out_len); break;
+        case 'R': bad |= cm_parse_double("--random-range-ratio", optarg, 0, 0.999, &o.range); break;
         case 'r':
             if (!strcmp(optarg, "inf")) o.rate = INFINITY;
-            else bad |= tl_parse_float("--request-rate", optarg, 1e-6, 1e9, &o.rate);
+            else bad |= cm_parse_double("--request-rate", optarg, 1e-6, 1e9, &o.rate);
             break;
-        case 'b': bad |= tl_parse_float("--burstiness", optarg, 1e-3, 1e3, &o.burst); break;
-        case 'c': bad |= tl_parse_int("--max-concurrency", optarg, 1, 100000, &o.max_conc); break;
-        case 'w': bad |= tl_parse_int("--num-warmups", optarg, 0, 10000, &o.warm); break;
-        case 's': bad |= tl_parse_int("--seed", optarg, 0, 1L << 40, &o.seed); break;
+        case 'b': bad |= cm_parse_double("--burstiness", optarg, 1e-3, 1e3, &o.burst); break;
+        case 'c': bad |= cm_parse_long("--max-concurrency", optarg, 1, 100000, &o.max_conc); break;
+        case 'w': bad |= cm_parse_long("--num-warmups", optarg, 0, 10000, &o.warm); break;
+        case 's': bad |= cm_parse_long("--seed", optarg, 0, 1L << 40, &o.seed); break;
         case 'E': o.ignore_eos = 1; break;
         case 'p': pcts = optarg; break;
         case 'g': o.goodput = optarg; break;
         case 'S': o.save = 1; break;
         case 'f': o.result_file = optarg; break;
         case 'k': api_key = optarg; break;
-        case O_PXL: bad |= tl_parse_int("--prefix-repetition-prefix-len", optarg, 0, 1000000, &o.px_len); break;
-        case O_SXL: bad |= tl_parse_int("--prefix-repetition-suffix-len", optarg, 1, 1000000, &o.sx_len); break;
-        case O_NPX: bad |= tl_parse_int("--prefix-repetition-num-prefixes", optarg, 1, 100000, &o.n_px); break;
-        case O_PXO: bad |= tl_parse_int("--prefix-repetition-output-len", optarg, 1, 1000000, &o.px_out); break;
+        case O_PXL: bad |= cm_parse_long("--prefix-repetition-prefix-len", optarg, 0, 1000000, &o.px_len); break;
+        case O_SXL: bad |= cm_parse_long("--prefix-repetition-suffix-len", optarg, 1, 1000000, &o.sx_len); break;
+        case O_NPX: bad |= cm_parse_long("--prefix-repetition-num-prefixes", optarg, 1, 100000, &o.n_px); break;
+        case O_PXO: bad |= cm_parse_long("--prefix-repetition-output-len", optarg, 1, 1000000, &o.px_out); break;
         case O_DSP: dataset_path = optarg; break;
         case O_PM: pmetrics = optarg; break;
         case O_RD: o.result_dir = optarg; break;
@@ -1023,8 +1024,8 @@ int tl_bench_main(int argc, char **argv) {
             o.sweep_metric = m < N_METRICS ? m : M_E2EL;
             break;
         }
-        case O_SWG: bad |= tl_parse_float("--sweep-min-gain", optarg, 0, 10, &o.min_gain); break;
-        case O_SWS: bad |= tl_parse_float("--sweep-slo", optarg, 1e-3, 1e9, &o.slo); break;
+        case O_SWG: bad |= cm_parse_double("--sweep-min-gain", optarg, 0, 10, &o.min_gain); break;
+        case O_SWS: bad |= cm_parse_double("--sweep-slo", optarg, 1e-3, 1e9, &o.slo); break;
         case O_TOK: tok_path = optarg; break;
         case 'h': usage(); return 0;
         default: return 2;

@@ -21,12 +21,7 @@ struct wk_engine_opts;
 /* --batch: runs a JSONL file of completion requests through the engine. */
 int tl_batch_run(struct wk_model *m, const struct wk_engine_opts *eo, const char *path, const char *model_name);
 
-/* Strict number parsing for flags: 0 or LLM_EINVAL, with a message on stderr. */
-int tl_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
-int tl_parse_float(const char *flag, const char *s, double lo, double hi, double *out);
 /* A whole file ('-': stdin) into a malloc'd buffer (not NUL-terminated); NULL when it cannot be read. */
 char *tl_read_file(const char *path, size_t *len);
-/* --kv-cache-dtype auto|f16|f32 -> KN_KV_*; LLM_EINVAL with a message. */
-int tl_parse_kv_dtype(const char *s, int *out);
 
 #endif

@@ -5,6 +5,7 @@
  * through the encoder in batches, as a server would run them. Output:
  * {"index": i, "tokens": [...], "embedding": [...]} per text, in order. */
 #include "cm_error.h"
+#include "cm_parse.h"
 #include "tl_common.h"
 #include "wk_bert.h"
 
@@ -56,8 +57,8 @@ int tl_embed_main(int argc, char **argv) {
         case 'm': model = optarg; break;
         case 't': if (add_text(&texts, &n, &cap, optarg, strlen(optarg))) return 1; break;
         case 'f': file = optarg; break;
-        case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
-        case 'b': if (tl_parse_int("--max-tokens", optarg, 1, 1 << 20, &max_tokens)) return 2; break;
+        case 'j': if (cm_parse_long("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'b': if (cm_parse_long("--max-tokens", optarg, 1, 1 << 20, &max_tokens)) return 2; break;
         case 'o': one = 1; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;

@@ -10,10 +10,12 @@
  * speed. --check-kl and --check-top1 make it a regression test: on a fixed
  * text the figures are reproducible run to run on one instruction set. */
 #include "cm_error.h"
-#include "cm_time.h"
 #include "cm_gguf.h"
+#include "cm_parse.h"
 #include "cm_safetensors.h"
+#include "cm_time.h"
 #include "tl_common.h"
+#include "wk_flags.h"
 #include "wk_model.h"
 
 #include <getopt.h>
@@ -232,15 +234,15 @@ int tl_eval_main(int argc, char **argv) {
         case O_RF32: B.act_f32 = 1; break;
         case O_AF32: A.act_f32 = 1; break;
         case 'f': file = optarg; break;
-        case 'c': if (tl_parse_int("--ctx", optarg, 16, 1 << 20, &ctx)) return 2; break;
-        case O_MAXT: if (tl_parse_int("--max-tokens", optarg, 2, 1L << 30, &max_tokens)) return 2; break;
+        case 'c': if (cm_parse_long("--ctx", optarg, 16, 1 << 20, &ctx)) return 2; break;
+        case O_MAXT: if (cm_parse_long("--max-tokens", optarg, 2, 1L << 30, &max_tokens)) return 2; break;
         case O_NOTASK: tasks_on = 0; break;
         case O_NOSPEED: speed_on = 0; break;
-        case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'j': if (cm_parse_long("--threads", optarg, 1, 1024, &threads)) return 2; break;
         case O_JSON: json = 1; break;
-        case O_KV: if (tl_parse_kv_dtype(optarg, &A.kv_type)) return 2; break;
-        case O_CKL: if (tl_parse_float("--check-kl", optarg, 0, 1e9, &check_kl)) return 2; break;
-        case O_CT1: if (tl_parse_float("--check-top1", optarg, 0, 1, &check_top1)) return 2; break;
+        case O_KV: if (wk_parse_kv_dtype(optarg, &A.kv_type)) return 2; break;
+        case O_CKL: if (cm_parse_double("--check-kl", optarg, 0, 1e9, &check_kl)) return 2; break;
+        case O_CT1: if (cm_parse_double("--check-top1", optarg, 0, 1, &check_top1)) return 2; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;
         }

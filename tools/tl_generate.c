@@ -1,11 +1,12 @@
 /* llmserve generate: prompt or chat in, streamed text out, speed on stderr. */
 #include "cm_chat.h"
-#include "cm_time.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "cm_parse.h"
+#include "cm_time.h"
 #include "tl_common.h"
-#include "wk_model.h"
 #include "wk_flags.h"
+#include "wk_model.h"
 #include "wk_sampler.h"
 
 #include <getopt.h>
@@ -152,13 +153,13 @@ int tl_generate_main(int argc, char **argv) {
         case O_SYS: o.system = optarg; break;
         case O_TMPL: o.tmpl_name = optarg; break;
         case 'i': o.interactive = o.chat = 1; break;
-        case 'n': bad = tl_parse_int("--max-tokens", optarg, 0, 1 << 24, &o.n); break;
-        case O_TEMP: bad = tl_parse_float("--temperature", optarg, 0, 100, &o.temperature); break;
-        case O_TOPP: bad = tl_parse_float("--top-p", optarg, 0, 1, &o.top_p); break;
-        case O_TOPK: bad = tl_parse_int("--top-k", optarg, 0, 1 << 24, &o.top_k); break;
-        case O_SEED: bad = tl_parse_int("--seed", optarg, 0, 0x7fffffffffffffffL, &o.seed); break;
-        case O_THREADS: bad = tl_parse_int("--threads", optarg, 1, 1024, &o.threads); break;
-        case O_CTX: bad = tl_parse_int("--ctx", optarg, 2, 1 << 24, &o.ctx); break;
+        case 'n': bad = cm_parse_long("--max-tokens", optarg, 0, 1 << 24, &o.n); break;
+        case O_TEMP: bad = cm_parse_double("--temperature", optarg, 0, 100, &o.temperature); break;
+        case O_TOPP: bad = cm_parse_double("--top-p", optarg, 0, 1, &o.top_p); break;
+        case O_TOPK: bad = cm_parse_long("--top-k", optarg, 0, 1 << 24, &o.top_k); break;
+        case O_SEED: bad = cm_parse_long("--seed", optarg, 0, 0x7fffffffffffffffL, &o.seed); break;
+        case O_THREADS: bad = cm_parse_long("--threads", optarg, 1, 1024, &o.threads); break;
+        case O_CTX: bad = cm_parse_long("--ctx", optarg, 2, 1 << 24, &o.ctx); break;
         case O_IGN: o.ignore_eos = 1; break;
         case O_BATCH: o.batch = optarg; break;
         case O_IDS: o.print_ids = 1; break;

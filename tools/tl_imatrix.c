@@ -9,6 +9,7 @@
  * imatrix.chunks, imatrix.tokens and imatrix.dataset in its metadata. The
  * LM head's entry is "output.weight", or "token_embd.weight" when tied. */
 #include "cm_error.h"
+#include "cm_parse.h"
 #include "cm_time.h"
 #include "tl_common.h"
 #include "wk_model.h"
@@ -135,9 +136,9 @@ int tl_imatrix_main(int argc, char **argv) {
         case 'm': model = optarg; break;
         case 'f': file = optarg; break;
         case 'o': out = optarg; break;
-        case 'c': if (tl_parse_int("--ctx", optarg, 16, 1 << 20, &ctx)) return 2; break;
-        case O_MAXT: if (tl_parse_int("--max-tokens", optarg, 2, 1L << 30, &max_tokens)) return 2; break;
-        case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'c': if (cm_parse_long("--ctx", optarg, 16, 1 << 20, &ctx)) return 2; break;
+        case O_MAXT: if (cm_parse_long("--max-tokens", optarg, 2, 1L << 30, &max_tokens)) return 2; break;
+        case 'j': if (cm_parse_long("--threads", optarg, 1, 1024, &threads)) return 2; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;
         }

@@ -4,8 +4,10 @@
  * windows of --ctx tokens; in each window every token after the first is
  * predicted from those before it in the window. */
 #include "cm_error.h"
+#include "cm_parse.h"
 #include "cm_time.h"
 #include "tl_common.h"
+#include "wk_flags.h"
 #include "wk_model.h"
 
 #include <getopt.h>
@@ -40,9 +42,9 @@ int tl_perplexity_main(int argc, char **argv) {
         case 'm': model = optarg; break;
         case 't': tokp = optarg; break;
         case 'f': file = optarg; break;
-        case 'c': if (tl_parse_int("--ctx", optarg, 2, 1 << 24, &ctx)) return 2; break;
-        case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
-        case 'k': if (tl_parse_kv_dtype(optarg, &kv_type)) return 2; break;
+        case 'c': if (cm_parse_long("--ctx", optarg, 2, 1 << 24, &ctx)) return 2; break;
+        case 'j': if (cm_parse_long("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'k': if (wk_parse_kv_dtype(optarg, &kv_type)) return 2; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;
         }

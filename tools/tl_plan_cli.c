@@ -1,6 +1,7 @@
 /* llmserve plan / llmserve cost: the command-line faces of tl_plan.c. */
-#include "cm_model.h"
 #include "cm_error.h"
+#include "cm_model.h"
+#include "cm_parse.h"
 #include "tl_common.h"
 #include "tl_plan.h"
 
@@ -10,17 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int num(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "llmserve: %s expects a number from %g to %g, not '%s'\n", flag, lo, hi, s);
-        return LLM_EINVAL;
-    }
-    *out = v;
-    return 0;
-}
 
 static double dtype_bytes(const char *s) {
     if (!strcmp(s, "fp32") || !strcmp(s, "float32") || !strcmp(s, "f32")) return 4;
@@ -47,15 +37,15 @@ int tl_plan_main(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
-        case 'g': bad = num("--gpu-memory", optarg, 0.1, 1e6, &gpu_gib); break;
-        case 'u': bad = num("--gpu-memory-utilization", optarg, 0.01, 1, &util); break;
-        case 'l': bad = num("--max-model-len", optarg, 1, 1e8, &mml); break;
-        case 't': bad = num("--tensor-parallel-size", optarg, 1, 1024, &tp); break;
+        case 'g': bad = cm_parse_double("--gpu-memory", optarg, 0.1, 1e6, &gpu_gib); break;
+        case 'u': bad = cm_parse_double("--gpu-memory-utilization", optarg, 0.01, 1, &util); break;
+        case 'l': bad = cm_parse_double("--max-model-len", optarg, 1, 1e8, &mml); break;
+        case 't': bad = cm_parse_double("--tensor-parallel-size", optarg, 1, 1024, &tp); break;
         case 'd': dtype = optarg; break;
         case 'k': kvd = optarg; break;
         case 'q': quant = optarg; break;
-        case 's': bad = num("--max-num-seqs", optarg, 1, 1e6, &seqs); break;
-        case 'b': bad = num("--max-num-batched-tokens", optarg, 1, 1e8, &bt); break;
+        case 's': bad = cm_parse_double("--max-num-seqs", optarg, 1, 1e6, &seqs); break;
+        case 'b': bad = cm_parse_double("--max-num-batched-tokens", optarg, 1, 1e8, &bt); break;
         case 'j': as_json = 1; break;
         case 'h':
             printf("usage: llmserve plan --model GGUF|config.json|PRESET [--gpu-memory GiB] [--gpu-memory-utilization F]\n"
@@ -138,15 +128,15 @@ int tl_cost_main(int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (c) {
-        case 'p': bad = num("--prompt-tokens", optarg, 0, 1e9, &pt); break;
-        case 'o': bad = num("--output-tokens", optarg, 0, 1e9, &ot); break;
-        case 'i': bad = num("--input-price", optarg, 0, 1e6, &ip); break;
-        case 'O': bad = num("--output-price", optarg, 0, 1e6, &op); break;
-        case 'g': bad = num("--gpus", optarg, 0.01, 1e6, &gpus); break;
-        case 'H': bad = num("--gpu-hourly-price", optarg, 0, 1e6, &hourly); break;
-        case 't': bad = num("--output-throughput", optarg, 1e-6, 1e12, &tput); break;
+        case 'p': bad = cm_parse_double("--prompt-tokens", optarg, 0, 1e9, &pt); break;
+        case 'o': bad = cm_parse_double("--output-tokens", optarg, 0, 1e9, &ot); break;
+        case 'i': bad = cm_parse_double("--input-price", optarg, 0, 1e6, &ip); break;
+        case 'O': bad = cm_parse_double("--output-price", optarg, 0, 1e6, &op); break;
+        case 'g': bad = cm_parse_double("--gpus", optarg, 0.01, 1e6, &gpus); break;
+        case 'H': bad = cm_parse_double("--gpu-hourly-price", optarg, 0, 1e6, &hourly); break;
+        case 't': bad = cm_parse_double("--output-throughput", optarg, 1e-6, 1e12, &tput); break;
         case 'b': bench = optarg; break;
-        case 'f': bad = num("--fixed-monthly", optarg, 0, 1e12, &fixed); break;
+        case 'f': bad = cm_parse_double("--fixed-monthly", optarg, 0, 1e12, &fixed); break;
         case 'j': as_json = 1; break;
         case 'h':
             printf("usage: llmserve cost --prompt-tokens N --output-tokens N --input-price P --output-price P\n"

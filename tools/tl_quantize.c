@@ -13,6 +13,7 @@
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_gguf.h"
+#include "cm_parse.h"
 #include "cm_quant.h"
 #include "cm_quantize.h"
 #include "kernels.h"
@@ -151,7 +152,7 @@ int tl_quantize_main(int argc, char **argv) {
         case 't': kind_s = optarg; break;
         case 'o': out_s = optarg; break;
         case 'i': imat_path = optarg; break;
-        case 'j': if (tl_parse_int("--threads", optarg, 1, 1024, &threads)) return 2; break;
+        case 'j': if (cm_parse_long("--threads", optarg, 1, 1024, &threads)) return 2; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;
         }

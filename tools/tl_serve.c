@@ -1,8 +1,9 @@
 /* llmserve serve [MODEL]: one gateway and one worker group on this machine,
  * supervised. A child that dies is restarted (with backoff); SIGINT or
  * SIGTERM stops both. Flags follow vLLM's `vllm serve`. */
-#include "gw_conf.h"
+#include "cm_parse.h"
 #include "cm_time.h"
+#include "gw_conf.h"
 #include "tl_common.h"
 
 #include <errno.h>
@@ -180,7 +181,7 @@ int tl_serve_main(int argc, char **argv) {
         snprintf(flagbuf[nf], sizeof flagbuf[nf], "--%s", name);
         int to_w = in(wflags, name) || in(both, name), to_g = !in(wflags, name);
         if (!strcmp(name, "load-format") && !strcmp(optarg, "dummy")) dummy = 1;
-        if (!strcmp(name, "shutdown-timeout")) shutdown_s = atof(optarg);
+        if (!strcmp(name, "shutdown-timeout") && cm_parse_double("--shutdown-timeout", optarg, 0, 86400, &shutdown_s)) return 2;
         if (to_w) {
             arg(&w, flagbuf[nf]);
             if (optarg) arg(&w, optarg);

@@ -1,6 +1,8 @@
 #include "wk_flags.h"
+
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_parse.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -31,31 +33,19 @@ int wk_parse_size(const char *s, size_t *out) {
     return 0;
 }
 
-static int parse_int(const char *flag, const char *s, long lo, long hi, int *out) {
-    errno = 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "llmserve: --%s expects an integer from %ld to %ld, not '%s'\n", flag, lo, hi, s);
-        return LLM_EINVAL;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
     switch (code) {
-    case WK_F_MAX_SEQS: return parse_int("max-num-seqs", arg, 1, 65536, &o->max_num_seqs);
+    case WK_F_MAX_SEQS: return cm_parse_int("--max-num-seqs", arg, 1, 65536, &o->max_num_seqs);
     case WK_F_MAX_STEP_MS: {
         int v;
-        if (parse_int("max-step-ms", arg, 0, 600000, &v)) return LLM_EINVAL;
+        if (cm_parse_int("--max-step-ms", arg, 0, 600000, &v)) return LLM_EINVAL;
         o->max_step_ms = (float)v;
         return 0;
     }
-    case WK_F_MAX_TOKENS: return parse_int("max-num-batched-tokens", arg, 1, 1 << 20, &o->max_num_batched_tokens);
-    case WK_F_MAX_LEN: return parse_int("max-model-len", arg, 2, 1 << 24, &o->max_model_len);
+    case WK_F_MAX_TOKENS: return cm_parse_int("--max-num-batched-tokens", arg, 1, 1 << 20, &o->max_num_batched_tokens);
+    case WK_F_MAX_LEN: return cm_parse_int("--max-model-len", arg, 2, 1 << 24, &o->max_model_len);
     case WK_F_BLOCK:
-        if (parse_int("block-size", arg, 1, 1024, &o->block_size)) return LLM_EINVAL;
+        if (cm_parse_int("--block-size", arg, 1, 1024, &o->block_size)) return LLM_EINVAL;
         if (o->block_size & (o->block_size - 1)) {
             fprintf(stderr, "llmserve: --block-size must be a power of two, not %d\n", o->block_size);
             return LLM_EINVAL;
@@ -89,13 +79,13 @@ int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
         return 0;
     }
     case WK_F_SPEC_K:
-        if (parse_int("num-speculative-tokens", arg, 0, WK_SPEC_MAX_K, &o->spec.k)) return LLM_EINVAL;
+        if (cm_parse_int("--num-speculative-tokens", arg, 0, WK_SPEC_MAX_K, &o->spec.k)) return LLM_EINVAL;
         o->spec.method = o->spec.k ? WK_SPEC_NGRAM : WK_SPEC_NONE;
         return 0;
-    case WK_F_SPEC_NMAX: return parse_int("ngram-prompt-lookup-max", arg, 1, 64, &o->spec.ngram_max);
-    case WK_F_SPEC_NMIN: return parse_int("ngram-prompt-lookup-min", arg, 1, 64, &o->spec.ngram_min);
+    case WK_F_SPEC_NMAX: return cm_parse_int("--ngram-prompt-lookup-max", arg, 1, 64, &o->spec.ngram_max);
+    case WK_F_SPEC_NMIN: return cm_parse_int("--ngram-prompt-lookup-min", arg, 1, 64, &o->spec.ngram_min);
     case WK_F_SPEC_MAX_BATCH:
-        return parse_int("speculative-disable-by-batch-size", arg, 0, 65536, &o->spec.max_batch);
+        return cm_parse_int("--speculative-disable-by-batch-size", arg, 0, 65536, &o->spec.max_batch);
     default: return LLM_EINVAL;
     }
 }

@@ -2,6 +2,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "cm_model.h"
+#include "cm_parse.h"
 #include "wk_flags.h"
 #include "pr_wire.h"
 #include "wk_server.h"
@@ -48,17 +49,6 @@ static void help(FILE *f) {
             "  -h, --help\n" WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
 
-static int parse_pos(const char *flag, const char *s, long lo, long hi, int *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "llmserve-worker: %s expects an integer from %ld to %ld, not '%s'\n", flag, lo, hi, s);
-        return LLM_EINVAL;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 int main(int argc, char **argv) {
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
@@ -99,20 +89,20 @@ int main(int argc, char **argv) {
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_LISTEN: listen = optarg; break;
-        case O_TP: bad = parse_pos("--tensor-parallel-size", optarg, 1, 64, &tp); break;
-        case O_RANK: bad = parse_pos("--rank", optarg, 0, 63, &rank); break;
+        case O_TP: bad = cm_parse_int("--tensor-parallel-size", optarg, 1, 64, &tp); break;
+        case O_RANK: bad = cm_parse_int("--rank", optarg, 0, 63, &rank); break;
         case O_GROUP: group = optarg; break;
-        case O_THREADS: bad = parse_pos("--threads", optarg, 1, 1024, &threads); break;
+        case O_THREADS: bad = cm_parse_int("--threads", optarg, 1, 1024, &threads); break;
         case O_WID: worker_id = optarg; break;
         case O_NAME: served = optarg; break;
-        case O_HB: bad = parse_pos("--heartbeat-timeout", optarg, 100, 3600000, &hb); break;
-        case O_MAXW: bad = parse_pos("--max-waiting", optarg, 1, 1 << 20, &max_waiting); break;
-        case O_SHUT: bad = parse_pos("--shutdown-timeout", optarg, 0, 86400, &shutdown_s); break;
-        case O_HPORT: bad = parse_pos("--health-port", optarg, 0, 65535, &health_port); break;
+        case O_HB: bad = cm_parse_int("--heartbeat-timeout", optarg, 100, 3600000, &hb); break;
+        case O_MAXW: bad = cm_parse_int("--max-waiting", optarg, 1, 1 << 20, &max_waiting); break;
+        case O_SHUT: bad = cm_parse_int("--shutdown-timeout", optarg, 0, 86400, &shutdown_s); break;
+        case O_HPORT: bad = cm_parse_int("--health-port", optarg, 0, 65535, &health_port); break;
         case O_HHOST: health_host = optarg; break;
         case O_NOWARM: warmup = 0; break;
-        case O_PERNODE: bad = parse_pos("--ranks-per-node", optarg, 1, 64, &per_node); break;
-        case O_NODEIDX: bad = parse_pos("--node-index", optarg, 0, 63, &node_index); break;
+        case O_PERNODE: bad = cm_parse_int("--ranks-per-node", optarg, 1, 64, &per_node); break;
+        case O_NODEIDX: bad = cm_parse_int("--node-index", optarg, 0, 63, &node_index); break;
         case O_SECRET: {
             char e2[512];
             if (pr_load_secret_file(optarg, e2, sizeof e2)) {
