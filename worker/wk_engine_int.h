@@ -129,7 +129,7 @@ struct wk_engine {
 /* The least a prefill may get in a step, whatever the time target says. */
 #define MIN_PREFILL_CHUNK 16
 
-/* The queues (wk_engine.c). push: LLM_ENOMEM; waiting is kept in priority, then arrival order. */
+/* The queues (wk_sched.c). push: LLM_ENOMEM; waiting is kept in priority, then arrival order. */
 int wk_eng_push_waiting(wk_engine *e, wk_seq *s);
 int wk_eng_push_running(wk_engine *e, wk_seq *s);
 void wk_eng_remove_from(wk_seq **q, int *n, wk_seq *s);

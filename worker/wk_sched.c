@@ -1,9 +1,49 @@
-/* wk_sched.c - what one engine step computes (the plan); see wk_engine_int.h. */
+/* wk_sched.c - the engine's queues and what one engine step computes (the
+ * plan); see wk_engine_int.h. */
 #include "wk_engine_int.h"
 #include "cm_error.h"
 #include "cm_log.h"
 
 #include <string.h>
+
+/* ---- queues ------------------------------------------------------------- */
+
+/* Waiting order: priority (lower first), then arrival. */
+static int waits_before(const wk_seq *a, const wk_seq *b) {
+    if (a->req->p.priority != b->req->p.priority) return a->req->p.priority < b->req->p.priority;
+    if (a->req->arrival != b->req->arrival) return a->req->arrival < b->req->arrival;
+    return a->index < b->index;
+}
+
+int wk_eng_push_waiting(wk_engine *e, wk_seq *s) {
+    GROW(e->waiting, e->cap_waiting, e->n_waiting + 1);
+    int i = e->n_waiting;
+    while (i > 0 && waits_before(s, e->waiting[i - 1])) {
+        e->waiting[i] = e->waiting[i - 1];
+        i--;
+    }
+    e->waiting[i] = s;
+    e->n_waiting++;
+    s->state = S_WAITING;
+    return 0;
+}
+
+int wk_eng_push_running(wk_engine *e, wk_seq *s) {
+    GROW(e->running, e->cap_running, e->n_running + 1);
+    e->running[e->n_running++] = s;
+    s->state = S_RUNNING;
+    s->order = ++e->admissions;
+    return 0;
+}
+
+void wk_eng_remove_from(wk_seq **q, int *n, wk_seq *s) {
+    for (int i = 0; i < *n; i++)
+        if (q[i] == s) {
+            memmove(q + i, q + i + 1, sizeof *q * (size_t)(*n - i - 1));
+            (*n)--;
+            return;
+        }
+}
 
 /* ---- scheduling --------------------------------------------------------- */
 
