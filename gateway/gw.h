@@ -13,6 +13,8 @@
 #include "gw_auth.h"
 #include "gw_cache.h"
 #include "gw_conf.h"
+#include "gw_hist.h"
+#include "gw_keyset.h"
 #include "gw_limit.h"
 #include "gw_map.h"
 #include "pr_wire.h"
@@ -39,12 +41,6 @@ void gw_model_unref(gw_model *m);
 /* Takes tok. chat_template: a name to force, or NULL for the tokenizer's own. */
 int gw_model_make(cm_tokenizer *tok, const char *chat_template, int override, gw_model **out, char *err, size_t errlen);
 
-/* A set of prefix-cache block keys (open addressing, 0 = empty). */
-typedef struct {
-    uint64_t *k;
-    uint32_t cap, n;
-} gw_keyset;
-
 typedef struct {
     char addr[256];
     nng_socket push;
@@ -68,14 +64,6 @@ typedef struct {
     uint64_t routed, routed_hit_tokens;
     int idx, wake_fd;            /* its index, and where its connection's loss is told (from an NNG thread) */
 } gw_worker;
-
-typedef struct {
-    double buckets[16];
-    uint64_t counts[17];
-    double sum;
-    uint64_t n;
-    int nb;
-} gw_hist;
 
 typedef struct {
     uint64_t requests[6];        /* by status class: 2xx 4xx(other) 401 429 5xx 504 */

@@ -11,8 +11,6 @@
 
 struct evbuffer;
 
-void gw_hist_init(gw_hist *h, const double *bounds, int nb);
-void gw_hist_add(gw_hist *h, double v);
 void gw_metrics_init(gw_metrics *m);
 /* Counts a reply's status into its class. */
 void gw_metrics_status(gw_metrics *m, int status);

@@ -1,9 +1,9 @@
 #include "gw_pool.h"
-#include "cm_time.h"
 #include "cm_chat.h"
 #include "cm_error.h"
 #include "cm_log.h"
-#include "gw_route.h"
+#include "cm_time.h"
+#include "gw_keyset.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -8,11 +8,6 @@
 
 #include "gw.h"
 
-void gw_keyset_add(gw_keyset *s, uint64_t k);
-void gw_keyset_del(gw_keyset *s, uint64_t k);
-int gw_keyset_has(const gw_keyset *s, uint64_t k);
-void gw_keyset_clear(gw_keyset *s);
-
 /* A group for a prompt, or -1 when none is routable (exclude: a group not
  * to pick, or -1). *hit_tokens: the cached prefix it holds. */
 int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *hit_tokens);
