@@ -6,6 +6,7 @@
 #include "kn_int.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,14 +336,14 @@ typedef struct {
     int64_t units; /* total row groups */
 } mm_ctx;
 
+/* Each thread's float row scratch, freed by a key destructor when the thread
+ * exits (pool workers, tensor-parallel ranks, any caller). */
 static __thread float *tl_row;
 static __thread size_t tl_cap;
+static pthread_key_t row_key;
+static pthread_once_t row_once = PTHREAD_ONCE_INIT;
 
-void kn_thread_cleanup(void) {
-    free(tl_row);
-    tl_row = NULL;
-    tl_cap = 0;
-}
+static void row_key_make(void) { pthread_key_create(&row_key, free); }
 
 /* Float weights: F32 rows straight from the tensor, F16/BF16 rows
  * converted KN_ROWS at a time, then the ISA's blocked float GEMM. */
@@ -356,6 +357,8 @@ static void gemm_float(const kn_weight *w, const float *x, int B, float *y, int6
         tl_row = malloc(sizeof(float) * (size_t)w->k * KN_ROWS);
         tl_cap = tl_row ? (size_t)w->k * KN_ROWS : 0;
         if (!tl_row) abort();
+        pthread_once(&row_once, row_key_make);
+        pthread_setspecific(row_key, tl_row);
     }
     for (int64_t r = r0; r < r1; r += KN_ROWS) {
         int64_t nr = r1 - r < KN_ROWS ? r1 - r : KN_ROWS;
@@ -486,22 +489,9 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
     }
 }
 
-void kn_silu_mul_scalar(float *a, const float *b, int n) {
-    for (int i = 0; i < n; i++) a[i] = a[i] / (1.f + expf(-a[i])) * b[i];
-}
-
 void kn_silu_mul(float *a, const float *b, int n) {
     if (act_f32) kn_silu_mul_scalar(a, b, n); /* reference mode stays libm-exact */
     else impl->silu_mul(a, b, n);
-}
-
-float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out) {
-    float sum = 0;
-    for (int i = 0; i < n; i++) {
-        float v = (x[i] - mx) * scale;
-        sum += (out[i] = v >= -87.f ? expf(v) : 0.f);
-    }
-    return sum;
 }
 
 float kn_exp_sum(const float *x, int n, float mx, float scale, float *out) {
@@ -514,46 +504,6 @@ void kn_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) sum += (x[i] = expf(x[i] - mx));
     float inv = 1.f / sum;
     for (int i = 0; i < n; i++) x[i] *= inv;
-}
-
-/* E4M3 code -> float (cm_e4m3_to_f32 of every code; kernels_test checks they agree). */
-float kn_e4m3_lut[256] = {
-    0.0f, 0.001953125f, 0.00390625f, 0.005859375f, 0.0078125f, 0.009765625f, 0.01171875f, 0.013671875f,
-    0.015625f, 0.017578125f, 0.01953125f, 0.021484375f, 0.0234375f, 0.025390625f, 0.02734375f, 0.029296875f,
-    0.03125f, 0.03515625f, 0.0390625f, 0.04296875f, 0.046875f, 0.05078125f, 0.0546875f, 0.05859375f,
-    0.0625f, 0.0703125f, 0.078125f, 0.0859375f, 0.09375f, 0.1015625f, 0.109375f, 0.1171875f,
-    0.125f, 0.140625f, 0.15625f, 0.171875f, 0.1875f, 0.203125f, 0.21875f, 0.234375f,
-    0.25f, 0.28125f, 0.3125f, 0.34375f, 0.375f, 0.40625f, 0.4375f, 0.46875f,
-    0.5f, 0.5625f, 0.625f, 0.6875f, 0.75f, 0.8125f, 0.875f, 0.9375f,
-    1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 1.625f, 1.75f, 1.875f,
-    2.0f, 2.25f, 2.5f, 2.75f, 3.0f, 3.25f, 3.5f, 3.75f,
-    4.0f, 4.5f, 5.0f, 5.5f, 6.0f, 6.5f, 7.0f, 7.5f,
-    8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f,
-    16.0f, 18.0f, 20.0f, 22.0f, 24.0f, 26.0f, 28.0f, 30.0f,
-    32.0f, 36.0f, 40.0f, 44.0f, 48.0f, 52.0f, 56.0f, 60.0f,
-    64.0f, 72.0f, 80.0f, 88.0f, 96.0f, 104.0f, 112.0f, 120.0f,
-    128.0f, 144.0f, 160.0f, 176.0f, 192.0f, 208.0f, 224.0f, 240.0f,
-    256.0f, 288.0f, 320.0f, 352.0f, 384.0f, 416.0f, 448.0f, NAN,
-    -0.0f, -0.001953125f, -0.00390625f, -0.005859375f, -0.0078125f, -0.009765625f, -0.01171875f, -0.013671875f,
-    -0.015625f, -0.017578125f, -0.01953125f, -0.021484375f, -0.0234375f, -0.025390625f, -0.02734375f, -0.029296875f,
-    -0.03125f, -0.03515625f, -0.0390625f, -0.04296875f, -0.046875f, -0.05078125f, -0.0546875f, -0.05859375f,
-    -0.0625f, -0.0703125f, -0.078125f, -0.0859375f, -0.09375f, -0.1015625f, -0.109375f, -0.1171875f,
-    -0.125f, -0.140625f, -0.15625f, -0.171875f, -0.1875f, -0.203125f, -0.21875f, -0.234375f,
-    -0.25f, -0.28125f, -0.3125f, -0.34375f, -0.375f, -0.40625f, -0.4375f, -0.46875f,
-    -0.5f, -0.5625f, -0.625f, -0.6875f, -0.75f, -0.8125f, -0.875f, -0.9375f,
-    -1.0f, -1.125f, -1.25f, -1.375f, -1.5f, -1.625f, -1.75f, -1.875f,
-    -2.0f, -2.25f, -2.5f, -2.75f, -3.0f, -3.25f, -3.5f, -3.75f,
-    -4.0f, -4.5f, -5.0f, -5.5f, -6.0f, -6.5f, -7.0f, -7.5f,
-    -8.0f, -9.0f, -10.0f, -11.0f, -12.0f, -13.0f, -14.0f, -15.0f,
-    -16.0f, -18.0f, -20.0f, -22.0f, -24.0f, -26.0f, -28.0f, -30.0f,
-    -32.0f, -36.0f, -40.0f, -44.0f, -48.0f, -52.0f, -56.0f, -60.0f,
-    -64.0f, -72.0f, -80.0f, -88.0f, -96.0f, -104.0f, -112.0f, -120.0f,
-    -128.0f, -144.0f, -160.0f, -176.0f, -192.0f, -208.0f, -224.0f, -240.0f,
-    -256.0f, -288.0f, -320.0f, -352.0f, -384.0f, -416.0f, -448.0f, NAN,
-};
-
-size_t kn_kv_elem_bytes(int kv_type) {
-    return kv_type == KN_KV_F16 || kv_type == KN_KV_BF16 ? 2 : kv_type == KN_KV_FP8 ? 1 : 4;
 }
 
 void kn_kv_store(int kv_type, void *dst, const float *src, int n) {

@@ -111,9 +111,6 @@ void kn_f16_to_f32_scalar(const uint16_t *src, float *dst, int n);
 void kn_silu_mul_scalar(float *a, const float *b, int n);
 float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out);
 
-/* Frees the calling thread's scratch; pool workers call it as they exit. */
-void kn_thread_cleanup(void);
-
 /* exp as 2^(x log2 e) = 2^n * p(f): the degree-7 Taylor polynomial of 2^f on |f| <= 0.5, highest power
  * first (the SIMD paths' exp; relative error < 1e-7 in f, a few 1e-6 from x log2 e rounding to float). */
 static const float kn_exp2_poly[8] = {1.525273e-05f, 1.540353e-04f, 1.333356e-03f, 9.618129e-03f,

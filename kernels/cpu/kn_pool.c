@@ -78,10 +78,7 @@ static void *worker(void *p) {
             atomic_fetch_sub(&pool->sleepers, 1);
             pthread_mutex_unlock(&pool->mu);
         }
-        if (atomic_load(&pool->stop)) {
-            kn_thread_cleanup();
-            return NULL;
-        }
+        if (atomic_load(&pool->stop)) return NULL;
         seen = atomic_load_explicit(&pool->gen, memory_order_acquire);
         pool->fn(pool->ctx, wa->id, pool->n);
         atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
