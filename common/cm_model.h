@@ -98,6 +98,8 @@ int cm_model_open(const char *path, cm_model_file **out, char *err, size_t errle
 /* The same over caller-owned memory (tests, fuzzing), which must outlive the
  * result; name stands for the path in errors. */
 int cm_model_open_mem(const void *data, size_t size, const char *name, cm_model_file **out, char *err, size_t errlen);
+/* A GGUF or llama2.c file (cm_model_gguf.c): cm_model_open without the directory case. */
+int cm_model_open_file(const char *path, cm_model_file **out, char *err, size_t errlen);
 void cm_model_close(cm_model_file *m);
 /* NULL when absent. Marks the tensor used. */
 const cm_tensor_ref *cm_model_tensor(const cm_model_file *m, const char *name);
@@ -137,7 +139,8 @@ int cm_hf_safe_name(const char *name);
  * qwen2.5-7b, smollm2-135m (case-insensitive). 0 or LLM_ENOTFOUND. */
 int cm_model_preset(const char *name, cm_model_config *out);
 const char *cm_model_preset_names(void);
-/* From a Hugging Face config.json (llama / mistral / qwen2 keys). */
+/* From a Hugging Face config.json (llama / mistral / qwen2 / bert keys; cm_hf_config.c): every key
+ * honoured or known not to change the math, any other refused by name. */
 int cm_model_config_json(const char *path, cm_model_config *out, char *err, size_t errlen);
 /* A preset name, else a config.json path. */
 int cm_model_config_resolve(const char *spec, cm_model_config *out, char *err, size_t errlen);
