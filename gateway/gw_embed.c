@@ -3,7 +3,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_metrics.h"
-#include "gw_oai.h"
+#include "gw_admit.h"
 #include "gw_pool.h"
 #include "gw_tokq.h"
 
@@ -16,45 +16,31 @@
 #define MAX_INPUTS 2048
 
 typedef struct {
-    gw_job job;
-    gw_req *q;
-    char *body;
-    size_t len;
-    char eserved[256], served[256]; /* snapshots: the job's thread reads nothing of gw */
-    int max_len, vocab, dim;
-    int status;
-    char err[512];
-    const char *code;
+    gw_prep b;
+    int dim;
 } eprep;
 
 #define EFAIL(st, prm, cd, ...)                                                                    \
     do {                                                                                           \
-        p->status = (st);                                                                          \
-        q->param = (prm);                                                                          \
-        p->code = (cd);                                                                            \
-        snprintf(p->err, sizeof p->err, __VA_ARGS__);                                              \
+        gw_prep_refuse(&p->b, st, prm, cd, __VA_ARGS__);                                           \
         goto done;                                                                                 \
     } while (0)
 
 /* n: the input's length, or (at_least) where the tokenizer stopped counting. */
 static void too_long(eprep *p, gw_req *q, int i, size_t n, int at_least) {
-    p->status = 400;
-    q->param = "input";
-    p->code = "context_length_exceeded";
-    snprintf(p->err, sizeof p->err,
+    gw_prep_refuse(&p->b, 400, "input", "context_length_exceeded",
              "This model's maximum context length is %d tokens, however you requested %s%zu tokens in input[%d]. "
-             "Please reduce your input.", p->max_len, at_least ? "at least " : "", n, i);
+             "Please reduce your input.", p->b.max_len, at_least ? "at least " : "", n, i);
 }
 
 /* One input of token ids: checked against the vocabulary and the length. */
 static int ids_input(eprep *p, gw_req *q, int i, json_t *a) {
     size_t n = json_array_size(a);
     if (!n) {
-        p->status = 400, q->param = "input", p->code = "invalid_value";
-        snprintf(p->err, sizeof p->err, "input[%d] is an empty list of tokens", i);
+        gw_prep_refuse(&p->b, 400, "input", "invalid_value", "input[%d] is an empty list of tokens", i);
         return -1;
     }
-    if (n > (size_t)p->max_len) {
+    if (n > (size_t)p->b.max_len) {
         too_long(p, q, i, n, 0);
         return -1;
     }
@@ -62,9 +48,8 @@ static int ids_input(eprep *p, gw_req *q, int i, json_t *a) {
     for (size_t k = 0; k < n; k++) {
         json_t *v = json_array_get(a, k);
         json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-        if (id < 0 || id >= p->vocab) {
-            p->status = 400, q->param = "input", p->code = "invalid_value";
-            snprintf(p->err, sizeof p->err, "input[%d][%zu] is not a token id of the model (0 to %d)", i, k, p->vocab - 1);
+        if (id < 0 || id >= p->b.vocab) {
+            gw_prep_refuse(&p->b, 400, "input", "invalid_value", "input[%d][%zu] is not a token id of the model (0 to %d)", i, k, p->b.vocab - 1);
             return -1;
         }
         q->in_tok[i][k] = (int32_t)id;
@@ -76,18 +61,16 @@ static int ids_input(eprep *p, gw_req *q, int i, json_t *a) {
 static int text_input(eprep *p, gw_req *q, int i, json_t *s) {
     size_t n = 0, len = json_string_length(s);
     if (!len) {
-        p->status = 400, q->param = "input", p->code = "invalid_value";
-        snprintf(p->err, sizeof p->err, "input[%d] is an empty string", i);
+        gw_prep_refuse(&p->b, 400, "input", "invalid_value", "input[%d] is an empty string", i);
         return -1;
     }
-    int rc = cm_tok_encode_limit(q->model->tok, json_string_value(s), len, 1, 1, (size_t)p->max_len, &q->in_tok[i], &n);
+    int rc = cm_tok_encode_limit(q->model->tok, json_string_value(s), len, 1, 1, (size_t)p->b.max_len, &q->in_tok[i], &n);
     if (rc == LLM_ERANGE) {
         too_long(p, q, i, n, 1);
         return -1;
     }
     if (rc) {
-        p->status = rc == LLM_ENOMEM ? 500 : 400, q->param = "input", p->code = "invalid_value";
-        snprintf(p->err, sizeof p->err, "input[%d] cannot be tokenized: %s", i, cm_strerror(rc));
+        gw_prep_refuse(&p->b, rc == LLM_ENOMEM ? 500 : 400, "input", "invalid_value", "input[%d] cannot be tokenized: %s", i, cm_strerror(rc));
         return -1;
     }
     q->in_len[i] = (int)n;
@@ -97,11 +80,11 @@ static int text_input(eprep *p, gw_req *q, int i, json_t *s) {
 /* On a tokenizer thread: parse, check, tokenize. */
 static void eprep_run(gw_job *j) {
     eprep *p = (eprep *)j;
-    gw_req *q = p->q;
+    gw_req *q = p->b.q;
     json_error_t je;
-    json_t *o = json_loadb(p->body, p->len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je), *v; /* texts may hold U+0000 */
-    free(p->body);
-    p->body = NULL;
+    json_t *o = json_loadb(p->b.body, p->b.len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je), *v; /* texts may hold U+0000 */
+    free(p->b.body);
+    p->b.body = NULL;
     if (!json_is_object(o)) EFAIL(400, NULL, "invalid_value", "the body is not a JSON object%s%s", o ? "" : ": ", o ? "" : je.text);
     const char *k;
     json_object_foreach(o, k, v) {
@@ -113,10 +96,10 @@ static void eprep_run(gw_job *j) {
     if ((v = json_object_get(o, "model")) && !json_is_null(v)) {
         if (!json_is_string(v)) EFAIL(400, "model", "invalid_value", "'model' must be a string");
         const char *m = json_string_value(v);
-        if (strcmp(m, p->eserved)) {
-            if (p->served[0] && !strcmp(m, p->served))
+        if (strcmp(m, p->b.eserved)) {
+            if (p->b.served[0] && !strcmp(m, p->b.served))
                 EFAIL(400, "model", "invalid_value", "The model `%.128s` does not support embeddings: it is a generative "
-                      "model (the embedding model here is `%.128s`).", m, p->eserved);
+                      "model (the embedding model here is `%.128s`).", m, p->b.eserved);
             EFAIL(404, "model", "model_not_found", "The model `%.128s` does not exist.", m);
         }
     }
@@ -131,7 +114,7 @@ static void eprep_run(gw_job *j) {
             EFAIL(400, "dimensions", "invalid_value", "'dimensions' must be a positive integer");
         if (json_integer_value(v) != p->dim)
             EFAIL(400, "dimensions", "invalid_value", "The model `%.128s` does not support 'dimensions' other than its own %d "
-                  "(it was not trained to shorten its vectors)", p->eserved, p->dim);
+                  "(it was not trained to shorten its vectors)", p->b.eserved, p->dim);
     }
     if ((v = json_object_get(o, "user")) && !json_is_null(v) && !json_is_string(v))
         EFAIL(400, "user", "invalid_value", "'user' must be a string");
@@ -167,7 +150,7 @@ static void eprep_run(gw_job *j) {
             EFAIL(400, "input", "invalid_value", "input[%d] must be a string or a list of token ids", i);
         }
         if (rc) {
-            if (!p->status) EFAIL(500, NULL, "internal_error", "out of memory");
+            if (!p->b.status) EFAIL(500, NULL, "internal_error", "out of memory");
             goto done;
         }
         q->n_tok += q->in_len[i];
@@ -178,17 +161,10 @@ done:
 
 /* Back on the loop. */
 static void eprep_done(gw_job *j) {
-    eprep *p = (eprep *)j;
-    gw_req *q = p->q;
+    gw_req *q = gw_admit_prepared((gw_prep *)j);
+    if (!q) return;
     gw *g = q->g;
-    g->preparing--;
-    free(p->body);
-    int status = p->status;
-    char err[512];
-    snprintf(err, sizeof err, "%s", p->err);
-    const char *code = p->code;
-    free(p);
-    if (gw_oai_prepared(q, status, err, code) || gw_oai_limits(g, q, (double)q->n_tok, "input")) return;
+    if (gw_admit_limits(g, q, (double)q->n_tok, "input", "its inputs")) return;
     int wi = gw_embed_pick(g, -1);
     if (wi < 0) {
         g->m.overloaded++;
@@ -221,12 +197,17 @@ static void eprep_gone(void *arg) {
     q->g->m.cancelled++;
 }
 
+static int embed_pick(gw *g, gw_req *q, int exclude, int *hit) {
+    (void)q;
+    *hit = 0;
+    return gw_embed_pick(g, exclude);
+}
+
+/* An embedding request: the least loaded embedding group, an Embed message, one answer. */
+static const gw_req_ops embed_ops = {embed_pick, gw_embed_send, NULL, 0};
+
 void gw_embed_handle(gw *g, gw_http_req *r, int key) {
-    if (g->draining) {
-        gw_http_header(r->conn, "Connection", "close");
-        gw_http_error(r->conn, 503, "the server is shutting down", NULL, "shutting_down");
-        return;
-    }
+    if (!gw_admit_open(g, r)) return;
     if (!g->emodel || !g->emax_len) {
         g->m.overloaded++;
         gw_http_error(r->conn, 503, g->emodel ? "no embedding worker group is available"
@@ -234,22 +215,19 @@ void gw_embed_handle(gw *g, gw_http_req *r, int key) {
                       NULL, "no_workers");
         return;
     }
-    char *body;
     eprep *p = calloc(1, sizeof *p);
-    gw_req *q = gw_oai_new_req(g, r, key, g->emodel, p, &body);
+    gw_req *q = gw_admit_new(g, r, key, g->emodel, &p->b);
     if (!q) return;
     q->embed = 1;
-    p->job.run = eprep_run;
-    p->job.done = eprep_done;
-    p->q = q;
-    p->body = body;
-    p->len = r->body_len;
-    snprintf(p->eserved, sizeof p->eserved, "%s", g->eserved);
-    snprintf(p->served, sizeof p->served, "%s", g->served);
-    p->max_len = g->emax_len;
-    p->vocab = cm_tok_vocab(g->emodel->tok);
+    q->ops = &embed_ops;
+    p->b.job.run = eprep_run;
+    p->b.job.done = eprep_done;
+    snprintf(p->b.eserved, sizeof p->b.eserved, "%s", g->eserved);
+    snprintf(p->b.served, sizeof p->b.served, "%s", g->served);
+    p->b.max_len = g->emax_len;
+    p->b.vocab = cm_tok_vocab(g->emodel->tok);
     p->dim = g->edim;
-    gw_oai_submit(g, q, &p->job, body, eprep_gone);
+    gw_admit_submit(g, &p->b, eprep_gone);
 }
 
 int gw_embed_pick(gw *g, int exclude) {
@@ -337,10 +315,10 @@ static void probe_timeout(evutil_socket_t fd, short what, void *arg) {
     }
     q->probing = 0;
     gw_req_delist(g, q);
-    gw_oai_cache_vector(g, q, NULL, 0);
+    q->probe_done(g, q, NULL, 0);
 }
 
-int gw_embed_probe(gw *g, gw_req *q) {
+int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done) {
     int wi = gw_embed_pick(g, -1);
     if (wi < 0) return LLM_EAGAIN;
     /* one second at most: a cache that makes requests wait for a busy embedding group is not worth it */
@@ -363,6 +341,7 @@ int gw_embed_probe(gw *g, gw_req *q) {
         return LLM_EAGAIN;
     }
     q->probing = 1;
+    q->probe_done = done;
     q->worker = wi;
     g->w[wi].inflight++;
     return 0;
@@ -376,7 +355,7 @@ void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
         q->probing = 0;
         gw_req_delist(g, q);
         int ok = !r->has_error_code && !r->error && r->dim > 0 && r->n_embedding == r->dim;
-        gw_oai_cache_vector(g, q, ok ? r->embedding : NULL, ok ? (int)r->dim : 0);
+        q->probe_done(g, q, ok ? r->embedding : NULL, ok ? (int)r->dim : 0);
         return;
     }
     if (!q || !q->embed) return; /* ended meanwhile, or a stale answer for an id moved on */

@@ -4,6 +4,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_metrics.h"
+#include "gw_admit.h"
 #include "gw_embed.h"
 #include "gw_pool.h"
 #include "gw_req.h"
@@ -19,40 +20,26 @@
 #include <time.h>
 
 typedef struct {
-    gw_job job;
-    gw_req *q;
+    gw_prep b;
     int chat;
-    char *body;
-    size_t len;
-    char served[256], eserved[256]; /* snapshots: the job's thread reads nothing of gw */
-    int max_len, vocab;
     /* --semantic-cache: on, the tenant, and the embedding model (held) whose tokens the question needs */
     int cache, cache_sampled, emax_len;
     char tenant[64];
     gw_model *emodel;
     int overflow;                /* --context-overflow */
-    int status;                  /* 0: ready to route */
-    char err[640];
-    const char *code;
 } prep;
 
 #define REFUSE(st, prm, cd, ...)                                                                   \
     do {                                                                                           \
-        p->status = (st);                                                                          \
-        q->param = (prm);                                                                          \
-        p->code = (cd);                                                                            \
-        snprintf(p->err, sizeof p->err, __VA_ARGS__);                                              \
+        gw_prep_refuse(&p->b, st, prm, cd, __VA_ARGS__);                                           \
         return;                                                                                    \
     } while (0)
 
 static void too_long(prep *p, gw_req *q, size_t at_least, const char *what) {
-    p->status = 400;
-    q->param = p->chat ? "messages" : "prompt";
-    p->code = "context_length_exceeded";
-    snprintf(p->err, sizeof p->err,
+    gw_prep_refuse(&p->b, 400, p->chat ? "messages" : "prompt", "context_length_exceeded",
              "This model's maximum context length is %d tokens. However, your %s resulted in more than %zu tokens. "
              "Please reduce the length of the %s.",
-             p->max_len, what, at_least > (size_t)p->max_len ? at_least - 1 : (size_t)p->max_len, what);
+             p->b.max_len, what, at_least > (size_t)p->b.max_len ? at_least - 1 : (size_t)p->b.max_len, what);
 }
 
 /* --semantic-cache, on the tokenizer thread: whether the request may be
@@ -88,7 +75,7 @@ static void cache_keys(prep *p, gw_req *q, const char *body, size_t len) {
     if (params && ctx && st) {
         XXH3_64bits_reset(st);
         XXH3_64bits_update(st, p->tenant, strlen(p->tenant) + 1);
-        XXH3_64bits_update(st, p->served, strlen(p->served) + 1);
+        XXH3_64bits_update(st, p->b.served, strlen(p->b.served) + 1);
         XXH3_64bits_update(st, params, strlen(params) + 1);
         XXH3_64bits_update(st, ctx, strlen(ctx));
         q->cache_scope = XXH3_64bits_digest(st);
@@ -150,10 +137,7 @@ static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budge
     free(ids);
     ids = NULL;
     if (nd < 1 || !(keep = malloc(sizeof *keep * (size_t)n))) {
-        p->status = nd < 1 ? 400 : 500;
-        q->param = "messages";
-        p->code = nd < 1 ? "context_length_exceeded" : "internal_error";
-        snprintf(p->err, sizeof p->err, nd < 1 ? "The messages take %zu tokens, more than the %zu this model's context "
+        gw_prep_refuse(&p->b, nd < 1 ? 400 : 500, "messages", nd < 1 ? "context_length_exceeded" : "internal_error", nd < 1 ? "The messages take %zu tokens, more than the %zu this model's context "
                  "leaves for them, and there is no earlier turn to drop (context_overflow %s keeps the system prompt%s "
                  "and the last turn)" : "out of memory", full, budget, cm_oai_overflow_name(policy),
                  policy != CM_OVERFLOW_TRUNCATE_LEFT ? ", the first turn" : "");
@@ -180,10 +164,7 @@ static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budge
     }
     free(keep);
     if (best < 0) {
-        p->status = 400;
-        q->param = "messages";
-        p->code = "context_length_exceeded";
-        snprintf(p->err, sizeof p->err, "The messages take %zu tokens, more than the %zu this model's context leaves for "
+        gw_prep_refuse(&p->b, 400, "messages", "context_length_exceeded", "The messages take %zu tokens, more than the %zu this model's context leaves for "
                  "them, even with every earlier turn dropped (context_overflow %s)", full, budget,
                  cm_oai_overflow_name(policy));
         return;
@@ -231,7 +212,7 @@ static void summary_prompt(prep *p, gw_req *q, const gw_model *m) {
         char *text = NULL;
         size_t nt = 0;
         if (cm_chat_render(m->chat_kind, NULL, cm, 2, 1, &text) || !text) break;
-        int rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, (size_t)(p->max_len - q->summ_room), &q->summ_tok,
+        int rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, (size_t)(p->b.max_len - q->summ_room), &q->summ_tok,
                                      &nt);
         free(text);
         if (rc == 0) {
@@ -248,22 +229,22 @@ static void summary_prompt(prep *p, gw_req *q, const gw_model *m) {
 /* On a tokenizer thread: everything about the request that needs no loop state. */
 static void prep_run(gw_job *j) {
     prep *p = (prep *)j;
-    gw_req *q = p->q;
+    gw_req *q = p->b.q;
     const gw_model *m = q->model;
     char perr[512];
     const char *param = NULL;
-    int rc = p->chat ? cm_oai_parse_chat(p->body, p->len, &q->c, perr, sizeof perr, &param)
-                     : cm_oai_parse_completion(p->body, p->len, &q->c, perr, sizeof perr, &param);
-    if (!rc) cache_keys(p, q, p->body, p->len);
-    free(p->body);
-    p->body = NULL;
+    int rc = p->chat ? cm_oai_parse_chat(p->b.body, p->b.len, &q->c, perr, sizeof perr, &param)
+                     : cm_oai_parse_completion(p->b.body, p->b.len, &q->c, perr, sizeof perr, &param);
+    if (!rc) cache_keys(p, q, p->b.body, p->b.len);
+    free(p->b.body);
+    p->b.body = NULL;
     if (rc) REFUSE(400, param, "invalid_value", "%s", perr);
-    if (q->c.model && strcmp(q->c.model, p->served) && p->eserved[0] && !strcmp(q->c.model, p->eserved))
+    if (q->c.model && strcmp(q->c.model, p->b.served) && p->b.eserved[0] && !strcmp(q->c.model, p->b.eserved))
         REFUSE(400, "model", "invalid_value", "The model `%.128s` is an embedding model: it serves /v1/embeddings, not "
                "%s.", q->c.model, p->chat ? "chat completions" : "completions");
-    if (q->c.model && strcmp(q->c.model, p->served))
+    if (q->c.model && strcmp(q->c.model, p->b.served))
         REFUSE(404, "model", "model_not_found", "The model `%.128s` does not exist.", q->c.model);
-    size_t nt = 0, limit = (size_t)p->max_len; /* the prompt alone may not fill the context */
+    size_t nt = 0, limit = (size_t)p->b.max_len; /* the prompt alone may not fill the context */
     if (p->chat) {
         int tf = cm_tools_format(m->chat_kind);
         q->c.tool_format = tf;
@@ -271,7 +252,7 @@ static void prep_run(gw_job *j) {
             REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
         int policy = q->c.context_overflow >= 0 ? q->c.context_overflow : p->overflow;
         if (policy != CM_OVERFLOW_ERROR) { /* the budget leaves room for the answer */
-            int L = p->max_len, room = q->c.max_tokens ? q->c.max_tokens : (L / 4 < 256 ? L / 4 : 256);
+            int L = p->b.max_len, room = q->c.max_tokens ? q->c.max_tokens : (L / 4 < 256 ? L / 4 : 256);
             if (room >= L) REFUSE(400, "max_tokens", "context_length_exceeded", "'max_tokens' (%d) leaves no room for any "
                                   "prompt in this model's context of %d tokens", room, L);
             rc = render_tokens(m, q, q->c.messages, q->c.n_messages, (size_t)(L - room), &q->tok, &nt);
@@ -279,7 +260,7 @@ static void prep_run(gw_job *j) {
                 /* summarize: the kept turns leave room for the summary too */
                 q->summ_room = policy == CM_OVERFLOW_SUMMARIZE ? ((L - room) / 4 < 256 ? (L - room) / 4 : 256) : 0;
                 trim(p, q, m, policy, (size_t)(L - room - q->summ_room));
-                if (p->status) return;
+                if (p->b.status) return;
                 if (policy == CM_OVERFLOW_SUMMARIZE) summary_prompt(p, q, m);
                 nt = (size_t)q->n_tok;
                 rc = 0;
@@ -310,9 +291,9 @@ static void prep_run(gw_job *j) {
                 if (q->c.echo && (pp->echo = malloc(b->len + 1))) memcpy(pp->echo, b->text, b->len + 1), pp->echo_len = b->len;
             } else {
                 for (int t = 0; t < b->n_ids; t++)
-                    if (b->ids[t] >= p->vocab)
+                    if (b->ids[t] >= p->b.vocab)
                         REFUSE(400, "prompt", "invalid_value", "prompt[%d] token id %d is outside the vocabulary (%d tokens)",
-                               i, b->ids[t], p->vocab);
+                               i, b->ids[t], p->b.vocab);
                 if ((size_t)b->n_ids > limit) {
                     too_long(p, q, (size_t)b->n_ids + 1, "prompt");
                     return;
@@ -324,11 +305,11 @@ static void prep_run(gw_job *j) {
             }
             if (!k) REFUSE(400, "prompt", "invalid_value", "prompt[%d] is empty", i);
             int mt = q->c.max_tokens ? q->c.max_tokens : 16;
-            if ((int64_t)k + mt > p->max_len)
+            if ((int64_t)k + mt > p->b.max_len)
                 REFUSE(400, "max_tokens", "context_length_exceeded",
                        "This model's maximum context length is %d tokens. However, you requested %lld tokens (%zu in "
                        "prompt[%d], %d in the completion). Please reduce the length of the prompt or completion.",
-                       p->max_len, (long long)k + mt, k, i, mt);
+                       p->b.max_len, (long long)k + mt, k, i, mt);
             pp->n_tok = (int)k;
             nt += k;
         }
@@ -345,9 +326,9 @@ static void prep_run(gw_job *j) {
     } else {
         nt = (size_t)q->c.n_prompt_ids;
         for (size_t i = 0; i < nt; i++)
-            if (q->c.prompt_ids[i] >= p->vocab)
+            if (q->c.prompt_ids[i] >= p->b.vocab)
                 REFUSE(400, "prompt", "invalid_value", "prompt token id %d is outside the vocabulary (%d tokens)",
-                       q->c.prompt_ids[i], p->vocab);
+                       q->c.prompt_ids[i], p->b.vocab);
         if (nt > limit) {
             too_long(p, q, nt + 1, "prompt");
             return;
@@ -362,14 +343,14 @@ static void prep_run(gw_job *j) {
     q->n_tok = (int)nt;
     /* what the worker would refuse after a 200, refused here before it */
     for (int i = 0; i < q->c.n_bias; i++)
-        if (q->c.bias[i].id >= p->vocab)
+        if (q->c.bias[i].id >= p->b.vocab)
             REFUSE(400, "logit_bias", "invalid_value", "logit_bias token id %d is outside the vocabulary (%d tokens)",
-                   q->c.bias[i].id, p->vocab);
+                   q->c.bias[i].id, p->b.vocab);
     for (int i = 0; i < q->c.n_stop_ids; i++)
-        if (q->c.stop_ids[i] >= p->vocab)
+        if (q->c.stop_ids[i] >= p->b.vocab)
             REFUSE(400, "stop_token_ids", "invalid_value", "stop token id %d is outside the vocabulary (%d tokens)",
-                   q->c.stop_ids[i], p->vocab);
-    int L = p->max_len;
+                   q->c.stop_ids[i], p->b.vocab);
+    int L = p->b.max_len;
     q->max_tokens = q->c.max_tokens ? q->c.max_tokens : p->chat ? L - (int)nt : 16;
     if (!q->c.n_batch && (int64_t)nt + q->max_tokens > L) /* a batch's prompts were checked one by one */
         REFUSE(400, p->chat ? "messages" : "max_tokens", "context_length_exceeded",
@@ -383,80 +364,27 @@ static void prep_run(gw_job *j) {
     if (q->c.n_batch) q->max_tokens *= q->c.n_batch; /* what the rate limits count: every prompt's */
 }
 
-gw_req *gw_oai_new_req(gw *g, gw_http_req *r, int key, gw_model *m, void *job, char **body) {
-    gw_req *q = calloc(1, sizeof *q);
-    *body = malloc(r->body_len + 1);
-    if (!q || !job || !*body) {
-        free(q);
-        free(job);
-        free(*body);
-        gw_http_error(r->conn, 500, "out of memory", NULL, "internal_error");
-        return NULL;
-    }
-    memcpy(*body, r->body, r->body_len);
-    (*body)[r->body_len] = 0;
-    q->g = g;
-    q->conn = r->conn;
-    q->worker = -1;
-    q->key = key;
-    q->t_arrive = cm_now();
-    q->model = gw_model_ref(m);
-    return q;
-}
-
-void gw_oai_submit(gw *g, gw_req *q, gw_job *job, char *body, void (*gone)(void *)) {
-    if (gw_tokq_submit(g->tokq, job)) {
-        free(body);
-        free(job);
-        g->m.overloaded++;
-        gw_http_header(q->conn, "Retry-After", "1");
-        gw_req_finish(q, 503, "the gateway is at capacity: too many requests waiting to be tokenized", "overloaded");
-        return;
-    }
-    g->preparing++;
-    gw_http_on_gone(q->conn, gone, q);
-}
-
-int gw_oai_prepared(gw_req *q, int status, const char *err, const char *code) {
-    if (!q->conn) { /* the client left while its request was prepared */
-        gw_req_finish(q, 499, "the client closed the connection", "client_closed");
-        return 1;
-    }
-    if (status) {
-        gw_req_finish(q, status, err, code);
-        return 1;
-    }
-    if (q->g->draining) {
-        gw_http_header(q->conn, "Connection", "close");
-        gw_req_finish(q, 503, "the server is shutting down", "shutting_down");
-        return 1;
-    }
-    return 0;
-}
-
-int gw_oai_limits(gw *g, gw_req *q, double need, const char *param) {
-    char err[300];
-    if (!gw_limits_fits(&g->lim, need)) {
-        q->param = param;
-        snprintf(err, sizeof err, "this request needs %.0f tokens (%s), more than --rate-limit-tpm %.0f allows", need,
-                 q->embed ? "its inputs" : "prompt + max_tokens", g->conf.tpm);
-        gw_req_finish(q, 400, err, "invalid_value");
-        return 1;
-    }
-    double wait = gw_limits_admit(&g->lim, cm_now(), q->key, need);
-    if (wait > 0) {
-        char ra[32];
-        snprintf(ra, sizeof ra, "%d", (int)ceil(wait));
-        gw_http_header(q->conn, "Retry-After", ra);
-        g->m.rate_limited++;
-        gw_req_finish(q, 429, "rate limit reached; retry after the time in Retry-After", "rate_limit_exceeded");
-        return 1;
-    }
-    return 0;
-}
-
 /* Rate limits, then a worker group. */
 static void start_summary(gw *g, gw_req *q);
+static void summary_done(gw *g, gw_req *q, const char *text, size_t len);
+static void cache_store(gw *g, gw_req *q);
+
+/* A chat or completion's end: its answer to the semantic cache. */
+static void generate_end(gw_req *q, int status) {
+    if (status == 200 && q->cache_on) cache_store(q->g, q);
+}
+
+/* A summary request's end: the request it serves goes on, with the summary or without. */
+static void summary_end(gw_req *k, int status) {
+    gw_req *q = k->summ_for;
+    if (!q) return;
+    k->summ_for = NULL;
+    const cm_oai_choice *ch = &k->res.ch[0];
+    summary_done(q->g, q, status == 200 && k->res.n == 1 && ch->text ? ch->text : NULL, status == 200 ? ch->len : 0);
+}
+
+static const gw_req_ops generate_ops = {gw_req_generate_pick, gw_req_generate_send, generate_end, 1};
+static const gw_req_ops summary_ops = {gw_req_generate_pick, gw_req_generate_send, summary_end, 1};
 
 static void admit(gw *g, gw_req *q) {
     if (!q->conn) { /* the client left while the cache or the summary was asked */
@@ -467,7 +395,7 @@ static void admit(gw *g, gw_req *q) {
         start_summary(g, q);
         return;
     }
-    if (!gw_oai_limits(g, q, (double)q->n_tok + q->max_tokens, "max_tokens")) gw_req_start(g, q);
+    if (!gw_admit_limits(g, q, (double)q->n_tok + q->max_tokens, "max_tokens", "prompt + max_tokens")) gw_req_start(g, q);
 }
 
 /* The summary of q's dropped turns: from the gateway's last 256, else
@@ -479,12 +407,12 @@ static void start_summary(gw *g, gw_req *q) {
     q->summ_n = 0; /* asked once */
     if (hit) {
         q->summ_cached = 1;
-        gw_oai_summary_done(g, q, hit, strlen(hit));
+        summary_done(g, q, hit, strlen(hit));
         return;
     }
     gw_req *k = calloc(1, sizeof *k);
     if (!k) {
-        gw_oai_summary_done(g, q, NULL, 0);
+        summary_done(g, q, NULL, 0);
         return;
     }
     k->g = g;
@@ -498,10 +426,14 @@ static void start_summary(gw *g, gw_req *q) {
     k->c.is_chat = 1, k->c.n = 1, k->c.top_p = 1, k->c.top_k = -1, k->c.repetition_penalty = 1;
     k->c.logprobs = k->c.prompt_logprobs = -1;
     k->summ_for = q;
+    k->ops = &summary_ops;
     gw_req_start(g, k); /* a refusal ends it, which calls gw_oai_summary_done */
 }
 
-void gw_oai_summary_done(gw *g, gw_req *q, const char *text, size_t len) {
+/* context_overflow summarize: the summary arrived (text NULL: it did not);
+ * the request goes on with it in place of the turns it stands for, or with
+ * them dropped. */
+static void summary_done(gw *g, gw_req *q, const char *text, size_t len) {
     if (!q->conn) {
         gw_req_finish(q, 499, "the client closed the connection", "client_closed");
         return;
@@ -588,7 +520,9 @@ static void cache_answer(gw *g, gw_req *q, const gw_cache_hit *h) {
     gw_req_finish(q, 200, NULL, NULL);
 }
 
-void gw_oai_cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
+/* --semantic-cache: the question's vector arrived (vec NULL: it did not, in
+ * time); a hit answers, else the request goes on to a worker group. */
+static void cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
     if (vec && dim == g->cache.dim && q->conn) {
         gw_cache_hit h;
         free(q->cache_vec);
@@ -603,7 +537,8 @@ void gw_oai_cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
     admit(g, q);
 }
 
-void gw_oai_cache_store(gw *g, gw_req *q) {
+/* A request ended with 200: its answer is stored when it may be reused. */
+static void cache_store(gw *g, gw_req *q) {
     if (!q->cache_on || q->cache_hit || q->res.n != 1 || !g->conf.scache) return;
     const cm_oai_choice *ch = &q->res.ch[0];
     if (ch->finish != CM_OAI_FINISH_STOP && ch->finish != CM_OAI_FINISH_LENGTH) return;
@@ -617,25 +552,18 @@ void gw_oai_cache_store(gw *g, gw_req *q) {
 /* Back on the loop. */
 static void prep_done(gw_job *j) {
     prep *p = (prep *)j;
-    gw_req *q = p->q;
-    gw *g = q->g;
-    g->preparing--;
-    free(p->body);
     gw_model_unref(p->emodel);
-    int status = p->status;
-    char err[640];
-    snprintf(err, sizeof err, "%s", p->err);
-    const char *code = p->code;
-    free(p);
-    if (gw_oai_prepared(q, status, err, code)) return;
+    gw_req *q = gw_admit_prepared(&p->b);
+    if (!q) return;
+    gw *g = q->g;
     if (q->cache_on && g->conf.scache) {
         gw_cache_hit h;
         if (gw_cache_get_exact(&g->cache, q->cache_scope, q->cache_exact, cm_now(), &h)) {
             cache_answer(g, q, &h);
             return;
         }
-        /* the embedding group answers with the question's vector, then gw_oai_cache_vector goes on */
-        if (q->cache_etok && g->cache.dim && !gw_embed_probe(g, q)) return;
+        /* the embedding group answers with the question's vector, then cache_vector goes on */
+        if (q->cache_etok && g->cache.dim && !gw_embed_probe(g, q, cache_vector)) return;
         g->cache.misses++;
     }
     admit(g, q);
@@ -679,12 +607,7 @@ static int authorized(gw *g, gw_http_req *r, int *key) {
 
 static void handle_generate(gw *g, gw_http_req *r, int chat) {
     int key;
-    if (!authorized(g, r, &key)) return;
-    if (g->draining) {
-        gw_http_header(r->conn, "Connection", "close");
-        gw_http_error(r->conn, 503, "the server is shutting down", NULL, "shutting_down");
-        return;
-    }
+    if (!authorized(g, r, &key) || !gw_admit_open(g, r)) return;
     if (!g->model && g->emodel) { /* no generative model here at all: not a transient state */
         char m[400];
         snprintf(m, sizeof m, "this server serves only the embedding model `%.128s` (/v1/embeddings); %s needs a "
@@ -697,19 +620,16 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
         gw_http_error(r->conn, 503, "no worker group is available", NULL, "no_workers");
         return;
     }
-    char *body;
     prep *p = calloc(1, sizeof *p);
-    gw_req *q = gw_oai_new_req(g, r, key, g->model, p, &body);
+    gw_req *q = gw_admit_new(g, r, key, g->model, &p->b);
     if (!q) return;
-    p->job.run = prep_run;
-    p->job.done = prep_done;
-    p->q = q;
+    q->ops = &generate_ops;
+    p->b.job.run = prep_run;
+    p->b.job.done = prep_done;
     p->chat = chat;
-    p->body = body;
-    p->len = r->body_len;
-    snprintf(p->served, sizeof p->served, "%s", g->served);
-    snprintf(p->eserved, sizeof p->eserved, "%s", g->eserved);
-    p->max_len = g->max_model_len;
+    snprintf(p->b.served, sizeof p->b.served, "%s", g->served);
+    snprintf(p->b.eserved, sizeof p->b.eserved, "%s", g->eserved);
+    p->b.max_len = g->max_model_len;
     p->overflow = cm_oai_overflow_parse(g->conf.context_overflow);
     if ((p->cache = g->conf.scache)) {
         p->cache_sampled = g->conf.scache_sampled;
@@ -719,8 +639,8 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
             p->emax_len = g->emax_len;
         }
     }
-    p->vocab = cm_tok_vocab(g->model->tok);
-    gw_oai_submit(g, q, &p->job, body, prep_gone);
+    p->b.vocab = cm_tok_vocab(g->model->tok);
+    gw_admit_submit(g, &p->b, prep_gone);
 }
 
 static void handle_models(gw *g, gw_http_req *r) {

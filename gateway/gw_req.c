@@ -3,10 +3,8 @@
 #include "cm_error.h"
 #include "cm_hash.h"
 #include "cm_log.h"
-#include "gw_embed.h"
 #include "gw_http.h"
 #include "gw_metrics.h"
-#include "gw_oai.h"
 #include "gw_pool.h"
 #include "gw_route.h"
 #include "pr_params.h"
@@ -81,22 +79,24 @@ static json_t *batch_json(const gw_req *q, json_t *choices) { /* takes choices *
                      (json_int_t)q->res.created, "model", q->g->served, "choices", choices, "usage", batch_usage(q));
 }
 
+int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
+    uint64_t salt = q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0;
+    return gw_route(g, q->tok, q->n_tok, salt, exclude, hit);
+}
+
+const gw_req_ops gw_req_generate_ops = {gw_req_generate_pick, gw_req_generate_send, NULL, 1};
+
+static const gw_req_ops *ops_of(const gw_req *q) { return q->ops ? q->ops : &gw_req_generate_ops; }
+
 void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     gw *g = q->g;
-    if (q->summ_for) { /* a summary for another request's history: it goes on, with the summary or without */
-        gw_req *par = q->summ_for;
-        q->summ_for = NULL;
-        const cm_oai_choice *ch = &q->res.ch[0];
-        gw_oai_summary_done(g, par, status == 200 && q->res.n == 1 && ch->text ? ch->text : NULL,
-                            status == 200 ? ch->len : 0);
-    }
+    if (ops_of(q)->on_end) ops_of(q)->on_end(q, status);
     int kid = q->parent || q->abandon;
     if (q->worker >= 0) {
         if (status != 200 && q->on_worker) gw_pool_cancel(g, q->worker, q->rid); /* it may still run there */
         if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
     }
     if (status == 200) {
-        if (q->cache_on) gw_oai_cache_store(g, q);
         if (!kid) gw_hist_add(&g->m.e2e, cm_now() - q->t_arrive);
         for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
     }
@@ -169,7 +169,7 @@ static void on_gone(void *arg) {
     gw_req_finish(q, 499, "the client closed the connection", "client_closed");
 }
 
-static int send_generate(gw *g, gw_req *q, int wi) {
+int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     const cm_oai_completion *c = &q->c;
     cm_gen_params gp;
     cm_oai_gen_params(c, q->max_tokens, &gp);
@@ -283,10 +283,7 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
     /* once (a request that kills its group must not take a second); a draining gateway moves them too */
     int resumable = !q->got_token || (q->c.n == 1 && q->n_out > 0);
     if ((q->parent ? q->parent->conn : q->conn) && resumable && !q->retried) {
-        int hit = 0, wi = q->embed ? gw_embed_pick(g, old)
-                                   : gw_route(g, q->tok, q->n_tok,
-                                              q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
-                                              old, &hit);
+        int hit = 0, wi = ops_of(q)->pick(g, q, old, &hit);
         if (wi >= 0) {
             if (old >= 0) {
                 if (q->on_worker) gw_pool_cancel(g, old, q->rid);
@@ -294,7 +291,7 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
             }
             q->worker = -1;
             q->on_worker = 0;
-            if (!assign_rid(g, q) && !(q->embed ? gw_embed_send(g, q, wi) : send_generate(g, q, wi))) {
+            if (!assign_rid(g, q) && !ops_of(q)->send(g, q, wi)) {
                 q->retried = 1;
                 if (q->got_token) {
                     g->m.resumed++;
@@ -322,7 +319,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
     const gw_conf *cf = &g->conf;
     double t = cm_now();
     const char *why = NULL;
-    if (!q->embed && !q->got_token && cf->ttft_timeout > 0 && t - q->t_arrive >= cf->ttft_timeout)
+    if (ops_of(q)->tokens && !q->got_token && cf->ttft_timeout > 0 && t - q->t_arrive >= cf->ttft_timeout)
         why = "no first token within --ttft-timeout";
     else if (cf->request_timeout > 0 && t - q->t_arrive >= cf->request_timeout) why = "request exceeded --request-timeout";
     else if (q->got_token && cf->idle_timeout > 0 && t - q->t_last >= cf->idle_timeout) why = "stream idle past --idle-timeout";
@@ -426,8 +423,7 @@ void gw_req_start(gw *g, gw_req *q) {
         start_batch(g, q);
         return;
     }
-    int hit, wi = gw_route(g, q->tok, q->n_tok, q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
-                           -1, &hit);
+    int hit = 0, wi = ops_of(q)->pick(g, q, -1, &hit);
     if (wi < 0) {
         g->m.overloaded++;
         gw_req_finish(q, 503, "no worker group is available", "no_workers");
@@ -456,7 +452,7 @@ void gw_req_start(gw *g, gw_req *q) {
         free(q->echo);
         q->echo = NULL;
     }
-    if (send_generate(g, q, wi)) {
+    if (ops_of(q)->send(g, q, wi)) {
         g->m.overloaded++;
         gw_req_finish(q, 503, "the worker group is not accepting requests", "overloaded");
         return;

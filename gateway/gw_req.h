@@ -15,10 +15,29 @@
 #include "gw.h"
 
 struct gw_conn;
+struct gw_req;
+
+/* Where a semantic-cache probe's answer goes (gw_embed_probe): the vector, or NULL. */
+typedef void (*gw_probe_fn)(gw *g, struct gw_req *q, const float *vec, int dim);
+
+/* What differs between request kinds, as nginx's upstream callbacks do: the
+ * kind's way to a worker group and its own part of the end. gw_req_start,
+ * gw_req_retry and gw_req_finish go through it and never name a feature.
+ * A request with no ops is a generation (gw_req_generate_ops). */
+typedef struct gw_req_ops {
+    /* A group for q other than exclude (-1: none excluded), or -1; *hit: the cached prefix it holds. */
+    int (*pick)(gw *g, struct gw_req *q, int exclude, int *hit);
+    /* Sends q to group wi: 0 or the send's error. */
+    int (*send)(gw *g, struct gw_req *q, int wi);
+    /* q ends with status, before its answer goes out; may be NULL. */
+    void (*on_end)(struct gw_req *q, int status);
+    int tokens; /* its answer streams as tokens: --ttft-timeout applies */
+} gw_req_ops;
 
 typedef struct gw_req {
     struct gw_req *prev, *next;
     gw *g;
+    const gw_req_ops *ops;       /* NULL: &gw_req_generate_ops */
     uint64_t rid;
     struct gw_conn *conn;        /* NULL once the client is gone */
     gw_model *model;             /* held for the request's life */
@@ -61,6 +80,7 @@ typedef struct gw_req {
     json_t *body;                /* a prepared 200 body, sent by gw_req_finish */
     /* --semantic-cache (gw_oai.c): the keys, the last user turn for the embedding model, its vector */
     int cache_on, probing, cache_hit;
+    gw_probe_fn probe_done;      /* while probing: the continuation */
     uint64_t cache_scope, cache_exact;
     int32_t *cache_etok;
     int cache_en;
@@ -77,6 +97,11 @@ typedef struct gw_req {
 } gw_req;
 
 enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
+
+/* A generation's ops: prefix-aware routing (gw_route) and a Generate message. */
+extern const gw_req_ops gw_req_generate_ops;
+int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit);
+int gw_req_generate_send(gw *g, gw_req *q, int wi);
 
 /* Takes q (tokens and parsed body filled in): routes, sends and starts the
  * reply (SSE headers for a stream). On failure the client is answered and q
