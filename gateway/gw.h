@@ -16,7 +16,7 @@
 #include "gw_hist.h"
 #include "gw_keyset.h"
 #include "gw_limit.h"
-#include "gw_map.h"
+#include "cm_idmap.h"
 #include "pr_wire.h"
 
 #include <event2/event.h>
@@ -101,7 +101,7 @@ typedef struct gw {
     int emax_len, edim;
     gw_cache cache;              /* --semantic-cache (its dim is set by the first embedding model) */
     /* context_overflow summarize: summaries of dropped turns by their transcript's hash, the last 256 */
-    gw_map sums;
+    cm_idmap sums;
     uint64_t sum_ring[256];
     int sum_at;
     /* workers (gw_pool) */
@@ -114,7 +114,7 @@ typedef struct gw {
     struct event *recv_ev, *tick_ev, *lost_ev;
     int lost_pipe[2], lost_pipe_ok; /* a group's connection closed: its index, one byte, from NNG's pipe callback */
     /* requests (gw_req) */
-    gw_map reqs;                 /* rid -> gw_req */
+    cm_idmap reqs;                 /* rid -> gw_req */
     struct gw_req *req_list;     /* every live request, for worker loss and drain */
     uint64_t next_rid;
     int open_streams, preparing;

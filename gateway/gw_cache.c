@@ -6,7 +6,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-static uint64_t nz(uint64_t k) { return k ? k : 1; } /* gw_map reserves 0 */
+static uint64_t nz(uint64_t k) { return k ? k : 1; } /* cm_idmap reserves 0 */
 
 static uint64_t ekey(uint64_t scope, uint64_t exact) {
     uint64_t k[2] = {scope, exact};
@@ -30,12 +30,12 @@ static void unlink_entry(gw_cache *c, gw_centry *e) {
     if (e->sc_prev) {
         e->sc_prev->sc_next = e->sc_next;
     } else if (e->sc_next) {
-        gw_map_put(&c->scopes, nz(e->scope), e->sc_next);
+        cm_idmap_put(&c->scopes, nz(e->scope), e->sc_next);
     } else {
-        gw_map_del(&c->scopes, nz(e->scope));
+        cm_idmap_del(&c->scopes, nz(e->scope));
     }
     if (e->sc_next) e->sc_next->sc_prev = e->sc_prev;
-    gw_map_del(&c->exact, ekey(e->scope, e->exact));
+    cm_idmap_del(&c->exact, ekey(e->scope, e->exact));
     c->n--;
     c->bytes -= sizeof *e + e->len + (e->vec ? 5 * (size_t)c->dim : 0);
 }
@@ -61,8 +61,8 @@ static void touch(gw_cache *c, gw_centry *e) { /* to the front of the LRU list *
 
 void gw_cache_free(gw_cache *c) {
     while (c->lru_head) drop(c, c->lru_head);
-    gw_map_free(&c->exact);
-    gw_map_free(&c->scopes);
+    cm_idmap_free(&c->exact);
+    cm_idmap_free(&c->scopes);
 }
 
 static int fresh(const gw_cache *c, const gw_centry *e, double now) { return c->ttl <= 0 || now - e->created < c->ttl; }
@@ -71,7 +71,7 @@ int gw_cache_get_exact(gw_cache *c, uint64_t scope, uint64_t exact, double now, 
     out->e = NULL;
     out->similarity = -2;
     out->exact = 0;
-    gw_centry *e = gw_map_get(&c->exact, ekey(scope, exact));
+    gw_centry *e = cm_idmap_get(&c->exact, ekey(scope, exact));
     if (e && !fresh(c, e, now)) {
         drop(c, e);
         c->expired++;
@@ -115,7 +115,7 @@ int gw_cache_get_similar(gw_cache *c, uint64_t scope, const float *vec, double n
     out->exact = 0;
     gw_centry *best = NULL, *cand[RESCORE] = {0};
     float bs = -2, cs[RESCORE] = {-3, -3, -3, -3};
-    for (gw_centry *e = gw_map_get(&c->scopes, nz(scope)), *nx; e; e = nx) {
+    for (gw_centry *e = cm_idmap_get(&c->scopes, nz(scope)), *nx; e; e = nx) {
         nx = e->sc_next;
         if (!fresh(c, e, now)) {
             drop(c, e);
@@ -147,14 +147,14 @@ int gw_cache_get_similar(gw_cache *c, uint64_t scope, const float *vec, double n
 
 int gw_cache_put(gw_cache *c, uint64_t scope, uint64_t exact, const float *vec, const char *text, size_t len, int finish,
                  int completion_tokens, double now) {
-    gw_centry *old = gw_map_get(&c->exact, ekey(scope, exact));
+    gw_centry *old = cm_idmap_get(&c->exact, ekey(scope, exact));
     if (old) drop(c, old);
     gw_centry *e = calloc(1, sizeof *e);
     if (!e) return LLM_ENOMEM;
     e->text = malloc(len + 1);
     e->vec = vec ? malloc(sizeof(float) * (size_t)c->dim) : NULL;
     e->q8 = vec ? malloc((size_t)c->dim) : NULL;
-    if (!e->text || (vec && (!e->vec || !e->q8)) || gw_map_put(&c->exact, ekey(scope, exact), e)) {
+    if (!e->text || (vec && (!e->vec || !e->q8)) || cm_idmap_put(&c->exact, ekey(scope, exact), e)) {
         free(e->text);
         free(e->vec);
         free(e->q8);
@@ -176,12 +176,12 @@ int gw_cache_put(gw_cache *c, uint64_t scope, uint64_t exact, const float *vec, 
     e->created = now;
     e->finish = finish;
     e->completion_tokens = completion_tokens;
-    gw_centry *head = gw_map_get(&c->scopes, nz(scope));
+    gw_centry *head = cm_idmap_get(&c->scopes, nz(scope));
     e->sc_next = head;
     if (head) head->sc_prev = e;
-    if (gw_map_put(&c->scopes, nz(scope), e)) { /* undo */
+    if (cm_idmap_put(&c->scopes, nz(scope), e)) { /* undo */
         if (head) head->sc_prev = NULL;
-        gw_map_del(&c->exact, ekey(scope, exact));
+        cm_idmap_del(&c->exact, ekey(scope, exact));
         free(e->text);
         free(e->vec);
         free(e->q8);

@@ -19,7 +19,7 @@
 #ifndef GW_CACHE_H
 #define GW_CACHE_H
 
-#include "gw_map.h"
+#include "cm_idmap.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,8 +42,8 @@ typedef struct {
     int max_entries, dim;
     double ttl;
     float threshold, near;                     /* a semantic hit; a near miss is within near below it */
-    gw_map exact;                              /* exact key ^ scope -> entry */
-    gw_map scopes;                             /* scope -> its first entry */
+    cm_idmap exact;                              /* exact key ^ scope -> entry */
+    cm_idmap scopes;                             /* scope -> its first entry */
     gw_centry *lru_head, *lru_tail;
     int n;
     size_t bytes;

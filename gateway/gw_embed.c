@@ -348,7 +348,7 @@ int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done) {
 }
 
 void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
-    gw_req *q = gw_map_get(&g->reqs, r->request_id);
+    gw_req *q = cm_idmap_get(&g->reqs, r->request_id);
     if (q && q->probing) { /* the cache's question */
         if (q->worker >= 0 && g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
         q->worker = -1;

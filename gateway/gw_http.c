@@ -3,7 +3,7 @@
 #include "cm_time.h"
 #include "cm_oai_resp.h"
 #include "gw_frame.h"
-#include "gw_map.h"
+#include "cm_idmap.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -57,7 +57,7 @@ struct gw_http {
     int open, max_conn, paused_cap, paused_fd;
     uint64_t accepted;
     struct event *tick, *resume, *trim;
-    gw_map cons;                 /* filter bufferevent -> cstate */
+    cm_idmap cons;                 /* filter bufferevent -> cstate */
     cstate *list;
     double emfile_logged;
     unsigned long emfile_count;
@@ -271,7 +271,7 @@ static void cstate_free(void *ctx) {
         free(cs);
         return;
     }
-    gw_map_del(&h->cons, (uint64_t)(uintptr_t)cs->bev);
+    cm_idmap_del(&h->cons, (uint64_t)(uintptr_t)cs->bev);
     if (cs->prev) cs->prev->next = cs->next;
     else h->list = cs->next;
     if (cs->next) cs->next->prev = cs->prev;
@@ -328,7 +328,7 @@ static struct bufferevent *make_bev(struct event_base *base, void *arg) {
     cs->next = h->list;
     if (h->list) h->list->prev = cs;
     h->list = cs;
-    gw_map_put(&h->cons, (uint64_t)(uintptr_t)f, cs);
+    cm_idmap_put(&h->cons, (uint64_t)(uintptr_t)f, cs);
     h->accepted++;
     if (++h->open >= h->max_conn && !h->paused_cap) { /* the kernel's backlog holds the rest */
         h->paused_cap = 1;
@@ -413,7 +413,7 @@ static void on_accept_error(struct evconnlistener *l, void *arg) {
 
 static cstate *conn_state(const gw_conn *c) {
     struct bufferevent *b = c->evc ? evhttp_connection_get_bufferevent(c->evc) : NULL;
-    return b ? gw_map_get(&c->h->cons, (uint64_t)(uintptr_t)b) : NULL;
+    return b ? cm_idmap_get(&c->h->cons, (uint64_t)(uintptr_t)b) : NULL;
 }
 
 /* What goes out from here to the reply's end is ours, not evhttp's. */
@@ -558,7 +558,7 @@ int gw_http_check_gone(gw_conn *c) {
 static void on_complete(struct evhttp_request *req, void *arg) {
     gw_http *h = arg;
     struct evhttp_connection *evc = evhttp_request_get_connection(req);
-    cstate *cs = evc ? gw_map_get(&h->cons, (uint64_t)(uintptr_t)evhttp_connection_get_bufferevent(evc)) : NULL;
+    cstate *cs = evc ? cm_idmap_get(&h->cons, (uint64_t)(uintptr_t)evhttp_connection_get_bufferevent(evc)) : NULL;
     if (evbuffer_get_length(evhttp_request_get_input_buffer(req)) >= GW_TRIM_BODY) {
         /* after the request and its buffers are freed, in a later round of the loop */
         struct timeval soon = {0, 50000};
@@ -699,7 +699,7 @@ void gw_http_free(gw_http *h) {
     if (h->tick) event_free(h->tick);
     if (h->resume) event_free(h->resume);
     if (h->trim) event_free(h->trim);
-    gw_map_free(&h->cons);
+    cm_idmap_free(&h->cons);
     free(h);
 }
 

@@ -175,14 +175,14 @@ void gw_stop(gw *g) {
     if (g->base) gw_pool_stop(g);
     if (g->base) event_base_free(g->base);
     g->base = NULL;
-    gw_map_free(&g->reqs);
+    cm_idmap_free(&g->reqs);
     gw_model_unref(g->model);
     gw_model_unref(g->emodel);
     g->model = g->emodel = NULL;
     gw_cache_free(&g->cache);
     for (int i = 0; i < 256; i++)
-        if (g->sum_ring[i]) free(gw_map_del(&g->sums, g->sum_ring[i]));
-    gw_map_free(&g->sums);
+        if (g->sum_ring[i]) free(cm_idmap_del(&g->sums, g->sum_ring[i]));
+    cm_idmap_free(&g->sums);
     gw_limits_free(&g->lim);
     gw_auth_free(&g->auth);
     gw_conf_free(&g->conf);

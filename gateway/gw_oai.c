@@ -402,7 +402,7 @@ static void admit(gw *g, gw_req *q) {
  * asked of the served model as a request of its own (greedy, at most
  * summ_room tokens), which calls gw_oai_summary_done when it ends. */
 static void start_summary(gw *g, gw_req *q) {
-    const char *hit = gw_map_get(&g->sums, q->summ_key);
+    const char *hit = cm_idmap_get(&g->sums, q->summ_key);
     int n = q->summ_n;
     q->summ_n = 0; /* asked once */
     if (hit) {
@@ -449,8 +449,8 @@ static void summary_done(gw *g, gw_req *q, const char *text, size_t len) {
         content[sizeof SUMMARY_INTRO - 1 + len] = 0;
         if (!q->summ_cached) { /* kept for the next request of this conversation */
             char *copy = strndup(text, len);
-            if (copy && !gw_map_get(&g->sums, q->summ_key) && !gw_map_put(&g->sums, q->summ_key, copy)) {
-                if (g->sum_ring[g->sum_at]) free(gw_map_del(&g->sums, g->sum_ring[g->sum_at]));
+            if (copy && !cm_idmap_get(&g->sums, q->summ_key) && !cm_idmap_put(&g->sums, q->summ_key, copy)) {
+                if (g->sum_ring[g->sum_at]) free(cm_idmap_del(&g->sums, g->sum_ring[g->sum_at]));
                 g->sum_ring[g->sum_at] = q->summ_key;
                 g->sum_at = (g->sum_at + 1) % 256;
             } else {

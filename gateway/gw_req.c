@@ -34,7 +34,7 @@ static void log_request(gw_req *q, int status, const char *code) {
 
 void gw_req_free(gw_req *q) {
     gw *g = q->g;
-    if (q->rid) gw_map_del(&g->reqs, q->rid);
+    if (q->rid) cm_idmap_del(&g->reqs, q->rid);
     if (q->prev || g->req_list == q) {
         if (q->prev) q->prev->next = q->next;
         else g->req_list = q->next;
@@ -225,9 +225,9 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
 /* A fresh id on each send: chunks the last group still sends for the old
  * one are then ignored, never mixed in. */
 static int assign_rid(gw *g, gw_req *q) {
-    if (q->rid) gw_map_del(&g->reqs, q->rid);
+    if (q->rid) cm_idmap_del(&g->reqs, q->rid);
     q->rid = ++g->next_rid;
-    return gw_map_put(&g->reqs, q->rid, q);
+    return cm_idmap_put(&g->reqs, q->rid, q);
 }
 
 static void list_in(gw *g, gw_req *q);
@@ -242,7 +242,7 @@ int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short
 }
 
 void gw_req_delist(gw *g, gw_req *q) {
-    if (q->rid) gw_map_del(&g->reqs, q->rid);
+    if (q->rid) cm_idmap_del(&g->reqs, q->rid);
     q->rid = 0;
     if (q->prev || g->req_list == q) {
         if (q->prev) q->prev->next = q->next;
@@ -517,7 +517,7 @@ void gw_req_worker_error(gw_req *q, int code, const char *msg) {
 }
 
 void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
-    gw_req *q = gw_map_get(&g->reqs, c->request_id);
+    gw_req *q = cm_idmap_get(&g->reqs, c->request_id);
     if (!q || !q->on_worker) return; /* ended, or an old id of a moved request */
     if (c->seq != q->next_seq) {
         gw_req_finish(q, 502, "lost a message from the worker (sequence gap)", "stream_gap");

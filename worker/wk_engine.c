@@ -203,6 +203,7 @@ void wk_engine_free(wk_engine *e) {
     if (!e) return;
     for (int i = 0; i < e->n_reqs; i++) req_free(e, e->reqs[i]);
     free(e->reqs);
+    cm_idmap_free(&e->by_id);
     free(e->waiting);
     free(e->running);
     wk_blocks_free(e->blocks);
@@ -272,7 +273,7 @@ static int emit(wk_engine *e, wk_seq *s) {
     GROW(e->otext, e->cap_otext, e->n_otext + tl);
     if (r->p.logprobs >= 0 || nplp) GROW(e->olp, e->cap_olp, e->n_olp + nt + nplp);
     out_rec *o = &e->outs[e->n_outs++];
-    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl, -1, 0};
+    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl, -1, 0, 0};
     if (nplp) {
         o->plp_off = e->n_olp;
         o->n_plp = nplp;
@@ -295,6 +296,17 @@ static int emit(wk_engine *e, wk_seq *s) {
     return 0;
 }
 
+/* The request is going: its newest output (its last choice's end, emitted
+ * just now) says so, so the caller frees the id on it whatever number of
+ * choices ever ran. */
+static void mark_last(wk_engine *e, const wk_req *r) {
+    for (int i = e->n_outs - 1; i >= 0; i--)
+        if (e->outs[i].id == r->id) {
+            e->outs[i].last = 1;
+            return;
+        }
+}
+
 int wk_engine_outputs(wk_engine *e, const wk_output **out) {
     out_begin(e);
     if (e->n_outs > e->cap_view) {
@@ -308,7 +320,8 @@ int wk_engine_outputs(wk_engine *e, const wk_output **out) {
         e->view[i] = (wk_output){o->id, o->index, o->n_tokens, e->otok + o->tok_off,
                                  o->lp_off >= 0 ? e->olp + o->lp_off : NULL,
                                  o->plp_off >= 0 ? e->olp + o->plp_off : NULL, o->n_plp, e->otext + o->text_off,
-                                 o->text_len, o->finish, o->prompt_tokens, o->completion_tokens, o->cached_tokens};
+                                 o->text_len, o->finish, o->prompt_tokens, o->completion_tokens, o->cached_tokens,
+                                 o->last};
     }
     *out = e->view;
     e->drained = 1;
@@ -373,14 +386,7 @@ static int check_params(const wk_engine *e, const wk_params *p, char *err, size_
     return 0;
 }
 
-static wk_req *find_req(const wk_engine *e, uint64_t id, int *at) {
-    for (int i = 0; i < e->n_reqs; i++)
-        if (e->reqs[i]->id == id) {
-            if (at) *at = i;
-            return e->reqs[i];
-        }
-    return NULL;
-}
+static wk_req *find_req(const wk_engine *e, uint64_t id) { return cm_idmap_get(&e->by_id, id); }
 
 static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t text_sent, char *err, size_t errlen);
 static void seq_finish(wk_engine *e, wk_seq *s, int finish);
@@ -410,7 +416,7 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
                  L, n_prompt + p->max_tokens, n_prompt, p->max_tokens);
         return LLM_ERANGE;
     }
-    if (find_req(e, id, NULL)) {
+    if (find_req(e, id)) {
         snprintf(err, errlen, "request id %llu is already running", (unsigned long long)id);
         return LLM_EAGAIN;
     }
@@ -468,11 +474,17 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
     if (s->finish) { /* the output it resumes had ended: only its end is reported */
         seq_finish(e, s, s->finish);
         rc = emit(e, s);
+        mark_last(e, r);
         e->st.requests_finished++;
         req_free(e, r);
         return rc;
     }
-    if (wk_eng_push_waiting(e, s)) goto oom;
+    if (cm_idmap_put(&e->by_id, id, r)) goto oom;
+    if (wk_eng_push_waiting(e, s)) {
+        cm_idmap_del(&e->by_id, id);
+        goto oom;
+    }
+    r->at = e->n_reqs;
     e->reqs[e->n_reqs++] = r;
     return 0;
 oom:
@@ -493,15 +505,17 @@ static void seq_finish(wk_engine *e, wk_seq *s, int finish) {
 }
 
 static void req_drop(wk_engine *e, wk_req *r) {
-    int at = 0;
-    if (find_req(e, r->id, &at) != r) return;
-    e->reqs[at] = e->reqs[--e->n_reqs];
+    if (find_req(e, r->id) != r) return;
+    mark_last(e, r);
+    cm_idmap_del(&e->by_id, r->id);
+    e->reqs[r->at] = e->reqs[--e->n_reqs];
+    e->reqs[r->at]->at = r->at;
     req_free(e, r);
 }
 
 int wk_engine_abort(wk_engine *e, uint64_t id) {
     out_begin(e);
-    wk_req *r = find_req(e, id, NULL);
+    wk_req *r = find_req(e, id);
     if (!r) return LLM_ENOTFOUND;
     for (int i = 0; i < r->n_seqs; i++) {
         wk_seq *s = r->seqs[i];

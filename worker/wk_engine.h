@@ -107,6 +107,7 @@ typedef struct {
     size_t text_len;
     int finish;                   /* WK_FINISH_* */
     int prompt_tokens, completion_tokens, cached_tokens;
+    int last;                     /* the request's last output: every choice has ended, the id is free */
 } wk_output;
 
 typedef struct {

@@ -5,6 +5,7 @@
 #ifndef WK_ENGINE_INT_H
 #define WK_ENGINE_INT_H
 
+#include "cm_idmap.h"
 #include "wk_engine.h"
 #include "wk_cost.h"
 #include "wk_guide.h"
@@ -44,6 +45,7 @@ typedef struct {
 
 struct wk_req {
     uint64_t id, arrival;
+    int at;                  /* its index in the engine's reqs */
     wk_params p;
     char *stop_buf;          /* the stop strings, copied */
     int32_t *stop_ids;
@@ -63,6 +65,7 @@ typedef struct {
     int index, n_tokens, tok_off, lp_off, finish, prompt_tokens, completion_tokens, cached_tokens;
     size_t text_off, text_len;
     int plp_off, n_plp;
+    int last;                /* the request's last output */
 } out_rec;
 
 struct wk_engine {
@@ -81,6 +84,7 @@ struct wk_engine {
     int n_waiting, n_running, cap_waiting, cap_running;
     wk_req **reqs;           /* live requests, unordered */
     int n_reqs, cap_reqs;
+    cm_idmap by_id;          /* id -> live request */
     uint64_t arrivals, admissions, rng;
     /* one step */
     wk_batch_seq *plan;

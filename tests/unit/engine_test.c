@@ -41,6 +41,7 @@ typedef struct {
     int finish[WK_MAX_N];
     wk_token_lp lp[WK_MAX_N][64];
     int cached;
+    int last, after_last; /* outputs saying the request is over, and outputs after one */
 } result;
 
 static wk_model *model;
@@ -80,6 +81,8 @@ static void collect(wk_engine *e, result *res) {
         }
         if (o[i].finish) r->finish[c] = o[i].finish;
         r->cached = o[i].cached_tokens;
+        r->after_last += r->last > 0;
+        r->last += o[i].last;
     }
 }
 
@@ -438,6 +441,23 @@ static void test_abort_and_errors(void) {
     /* the engine still serves after all that */
     CHECK_RC(wk_engine_add(e, 30, p, 5, &gp, err, sizeof err), 0);
     run_all(e, r);
+    /* the request's last output says so once, whatever number of choices ever ran: three choices
+       aborted before they forked (one ran), and two that ran to their ends */
+    for (int i = 0; i < 6; i++) CHECK(r[i].last == 1 && r[i].after_last == 0);
+    CHECK(r[30].last == 1 && r[30].after_last == 0);
+    wk_params three = greedy(8);
+    three.n = 3;
+    three.s.temperature = 1;
+    CHECK_RC(wk_engine_add(e, 31, p, 20, &three, err, sizeof err), 0);
+    CHECK_RC(wk_engine_abort(e, 31), 0);
+    collect(e, r);
+    CHECK(r[31].finish[0] == WK_FINISH_ABORT && r[31].last == 1 && r[31].after_last == 0);
+    wk_params two = greedy(6);
+    two.n = 2;
+    two.s.temperature = 1;
+    CHECK_RC(wk_engine_add(e, 32, p, 20, &two, err, sizeof err), 0);
+    run_all(e, r);
+    CHECK(r[32].finish[0] && r[32].finish[1] && r[32].last == 1 && r[32].after_last == 0);
     CHECK_INT(r[30].n[0], 100);
     wk_engine_free(e);
     /* a pool smaller than one max-length sequence is refused at start */

@@ -12,7 +12,7 @@
 #include "gw_auth.h"
 #include "gw_conf.h"
 #include "gw_limit.h"
-#include "gw_map.h"
+#include "cm_idmap.h"
 #include "gw_route.h"
 #include "gw_cache.h"
 #include "tst.h"
@@ -89,16 +89,18 @@ static void auth(void) {
 }
 
 static void map(void) {
-    gw_map m = {0};
+    cm_idmap m = {0};
     int vals[3000];
-    for (int i = 0; i < 3000; i++) CHECK_RC(gw_map_put(&m, (uint64_t)i * 7919 + 1, &vals[i]), 0);
+    for (int i = 0; i < 3000; i++) CHECK_RC(cm_idmap_put(&m, (uint64_t)i * 7919 + 1, &vals[i]), 0);
     int bad = 0;
-    for (int i = 0; i < 3000; i += 2) bad += gw_map_del(&m, (uint64_t)i * 7919 + 1) != &vals[i];
-    for (int i = 0; i < 3000; i++) bad += gw_map_get(&m, (uint64_t)i * 7919 + 1) != (i % 2 ? &vals[i] : NULL);
+    for (int i = 0; i < 3000; i += 2) bad += cm_idmap_del(&m, (uint64_t)i * 7919 + 1) != &vals[i];
+    for (int i = 0; i < 3000; i++) bad += cm_idmap_get(&m, (uint64_t)i * 7919 + 1) != (i % 2 ? &vals[i] : NULL);
     CHECK_INT(bad, 0);
     CHECK_INT(m.n, 1500);
-    CHECK(gw_map_get(&m, 0) == NULL && gw_map_put(&m, 0, vals) == LLM_EINVAL);
-    gw_map_free(&m);
+    /* key 0 is a key like any other */
+    CHECK(cm_idmap_get(&m, 0) == NULL && cm_idmap_put(&m, 0, vals) == 0 && cm_idmap_get(&m, 0) == vals);
+    CHECK(cm_idmap_get(&m, 1) == NULL && cm_idmap_del(&m, 0) == vals && cm_idmap_get(&m, 0) == NULL);
+    cm_idmap_free(&m);
 }
 
 /* Two groups; B holds the first 3 blocks of the prompt in its cache. */

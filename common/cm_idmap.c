@@ -1,4 +1,4 @@
-#include "gw_map.h"
+#include "cm_idmap.h"
 #include "cm_error.h"
 
 #include <stdlib.h>
@@ -10,7 +10,7 @@ static size_t slot(uint64_t k, size_t cap) {
     return (size_t)k & (cap - 1);
 }
 
-static int grow(gw_map *m) {
+static int grow(cm_idmap *m) {
     size_t cap = m->cap ? m->cap * 2 : 64;
     uint64_t *k = calloc(cap, sizeof *k);
     void **v = calloc(cap, sizeof *v);
@@ -34,8 +34,12 @@ static int grow(gw_map *m) {
     return 0;
 }
 
-int gw_map_put(gw_map *m, uint64_t key, void *val) {
-    if (!key) return LLM_EINVAL;
+int cm_idmap_put(cm_idmap *m, uint64_t key, void *val) {
+    if (!key) {
+        m->zero = val;
+        m->has_zero = 1;
+        return 0;
+    }
     if (2 * (m->n + 1) > m->cap && grow(m)) return LLM_ENOMEM;
     size_t i = slot(key, m->cap);
     while (m->k[i] && m->k[i] != key) i = (i + 1) & (m->cap - 1);
@@ -45,15 +49,22 @@ int gw_map_put(gw_map *m, uint64_t key, void *val) {
     return 0;
 }
 
-void *gw_map_get(const gw_map *m, uint64_t key) {
-    if (!m->cap || !key) return NULL;
+void *cm_idmap_get(const cm_idmap *m, uint64_t key) {
+    if (!key) return m->has_zero ? m->zero : NULL;
+    if (!m->cap) return NULL;
     for (size_t i = slot(key, m->cap); m->k[i]; i = (i + 1) & (m->cap - 1))
         if (m->k[i] == key) return m->v[i];
     return NULL;
 }
 
-void *gw_map_del(gw_map *m, uint64_t key) {
-    if (!m->cap || !key) return NULL;
+void *cm_idmap_del(cm_idmap *m, uint64_t key) {
+    if (!key) {
+        void *v = m->has_zero ? m->zero : NULL;
+        m->zero = NULL;
+        m->has_zero = 0;
+        return v;
+    }
+    if (!m->cap) return NULL;
     size_t i = slot(key, m->cap);
     while (m->k[i] && m->k[i] != key) i = (i + 1) & (m->cap - 1);
     if (!m->k[i]) return NULL;
@@ -73,10 +84,12 @@ void *gw_map_del(gw_map *m, uint64_t key) {
     return val;
 }
 
-void gw_map_free(gw_map *m) {
+void cm_idmap_free(cm_idmap *m) {
     free(m->k);
     free(m->v);
     m->k = NULL;
     m->v = NULL;
     m->cap = m->n = 0;
+    m->zero = NULL;
+    m->has_zero = 0;
 }
