@@ -2,7 +2,7 @@
  * --help and `llmserve serve`'s forwarding all come.
  *
  * Order of precedence: the table's defaults, then the environment
- * (LLMSERVE_API_KEY, LLMSERVE_MODEL), then flags. A bad value is reported
+ * ($LLMSERVE_API_KEY adds one more key), then flags. A bad value is reported
  * with the flag's own name and what it expects. */
 #ifndef GW_CONF_H
 #define GW_CONF_H

@@ -1,5 +1,5 @@
 /* pr_params.h - generation parameters on the wire: the one converter each
- * way between cm_gen_params (common/cm_gen.h) and SamplingParams. The
+ * way between cm_gen_params (common/base/cm_gen.h) and SamplingParams. The
  * gateway sends with to_wire, the worker reads with from_wire; nothing
  * else maps the fields. */
 #ifndef PR_PARAMS_H

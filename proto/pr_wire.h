@@ -44,7 +44,8 @@ size_t pr_secret(const uint8_t **s);
 /* 1 when s matches the secret (or none is set), in constant time. */
 int pr_secret_check(const void *s, size_t len);
 
-/* An Envelope with the given body case, for building messages on the stack. */
+/* An empty Envelope at this protocol version, for building messages on the
+ * stack: the caller sets body_case and points the body at its message. */
 void pr_env_init(pr_env *e);
 
 /* Maps an NNG error to LLM_E*. */

@@ -1,5 +1,5 @@
 /* wk_params.c - a request's engine parameters: the defaults, and the one
- * converter from the neutral generation parameters (common/cm_gen.h) that
+ * converter from the neutral generation parameters (common/base/cm_gen.h) that
  * the RPC server and generate --batch both use. */
 #include "wk_engine.h"
 #include "cm_error.h"

@@ -1,4 +1,4 @@
-/* hfq_test: AWQ / GPTQ layers into GGUF blocks (common/cm_hf_quant.c).
+/* hfq_test: AWQ / GPTQ layers into GGUF blocks (common/model/cm_hf_quant.c).
  *
  * Without arguments: small layers packed here by the formats' rules (GPTQ
  * v1 and v2 zeros, 4 and 8 bits, act-order g_idx; AWQ's column order) must

@@ -395,7 +395,7 @@ int main(void) {
     for (int c = 0; c < 256; c++)
         if ((c & 0x7f) != 0x7f) rt += kn_ref_f32_to_e4m3(kn_ref_e4m3_to_f32((uint8_t)c)) == (c == 0x80 ? 0x80 : c);
     CHECK_RC(rt, 254);
-    /* the fast conversions (common/cm_dtype.h, used by the FP8 KV cache) agree with the reference:
+    /* the fast conversions (common/base/cm_dtype.h, used by the FP8 KV cache) agree with the reference:
      * every code, every midpoint between neighbours and random values over the whole range */
     int agree = 0, total = 0;
     for (int c = 0; c < 256; c++) {

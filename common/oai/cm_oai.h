@@ -4,7 +4,10 @@
  * completion requests through here, so a parameter means the same thing
  * everywhere. Bodies are untrusted: every field is type-checked and
  * range-checked, and an error names the offending parameter (for the
- * OpenAI error body's "param"). Unknown fields are ignored, as vLLM does.
+ * OpenAI error body's "param"). A field OpenAI or vLLM define that is not
+ * honoured is refused by name (unless it holds the one value that changes
+ * nothing), as is the other endpoint's field; a name neither defines is
+ * ignored (logged at debug), as vLLM does.
  * Beyond OpenAI's fields, vLLM's extras are understood: top_k, min_p,
  * repetition_penalty, min_tokens, ignore_eos, stop_token_ids, priority,
  * cache_salt; and structured outputs: response_format (json_object,

@@ -794,14 +794,6 @@ int cm_oai_completion_copy_params(const cm_oai_completion *src, cm_oai_completio
     return 0;
 }
 
-void cm_gen_params_default(cm_gen_params *p) {
-    memset(p, 0, sizeof *p);
-    p->temperature = p->top_p = p->repetition_penalty = 1.f;
-    p->top_k = -1;
-    p->n = 1;
-    p->logprobs = p->prompt_logprobs = -1;
-}
-
 void cm_oai_gen_params(const cm_oai_completion *c, int max_tokens, cm_gen_params *p) {
     cm_gen_params_default(p);
     p->temperature = (float)c->temperature;
