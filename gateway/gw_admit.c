@@ -59,14 +59,12 @@ void gw_admit_submit(gw *g, gw_prep *p, void (*gone)(void *)) {
         gw_req_finish(q, 503, "the gateway is at capacity: too many requests waiting to be tokenized", "overloaded");
         return;
     }
-    g->preparing++;
     gw_http_on_gone(q->conn, gone, q);
 }
 
 gw_req *gw_admit_prepared(gw_prep *p) {
     gw_req *q = p->q;
     gw *g = q->g;
-    g->preparing--;
     int status = p->status;
     char err[sizeof p->err];
     snprintf(err, sizeof err, "%s", p->err);

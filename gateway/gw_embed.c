@@ -272,11 +272,10 @@ int gw_embed_send(gw *g, gw_req *q, int wi) {
     free(in);
     free(inp);
     if (rc) return rc;
-    q->worker = wi;
+    gw_req_join(q, wi);
     q->worker_inc = g->w[wi].incarnation;
     q->on_worker = 1;
     q->t_sent = cm_now();
-    g->w[wi].inflight++;
     g->w[wi].routed++;
     return 0;
 }
@@ -308,11 +307,8 @@ static void probe_timeout(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     gw *g = q->g;
-    if (q->worker >= 0) {
-        gw_pool_cancel(g, q->worker, q->rid);
-        if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
-        q->worker = -1;
-    }
+    gw_req_leave(q, 1);
+    q->worker = -1;
     q->probing = 0;
     gw_req_delist(g, q);
     q->probe_done(g, q, NULL, 0);
@@ -342,15 +338,14 @@ int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done) {
     }
     q->probing = 1;
     q->probe_done = done;
-    q->worker = wi;
-    g->w[wi].inflight++;
+    gw_req_join(q, wi);
     return 0;
 }
 
 void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
     gw_req *q = cm_idmap_get(&g->reqs, r->request_id);
     if (q && q->probing) { /* the cache's question */
-        if (q->worker >= 0 && g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
+        gw_req_leave(q, 0);
         q->worker = -1;
         q->probing = 0;
         gw_req_delist(g, q);

@@ -42,7 +42,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg) {
         CM_WARN("shutdown timeout: ending %s in-flight requests with an error", g->req_list->next ? "the" : "the last");
         gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");
     }
-    if (g->req_list || g->preparing) {
+    if (g->req_list || gw_tokq_queued(g->tokq)) { /* and requests being prepared: the tokenizer queue counts them */
         idle_since = 0;
         return;
     }

@@ -150,7 +150,7 @@ char *gw_metrics_text(const gw *g, size_t *len) {
         counter(o, "llmserve:http_connections_total", "Client connections accepted (requests over kept-alive ones are not).",
                 gw_http_accepted(g->http));
     }
-    gauge(o, "llmserve:preparing_requests", "Requests being parsed and tokenized off the event loop.", "", g->preparing);
+    gauge(o, "llmserve:preparing_requests", "Requests being parsed and tokenized off the event loop.", "", gw_tokq_queued(g->tokq));
     gauge(o, "llmserve:draining", "1 while the gateway drains after SIGTERM.", "", g->draining);
     hist(o, "llmserve:time_to_first_token_seconds", "Time to first token.", &g->m.ttft);
     hist(o, "llmserve:inter_token_latency_seconds", "Time between streamed tokens (TPOT).", &g->m.itl);

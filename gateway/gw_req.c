@@ -79,6 +79,20 @@ static json_t *batch_json(const gw_req *q, json_t *choices) { /* takes choices *
                      (json_int_t)q->res.created, "model", q->g->served, "choices", choices, "usage", batch_usage(q));
 }
 
+void gw_req_join(gw_req *q, int wi) {
+    gw_req_leave(q, 0);
+    q->worker = wi;
+    q->joined = 1;
+    q->g->w[wi].inflight++;
+}
+
+void gw_req_leave(gw_req *q, int cancel) {
+    if (!q->joined) return;
+    if (cancel) gw_pool_cancel(q->g, q->worker, q->rid);
+    q->g->w[q->worker].inflight--;
+    q->joined = 0;
+}
+
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     uint64_t salt = q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0;
     return gw_route(g, q->tok, q->n_tok, salt, exclude, hit);
@@ -92,10 +106,7 @@ void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     gw *g = q->g;
     if (ops_of(q)->on_end) ops_of(q)->on_end(q, status);
     int kid = q->parent || q->abandon;
-    if (q->worker >= 0) {
-        if (status != 200 && q->on_worker) gw_pool_cancel(g, q->worker, q->rid); /* it may still run there */
-        if (g->w[q->worker].inflight > 0) g->w[q->worker].inflight--;
-    }
+    gw_req_leave(q, status != 200 && q->on_worker); /* it may still run there */
     if (status == 200) {
         if (!kid) gw_hist_add(&g->m.e2e, cm_now() - q->t_arrive);
         for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
@@ -212,12 +223,11 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     free(bid);
     free(bval);
     if (rc) return rc;
-    q->worker = wi;
+    gw_req_join(q, wi);
     q->worker_inc = g->w[wi].incarnation;
     q->on_worker = 1;
     q->next_seq = 0;
     q->t_sent = cm_now();
-    g->w[wi].inflight++;
     g->w[wi].routed++;
     return 0;
 }
@@ -285,10 +295,7 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
     if ((q->parent ? q->parent->conn : q->conn) && resumable && !q->retried) {
         int hit = 0, wi = ops_of(q)->pick(g, q, old, &hit);
         if (wi >= 0) {
-            if (old >= 0) {
-                if (q->on_worker) gw_pool_cancel(g, old, q->rid);
-                if (g->w[old].inflight > 0) g->w[old].inflight--;
-            }
+            gw_req_leave(q, q->on_worker);
             q->worker = -1;
             q->on_worker = 0;
             if (!assign_rid(g, q) && !ops_of(q)->send(g, q, wi)) {

@@ -45,6 +45,7 @@ typedef struct gw_req {
     int32_t *tok;
     int n_tok, max_tokens;
     int worker;                  /* group it runs on, -1 before */
+    int joined;                  /* counted in that group's in-flight requests (gw_req_join) */
     uint64_t worker_inc;         /* that group's incarnation when sent */
     int got_token, retried, on_worker;
     uint32_t next_seq;
@@ -115,6 +116,11 @@ int gw_req_enlist(gw *g, gw_req *q);
  * embedding of its question): an id in the map and a place in the list, so
  * shutdown ends it, and a timer that calls timeout after secs. */
 int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short, void *), double secs);
+/* The one owner of a group's in-flight count (what routing weighs): q was
+ * sent to group wi and counts there until gw_req_leave, which takes it off
+ * (cancelled there first when cancel; q->worker stays, for the log). */
+void gw_req_join(gw_req *q, int wi);
+void gw_req_leave(gw_req *q, int cancel);
 /* Undoes either enlist: out of the map and the list, timer freed. */
 void gw_req_delist(gw *g, gw_req *q);
 /* A failure of kind GW_FAIL_*: tries another group once, when nothing

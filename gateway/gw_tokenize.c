@@ -154,7 +154,6 @@ static void run(gw_job *jb) {
 
 static void finish(gw_job *jb) {
     tjob *j = (tjob *)jb;
-    j->g->preparing--;
     if (j->conn) {
         if (j->status) gw_http_error(j->conn, j->status, j->err, j->param, j->status >= 500 ? "internal_error" : "invalid_value");
         else if (j->reply) gw_http_json(j->conn, 200, j->reply);
@@ -195,6 +194,5 @@ void gw_tokenize_handle(gw *g, gw_http_req *r, int which) {
         gw_http_error(r->conn, 503, "the gateway is at capacity: too many requests waiting to be tokenized", NULL, "overloaded");
         return;
     }
-    g->preparing++;
     gw_http_on_gone(r->conn, gone, j);
 }

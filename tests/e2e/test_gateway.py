@@ -364,5 +364,10 @@ if shutil.which("promtool"):
 else:
     print("promtool not installed: exposition checked by the parser above only")
 
+# every request above has ended (cancelled, retried, refused, timed out, answered): nothing counts in flight
+time.sleep(1)
+infl = [float(x) for x in re.findall(r'llmserve:gateway_inflight\{worker="[^"]+"\} (\S+)', raw(GW, "GET", "/metrics")[2].decode())]
+check(infl and not any(infl), "nothing left in flight on any group: %s" % infl)
+
 print("gateway e2e: %d failures" % len(failures))
 sys.exit(1 if failures else 0)

@@ -120,4 +120,8 @@ check(h.get("x-llmserve-cache") == "exact", "the newest answer is still there")
 time.sleep(4.5)
 st, c, h, _ = chat("Spell the number 7.")
 check("x-llmserve-cache" not in h, "past --semantic-cache-ttl: asked again")
+# every request over (the cache's questions to the embedding group too): no group counts one in flight
+with urllib.request.urlopen(GW + "/metrics", timeout=10) as f:
+    infl = [float(l.rsplit(" ", 1)[1]) for l in f.read().decode().splitlines() if l.startswith("llmserve:gateway_inflight{")]
+check(infl and not any(infl), "nothing left in flight on any group: %s" % infl)
 finish("test_semcache")

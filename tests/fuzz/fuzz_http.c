@@ -21,6 +21,7 @@
 #include "gw.h"
 #include "gw_http.h"
 #include "gw_life.h"
+#include "gw_tokq.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -185,11 +186,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_reply(reply, rn);
     /* the client is gone: what it left must go too */
     t0 = cm_now();
-    while (gw_http_open_connections(G->http) || G->req_list || G->preparing) {
+    while (gw_http_open_connections(G->http) || G->req_list || gw_tokq_queued(G->tokq)) {
         if (cm_now() - t0 > CLOSE_BOUND_S) {
             char why[200];
             snprintf(why, sizeof why, "left behind after the client went: %d connections, %s, %d preparing",
-                     gw_http_open_connections(G->http), G->req_list ? "requests" : "no requests", G->preparing);
+                     gw_http_open_connections(G->http), G->req_list ? "requests" : "no requests", gw_tokq_queued(G->tokq));
             fail(why, (const uint8_t *)reply, rn);
         }
         event_base_loop(G->base, EVLOOP_NONBLOCK);
