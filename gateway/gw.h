@@ -100,10 +100,7 @@ typedef struct gw {
     char eserved[256];
     int emax_len, edim;
     gw_cache cache;              /* --semantic-cache (its dim is set by the first embedding model) */
-    /* context_overflow summarize: summaries of dropped turns by their transcript's hash, the last 256 */
-    cm_idmap sums;
-    uint64_t sum_ring[256];
-    int sum_at;
+    gw_sums sums;                /* context_overflow summarize: the last summaries (gw_cache.h) */
     /* workers (gw_pool) */
     const struct gw_pool_ops *pool_ops; /* what the pool hands up (gw_life registers it) */
     gw_worker w[GW_MAX_WORKERS];

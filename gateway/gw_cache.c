@@ -229,3 +229,25 @@ uint64_t gw_cache_exact_key(const char *text, size_t len) {
     XXH3_freeState(st);
     return nz(h);
 }
+
+const char *gw_sums_get(const gw_sums *s, uint64_t key) { return cm_idmap_get(&s->map, key); }
+
+int gw_sums_put(gw_sums *s, uint64_t key, const char *text, size_t len) {
+    if (cm_idmap_get(&s->map, key)) return 0;
+    char *copy = strndup(text, len);
+    if (!copy || cm_idmap_put(&s->map, key, copy)) {
+        free(copy);
+        return LLM_ENOMEM;
+    }
+    if (s->n == GW_SUMS) free(cm_idmap_del(&s->map, s->ring[s->at]));
+    else s->n++;
+    s->ring[s->at] = key;
+    s->at = (s->at + 1) % GW_SUMS;
+    return 0;
+}
+
+void gw_sums_free(gw_sums *s) {
+    for (int i = 0; i < s->n; i++) free(cm_idmap_del(&s->map, s->ring[i]));
+    cm_idmap_free(&s->map);
+    s->n = s->at = 0;
+}

@@ -72,4 +72,20 @@ int gw_cache_put(gw_cache *c, uint64_t scope, uint64_t exact, const float *vec, 
  * made one space, the ends trimmed and ASCII letters lowercased. */
 uint64_t gw_cache_exact_key(const char *text, size_t len);
 
+/* context_overflow summarize: the summaries of dropped turns, by their
+ * transcript's hash, the newest GW_SUMS of them (oldest out first). */
+#define GW_SUMS 256
+typedef struct {
+    cm_idmap map;                /* key -> malloc'd NUL-terminated text */
+    uint64_t ring[GW_SUMS];      /* keys in insertion order */
+    int at, n;
+} gw_sums;
+
+/* NULL when absent. */
+const char *gw_sums_get(const gw_sums *s, uint64_t key);
+/* Keeps a copy of text[0, len) under key (a key held already keeps its
+ * first text); the oldest goes when full. 0 or LLM_ENOMEM. */
+int gw_sums_put(gw_sums *s, uint64_t key, const char *text, size_t len);
+void gw_sums_free(gw_sums *s);
+
 #endif

@@ -259,11 +259,7 @@ int gw_embed_send(gw *g, gw_req *q, int wi) {
     m.reply_address = g->reply;
     m.n_inputs = (size_t)q->n_inputs;
     m.inputs = inp;
-    if (g->conf.request_timeout > 0) {
-        double wall_ms = cm_wall_ms();
-        m.has_deadline_ms = 1;
-        m.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - (cm_now() - q->t_arrive)) * 1e3);
-    }
+    m.has_deadline_ms = (m.deadline_ms = gw_req_deadline_ms(q, g->conf.request_timeout)) != 0;
     pr_env e;
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_EMBED;
@@ -272,11 +268,7 @@ int gw_embed_send(gw *g, gw_req *q, int wi) {
     free(in);
     free(inp);
     if (rc) return rc;
-    gw_req_join(q, wi);
-    q->worker_inc = g->w[wi].incarnation;
-    q->on_worker = 1;
-    q->t_sent = cm_now();
-    g->w[wi].routed++;
+    gw_req_sent(q, wi);
     return 0;
 }
 

@@ -180,9 +180,7 @@ void gw_stop(gw *g) {
     gw_model_unref(g->emodel);
     g->model = g->emodel = NULL;
     gw_cache_free(&g->cache);
-    for (int i = 0; i < 256; i++)
-        if (g->sum_ring[i]) free(cm_idmap_del(&g->sums, g->sum_ring[i]));
-    cm_idmap_free(&g->sums);
+    gw_sums_free(&g->sums);
     gw_limits_free(&g->lim);
     gw_auth_free(&g->auth);
     gw_conf_free(&g->conf);

@@ -402,7 +402,7 @@ static void admit(gw *g, gw_req *q) {
  * asked of the served model as a request of its own (greedy, at most
  * summ_room tokens), which calls gw_oai_summary_done when it ends. */
 static void start_summary(gw *g, gw_req *q) {
-    const char *hit = cm_idmap_get(&g->sums, q->summ_key);
+    const char *hit = gw_sums_get(&g->sums, q->summ_key);
     int n = q->summ_n;
     q->summ_n = 0; /* asked once */
     if (hit) {
@@ -448,14 +448,7 @@ static void summary_done(gw *g, gw_req *q, const char *text, size_t len) {
         memcpy(content + sizeof SUMMARY_INTRO - 1, text, len);
         content[sizeof SUMMARY_INTRO - 1 + len] = 0;
         if (!q->summ_cached) { /* kept for the next request of this conversation */
-            char *copy = strndup(text, len);
-            if (copy && !cm_idmap_get(&g->sums, q->summ_key) && !cm_idmap_put(&g->sums, q->summ_key, copy)) {
-                if (g->sum_ring[g->sum_at]) free(cm_idmap_del(&g->sums, g->sum_ring[g->sum_at]));
-                g->sum_ring[g->sum_at] = q->summ_key;
-                g->sum_at = (g->sum_at + 1) % 256;
-            } else {
-                free(copy);
-            }
+            gw_sums_put(&g->sums, q->summ_key, text, len); /* without memory: asked again next time */
         }
         for (int i = 0; i < q->summ_head; i++) keep[kn++] = q->c.messages[i];
         keep[kn++] = (struct cm_oai_msg){"system", content, NULL, NULL};

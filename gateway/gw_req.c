@@ -93,6 +93,20 @@ void gw_req_leave(gw_req *q, int cancel) {
     q->joined = 0;
 }
 
+void gw_req_sent(gw_req *q, int wi) {
+    gw_req_join(q, wi);
+    q->worker_inc = q->g->w[wi].incarnation;
+    q->on_worker = 1;
+    q->next_seq = 0;
+    q->t_sent = cm_now();
+    q->g->w[wi].routed++;
+}
+
+uint64_t gw_req_deadline_ms(const gw_req *q, double timeout) {
+    if (timeout <= 0) return 0;
+    return (uint64_t)(cm_wall_ms() + (timeout - (cm_now() - q->t_arrive)) * 1e3);
+}
+
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     uint64_t salt = q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0;
     return gw_route(g, q->tok, q->n_tok, salt, exclude, hit);
@@ -206,15 +220,9 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
         gen.resume_text_bytes = (uint32_t)q->out_text;
     }
     /* the deadlines, on the wall clock the worker shares: it refuses a prompt it cannot compute in time */
-    double wall_ms = cm_wall_ms(), since = cm_now() - q->t_arrive;
-    if (g->conf.request_timeout > 0) {
-        gen.has_deadline_ms = 1;
-        gen.deadline_ms = (uint64_t)(wall_ms + (g->conf.request_timeout - since) * 1e3);
-    }
-    if (g->conf.ttft_timeout > 0 && !q->got_token) {
-        gen.has_first_token_deadline_ms = 1;
-        gen.first_token_deadline_ms = (uint64_t)(wall_ms + (g->conf.ttft_timeout - since) * 1e3);
-    }
+    gen.has_deadline_ms = (gen.deadline_ms = gw_req_deadline_ms(q, g->conf.request_timeout)) != 0;
+    if (!q->got_token)
+        gen.has_first_token_deadline_ms = (gen.first_token_deadline_ms = gw_req_deadline_ms(q, g->conf.ttft_timeout)) != 0;
     pr_env e;
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
@@ -223,12 +231,7 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     free(bid);
     free(bval);
     if (rc) return rc;
-    gw_req_join(q, wi);
-    q->worker_inc = g->w[wi].incarnation;
-    q->on_worker = 1;
-    q->next_seq = 0;
-    q->t_sent = cm_now();
-    g->w[wi].routed++;
+    gw_req_sent(q, wi);
     return 0;
 }
 

@@ -121,6 +121,12 @@ int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short
  * (cancelled there first when cancel; q->worker stays, for the log). */
 void gw_req_join(gw_req *q, int wi);
 void gw_req_leave(gw_req *q, int cancel);
+/* After a send of q to group wi (any kind): joined there, on the worker, its
+ * sequence from 0, the group's incarnation and the send time noted. */
+void gw_req_sent(gw_req *q, int wi);
+/* The wall-clock deadline (ms since the epoch, what the wire carries) that
+ * timeout seconds from q's arrival make; 0 for no timeout. */
+uint64_t gw_req_deadline_ms(const gw_req *q, double timeout);
 /* Undoes either enlist: out of the map and the list, timer freed. */
 void gw_req_delist(gw *g, gw_req *q);
 /* A failure of kind GW_FAIL_*: tries another group once, when nothing

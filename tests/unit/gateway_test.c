@@ -103,6 +103,26 @@ static void map(void) {
     cm_idmap_free(&m);
 }
 
+/* The summaries' ring: the newest GW_SUMS kept, the oldest out first, a key's first text kept. */
+static void sums(void) {
+    gw_sums s = {0};
+    char t[32];
+    for (int i = 0; i < GW_SUMS + 44; i++) {
+        int n = snprintf(t, sizeof t, "summary %d", i);
+        CHECK_RC(gw_sums_put(&s, (uint64_t)i, t, (size_t)n), 0); /* key 0 too */
+    }
+    CHECK_RC(gw_sums_put(&s, GW_SUMS + 43, "other", 5), 0);
+    int bad = 0;
+    for (int i = 0; i < GW_SUMS + 44; i++) {
+        const char *v = gw_sums_get(&s, (uint64_t)i);
+        snprintf(t, sizeof t, "summary %d", i);
+        bad += i < 44 ? v != NULL : !v || strcmp(v, t) != 0;
+    }
+    CHECK_INT(bad, 0);
+    CHECK_INT((int)s.map.n + s.map.has_zero, GW_SUMS);
+    gw_sums_free(&s);
+}
+
 /* Two groups; B holds the first 3 blocks of the prompt in its cache. */
 static void route(void) {
     gw *g = calloc(1, sizeof *g);
@@ -561,6 +581,7 @@ int main(void) {
     limits();
     auth();
     map();
+    sums();
     route();
     conf();
     responses();

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -313,6 +314,18 @@ static int stop_worker(pid_t pid) {
     return -1;
 }
 
+/* No Health from a worker just started: it did not come up (its stderr says
+ * why), so the part of the test that needs it stops here, failed, instead of
+ * running into every later timeout. */
+static int no_health(client *c, int secs, pid_t pid) {
+    int up = wait_health(c, secs) == 0;
+    CHECK(up); /* else the worker never answered Health, and this part stops */
+    if (up) return 0;
+    stop_worker(pid);
+    client_close(c);
+    return 1;
+}
+
 /* The in-process engine's greedy tokens, the reference for everything remote. */
 static void reference(const int32_t *tok, int n, int gen, int32_t *out) {
     wk_engine_opts o;
@@ -355,14 +368,40 @@ static void make_prompts(void) {
     }
 }
 
+/* A TCP port free now (the kernel's pick), for a worker to listen on: a
+ * fixed range collided with other tests' ports when ctest ran them side by
+ * side, and the worker could not start. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int port = 0;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &l))
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* A test that cannot go on must fail, never hang: the part that was running is named. */
+static const char *phase = "start";
+
+static void on_alarm(int sig) {
+    (void)sig;
+    char m[160];
+    int n = snprintf(m, sizeof m, "worker_test: FAIL: stuck in %s for too long (watchdog)\n", phase);
+    if (write(2, m, (size_t)n) < 0) _exit(1);
+    _exit(1);
+}
+
 static void test_serving(const char *addr) {
+    phase = "test_serving";
     /* references first: the client below must not go quiet while they run */
     int32_t ref[4][24];
     for (int i = 0; i < 4; i++) reference(prompts[i], plen[i], 24, ref[i]);
     pid_t pid = start_worker(addr, NULL, NULL, NULL);
     client c;
     CHECK_RC(client_open(&c, addr, "gw-test"), 0);
-    CHECK_RC(wait_health(&c, 120), 0);
+    if (no_health(&c, 120, pid)) return;
 
     /* generate + stream: same tokens as the engine in-process, chunks in order */
     for (int i = 0; i < 4; i++) CHECK_RC(send_generate(&c, 100 + (uint64_t)i, prompts[i], plen[i], 24, 1), 0);
@@ -501,6 +540,7 @@ static void test_serving(const char *addr) {
 }
 
 static void test_tp(const char *addr1, const char *addr2) {
+    phase = "test_tp";
     /* TP=1 and TP=2 workers side by side: the same greedy tokens. In exact
      * mode (float activations, F32 cache) only the summation order of the
      * row-parallel matmuls differs; with int8 activations that order flips
@@ -511,8 +551,16 @@ static void test_tp(const char *addr1, const char *addr2) {
     client c1, c2;
     CHECK_RC(client_open(&c1, addr1, "gw-tp1"), 0);
     CHECK_RC(client_open(&c2, addr2, "gw-tp2"), 0);
-    CHECK_RC(wait_health(&c1, 120), 0);
-    CHECK_RC(wait_health(&c2, 120), 0);
+    if (no_health(&c1, 120, p1)) {
+        stop_worker(p2);
+        client_close(&c2);
+        return;
+    }
+    if (no_health(&c2, 120, p2)) {
+        stop_worker(p1);
+        client_close(&c1);
+        return;
+    }
     int same = 0;
     for (int i = 0; i < TP_PROMPTS; i++) {
         stream a, b;
@@ -670,6 +718,7 @@ static void tp1_logits(int act_f32, int32_t *greedy_out, float *logits_out, int 
 }
 
 static void test_tp_in_process(void) {
+    phase = "test_tp_in_process";
 #if defined(__SANITIZE_THREAD__)
     enum { GEN = 4 }; /* the races are in the first steps as in the last */
 #else
@@ -708,6 +757,7 @@ static void test_tp_in_process(void) {
  * ranks that split its query heads (70B's 8 KV heads over TP=16). The
  * sharded math is the same math: float activations agree with TP=1. */
 static void test_tp_replicated_kv(void) {
+    phase = "test_tp_replicated_kv";
     const char *cfg = "/tmp/llmserve-worker-test-kv2.json";
     FILE *f = fopen(cfg, "w");
     CHECK(f != NULL);
@@ -746,10 +796,11 @@ static void test_tp_replicated_kv(void) {
 }
 
 static void test_kill_worker(const char *addr) {
+    phase = "test_kill_worker";
     pid_t pid = start_worker(addr, NULL, NULL, NULL);
     client c;
     CHECK_RC(client_open(&c, addr, "gw-kill"), 0);
-    CHECK_RC(wait_health(&c, 60), 0);
+    if (no_health(&c, 60, pid)) return;
     CHECK_RC(send_generate(&c, 1, prompts[0], plen[0], 500, 0), 0);
     stream s;
     CHECK_RC(collect(&c, 1, &s, 30000, 2), 0);
@@ -783,6 +834,7 @@ static void test_kill_worker(const char *addr) {
  * took 200 steps). Then a gateway that stops heartbeating is dropped, and
  * each of its requests is reported to it as an error, and counted. */
 static void test_control_plane(const char *addr) {
+    phase = "test_control_plane";
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     enum { N = 64 }; /* prefilling 200 prompts takes minutes under the sanitizers */
 #else
@@ -791,7 +843,7 @@ static void test_control_plane(const char *addr) {
     pid_t pid = start_worker(addr, "--max-num-seqs", "256", NULL);
     client c;
     CHECK_RC(client_open(&c, addr, "gw-storm"), 0);
-    CHECK_RC(wait_health(&c, 60), 0);
+    if (no_health(&c, 60, pid)) return;
     for (int i = 0; i < N; i++) CHECK_RC(send_generate(&c, 1000 + (uint64_t)i, prompts[i % 4], plen[i % 4], 1000, 0), 0);
     double end = now() + 120;
     while (now() < end && (fresh_stats(&c, 5000) || c.stats_running < N)) pump(&c, 100);
@@ -847,6 +899,8 @@ int main(int argc, char **argv) {
     model_path = argv[2];
     cm_log_set_level(CM_LOG_WARN);
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGALRM, on_alarm);
+    alarm(780); /* ctest's limit is 900 s: the watchdog speaks first */
     char err[256];
     wk_model_opts mo = {.model_path = model_path, .threads = 1, .max_batch = 512};
     if (wk_model_load(&mo, &model, err, sizeof err)) {
@@ -856,13 +910,12 @@ int main(int argc, char **argv) {
     make_prompts();
     test_tp_in_process(); /* before any NNG thread exists: it forks */
     test_tp_replicated_kv();
-    int base = 20000 + (int)(getpid() % 12000); /* below the ephemeral range (32768+) */
     char a1[64], a2[64], a3[64], a4[64], a5[64];
-    snprintf(a1, sizeof a1, "tcp://127.0.0.1:%d", base);
-    snprintf(a2, sizeof a2, "tcp://127.0.0.1:%d", base + 1);
+    snprintf(a1, sizeof a1, "tcp://127.0.0.1:%d", free_port());
+    snprintf(a2, sizeof a2, "tcp://127.0.0.1:%d", free_port());
     snprintf(a3, sizeof a3, "ipc:///tmp/llmserve-test-%d.ipc", (int)getpid());
-    snprintf(a4, sizeof a4, "tcp://127.0.0.1:%d", base + 2);
-    snprintf(a5, sizeof a5, "tcp://127.0.0.1:%d", base + 3);
+    snprintf(a4, sizeof a4, "tcp://127.0.0.1:%d", free_port());
+    snprintf(a5, sizeof a5, "tcp://127.0.0.1:%d", free_port());
     test_serving(a1);
     test_tp(a2, a3);
     test_kill_worker(a4);

@@ -1,0 +1,338 @@
+/* wk_forward.c - the forward pass over a batch of sequences (CPU kernels,
+ * or the CUDA backend), and the tensor-parallel step plans the ranks follow. */
+#include "wk_model.h"
+#include "wk_cuda.h"
+#include "cm_dtype.h"
+#include "cm_quant.h"
+#include "cm_hf_quant.h"
+#include "cm_error.h"
+#include "cm_log.h"
+#include "cm_rope.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- parallel element-wise helpers: rows split over the pool ---------- */
+
+typedef struct {
+    wk_model *m;
+    int T, op;
+    const float *w;
+    float *dst, *src;
+    int n;
+    kn_act *act;
+} rows_ctx;
+
+enum { OP_NORM, OP_SILU, OP_GELU, OP_QUANT };
+
+static void rows_task(void *p, int ith, int nth) {
+    rows_ctx *c = p;
+    int r0 = c->T * ith / nth, r1 = c->T * (ith + 1) / nth;
+    for (int r = r0; r < r1; r++) {
+        size_t o = (size_t)r * (size_t)c->n;
+        if (c->op == OP_NORM) kn_rmsnorm(c->dst + o, c->src + o, c->w, c->n, c->m->cfg.norm_eps);
+        else if (c->op == OP_SILU) kn_silu_mul(c->dst + o, c->src + o, c->n);
+        else if (c->op == OP_GELU) kn_gelu_mul(c->dst + o, c->src + o, c->n);
+    }
+    if (c->op == OP_QUANT && r1 > r0) {
+        kn_act sub = kn_act_view(c->act, r0);
+        kn_quantize_act(&sub, c->src + (size_t)r0 * (size_t)c->n, r1 - r0);
+    }
+}
+
+static void par_rows(wk_model *m, int op, int T, float *dst, float *src, const float *w, int n, kn_act *act) {
+    rows_ctx c = {m, T, op, w, dst, src, n, act};
+    if (T == 1) rows_task(&c, 0, 1);
+    else kn_pool_run(m->pool, rows_task, &c);
+    if (op == OP_QUANT) act->rows = T;
+}
+
+/* y_i = x[.perm] . W_i^T for act-order weights sharing one perm: the input gathered and quantized once. */
+static void mm_perm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, const float *x, int T) {
+    int64_t k = w[0]->k;
+    const int32_t *perm = w[0]->perm;
+    for (int t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) m->xperm[t * k + j] = x[t * k + perm[j]];
+    kn_act a = m->act_perm; /* the same memory at this row length */
+    a.k = k;
+    a.nblk = k / 32;
+    int quant = 0;
+    for (int i = 0; i < nw; i++) quant |= kn_weight_wants_act(w[i]);
+    if (quant) par_rows(m, OP_QUANT, T, NULL, m->xperm, NULL, (int)k, &a);
+    kn_matmul_multi(m->pool, nw, w, y, m->xperm, &a, T);
+}
+
+/* y = x . W^T for the listed weights, quantizing x once when needed. */
+static void mm_plain(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
+    int quant = 0;
+    for (int i = 0; i < nw; i++) quant |= kn_weight_wants_act(w[i]);
+    if (quant) par_rows(m, OP_QUANT, T, NULL, x, NULL, (int)act->k, act);
+    if (m->act_hook)
+        for (int i = 0; i < nw; i++) m->act_hook(m->act_hook_ctx, w[i], x, T);
+    kn_matmul_multi(m->pool, nw, w, y, x, act, T);
+}
+
+/* The same, act-order weights (kn_weight.perm) apart: one gather for each distinct order. */
+static void mm(wk_model *m, int nw, const kn_weight *const *w, float *const *y, float *x, kn_act *act, int T) {
+    if (!m->perm_k) {
+        mm_plain(m, nw, w, y, x, act, T);
+        return;
+    }
+    const kn_weight *rest[4], *same[4];
+    float *ry[4], *sy[4];
+    int nr = 0, done[4] = {0};
+    for (int i = 0; i < nw; i++) {
+        if (!w[i]->perm) {
+            rest[nr] = w[i], ry[nr++] = y[i];
+            continue;
+        }
+        if (done[i]) continue;
+        int ns = 0;
+        for (int j = i; j < nw; j++)
+            if (w[j]->perm == w[i]->perm) {
+                if (m->act_hook) m->act_hook(m->act_hook_ctx, w[j], x, T);
+                same[ns] = w[j], sy[ns++] = y[j], done[j] = 1;
+            }
+        mm_perm(m, ns, same, sy, x, T);
+    }
+    if (nr) mm_plain(m, nr, rest, ry, x, act, T);
+}
+
+/* Adds the bias (if any), rotates and stores K/V of every token of the step. */
+static void qkv_post(wk_model *m, const wk_layer *L, wk_cache *c, int l, int T) {
+    const cm_model_config *cf = &m->cfg;
+    int hd = (int)cf->head_dim, nh = m->n_head_l, nkv = m->n_kv_l, QD = nh * hd, KVD = nkv * hd;
+    size_t eb = kn_kv_elem_bytes(c->type), layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+    size_t mask = ((size_t)1 << c->block_shift) - 1;
+    for (int t = 0; t < T; t++) {
+        float *q = m->q + (size_t)t * QD, *k = m->k + (size_t)t * KVD, *v = m->v + (size_t)t * KVD;
+        int pos = m->tok_pos[t];
+        if (L->bq) for (int i = 0; i < QD; i++) q[i] += L->bq[i];
+        if (L->bk) for (int i = 0; i < KVD; i++) k[i] += L->bk[i];
+        if (L->bv) for (int i = 0; i < KVD; i++) v[i] += L->bv[i];
+        if (L->q_norm)
+            for (int h = 0; h < nh; h++) kn_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, cf->norm_eps);
+        if (L->k_norm)
+            for (int h = 0; h < nkv; h++) kn_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, cf->norm_eps);
+        if (cf->attn_scale > 0) /* the kernel scales by 1/sqrt(hd): the rest here */
+            for (int i = 0; i < QD; i++) q[i] *= cf->attn_scale * sqrtf((float)hd);
+        kn_rope(q, nh, hd, (int)cf->rope_dim, cf->rope_type, pos, L->inv_freq);
+        kn_rope(k, nkv, hd, (int)cf->rope_dim, cf->rope_type, pos, L->inv_freq);
+        size_t off = layer + (size_t)m->tok_blocks[t][pos >> c->block_shift] * c->block_stride +
+                     ((size_t)pos & mask) * (size_t)KVD * eb;
+        kn_kv_store(c->type, c->k + off, k, KVD);
+        kn_kv_store(c->type, c->v + off, v, KVD);
+    }
+}
+
+/* Sums a row-parallel matmul's partial results over the ranks. */
+static int reduce(wk_model *m, float *buf, size_t n) {
+    return m->comm && m->tp_size > 1 ? m->comm->ops->all_reduce_sum(m->comm, buf, n) : 0;
+}
+
+/* One step of T tokens (T <= max_batch) from n_seq sequences. With tensor
+ * parallelism every rank runs this with the same plan on its shard; logits
+ * (vocabulary-parallel) are gathered on rank 0, whose `logits` is used. */
+static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
+                        float *logits) {
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, H = m->hidden_l, rc;
+    for (int i = 0, t = 0; i < n_seq; i++) {
+        m->attn_seq[i] = (kn_attn_seq){s[i].n, s[i].pos0, t, s[i].blocks};
+        for (int j = 0; j < s[i].n; j++, t++) {
+            kn_get_row(&m->tok_embd, s[i].tokens[j], m->x + (size_t)t * D);
+            if (cf->gemma) /* Gemma scales the embedding by sqrt(dim) (in fp32, as llama.cpp) */
+                for (int d = 0; d < D; d++) m->x[(size_t)t * D + d] *= sqrtf((float)D);
+            m->tok_pos[t] = s[i].pos0 + j;
+            m->tok_blocks[t] = s[i].blocks;
+        }
+    }
+    for (uint32_t l = 0; l < cf->n_layer; l++) {
+        wk_layer *L = &m->layers[l];
+        par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
+        const kn_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[3] = {m->q, m->k, m->v};
+        mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
+        qkv_post(m, L, c, (int)l, T);
+        size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
+                           c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
+                           m->attn_scratch, L->window};
+        kn_attention(m->pool, &aa);
+        const kn_weight *wo = &L->wo;
+        float *o_out = m->xb2;
+        mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
+        if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
+        if (L->post_attn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_attn_norm, D, NULL);
+        for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
+        par_rows(m, OP_NORM, T, m->xb, m->x, L->ffn_norm, D, NULL);
+        const kn_weight *gu[2] = {&L->gate, &L->up};
+        float *gu_out[2] = {m->hb, m->hb2};
+        mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
+        par_rows(m, cf->gemma ? OP_GELU : OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
+        const kn_weight *dn = &L->down;
+        float *d_out = m->xb2;
+        mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
+        if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
+        if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);
+        for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
+    }
+    /* gather the rows that want logits, then one LM-head GEMM */
+    int n = 0;
+    for (int i = 0, t = 0; i < n_seq; t += s[i].n, i++)
+        for (int j = s[i].logits_from; j < s[i].n; j++, n++)
+            if (n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
+    if (!n) return 0;
+    par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
+    const kn_weight *ow = &m->output;
+    if (m->tp_size == 1) { /* straight into the caller's buffer */
+        float *lo = logits;
+        mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
+        return 0;
+    }
+    if (n > m->lm_rows) {
+        float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * (size_t)m->vocab_l);
+        if (!nl) return LLM_ENOMEM;
+        m->lm_local = nl;
+        m->lm_rows = n;
+    }
+    float *lo = m->lm_local;
+    mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
+    return m->comm->ops->all_gather_cols(m->comm, m->lm_local, n, m->voc_width, m->tp_rank == 0 ? logits : NULL);
+}
+
+/* ---- tensor parallel step plans ----------------------------------------
+ * Rank 0 broadcasts each step: a header {magic, n_seq, n_copies, n_ints},
+ * then n_ints int32: the copy-on-write pairs, then per sequence n, pos0,
+ * logits_from, table length, its tokens and its blocks. */
+#define PLAN_MAGIC 0x4c504c4e
+
+static int plan_grow(wk_model *m, size_t n) {
+    if (n <= m->plan_cap) return 0;
+    size_t cap = m->plan_cap ? m->plan_cap : 4096;
+    while (cap < n) cap *= 2;
+    int32_t *p = realloc(m->plan, sizeof(int32_t) * cap);
+    if (!p) return LLM_ENOMEM;
+    m->plan = p;
+    m->plan_cap = cap;
+    return 0;
+}
+
+static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
+    size_t n = 2 * (size_t)c->n_copies;
+    for (int i = 0; i < n_seq; i++) n += 4 + (size_t)s[i].n + (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
+    int rc = plan_grow(m, n);
+    if (rc) return rc;
+    int32_t *p = m->plan;
+    if (c->n_copies) memcpy(p, c->copies, sizeof(int32_t) * 2 * (size_t)c->n_copies);
+    p += 2 * c->n_copies;
+    for (int i = 0; i < n_seq; i++) {
+        int nb = (s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift;
+        *p++ = s[i].n;
+        *p++ = s[i].pos0;
+        *p++ = s[i].logits_from;
+        *p++ = nb;
+        memcpy(p, s[i].tokens, sizeof(int32_t) * (size_t)s[i].n);
+        p += s[i].n;
+        memcpy(p, s[i].blocks, sizeof(int32_t) * (size_t)nb);
+        p += nb;
+    }
+    int32_t hdr[4] = {PLAN_MAGIC, n_seq, c->n_copies, (int32_t)n};
+    c->n_copies = 0;
+    if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
+    return m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * n, 0);
+}
+
+int wk_forward_shutdown(wk_model *m) {
+    int32_t hdr[4] = {PLAN_MAGIC, 0, 0, 0};
+    return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+}
+
+int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
+    *shutdown = 0;
+    int32_t hdr[4];
+    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    if (rc) return rc;
+    if (hdr[0] != PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
+    if (hdr[1] == 0) {
+        *shutdown = 1;
+        return 0;
+    }
+    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)))
+        return rc;
+    const int32_t *p = m->plan, *end = m->plan + hdr[3];
+    if (2 * (int64_t)hdr[2] > hdr[3]) return LLM_EFORMAT;
+    for (int i = 0; i < hdr[2]; i++, p += 2) {
+        if (p[0] < 0 || p[0] >= c->n_blocks || p[1] < 0 || p[1] >= c->n_blocks) return LLM_EFORMAT;
+        wk_cache_copy(c, p[0], p[1]);
+    }
+    for (int i = 0; i < hdr[1]; i++) {
+        if (end - p < 4) return LLM_EFORMAT;
+        int n = p[0], nb = p[3];
+        if (n <= 0 || nb < 0 || end - p - 4 < (int64_t)n + nb) return LLM_EFORMAT;
+        for (int k = 0; k < nb; k++)
+            if (p[4 + n + k] < 0 || p[4 + n + k] >= c->n_blocks) return LLM_EFORMAT;
+        if (((int64_t)p[1] + n + c->block_size - 1) >> c->block_shift > nb) return LLM_EFORMAT;
+        m->plan_seqs[i] = (wk_batch_seq){p + 4, n, p[1], p + 4 + n, p[2]};
+        p += 4 + n + nb;
+    }
+    return wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
+}
+
+int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
+    int T = 0, max_len = 1;
+    if (n_seq <= 0) return LLM_EINVAL;
+    for (int i = 0; i < n_seq; i++) {
+        if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n) return LLM_EINVAL;
+        if ((int64_t)s[i].pos0 + s[i].n > (int64_t)m->cfg.ctx_len) return LLM_ERANGE;
+        for (int j = 0; j < s[i].n; j++)
+            if (s[i].tokens[j] < 0 || (uint32_t)s[i].tokens[j] >= m->cfg.vocab) return LLM_EINVAL;
+        if (s[i].pos0 + s[i].n > max_len) max_len = s[i].pos0 + s[i].n;
+        T += s[i].n;
+        if (T > m->max_batch) return LLM_ERANGE;
+    }
+    /* the CPU's attention scratch grows with the longest sequence seen, not per step (before the plan is
+     * sent: a failure here must not leave the other ranks waiting for a step) */
+    if (m->device == WK_DEV_CPU && m->attn_scratch_len < max_len) {
+        free(m->attn_scratch);
+        m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));
+        if (!m->attn_scratch) {
+            m->attn_scratch_len = 0;
+            return LLM_ENOMEM;
+        }
+        m->attn_scratch_len = max_len;
+    }
+    if (m->tp_size > 1 && m->tp_rank == 0) {
+        int rc = plan_send(m, c, n_seq, s);
+        if (rc) return rc;
+    }
+    if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
+    return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
+}
+
+int wk_forward(wk_model *m, wk_kv *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
+    if (T <= 0) return LLM_EINVAL;
+    if (T > kv->ctx - kv->n) return LLM_ERANGE;
+    for (int done = 0; done < T;) {
+        int n = T - done < m->max_batch ? T - done : m->max_batch;
+        int last = done + n == T;
+        wk_batch_seq s = {tokens + done, n, kv->n, kv->blocks, n};
+        float *lg = NULL;
+        if (all_logits) {
+            lg = logits + (size_t)done * m->cfg.vocab;
+            s.logits_from = 0;
+        } else if (last) {
+            lg = logits;
+            s.logits_from = n - 1;
+        }
+        int rc = wk_forward_batch(m, kv->cache, 1, &s, lg);
+        if (rc) return rc;
+        kv->n += n;
+        done += n;
+    }
+    return 0;
+}
