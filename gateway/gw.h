@@ -114,7 +114,6 @@ typedef struct gw {
     cm_idmap reqs;                 /* rid -> gw_req */
     struct gw_req *req_list;     /* every live request, for worker loss and drain */
     uint64_t next_rid;
-    int open_streams;
     /* lifecycle */
     int draining;
     double drain_deadline;

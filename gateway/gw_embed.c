@@ -15,6 +15,26 @@
 
 #define MAX_INPUTS 2048
 
+/* An embedding request's own state (q->x): its inputs' tokens and the vectors' encoding. */
+typedef struct {
+    int b64;                     /* base64 vectors */
+    int n_inputs;
+    int32_t **in_tok;            /* [n_inputs] */
+    int *in_len;
+} emb;
+
+static emb *ex(const gw_req *q) { return q->x; }
+
+static void emb_release(gw_req *q) {
+    emb *x = q->x;
+    if (!x) return;
+    for (int i = 0; x->in_tok && i < x->n_inputs; i++) free(x->in_tok[i]);
+    free(x->in_tok);
+    free(x->in_len);
+    free(x);
+    q->x = NULL;
+}
+
 typedef struct {
     gw_prep b;
     int dim;
@@ -44,7 +64,7 @@ static int ids_input(eprep *p, gw_req *q, int i, json_t *a) {
         too_long(p, q, i, n, 0);
         return -1;
     }
-    if (!(q->in_tok[i] = malloc(sizeof(int32_t) * n))) return -1;
+    if (!(ex(q)->in_tok[i] = malloc(sizeof(int32_t) * n))) return -1;
     for (size_t k = 0; k < n; k++) {
         json_t *v = json_array_get(a, k);
         json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
@@ -52,9 +72,9 @@ static int ids_input(eprep *p, gw_req *q, int i, json_t *a) {
             gw_prep_refuse(&p->b, 400, "input", "invalid_value", "input[%d][%zu] is not a token id of the model (0 to %d)", i, k, p->b.vocab - 1);
             return -1;
         }
-        q->in_tok[i][k] = (int32_t)id;
+        ex(q)->in_tok[i][k] = (int32_t)id;
     }
-    q->in_len[i] = (int)n;
+    ex(q)->in_len[i] = (int)n;
     return 0;
 }
 
@@ -64,7 +84,7 @@ static int text_input(eprep *p, gw_req *q, int i, json_t *s) {
         gw_prep_refuse(&p->b, 400, "input", "invalid_value", "input[%d] is an empty string", i);
         return -1;
     }
-    int rc = cm_tok_encode_limit(q->model->tok, json_string_value(s), len, 1, 1, (size_t)p->b.max_len, &q->in_tok[i], &n);
+    int rc = cm_tok_encode_limit(q->model->tok, json_string_value(s), len, 1, 1, (size_t)p->b.max_len, &ex(q)->in_tok[i], &n);
     if (rc == LLM_ERANGE) {
         too_long(p, q, i, n, 1);
         return -1;
@@ -73,7 +93,7 @@ static int text_input(eprep *p, gw_req *q, int i, json_t *s) {
         gw_prep_refuse(&p->b, rc == LLM_ENOMEM ? 500 : 400, "input", "invalid_value", "input[%d] cannot be tokenized: %s", i, cm_strerror(rc));
         return -1;
     }
-    q->in_len[i] = (int)n;
+    ex(q)->in_len[i] = (int)n;
     return 0;
 }
 
@@ -107,7 +127,7 @@ static void eprep_run(gw_job *j) {
         const char *f = json_string_value(v);
         if (!f || (strcmp(f, "float") && strcmp(f, "base64")))
             EFAIL(400, "encoding_format", "invalid_value", "'encoding_format' must be 'float' or 'base64'");
-        q->b64 = !strcmp(f, "base64");
+        ex(q)->b64 = !strcmp(f, "base64");
     }
     if ((v = json_object_get(o, "dimensions")) && !json_is_null(v)) {
         if (!json_is_integer(v) || json_integer_value(v) < 1)
@@ -135,10 +155,10 @@ static void eprep_run(gw_job *j) {
         EFAIL(400, "input", "invalid_value", "'input' must be a string, a list of strings, a list of token ids or a "
               "list of such lists");
     }
-    q->n_inputs = n;
-    q->in_tok = calloc((size_t)n, sizeof *q->in_tok);
-    q->in_len = calloc((size_t)n, sizeof *q->in_len);
-    if (!q->in_tok || !q->in_len) EFAIL(500, NULL, "internal_error", "out of memory");
+    ex(q)->n_inputs = n;
+    ex(q)->in_tok = calloc((size_t)n, sizeof *ex(q)->in_tok);
+    ex(q)->in_len = calloc((size_t)n, sizeof *ex(q)->in_len);
+    if (!ex(q)->in_tok || !ex(q)->in_len) EFAIL(500, NULL, "internal_error", "out of memory");
     for (int i = 0; i < n; i++) {
         json_t *it = json_is_string(in) ? in : flat_ids ? in : json_array_get(in, (size_t)i);
         int rc;
@@ -153,7 +173,7 @@ static void eprep_run(gw_job *j) {
             if (!p->b.status) EFAIL(500, NULL, "internal_error", "out of memory");
             goto done;
         }
-        q->n_tok += q->in_len[i];
+        q->n_tok += ex(q)->in_len[i];
     }
 done:
     json_decref(o);
@@ -165,30 +185,7 @@ static void eprep_done(gw_job *j) {
     if (!q) return;
     gw *g = q->g;
     if (gw_admit_limits(g, q, (double)q->n_tok, "input", "its inputs")) return;
-    int wi = gw_embed_pick(g, -1);
-    if (wi < 0) {
-        g->m.overloaded++;
-        gw_req_finish(q, 503, "no embedding worker group is available", "no_workers");
-        return;
-    }
-    if (g->conf.max_queue > 0 && g->w[wi].inflight >= g->conf.max_queue) {
-        gw_http_header(q->conn, "Retry-After", "1");
-        g->m.overloaded++;
-        gw_req_finish(q, 429, "the server is at capacity; retry shortly", "overloaded");
-        return;
-    }
-    snprintf(q->id, sizeof q->id, "embd-%s%llx", g->id, (unsigned long long)(g->next_rid + 1));
-    if (gw_req_enlist(g, q)) {
-        gw_req_finish(q, 500, "out of memory", "internal_error");
-        return;
-    }
-    if (gw_embed_send(g, q, wi)) {
-        g->m.overloaded++;
-        gw_req_finish(q, 503, "the worker group is not accepting requests", "overloaded");
-        return;
-    }
-    g->m.prompt_tokens += (uint64_t)q->n_tok;
-    gw_hist_add(&g->m.queue, q->t_sent - q->t_arrive);
+    gw_req_start(g, q);
 }
 
 static void eprep_gone(void *arg) {
@@ -204,7 +201,11 @@ static int embed_pick(gw *g, gw_req *q, int exclude, int *hit) {
 }
 
 /* An embedding request: the least loaded embedding group, an Embed message, one answer. */
-static const gw_req_ops embed_ops = {embed_pick, gw_embed_send, NULL, 0};
+static const gw_req_ops embed_ops = {.pick = embed_pick,
+                                     .send = gw_embed_send,
+                                     .release = emb_release,
+                                     .id_prefix = "embd",
+                                     .none = "no embedding worker group is available"};
 
 void gw_embed_handle(gw *g, gw_http_req *r, int key) {
     if (!gw_admit_open(g, r)) return;
@@ -218,8 +219,13 @@ void gw_embed_handle(gw *g, gw_http_req *r, int key) {
     eprep *p = calloc(1, sizeof *p);
     gw_req *q = gw_admit_new(g, r, key, g->emodel, &p->b);
     if (!q) return;
-    q->embed = 1;
     q->ops = &embed_ops;
+    if (!(q->x = calloc(1, sizeof(emb)))) {
+        free(p->b.body);
+        free(p);
+        gw_req_finish(q, 500, "out of memory", "internal_error");
+        return;
+    }
     p->b.job.run = eprep_run;
     p->b.job.done = eprep_done;
     snprintf(p->b.eserved, sizeof p->b.eserved, "%s", g->eserved);
@@ -240,36 +246,34 @@ int gw_embed_pick(gw *g, int exclude) {
 }
 
 int gw_embed_send(gw *g, gw_req *q, int wi) {
-    Llmserve__EmbedInput *in = calloc((size_t)q->n_inputs, sizeof *in);
-    Llmserve__EmbedInput **inp = calloc((size_t)q->n_inputs, sizeof *inp);
+    Llmserve__EmbedInput *in = calloc((size_t)ex(q)->n_inputs, sizeof *in);
+    Llmserve__EmbedInput **inp = calloc((size_t)ex(q)->n_inputs, sizeof *inp);
     if (!in || !inp) {
         free(in);
         free(inp);
         return LLM_ENOMEM;
     }
-    for (int i = 0; i < q->n_inputs; i++) {
+    for (int i = 0; i < ex(q)->n_inputs; i++) {
         llmserve__embed_input__init(&in[i]);
-        in[i].n_token_ids = (size_t)q->in_len[i];
-        in[i].token_ids = q->in_tok[i];
+        in[i].n_token_ids = (size_t)ex(q)->in_len[i];
+        in[i].token_ids = ex(q)->in_tok[i];
         inp[i] = &in[i];
     }
     Llmserve__Embed m = LLMSERVE__EMBED__INIT;
     m.request_id = q->rid;
     m.gateway_id = g->id;
     m.reply_address = g->reply;
-    m.n_inputs = (size_t)q->n_inputs;
+    m.n_inputs = (size_t)ex(q)->n_inputs;
     m.inputs = inp;
     m.has_deadline_ms = (m.deadline_ms = gw_req_deadline_ms(q, g->conf.request_timeout)) != 0;
     pr_env e;
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_EMBED;
     e.embed = &m;
-    int rc = gw_pool_send(g, wi, &e);
+    int rc = gw_req_send_env(q, wi, &e);
     free(in);
     free(inp);
-    if (rc) return rc;
-    gw_req_sent(q, wi);
-    return 0;
+    return rc;
 }
 
 static const char b64c[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -301,19 +305,20 @@ static void probe_timeout(evutil_socket_t fd, short what, void *arg) {
     gw *g = q->g;
     gw_req_leave(q, 1);
     q->worker = -1;
-    q->probing = 0;
     gw_req_delist(g, q);
-    q->probe_done(g, q, NULL, 0);
+    gw_probe_fn done = q->probe_done;
+    q->probe_done = NULL;
+    done(g, q, NULL, 0);
 }
 
-int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done) {
+int gw_embed_probe(gw *g, gw_req *q, const int32_t *tok, int n, gw_probe_fn done) {
     int wi = gw_embed_pick(g, -1);
     if (wi < 0) return LLM_EAGAIN;
     /* one second at most: a cache that makes requests wait for a busy embedding group is not worth it */
     if (gw_req_probe_enlist(g, q, probe_timeout, 1.0)) return LLM_ENOMEM;
     Llmserve__EmbedInput in = LLMSERVE__EMBED_INPUT__INIT, *inp = &in;
-    in.n_token_ids = (size_t)q->cache_en;
-    in.token_ids = q->cache_etok;
+    in.n_token_ids = (size_t)n;
+    in.token_ids = (int32_t *)tok;
     Llmserve__Embed m = LLMSERVE__EMBED__INIT;
     m.request_id = q->rid;
     m.gateway_id = g->id;
@@ -328,7 +333,6 @@ int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done) {
         gw_req_delist(g, q);
         return LLM_EAGAIN;
     }
-    q->probing = 1;
     q->probe_done = done;
     gw_req_join(q, wi);
     return 0;
@@ -336,16 +340,17 @@ int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done) {
 
 void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
     gw_req *q = cm_idmap_get(&g->reqs, r->request_id);
-    if (q && q->probing) { /* the cache's question */
+    if (q && q->probe_done) { /* the cache's question */
         gw_req_leave(q, 0);
         q->worker = -1;
-        q->probing = 0;
         gw_req_delist(g, q);
+        gw_probe_fn done = q->probe_done;
+        q->probe_done = NULL;
         int ok = !r->has_error_code && !r->error && r->dim > 0 && r->n_embedding == r->dim;
-        q->probe_done(g, q, ok ? r->embedding : NULL, ok ? (int)r->dim : 0);
+        done(g, q, ok ? r->embedding : NULL, ok ? (int)r->dim : 0);
         return;
     }
-    if (!q || !q->embed) return; /* ended meanwhile, or a stale answer for an id moved on */
+    if (!q || q->ops != &embed_ops) return; /* ended meanwhile, or a stale answer for an id moved on */
     q->on_worker = 0;
     if (r->has_error_code || r->error) {
         int c = r->has_error_code ? r->error_code : LLM_EIO;
@@ -353,15 +358,15 @@ void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r) {
         return;
     }
     int D = (int)r->dim;
-    if (D < 1 || r->n_embedding != (size_t)q->n_inputs * (size_t)D) {
+    if (D < 1 || r->n_embedding != (size_t)ex(q)->n_inputs * (size_t)D) {
         gw_req_finish(q, 502, "the worker group's answer does not match the request", "bad_gateway");
         return;
     }
     json_t *data = json_array();
-    for (int i = 0; data && i < q->n_inputs; i++) {
+    for (int i = 0; data && i < ex(q)->n_inputs; i++) {
         const float *v = r->embedding + (size_t)i * D;
         json_t *vec;
-        if (q->b64) {
+        if (ex(q)->b64) {
             vec = b64_vector(v, D);
         } else {
             vec = json_array();

@@ -25,11 +25,11 @@ void gw_embed_handle(gw *g, gw_http_req *r, int key);
 int gw_embed_pick(gw *g, int exclude);
 /* Sends q (an embedding request) to group wi: 0 or the send's error. */
 int gw_embed_send(gw *g, gw_req *q, int wi);
-/* --semantic-cache: asks an embedding group for the vector of q's last
- * user turn (q->cache_etok); its answer, or a second's silence (vec NULL),
- * goes to done. 0, or an error when no group can be asked (done is not
- * called). */
-int gw_embed_probe(gw *g, gw_req *q, gw_probe_fn done);
+/* --semantic-cache: asks an embedding group, on q's behalf, for the vector
+ * of tok[0..n) (q's last user turn; borrowed for the call); its answer, or a
+ * second's silence (vec NULL), goes to done. 0, or an error when no group
+ * can be asked (done is not called). */
+int gw_embed_probe(gw *g, gw_req *q, const int32_t *tok, int n, gw_probe_fn done);
 /* From gw_pool: a group's answer. */
 void gw_embed_on_result(gw *g, const Llmserve__EmbedResult *r);
 

@@ -55,6 +55,7 @@ struct gw_http {
     struct evconnlistener *lst;
     gw_http_opts o;
     int open, max_conn, paused_cap, paused_fd;
+    int streams;                   /* replies streaming now (gw_http_stream_begin to their end) */
     uint64_t accepted;
     struct event *tick, *resume, *trim;
     cm_idmap cons;                 /* filter bufferevent -> cstate */
@@ -422,9 +423,15 @@ static void mark_ours(const gw_conn *c) {
     if (cs) cs->ours = 1;
 }
 
+/* The gw_conn's one end, whichever way the reply or the client ended. */
+static void conn_free(gw_conn *c) {
+    if (c->streaming) c->h->streams--;
+    free(c);
+}
+
 static void conn_end(gw_conn *c) {
     if (c->evc) evhttp_connection_set_closecb(c->evc, NULL, NULL);
-    free(c);
+    conn_free(c);
 }
 
 void gw_http_header(gw_conn *c, const char *name, const char *value) {
@@ -478,6 +485,7 @@ void gw_http_stream_begin(gw_conn *c) {
     mark_ours(c);
     evhttp_send_reply_start(c->req, 200, "OK");
     c->streaming = 1;
+    c->h->streams++;
 }
 
 void gw_http_stream_event(gw_conn *c, const json_t *j) {
@@ -530,7 +538,7 @@ static void on_close(struct evhttp_connection *evc, void *arg) {
     c->evc = NULL;
     c->req = NULL;
     if (c->gone) c->gone(c->arg);
-    free(c);
+    conn_free(c);
 }
 
 void gw_http_on_gone(gw_conn *c, void (*cb)(void *), void *arg) {
@@ -549,7 +557,7 @@ int gw_http_check_gone(gw_conn *c) {
     evhttp_request_set_on_complete_cb(c->req, NULL, NULL);
     if (c->gone) c->gone(c->arg);
     evhttp_connection_free(c->evc); /* frees the request with it */
-    free(c);
+    conn_free(c);
     return 1;
 }
 
@@ -704,6 +712,8 @@ void gw_http_free(gw_http *h) {
 }
 
 int gw_http_open_connections(const gw_http *h) { return h->open; }
+
+int gw_http_open_streams(const gw_http *h) { return h->streams; }
 
 uint64_t gw_http_accepted(const gw_http *h) { return h->accepted; }
 

@@ -53,6 +53,8 @@ typedef struct {
 int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out, char *err, size_t errlen);
 void gw_http_free(gw_http *h);
 int gw_http_open_connections(const gw_http *h);
+/* Replies streaming now: begun and not yet ended (by their end or the client's). */
+int gw_http_open_streams(const gw_http *h);
 /* Connections accepted since the start. */
 uint64_t gw_http_accepted(const gw_http *h);
 /* The port it listens on (the one the kernel chose for port 0), or -1. */

@@ -144,8 +144,8 @@ char *gw_metrics_text(const gw *g, size_t *len) {
         gauge(o, "llmserve:semantic_cache_entries", "Answers in the cache.", "", c->n);
         gauge(o, "llmserve:semantic_cache_bytes", "Memory the cached answers and vectors hold.", "", (double)c->bytes);
     }
-    gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", g->open_streams);
     if (g->http) {
+        gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", gw_http_open_streams(g->http));
         gauge(o, "llmserve:http_connections_open", "Client connections open.", "", gw_http_open_connections(g->http));
         counter(o, "llmserve:http_connections_total", "Client connections accepted (requests over kept-alive ones are not).",
                 gw_http_accepted(g->http));

@@ -5,6 +5,7 @@
 #include "cm_log.h"
 #include "gw_metrics.h"
 #include "gw_admit.h"
+#include "gw_batch.h"
 #include "gw_embed.h"
 #include "gw_pool.h"
 #include "gw_req.h"
@@ -18,6 +19,38 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* A chat or completion's own state (q->x), beside what every request has. */
+typedef struct {
+    /* --semantic-cache: the keys, the last user turn for the embedding model, its vector */
+    int cache_on, cache_hit;
+    uint64_t cache_scope, cache_exact;
+    int32_t *cache_etok;
+    int cache_en;
+    float *cache_vec;
+    char *ctext;                 /* a streamed answer's text, kept to be stored */
+    size_t clen, ccap;
+    int trim_policy, trim_messages, trim_tokens; /* the history was trimmed to fit */
+    /* context_overflow summarize: the prompt asking for the summary, where it goes, its cache key */
+    int32_t *summ_tok;
+    int summ_n, summ_head, summ_from, summ_room, summ_tokens, summ_cached;
+    uint64_t summ_key;
+    gw_prompt *prompts;          /* completions with a list of prompts: each, tokenized (gw_batch) */
+} gen;
+
+static gen *gx(const gw_req *q) { return q->x; }
+
+static void gen_release(gw_req *q) {
+    gen *x = q->x;
+    if (!x) return;
+    free(x->cache_etok);
+    free(x->cache_vec);
+    free(x->ctext);
+    free(x->summ_tok);
+    gw_prompts_free(x->prompts, q->c.n_batch);
+    free(x);
+    q->x = NULL;
+}
 
 typedef struct {
     gw_prep b;
@@ -78,14 +111,14 @@ static void cache_keys(prep *p, gw_req *q, const char *body, size_t len) {
         XXH3_64bits_update(st, p->b.served, strlen(p->b.served) + 1);
         XXH3_64bits_update(st, params, strlen(params) + 1);
         XXH3_64bits_update(st, ctx, strlen(ctx));
-        q->cache_scope = XXH3_64bits_digest(st);
-        q->cache_exact = gw_cache_exact_key(last->content, strlen(last->content));
-        q->cache_on = 1;
+        gx(q)->cache_scope = XXH3_64bits_digest(st);
+        gx(q)->cache_exact = gw_cache_exact_key(last->content, strlen(last->content));
+        gx(q)->cache_on = 1;
     }
     XXH3_freeState(st);
     free(params);
     free(ctx);
-    if (!q->cache_on || !p->emodel) return;
+    if (!gx(q)->cache_on || !p->emodel) return;
     /* the question for the embedding model: [CLS] ... [SEP], its first tokens when it is longer than the model takes */
     size_t n = 0;
     int32_t *ids = NULL;
@@ -94,8 +127,8 @@ static void cache_keys(prep *p, gw_req *q, const char *body, size_t len) {
         ids[p->emax_len - 1] = ids[n - 1];
         n = (size_t)p->emax_len;
     }
-    q->cache_etok = ids;
-    q->cache_en = (int)n;
+    gx(q)->cache_etok = ids;
+    gx(q)->cache_en = (int)n;
 }
 
 /* msgs[0..n) rendered with the tools and the chat template, then tokenized
@@ -171,11 +204,11 @@ static void trim(prep *p, gw_req *q, const gw_model *m, int policy, size_t budge
     }
     q->tok = best_ids;
     q->n_tok = (int)best_nt;
-    q->trim_policy = policy;
-    q->summ_head = t0 == 0 ? k0 : users[t0];
-    q->summ_from = users[t0 + best];
-    q->trim_messages = q->summ_from - q->summ_head;
-    q->trim_tokens = full > best_nt ? (int)(full - best_nt) : 0;
+    gx(q)->trim_policy = policy;
+    gx(q)->summ_head = t0 == 0 ? k0 : users[t0];
+    gx(q)->summ_from = users[t0 + best];
+    gx(q)->trim_messages = gx(q)->summ_from - gx(q)->summ_head;
+    gx(q)->trim_tokens = full > best_nt ? (int)(full - best_nt) : 0;
 }
 
 static const char SUMMARY_SYSTEM[] =
@@ -190,7 +223,7 @@ static const char SUMMARY_SYSTEM[] =
 static void summary_prompt(prep *p, gw_req *q, const gw_model *m) {
     size_t cap = 1024, len = 0;
     char *tr = malloc(cap);
-    for (int i = q->summ_head; tr && i < q->summ_from; i++) {
+    for (int i = gx(q)->summ_head; tr && i < gx(q)->summ_from; i++) {
         const struct cm_oai_msg *ms = &q->c.messages[i];
         const char *body = ms->content ? ms->content : ms->tool_calls ? ms->tool_calls : "";
         size_t need = strlen(ms->role) + strlen(body) + 32;
@@ -204,19 +237,19 @@ static void summary_prompt(prep *p, gw_req *q, const gw_model *m) {
                                 ms->role, body);
     }
     if (!tr) return;
-    q->summ_key = XXH3_64bits(tr, len) ^ m->fp;
-    if (!q->summ_key) q->summ_key = 1;
+    gx(q)->summ_key = XXH3_64bits(tr, len) ^ m->fp;
+    if (!gx(q)->summ_key) gx(q)->summ_key = 1;
     const char *from = tr;
     for (int tries = 0; tries < 6; tries++) { /* halve the transcript, from its old end, until it fits */
         cm_chat_msg cm[2] = {{"system", SUMMARY_SYSTEM}, {"user", from}};
         char *text = NULL;
         size_t nt = 0;
         if (cm_chat_render(m->chat_kind, NULL, cm, 2, 1, &text) || !text) break;
-        int rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, (size_t)(p->b.max_len - q->summ_room), &q->summ_tok,
+        int rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, (size_t)(p->b.max_len - gx(q)->summ_room), &gx(q)->summ_tok,
                                      &nt);
         free(text);
         if (rc == 0) {
-            q->summ_n = (int)nt;
+            gx(q)->summ_n = (int)nt;
             break;
         }
         if (rc != LLM_ERANGE) break;
@@ -258,8 +291,8 @@ static void prep_run(gw_job *j) {
             rc = render_tokens(m, q, q->c.messages, q->c.n_messages, (size_t)(L - room), &q->tok, &nt);
             if (rc == LLM_ERANGE) {
                 /* summarize: the kept turns leave room for the summary too */
-                q->summ_room = policy == CM_OVERFLOW_SUMMARIZE ? ((L - room) / 4 < 256 ? (L - room) / 4 : 256) : 0;
-                trim(p, q, m, policy, (size_t)(L - room - q->summ_room));
+                gx(q)->summ_room = policy == CM_OVERFLOW_SUMMARIZE ? ((L - room) / 4 < 256 ? (L - room) / 4 : 256) : 0;
+                trim(p, q, m, policy, (size_t)(L - room - gx(q)->summ_room));
                 if (p->b.status) return;
                 if (policy == CM_OVERFLOW_SUMMARIZE) summary_prompt(p, q, m);
                 nt = (size_t)q->n_tok;
@@ -276,10 +309,10 @@ static void prep_run(gw_job *j) {
                                       cm_chat_name(m->chat_kind));
         if (rc == LLM_ENOMEM) REFUSE(500, NULL, "internal_error", "out of memory");
     } else if (q->c.n_batch) { /* each prompt as a request of its own; the parent counts their sum */
-        if (!(q->prompts = calloc((size_t)q->c.n_batch, sizeof *q->prompts))) REFUSE(500, NULL, "internal_error", "out of memory");
+        if (!(gx(q)->prompts = calloc((size_t)q->c.n_batch, sizeof *gx(q)->prompts))) REFUSE(500, NULL, "internal_error", "out of memory");
         for (int i = 0; i < q->c.n_batch; i++) {
             const cm_oai_prompt *b = &q->c.batch[i];
-            struct gw_prompt *pp = &q->prompts[i];
+            gw_prompt *pp = &gx(q)->prompts[i];
             size_t k = 0;
             if (b->text) {
                 rc = cm_tok_encode_limit(m->tok, b->text, b->len, -1, 1, limit, &pp->tok, &k);
@@ -370,43 +403,94 @@ static void summary_done(gw *g, gw_req *q, const char *text, size_t len);
 static void cache_store(gw *g, gw_req *q);
 
 /* A chat or completion's end: its answer to the semantic cache. */
-static void generate_end(gw_req *q, int status) {
-    if (status == 200 && q->cache_on) cache_store(q->g, q);
+static void generate_end(gw_req *q, int status, const char *msg, const char *code) {
+    (void)msg;
+    (void)code;
+    if (status == 200 && gx(q)->cache_on) cache_store(q->g, q);
+}
+
+/* Its answer's start, with what trimming did to the history. */
+static void generate_begin(gw_req *q) {
+    gen *x = q->x;
+    gw_req_generate_begin(q);
+    q->res.trim_policy = x->trim_policy, q->res.trim_messages = x->trim_messages, q->res.trim_tokens = x->trim_tokens;
+    q->res.trim_summary_tokens = x->summ_tokens, q->res.trim_summary_cached = x->summ_cached;
+}
+
+/* A streamed answer's text, kept for the cache to store when it ends well. */
+static void generate_text(gw_req *q, const char *txt, size_t tl) {
+    gen *x = q->x;
+    if (!x->cache_on) return;
+    if (x->clen + tl + 1 > x->ccap) {
+        size_t cap = x->ccap ? x->ccap : 256;
+        while (cap < x->clen + tl + 1) cap *= 2;
+        char *nt = realloc(x->ctext, cap);
+        if (!nt) {
+            x->cache_on = 0;
+            return;
+        }
+        x->ctext = nt, x->ccap = cap;
+    }
+    memcpy(x->ctext + x->clen, txt, tl);
+    x->clen += tl;
 }
 
 /* A summary request's end: the request it serves goes on, with the summary or without. */
-static void summary_end(gw_req *k, int status) {
-    gw_req *q = k->summ_for;
+static void summary_end(gw_req *k, int status, const char *msg, const char *code) {
+    (void)msg;
+    (void)code;
+    gw_req *q = k->x;
     if (!q) return;
-    k->summ_for = NULL;
+    k->x = NULL;
     const cm_oai_choice *ch = &k->res.ch[0];
     summary_done(q->g, q, status == 200 && k->res.n == 1 && ch->text ? ch->text : NULL, status == 200 ? ch->len : 0);
 }
 
-static const gw_req_ops generate_ops = {gw_req_generate_pick, gw_req_generate_send, generate_end, 1};
-static const gw_req_ops summary_ops = {gw_req_generate_pick, gw_req_generate_send, summary_end, 1};
+static const gw_req_ops generate_ops = {.pick = gw_req_generate_pick,
+                                        .send = gw_req_generate_send,
+                                        .begin = generate_begin,
+                                        .on_text = generate_text,
+                                        .on_end = generate_end,
+                                        .release = gen_release,
+                                        .none = "no worker group is available",
+                                        .tokens = 1};
+/* A summary the gateway asks for itself: q->x is the request it serves (not owned). */
+static const gw_req_ops summary_ops = {.pick = gw_req_generate_pick,
+                                       .send = gw_req_generate_send,
+                                       .begin = gw_req_generate_begin,
+                                       .on_end = summary_end,
+                                       .none = "no worker group is available",
+                                       .tokens = 1};
 
 static void admit(gw *g, gw_req *q) {
     if (!q->conn) { /* the client left while the cache or the summary was asked */
         gw_req_finish(q, 499, "the client closed the connection", "client_closed");
         return;
     }
-    if (q->summ_n) { /* context_overflow summarize: the summary first */
+    if (gx(q)->summ_n) { /* context_overflow summarize: the summary first */
         start_summary(g, q);
         return;
     }
-    if (!gw_admit_limits(g, q, (double)q->n_tok + q->max_tokens, "max_tokens", "prompt + max_tokens")) gw_req_start(g, q);
+    if (gw_admit_limits(g, q, (double)q->n_tok + q->max_tokens, "max_tokens", "prompt + max_tokens")) return;
+    if (q->c.n_batch) { /* a completion with a list of prompts: the batch's own ops and state from here */
+        gw_prompt *pr = gx(q)->prompts;
+        gx(q)->prompts = NULL;
+        gen_release(q);
+        gw_batch_start(g, q, pr);
+        return;
+    }
+    gw_req_start(g, q);
 }
 
 /* The summary of q's dropped turns: from the gateway's last 256, else
  * asked of the served model as a request of its own (greedy, at most
  * summ_room tokens), which calls gw_oai_summary_done when it ends. */
 static void start_summary(gw *g, gw_req *q) {
-    const char *hit = gw_sums_get(&g->sums, q->summ_key);
-    int n = q->summ_n;
-    q->summ_n = 0; /* asked once */
+    const char *hit = gw_sums_get(&g->sums, gx(q)->summ_key);
+    int n = gx(q)->summ_n;
+    gx(q)->summ_n = 0; /* asked once */
     if (hit) {
-        q->summ_cached = 1;
+        gx(q)->summ_cached = 1;
         summary_done(g, q, hit, strlen(hit));
         return;
     }
@@ -420,12 +504,12 @@ static void start_summary(gw *g, gw_req *q) {
     k->key = q->key;
     k->t_arrive = cm_now();
     k->model = gw_model_ref(q->model);
-    k->tok = q->summ_tok, k->n_tok = n;
-    q->summ_tok = NULL;
-    k->max_tokens = q->summ_room > 24 ? q->summ_room - 16 : 8; /* the intro line takes the rest */
+    k->tok = gx(q)->summ_tok, k->n_tok = n;
+    gx(q)->summ_tok = NULL;
+    k->max_tokens = gx(q)->summ_room > 24 ? gx(q)->summ_room - 16 : 8; /* the intro line takes the rest */
     k->c.is_chat = 1, k->c.n = 1, k->c.top_p = 1, k->c.top_k = -1, k->c.repetition_penalty = 1;
     k->c.logprobs = k->c.prompt_logprobs = -1;
-    k->summ_for = q;
+    k->x = q;
     k->ops = &summary_ops;
     gw_req_start(g, k); /* a refusal ends it, which calls gw_oai_summary_done */
 }
@@ -447,17 +531,17 @@ static void summary_done(gw *g, gw_req *q, const char *text, size_t len) {
         memcpy(content, SUMMARY_INTRO, sizeof SUMMARY_INTRO - 1);
         memcpy(content + sizeof SUMMARY_INTRO - 1, text, len);
         content[sizeof SUMMARY_INTRO - 1 + len] = 0;
-        if (!q->summ_cached) { /* kept for the next request of this conversation */
-            gw_sums_put(&g->sums, q->summ_key, text, len); /* without memory: asked again next time */
+        if (!gx(q)->summ_cached) { /* kept for the next request of this conversation */
+            gw_sums_put(&g->sums, gx(q)->summ_key, text, len); /* without memory: asked again next time */
         }
-        for (int i = 0; i < q->summ_head; i++) keep[kn++] = q->c.messages[i];
+        for (int i = 0; i < gx(q)->summ_head; i++) keep[kn++] = q->c.messages[i];
         keep[kn++] = (struct cm_oai_msg){"system", content, NULL, NULL};
-        for (int i = q->summ_from; i < q->c.n_messages; i++) keep[kn++] = q->c.messages[i];
+        for (int i = gx(q)->summ_from; i < q->c.n_messages; i++) keep[kn++] = q->c.messages[i];
         int32_t *ids = NULL;
         size_t nt = 0;
         /* on the loop: one render and tokenization of at most the context (milliseconds) */
         if (!render_tokens(m, q, keep, kn, (size_t)(L - (q->c.max_tokens ? q->c.max_tokens : 1)), &ids, &nt)) {
-            q->summ_tokens = (int)nt - q->n_tok;
+            gx(q)->summ_tokens = (int)nt - q->n_tok;
             free(q->tok);
             q->tok = ids;
             q->n_tok = (int)nt;
@@ -467,9 +551,9 @@ static void summary_done(gw *g, gw_req *q, const char *text, size_t len) {
     }
     if (!ok) { /* no summary: the turns stay dropped, and the usage says middle-out */
         CM_WARN("request %s: no summary of its %d dropped messages; they are dropped", q->id[0] ? q->id : "-",
-                q->trim_messages);
-        q->trim_policy = CM_OVERFLOW_MIDDLE_OUT;
-        q->summ_cached = 0;
+                gx(q)->trim_messages);
+        gx(q)->trim_policy = CM_OVERFLOW_MIDDLE_OUT;
+        gx(q)->summ_cached = 0;
     }
     free(content);
     free(keep);
@@ -485,14 +569,13 @@ static void cache_answer(gw *g, gw_req *q, const gw_cache_hit *h) {
     snprintf(sim, sizeof sim, "%.4f", (double)h->similarity);
     gw_http_header(q->conn, "x-llmserve-cache", h->exact ? "exact" : "semantic");
     gw_http_header(q->conn, "x-llmserve-cache-similarity", sim);
-    q->cache_hit = 1;
+    gx(q)->cache_hit = 1;
     snprintf(q->id, sizeof q->id, "chatcmpl-%s%llxc", g->id, (unsigned long long)(++g->next_rid));
     cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), NULL, 0);
     q->res.prompt_tokens = q->res.cached_tokens = q->n_tok;
     const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
     if (q->c.stream && !q->res.tools) {
         gw_http_stream_begin(q->conn);
-        g->open_streams++;
         json_t *a = cm_oai_chunk_json(&q->res, 0, e->text, e->len, NULL, 0, CM_OAI_FINISH_NONE, tok);
         json_t *b = cm_oai_chunk_json(&q->res, 0, "", 0, NULL, 0, e->finish, tok);
         if (a) gw_http_stream_event(q->conn, a);
@@ -500,10 +583,7 @@ static void cache_answer(gw *g, gw_req *q, const gw_cache_hit *h) {
         json_decref(a);
         json_decref(b);
     } else {
-        if (q->c.stream) {
-            gw_http_stream_begin(q->conn);
-            g->open_streams++;
-        }
+        if (q->c.stream) gw_http_stream_begin(q->conn);
         cm_oai_result_add(&q->res, 0, e->text, e->len, NULL, 0, tok);
     }
     q->res.ch[0].finish = e->finish;
@@ -518,9 +598,9 @@ static void cache_answer(gw *g, gw_req *q, const gw_cache_hit *h) {
 static void cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
     if (vec && dim == g->cache.dim && q->conn) {
         gw_cache_hit h;
-        free(q->cache_vec);
-        if ((q->cache_vec = malloc(sizeof(float) * (size_t)dim))) memcpy(q->cache_vec, vec, sizeof(float) * (size_t)dim);
-        if (gw_cache_get_similar(&g->cache, q->cache_scope, vec, cm_now(), &h)) {
+        free(gx(q)->cache_vec);
+        if ((gx(q)->cache_vec = malloc(sizeof(float) * (size_t)dim))) memcpy(gx(q)->cache_vec, vec, sizeof(float) * (size_t)dim);
+        if (gw_cache_get_similar(&g->cache, gx(q)->cache_scope, vec, cm_now(), &h)) {
             cache_answer(g, q, &h);
             return;
         }
@@ -532,13 +612,13 @@ static void cache_vector(gw *g, gw_req *q, const float *vec, int dim) {
 
 /* A request ended with 200: its answer is stored when it may be reused. */
 static void cache_store(gw *g, gw_req *q) {
-    if (!q->cache_on || q->cache_hit || q->res.n != 1 || !g->conf.scache) return;
+    if (!gx(q)->cache_on || gx(q)->cache_hit || q->res.n != 1 || !g->conf.scache) return;
     const cm_oai_choice *ch = &q->res.ch[0];
     if (ch->finish != CM_OAI_FINISH_STOP && ch->finish != CM_OAI_FINISH_LENGTH) return;
-    const char *text = q->c.stream && !q->res.tools ? q->ctext : ch->text;
-    size_t len = q->c.stream && !q->res.tools ? q->clen : ch->len;
+    const char *text = q->c.stream && !q->res.tools ? gx(q)->ctext : ch->text;
+    size_t len = q->c.stream && !q->res.tools ? gx(q)->clen : ch->len;
     if (!text) text = "", len = 0;
-    gw_cache_put(&g->cache, q->cache_scope, q->cache_exact, q->cache_vec, text, len, ch->finish, ch->completion_tokens,
+    gw_cache_put(&g->cache, gx(q)->cache_scope, gx(q)->cache_exact, gx(q)->cache_vec, text, len, ch->finish, ch->completion_tokens,
                  cm_now());
 }
 
@@ -549,14 +629,14 @@ static void prep_done(gw_job *j) {
     gw_req *q = gw_admit_prepared(&p->b);
     if (!q) return;
     gw *g = q->g;
-    if (q->cache_on && g->conf.scache) {
+    if (gx(q)->cache_on && g->conf.scache) {
         gw_cache_hit h;
-        if (gw_cache_get_exact(&g->cache, q->cache_scope, q->cache_exact, cm_now(), &h)) {
+        if (gw_cache_get_exact(&g->cache, gx(q)->cache_scope, gx(q)->cache_exact, cm_now(), &h)) {
             cache_answer(g, q, &h);
             return;
         }
         /* the embedding group answers with the question's vector, then cache_vector goes on */
-        if (q->cache_etok && g->cache.dim && !gw_embed_probe(g, q, cache_vector)) return;
+        if (gx(q)->cache_etok && g->cache.dim && !gw_embed_probe(g, q, gx(q)->cache_etok, gx(q)->cache_en, cache_vector)) return;
         g->cache.misses++;
     }
     admit(g, q);
@@ -617,6 +697,12 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
     gw_req *q = gw_admit_new(g, r, key, g->model, &p->b);
     if (!q) return;
     q->ops = &generate_ops;
+    if (!(q->x = calloc(1, sizeof(gen)))) {
+        free(p->b.body);
+        free(p);
+        gw_req_finish(q, 500, "out of memory", "internal_error");
+        return;
+    }
     p->b.job.run = prep_run;
     p->b.job.done = prep_done;
     p->chat = chat;

@@ -20,7 +20,7 @@
 
 static void log_request(gw_req *q, int status, const char *code) {
     gw *g = q->g;
-    if (!g->conf.log_requests || q->parent || q->abandon) return; /* a batch logs once, as its parent */
+    if (!g->conf.log_requests) return;
     double t = cm_now();
     int out = 0;
     for (int i = 0; i < q->res.n; i++) out += q->res.ch[i].completion_tokens;
@@ -44,39 +44,12 @@ void gw_req_free(gw_req *q) {
     free(q->tok);
     free(q->out_tok);
     free(q->echo);
-    for (int i = 0; q->prompts && i < q->c.n_batch; i++) {
-        free(q->prompts[i].tok);
-        free(q->prompts[i].echo);
-    }
-    free(q->prompts);
-    for (int i = 0; q->in_tok && i < q->n_inputs; i++) free(q->in_tok[i]);
-    free(q->in_tok);
-    free(q->in_len);
     json_decref(q->body);
-    free(q->cache_etok);
-    free(q->cache_vec);
-    free(q->ctext);
-    free(q->summ_tok);
-    free(q->kids);
-    json_decref(q->choices);
+    if (q->ops && q->ops->release) q->ops->release(q);
     cm_oai_result_free(&q->res);
     cm_oai_completion_free(&q->c);
     gw_model_unref(q->model);
     free(q);
-}
-
-static void kid_done(gw_req *par, gw_req *kid, int status, const char *msg, const char *code);
-
-/* A batch's response: its kids' choices, and their usage summed. */
-static json_t *batch_usage(const gw_req *q) {
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", q->sum_prompt, "completion_tokens", q->sum_completion,
-                     "total_tokens", q->sum_prompt + q->sum_completion, "prompt_tokens_details", "cached_tokens",
-                     q->sum_cached);
-}
-
-static json_t *batch_json(const gw_req *q, json_t *choices) { /* takes choices */
-    return json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", q->id, "object", "text_completion", "created",
-                     (json_int_t)q->res.created, "model", q->g->served, "choices", choices, "usage", batch_usage(q));
 }
 
 void gw_req_join(gw_req *q, int wi) {
@@ -93,13 +66,21 @@ void gw_req_leave(gw_req *q, int cancel) {
     q->joined = 0;
 }
 
-void gw_req_sent(gw_req *q, int wi) {
+/* After a send of q to group wi: joined there, on the worker, its sequence
+ * from 0, the group's incarnation and the send time noted. */
+static void sent(gw_req *q, int wi) {
     gw_req_join(q, wi);
     q->worker_inc = q->g->w[wi].incarnation;
     q->on_worker = 1;
     q->next_seq = 0;
     q->t_sent = cm_now();
     q->g->w[wi].routed++;
+}
+
+int gw_req_send_env(gw_req *q, int wi, pr_env *e) {
+    int rc = gw_pool_send(q->g, wi, e);
+    if (!rc) sent(q, wi);
+    return rc;
 }
 
 uint64_t gw_req_deadline_ms(const gw_req *q, double timeout) {
@@ -112,75 +93,75 @@ int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     return gw_route(g, q->tok, q->n_tok, salt, exclude, hit);
 }
 
-const gw_req_ops gw_req_generate_ops = {gw_req_generate_pick, gw_req_generate_send, NULL, 1};
+void gw_req_generate_begin(gw_req *q) {
+    cm_oai_result_init(&q->res, &q->c, q->id, q->g->served, (long)time(NULL), q->echo, q->echo_len);
+    q->res.prompt_tokens = q->n_tok;
+    if (!q->c.stream) { /* the echo is in the collected text already */
+        free(q->echo);
+        q->echo = NULL;
+    }
+}
+
+const gw_req_ops gw_req_generate_ops = {.pick = gw_req_generate_pick,
+                                        .send = gw_req_generate_send,
+                                        .begin = gw_req_generate_begin,
+                                        .none = "no worker group is available",
+                                        .tokens = 1};
 
 static const gw_req_ops *ops_of(const gw_req *q) { return q->ops ? q->ops : &gw_req_generate_ops; }
 
+/* The connection q answers on: its own, or its whole's. */
+static gw_conn *client_of(const gw_req *q) { return q->up ? q->up->conn : q->conn; }
+
+/* The answer to q's client: the response, or the error, ending its reply. */
+static void answer(gw_req *q, gw_conn *c, int status, const char *msg, const char *code) {
+    if (status == 200 && gw_http_streaming(c)) {
+        for (int i = 0; q->res.tools && i < q->res.n; i++) { /* with tools: what is left, the calls, the finish */
+            json_t *a = cm_oai_tools_stream(&q->res) ? cm_oai_tool_stream_json(&q->res, i, 1)
+                                                     : cm_oai_tool_chunks_json(&q->res, i, q->model ? q->model->tok : NULL);
+            for (size_t k = 0; k < json_array_size(a); k++) gw_http_stream_event(c, json_array_get(a, k));
+            json_decref(a);
+        }
+        json_t *j = q->body ? json_incref(q->body) : q->c.include_usage ? cm_oai_usage_chunk_json(&q->res) : NULL;
+        if (j) gw_http_stream_event(c, j);
+        json_decref(j);
+        gw_http_stream_end(c);
+    } else if (status == 200) {
+        json_t *j = q->body ? json_incref(q->body) : cm_oai_response_json(&q->res, q->model ? q->model->tok : NULL);
+        gw_http_json(c, 200, j);
+        json_decref(j);
+    } else if (gw_http_streaming(c)) { /* the 200 went out: the error is an event the client sees, then [DONE] */
+        json_t *j = cm_oai_error_json(status, msg, NULL, code);
+        gw_http_stream_event(c, j);
+        json_decref(j);
+        gw_http_stream_end(c);
+    } else {
+        gw_http_error(c, status, msg, q->param, code);
+    }
+}
+
 void gw_req_finish(gw_req *q, int status, const char *msg, const char *code) {
     gw *g = q->g;
-    if (ops_of(q)->on_end) ops_of(q)->on_end(q, status);
-    int kid = q->parent || q->abandon;
+    const gw_req_ops *ops = ops_of(q);
+    if (ops->on_end) ops->on_end(q, status, msg, code);
     gw_req_leave(q, status != 200 && q->on_worker); /* it may still run there */
     if (status == 200) {
-        if (!kid) gw_hist_add(&g->m.e2e, cm_now() - q->t_arrive);
+        if (!ops->part) gw_hist_add(&g->m.e2e, cm_now() - q->t_arrive);
         for (int i = 0; i < q->res.n; i++) g->m.completion_tokens += (uint64_t)q->res.ch[i].completion_tokens;
     }
-    if (q->parent) { /* a batch's prompt: the parent answers */
-        gw_req *par = q->parent;
-        q->parent = NULL;
-        kid_done(par, q, status, msg, code);
-        gw_req_free(q);
-        return;
-    }
-    if (kid) { /* its parent ended first */
-        gw_req_free(q);
-        return;
-    }
-    for (int i = 0; q->kids && i < q->n_kids; i++) /* a parent ending early: what still runs ends soon, unseen */
-        if (q->kids[i]) {
-            gw_req *k = q->kids[i];
-            k->parent = NULL;
-            k->abandon = 1;
-            struct timeval now = {0, 0};
-            if (k->timer) evtimer_add(k->timer, &now);
-            q->kids[i] = NULL;
-        }
     if (q->conn) {
         gw_conn *c = q->conn;
         q->conn = NULL;
-        int streaming = gw_http_streaming(c);
-        if (streaming) g->open_streams--;
-        if (status == 200 && streaming) {
-            for (int i = 0; q->res.tools && i < q->res.n; i++) { /* with tools: what is left, the calls, the finish */
-                json_t *a = cm_oai_tools_stream(&q->res) ? cm_oai_tool_stream_json(&q->res, i, 1)
-                                                         : cm_oai_tool_chunks_json(&q->res, i, q->model ? q->model->tok : NULL);
-                for (size_t k = 0; k < json_array_size(a); k++) gw_http_stream_event(c, json_array_get(a, k));
-                json_decref(a);
-            }
-            if (q->c.include_usage) {
-                json_t *j = q->kids ? batch_json(q, json_array()) : cm_oai_usage_chunk_json(&q->res);
-                gw_http_stream_event(c, j);
-                json_decref(j);
-            }
-            gw_http_stream_end(c);
-        } else if (status == 200 && q->body) {
-            gw_http_json(c, 200, q->body);
-        } else if (status == 200) {
-            json_t *j = q->kids ? batch_json(q, json_incref(q->choices))
-                                : cm_oai_response_json(&q->res, q->model ? q->model->tok : NULL);
-            gw_http_json(c, 200, j);
-            json_decref(j);
-        } else if (streaming) { /* the 200 went out: the error is an event the client sees, then [DONE] */
-            json_t *j = cm_oai_error_json(status, msg, NULL, code);
-            gw_http_stream_event(c, j);
-            json_decref(j);
-            gw_http_stream_end(c);
-        } else {
-            gw_http_error(c, status, msg, q->param, code);
-        }
+        answer(q, c, status, msg, code);
     }
-    log_request(q, status, status == 200 ? NULL : code);
+    if (!ops->part) log_request(q, status, status == 200 ? NULL : code); /* a part logs as its whole */
     gw_req_free(q);
+}
+
+void gw_req_end_soon(gw_req *q, int status, const char *msg, const char *code) {
+    q->end_status = status, q->end_msg = msg, q->end_code = code;
+    struct timeval now = {0, 0};
+    if (q->timer) evtimer_add(q->timer, &now);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg);
@@ -188,7 +169,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg);
 /* The client went away: the worker stops computing for it at once. */
 static void on_gone(void *arg) {
     gw_req *q = arg;
-    if (gw_http_streaming(q->conn)) q->g->open_streams--;
     q->conn = NULL;
     q->g->m.cancelled++;
     gw_req_finish(q, 499, "the client closed the connection", "client_closed");
@@ -227,12 +207,10 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
     e.generate = &gen;
-    int rc = gw_pool_send(g, wi, &e);
+    int rc = gw_req_send_env(q, wi, &e);
     free(bid);
     free(bval);
-    if (rc) return rc;
-    gw_req_sent(q, wi);
-    return 0;
+    return rc;
 }
 
 /* A fresh id on each send: chunks the last group still sends for the old
@@ -295,7 +273,7 @@ void gw_req_retry(gw_req *q, int kind, int status, const char *msg, const char *
     if (kind == GW_FAIL_WORKER_LOST) g->m.worker_lost++;
     /* once (a request that kills its group must not take a second); a draining gateway moves them too */
     int resumable = !q->got_token || (q->c.n == 1 && q->n_out > 0);
-    if ((q->parent ? q->parent->conn : q->conn) && resumable && !q->retried) {
+    if (client_of(q) && resumable && !q->retried) {
         int hit = 0, wi = ops_of(q)->pick(g, q, old, &hit);
         if (wi >= 0) {
             gw_req_leave(q, q->on_worker);
@@ -322,8 +300,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
     (void)fd;
     (void)what;
     gw *g = q->g;
-    if (q->abandon) {
-        gw_req_finish(q, 499, "the rest of its batch ended", "client_closed");
+    if (q->end_status) {
+        gw_req_finish(q, q->end_status, q->end_msg, q->end_code);
         return;
     }
     const gw_conf *cf = &g->conf;
@@ -344,125 +322,32 @@ static void on_timer(evutil_socket_t fd, short what, void *arg) {
     evtimer_add(q->timer, &tv);
 }
 
-/* ---- batches: a parent answers the client, one kid runs each prompt --- */
-
-static void kid_done(gw_req *par, gw_req *kid, int status, const char *msg, const char *code) {
-    for (int i = 0; i < par->n_kids; i++)
-        if (par->kids[i] == kid) par->kids[i] = NULL;
-    if (status != 200) {
-        if (par->starting) { /* the parent ends once every kid has been started (or not) */
-            if (!par->kid_status) {
-                par->kid_status = status;
-                snprintf(par->kid_msg, sizeof par->kid_msg, "%s", msg ? msg : "");
-                par->kid_code = code;
-                par->param = kid->param;
-            }
-            return;
-        }
-        par->param = kid->param;
-        gw_req_finish(par, status, msg, code);
-        return;
-    }
-    par->sum_prompt += kid->res.prompt_tokens;
-    par->sum_cached += kid->res.cached_tokens;
-    for (int i = 0; i < kid->res.n && !kid->c.score_only; i++) par->sum_completion += kid->res.ch[i].completion_tokens;
-    if (!par->c.stream) { /* its choices, renumbered into the batch's */
-        json_t *j = cm_oai_response_json(&kid->res, kid->model ? kid->model->tok : NULL);
-        json_t *ch = json_object_get(j, "choices");
-        for (size_t i = 0; i < json_array_size(ch); i++) {
-            json_t *c = json_array_get(ch, i);
-            json_object_set_new(c, "index", json_integer(kid->base + (int)i));
-            json_array_set(par->choices, (size_t)kid->base + i, c);
-        }
-        json_decref(j);
-    }
-    if (--par->kids_left == 0 && !par->starting) gw_req_finish(par, 200, NULL, NULL);
-}
-
-static void start_batch(gw *g, gw_req *q) {
-    int P = q->c.n_batch, n = q->c.n;
-    snprintf(q->id, sizeof q->id, "cmpl-%s%llxb", g->id, (unsigned long long)(g->next_rid + 1));
-    q->res.created = (long)time(NULL);
-    q->kids = calloc((size_t)P, sizeof *q->kids);
-    q->choices = json_array();
-    for (int i = 0; q->choices && i < P * n; i++) json_array_append_new(q->choices, json_null());
-    if (!q->kids || !q->choices) {
-        gw_req_finish(q, 500, "out of memory", "internal_error");
-        return;
-    }
-    list_in(g, q);
-    watch(g, q);
-    if (q->c.stream) {
-        gw_http_stream_begin(q->conn);
-        g->open_streams++;
-    }
-    q->starting = 1;
-    q->n_kids = P;
-    for (int i = 0; i < P && !q->kid_status; i++) {
-        gw_req *k = calloc(1, sizeof *k);
-        if (!k || cm_oai_completion_copy_params(&q->c, &k->c)) {
-            free(k);
-            q->kid_status = 500;
-            snprintf(q->kid_msg, sizeof q->kid_msg, "out of memory");
-            q->kid_code = "internal_error";
-            break;
-        }
-        k->g = g;
-        k->parent = q;
-        k->base = i * n;
-        k->worker = -1;
-        k->key = q->key;
-        k->t_arrive = q->t_arrive;
-        k->model = gw_model_ref(q->model);
-        k->tok = q->prompts[i].tok, k->n_tok = q->prompts[i].n_tok;
-        k->echo = q->prompts[i].echo, k->echo_len = q->prompts[i].echo_len;
-        q->prompts[i].tok = NULL, q->prompts[i].echo = NULL;
-        k->max_tokens = q->max_tokens / P;
-        snprintf(k->id, sizeof k->id, "%s", q->id);
-        q->kids[i] = k;
-        q->kids_left++;
-        gw_req_start(g, k); /* a refusal comes back through kid_done */
-    }
-    q->starting = 0;
-    if (q->kid_status) gw_req_finish(q, q->kid_status, q->kid_msg, q->kid_code);
-    else if (!q->kids_left) gw_req_finish(q, 200, NULL, NULL);
-}
-
 void gw_req_start(gw *g, gw_req *q) {
-    if (q->c.n_batch) {
-        start_batch(g, q);
-        return;
-    }
-    int hit = 0, wi = ops_of(q)->pick(g, q, -1, &hit);
+    const gw_req_ops *ops = ops_of(q);
+    int hit = 0, wi = ops->pick(g, q, -1, &hit);
     if (wi < 0) {
         g->m.overloaded++;
-        gw_req_finish(q, 503, "no worker group is available", "no_workers");
+        gw_req_finish(q, 503, ops->none, "no_workers");
         return;
     }
     if (g->conf.max_queue > 0 && g->w[wi].inflight >= g->conf.max_queue) {
-        gw_conn *cc = q->parent ? q->parent->conn : q->conn;
+        gw_conn *cc = client_of(q);
         if (cc && !gw_http_streaming(cc)) gw_http_header(cc, "Retry-After", "1");
         g->m.overloaded++;
         gw_req_finish(q, 429, "the server is at capacity; retry shortly", "overloaded");
         return;
     }
     q->t_sent = cm_now();
-    if (!q->parent) /* a batch's prompts answer under their parent's id */
-        snprintf(q->id, sizeof q->id, "%s-%s%llx", q->c.is_chat ? "chatcmpl" : "cmpl", g->id, (unsigned long long)(g->next_rid + 1));
+    if (!ops->part) /* a part answers under its whole's id */
+        snprintf(q->id, sizeof q->id, "%s-%s%llx", ops->id_prefix ? ops->id_prefix : q->c.is_chat ? "chatcmpl" : "cmpl",
+                 g->id, (unsigned long long)(g->next_rid + 1));
     if (assign_rid(g, q)) {
         gw_req_finish(q, 500, "out of memory", "internal_error");
         return;
     }
     list_in(g, q);
-    cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), q->echo, q->echo_len);
-    q->res.prompt_tokens = q->n_tok;
-    q->res.trim_policy = q->trim_policy, q->res.trim_messages = q->trim_messages, q->res.trim_tokens = q->trim_tokens;
-    q->res.trim_summary_tokens = q->summ_tokens, q->res.trim_summary_cached = q->summ_cached;
-    if (!q->c.stream) { /* the echo is in the collected text already */
-        free(q->echo);
-        q->echo = NULL;
-    }
-    if (ops_of(q)->send(g, q, wi)) {
+    if (ops->begin) ops->begin(q);
+    if (ops->send(g, q, wi)) {
         g->m.overloaded++;
         gw_req_finish(q, 503, "the worker group is not accepting requests", "overloaded");
         return;
@@ -470,14 +355,12 @@ void gw_req_start(gw *g, gw_req *q) {
     g->w[wi].routed_hit_tokens += (uint64_t)hit;
     g->m.prompt_tokens += (uint64_t)q->n_tok;
     gw_hist_add(&g->m.queue, q->t_sent - q->t_arrive);
-    if (!q->parent && q->conn) gw_http_on_gone(q->conn, on_gone, q); /* a summary request has no client */
-    q->timer = evtimer_new(g->base, on_timer, q);
-    struct timeval tv = {0, 200000};
-    if (q->timer) evtimer_add(q->timer, &tv);
-    if (q->c.stream && !q->parent) {
-        gw_http_stream_begin(q->conn);
-        g->open_streams++;
+    if (q->conn) watch(g, q); /* a part, or a request the gateway asks itself, has no client of its own */
+    else if ((q->timer = evtimer_new(g->base, on_timer, q))) {
+        struct timeval tv = {0, 200000};
+        evtimer_add(q->timer, &tv);
     }
+    if (q->c.stream && q->conn) gw_http_stream_begin(q->conn);
 }
 
 static void lp_from_wire(cm_oai_lp *o, const Llmserve__TokenLogprob *l) {
@@ -488,7 +371,7 @@ static void lp_from_wire(cm_oai_lp *o, const Llmserve__TokenLogprob *l) {
     for (int k = 0; k < o->n_top; k++) o->top[k] = (cm_oai_top){l->top[k]->token_id, l->top[k]->logprob};
 }
 
-/* A chunk to the client; a batch's prompt renumbers its choices into the batch's. */
+/* A chunk to the client; a part renumbers its choices into its whole's. */
 static void stream_out(gw_req *q, gw_conn *out, json_t *j) {
     if (q->base) {
         json_t *ch = json_object_get(j, "choices");
@@ -596,10 +479,10 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
     const char *txt = c->has_text ? (const char *)c->text.data : "";
     size_t tl = c->has_text ? c->text.len : 0;
-    gw_conn *out = q->parent ? q->parent->conn : q->conn;
-    if (q->parent) { /* the batch's clocks: its first token, its idle time */
-        if (c->n_token_ids && !q->parent->got_token) q->parent->got_token = 1, q->parent->t_first = t;
-        q->parent->t_last = t;
+    gw_conn *out = client_of(q);
+    if (q->up) { /* the whole's clocks: its first token, its idle time */
+        if (c->n_token_ids && !q->up->got_token) q->up->got_token = 1, q->up->t_first = t;
+        q->up->t_last = t;
     }
     if (q->c.stream && out && !q->res.tools) { /* with tools, the text is held: calls are parsed at the end */
         if (q->echo) { /* completions with echo: the prompt first, once per choice */
@@ -613,16 +496,7 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
         }
         json_t *j = cm_oai_chunk_json(&q->res, c->index, txt, tl, n_lp ? lp : NULL, n_lp, fin, tok);
         if (j) stream_out(q, out, j);
-        if (q->cache_on && tl) { /* the answer, to be stored when it ends well */
-            if (q->clen + tl + 1 > q->ccap) {
-                size_t cap = q->ccap ? q->ccap : 256;
-                while (cap < q->clen + tl + 1) cap *= 2;
-                char *nt = realloc(q->ctext, cap);
-                if (nt) q->ctext = nt, q->ccap = cap;
-                else q->cache_on = 0;
-            }
-            if (q->cache_on) memcpy(q->ctext + q->clen, txt, tl), q->clen += tl;
-        }
+        if (tl && ops_of(q)->on_text) ops_of(q)->on_text(q, txt, tl);
         json_decref(j);
         if (gw_http_backlog(out) > GW_MAX_BACKLOG) {
             g->m.cancelled++;

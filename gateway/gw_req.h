@@ -13,6 +13,7 @@
 #include "cm_oai.h"
 #include "cm_oai_resp.h"
 #include "gw.h"
+#include "pr_wire.h"
 
 struct gw_conn;
 struct gw_req;
@@ -21,23 +22,34 @@ struct gw_req;
 typedef void (*gw_probe_fn)(gw *g, struct gw_req *q, const float *vec, int dim);
 
 /* What differs between request kinds, as nginx's upstream callbacks do: the
- * kind's way to a worker group and its own part of the end. gw_req_start,
- * gw_req_retry and gw_req_finish go through it and never name a feature.
- * A request with no ops is a generation (gw_req_generate_ops). */
+ * kind's way to a worker group, its own state and its own part of the end.
+ * gw_req_start, gw_req_retry, gw_req_on_chunk and gw_req_finish go through
+ * it and never name a feature. A request with no ops is a generation
+ * (gw_req_generate_ops). */
 typedef struct gw_req_ops {
     /* A group for q other than exclude (-1: none excluded), or -1; *hit: the cached prefix it holds. */
     int (*pick)(gw *g, struct gw_req *q, int exclude, int *hit);
     /* Sends q to group wi: 0 or the send's error. */
     int (*send)(gw *g, struct gw_req *q, int wi);
-    /* q ends with status, before its answer goes out; may be NULL. */
-    void (*on_end)(struct gw_req *q, int status);
-    int tokens; /* its answer streams as tokens: --ttft-timeout applies */
+    /* Once q has its id, before the first send: its answer's start (gw_req_start's). May be NULL. */
+    void (*begin)(struct gw_req *q);
+    /* A piece of the answer's text as it streams to the client. May be NULL. */
+    void (*on_text)(struct gw_req *q, const char *text, size_t len);
+    /* q ends with status (and, for an error, msg and code), before its answer goes out. May be NULL. */
+    void (*on_end)(struct gw_req *q, int status, const char *msg, const char *code);
+    /* Frees q->x, the kind's own state. May be NULL (nothing owned). */
+    void (*release)(struct gw_req *q);
+    const char *id_prefix; /* its response ids: "<prefix>-..."; NULL: chatcmpl or cmpl */
+    const char *none;      /* the 503 message when no group can take it */
+    int tokens;            /* its answer streams as tokens: --ttft-timeout applies */
+    int part;              /* a part of another request (q->up), which answers the client, logs and is timed */
 } gw_req_ops;
 
 typedef struct gw_req {
     struct gw_req *prev, *next;
     gw *g;
     const gw_req_ops *ops;       /* NULL: &gw_req_generate_ops */
+    void *x;                     /* the kind's own state (ops->release frees it) */
     uint64_t rid;
     struct gw_conn *conn;        /* NULL once the client is gone */
     gw_model *model;             /* held for the request's life */
@@ -61,40 +73,12 @@ typedef struct gw_req {
     char *echo;                  /* completions with echo: the prompt's text */
     size_t echo_len;
     const char *param;           /* the request field an error is about (static string), or NULL */
-    /* batches (completions with a list of prompts): a parent answers the client, one kid runs each prompt */
-    struct gw_req *parent;       /* a kid's: NULL once the parent ended */
-    int base;                    /* a kid's first choice in the response */
-    int abandon;                 /* a kid whose parent ended: it ends at its next timer */
-    struct gw_req **kids;        /* a parent's, n_kids of them; NULL once each ends */
-    int n_kids, kids_left, starting;
-    json_t *choices;             /* a parent's response choices, by index */
-    int sum_prompt, sum_completion, sum_cached;
-    int kid_status;              /* a kid failed while the parent was starting them */
-    char kid_msg[256];
-    const char *kid_code;
-    struct gw_prompt { int32_t *tok; int n_tok; char *echo; size_t echo_len; } *prompts; /* a parent's, from prep */
-    /* /v1/embeddings (gw_embed.c): the inputs' tokens, and the answer once the group sent it */
-    int embed, b64;              /* an embedding request; base64 vectors */
-    int n_inputs;
-    int32_t **in_tok;            /* [n_inputs] */
-    int *in_len;
-    json_t *body;                /* a prepared 200 body, sent by gw_req_finish */
-    /* --semantic-cache (gw_oai.c): the keys, the last user turn for the embedding model, its vector */
-    int cache_on, probing, cache_hit;
-    gw_probe_fn probe_done;      /* while probing: the continuation */
-    uint64_t cache_scope, cache_exact;
-    int32_t *cache_etok;
-    int cache_en;
-    float *cache_vec;
-    char *ctext;                 /* a streamed answer's text, kept to be stored */
-    int trim_policy, trim_messages, trim_tokens; /* the history was trimmed to fit (gw_oai.c) */
-    /* context_overflow summarize: the prompt asking for the summary, where it goes, its cache key; the
-     * summary request points back at the request it serves */
-    int32_t *summ_tok;
-    int summ_n, summ_head, summ_from, summ_room, summ_tokens, summ_cached;
-    uint64_t summ_key;
-    struct gw_req *summ_for;
-    size_t clen, ccap;
+    json_t *body;                /* a prepared 200 answer: the body, or a stream's last event before [DONE] */
+    struct gw_req *up;           /* a part's whole (ops->part): its client, its clocks; NULL once that ended */
+    int base;                    /* a part's first choice in its whole's answer */
+    int end_status;              /* an end for the next tick (gw_req_end_soon), 0 for none */
+    const char *end_msg, *end_code;
+    gw_probe_fn probe_done;      /* while it waits on a probe (gw_req_probe_enlist): the continuation */
 } gw_req;
 
 enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
@@ -103,15 +87,21 @@ enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
 extern const gw_req_ops gw_req_generate_ops;
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit);
 int gw_req_generate_send(gw *g, gw_req *q, int wi);
+/* Its answer's start: the result collected from the chunks, under q's id. */
+void gw_req_generate_begin(gw_req *q);
 
-/* Takes q (tokens and parsed body filled in): routes, sends and starts the
+/* Takes q (tokens and parsed body filled in), of any kind: routes (a 503
+ * with ops->none, a 429 past --max-queue), names it, sends it and starts the
  * reply (SSE headers for a stream). On failure the client is answered and q
  * freed. */
 void gw_req_start(gw *g, gw_req *q);
-/* For requests other than completions (gw_embed): an id in the map, a place
- * in the list worker loss and drain walk, the hang-up watch and the
- * deadline timer, as gw_req_start gives a completion. */
+/* For a request that answers through parts of its own (a batch): an id in
+ * the map, a place in the list worker loss and drain walk, the hang-up
+ * watch and the deadline timer, as gw_req_start gives one it sends. */
 int gw_req_enlist(gw *g, gw_req *q);
+/* Ends q at its next timer tick, off the current call stack (a whole ending
+ * its parts while a caller may still walk them). */
+void gw_req_end_soon(gw_req *q, int status, const char *msg, const char *code);
 /* A request waiting on something other than its answer (the cache's
  * embedding of its question): an id in the map and a place in the list, so
  * shutdown ends it, and a timer that calls timeout after secs. */
@@ -121,9 +111,10 @@ int gw_req_probe_enlist(gw *g, gw_req *q, void (*timeout)(evutil_socket_t, short
  * (cancelled there first when cancel; q->worker stays, for the log). */
 void gw_req_join(gw_req *q, int wi);
 void gw_req_leave(gw_req *q, int cancel);
-/* After a send of q to group wi (any kind): joined there, on the worker, its
- * sequence from 0, the group's incarnation and the send time noted. */
-void gw_req_sent(gw_req *q, int wi);
+/* Sends e, q's message (any kind), to group wi: 0, and q joined there, on
+ * the worker, its sequence from 0, the group's incarnation and the send
+ * time noted; or the send's error. */
+int gw_req_send_env(gw_req *q, int wi, pr_env *e);
 /* The wall-clock deadline (ms since the epoch, what the wire carries) that
  * timeout seconds from q's arrival make; 0 for no timeout. */
 uint64_t gw_req_deadline_ms(const gw_req *q, double timeout);

@@ -227,6 +227,7 @@ resp = conn.getresponse()
 resp.fp.readline()
 time.sleep(1.5)
 check(metric(GW, "llmserve:num_requests_running") >= 1, "a request is running")
+check(metric(GW, "llmserve:open_streams") == 1, "the stream counts as open while it runs")
 conn.sock.shutdown(socket.SHUT_RDWR)
 conn.close()
 gone = False
@@ -236,6 +237,7 @@ for _ in range(50):
         gone = True
         break
 check(gone, "disconnect cancels the request on the worker")
+check(metric(GW, "llmserve:open_streams") == 0, "a stream whose client left is no longer open")
 
 # ---- deadline -------------------------------------------------------------------
 st_, _, d = raw(os.environ["GW_TIMEOUT"], "POST", "/v1/completions",
@@ -368,6 +370,7 @@ else:
 time.sleep(1)
 infl = [float(x) for x in re.findall(r'llmserve:gateway_inflight\{worker="[^"]+"\} (\S+)', raw(GW, "GET", "/metrics")[2].decode())]
 check(infl and not any(infl), "nothing left in flight on any group: %s" % infl)
+check(metric(GW, "llmserve:open_streams") == 0, "no stream left open")
 
 print("gateway e2e: %d failures" % len(failures))
 sys.exit(1 if failures else 0)

@@ -123,6 +123,11 @@ for chunk in client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=6
         if c.finish_reason:
             fins[c.index] = c.finish_reason
 check([texts.get(i) for i in range(3)] == single and len(fins) == 3, "a streamed batch: each index's deltas join into its text")
+usage = [c.usage for c in client.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=6, temperature=0, stream=True,
+                                                    stream_options={"include_usage": True}) if c.usage]
+check(len(usage) == 1 and usage[0].prompt_tokens == r.usage.prompt_tokens and
+      usage[0].total_tokens == usage[0].prompt_tokens + usage[0].completion_tokens and usage[0].completion_tokens >= 3,
+      "a streamed batch with include_usage: one usage chunk, its prompts summed (%s)" % (usage[:1],))
 ids = [post("/tokenize", {"prompt": p})[1]["tokens"] for p in PROMPTS]
 r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
 check(sorted(len(c.logprobs.tokens) for c in r.choices) == sorted(len(t) for t in ids),
