@@ -35,6 +35,22 @@ int pr_set_secret(const void *s, size_t len) {
     return 0;
 }
 
+/* Whether gid is one of this process's groups (its own or a supplementary one). */
+static int own_group(gid_t gid) {
+    if (gid == getegid()) return 1;
+    gid_t gs[256];
+    int n = getgroups(256, gs);
+    for (int i = 0; i < n; i++)
+        if (gs[i] == gid) return 1;
+    return 0;
+}
+
+int pr_secret_mode_ok(unsigned mode, unsigned gid) {
+    if (mode & 007) return 0;                               /* anyone on the host */
+    if ((mode & 070) && (mode & 020 || !own_group((gid_t)gid))) return 0; /* a group we are not in, or one that may write */
+    return 1;
+}
+
 int pr_load_secret_file(const char *path, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
@@ -43,9 +59,9 @@ int pr_load_secret_file(const char *path, char *err, size_t errlen) {
         if (fd >= 0) close(fd);
         return LLM_EIO;
     }
-    if (st.st_mode & 077) {
-        snprintf(err, errlen, "--rpc-secret-file %s: readable by others (mode %03o): chmod 600 it", path,
-                 (unsigned)(st.st_mode & 0777));
+    if (!pr_secret_mode_ok(st.st_mode, st.st_gid)) {
+        snprintf(err, errlen, "--rpc-secret-file %s: readable by others (mode %03o, group %u): chmod 600 it, or 640 "
+                 "with a group of this process's own", path, (unsigned)(st.st_mode & 0777), (unsigned)st.st_gid);
         close(fd);
         return LLM_EINVAL;
     }

@@ -35,8 +35,14 @@ int pr_recv(nng_socket s, pr_env **out, int flags, uint32_t *peer_version, char 
  * message sent carries it and every message received must carry the same
  * (compared in constant time), else pr_decode refuses it with LLM_EAUTH.
  * Reads the file's first line (surrounding whitespace trimmed, 16 to 1024
- * bytes); a file others can read is refused. Process-wide; 0 or LLM_E*. */
+ * bytes); a file others can read is refused (pr_secret_mode_ok).
+ * Process-wide; 0 or LLM_E*. */
 int pr_load_secret_file(const char *path, char *err, size_t errlen);
+/* The rule a secret file's permissions must meet: nothing for others; group
+ * read only when the group is one of this process's own (a Kubernetes Secret
+ * mounted with defaultMode 0400 under a pod's fsGroup is 0440, group
+ * fsGroup, which the container's process holds) and never group write. */
+int pr_secret_mode_ok(unsigned mode, unsigned gid);
 int pr_set_secret(const void *secret, size_t len);
 /* The secret (length 0 when none is set), for channels that are not
  * Envelopes (the TP group's join). */

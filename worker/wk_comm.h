@@ -4,8 +4,8 @@
  * machine, no GPU needed) and NCCL (GPU buffers; compiled when CUDA is).
  * Every operation is deterministic and identical on every rank: sums are
  * taken in rank order, so all ranks hold bit-identical results and never
- * diverge. A dead peer makes the operation return LLM_EIO on every rank
- * (never a hang). */
+ * diverge. A dead peer, or one past the deadline (timeout_s), makes the
+ * operation return LLM_EIO on every rank (never a hang). */
 #ifndef WK_COMM_H
 #define WK_COMM_H
 
@@ -26,8 +26,18 @@ typedef struct {
     void (*destroy)(wk_comm *c);
 } wk_comm_ops;
 
+/* The default deadline of one wait inside a collective (--collective-timeout). */
+#define WK_COMM_TIMEOUT_S 120.0
+
 struct wk_comm {
     int rank, size;
+    /* The deadline of one wait inside a collective, in seconds (0: none): a
+     * rank that does not arrive within it is taken as hung and the group
+     * ends (LLM_EIO on every rank), on both backends alike. An idle group
+     * stays within it because rank 0 sends a keep-alive step
+     * (wk_forward_keepalive); a wait that may rightly be long (a follower
+     * waiting for rank 0's model load) widens it for that wait. */
+    double timeout_s;
     const wk_comm_ops *ops;
     void *impl;
 };
@@ -46,7 +56,9 @@ void wk_comm_shm_set_pid(wk_comm *c, int rank, pid_t pid, int is_child);
 #define WK_NCCL_ID_BYTES 128
 #ifdef LLMSERVE_HAVE_NCCL
 int wk_comm_nccl_unique_id(uint8_t id[WK_NCCL_ID_BYTES]);
-int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, wk_comm **out);
+/* init_timeout_s: how long the communicator's init waits for every rank (0: no limit). */
+int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, double init_timeout_s,
+                        wk_comm **out);
 #endif
 
 static inline void wk_comm_free(wk_comm *c) {

@@ -14,8 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#define WAIT_S 120
-
 typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
@@ -27,7 +25,8 @@ typedef struct {
 
 _Static_assert(sizeof(ncclUniqueId) == WK_NCCL_ID_BYTES, "NCCL unique id size");
 
-static int wait_done(nccl_impl *n) {
+static int wait_done(wk_comm *c) {
+    nccl_impl *n = c->impl;
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
@@ -45,8 +44,8 @@ static int wait_done(nccl_impl *n) {
             return LLM_EIO;
         }
         clock_gettime(CLOCK_MONOTONIC, &t);
-        if (t.tv_sec - t0.tv_sec > WAIT_S) {
-            CM_ERR("NCCL collective did not finish in %d s (a dead rank?); aborting", WAIT_S);
+        if (c->timeout_s > 0 && (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > c->timeout_s) {
+            CM_ERR("NCCL collective did not finish in %.0f s (a dead or hung rank?); aborting", c->timeout_s);
             ncclCommAbort(n->comm);
             n->comm = NULL;
             return LLM_EIO;
@@ -56,8 +55,8 @@ static int wait_done(nccl_impl *n) {
     }
 }
 
-static int check(nccl_impl *n, ncclResult_t r) {
-    if (r == ncclSuccess || r == ncclInProgress) return wait_done(n);
+static int check(wk_comm *c, ncclResult_t r) {
+    if (r == ncclSuccess || r == ncclInProgress) return wait_done(c);
     CM_ERR("NCCL: %s", ncclGetErrorString(r));
     return LLM_EDEVICE;
 }
@@ -75,7 +74,7 @@ static int tmp_grow(nccl_impl *n, size_t bytes) {
 static int nccl_all_reduce(wk_comm *c, float *buf, size_t count) {
     nccl_impl *n = c->impl;
     if (!n->comm) return LLM_EIO;
-    return check(n, ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, n->comm, n->stream));
+    return check(c, ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, n->comm, n->stream));
 }
 
 /* Uneven widths: each rank's block is broadcast from its owner into the
@@ -95,7 +94,7 @@ static int nccl_all_gather_cols(wk_comm *c, const float *in, int rows, const int
         ncclBroadcast(src, n->tmp + off * sizeof(float), cnt, ncclFloat, r, n->comm, n->stream);
         off += cnt;
     }
-    if ((rc = check(n, ncclGroupEnd()))) return rc;
+    if ((rc = check(c, ncclGroupEnd()))) return rc;
     if (!out) return 0;
     off = 0;
     size_t col = 0;
@@ -107,7 +106,7 @@ static int nccl_all_gather_cols(wk_comm *c, const float *in, int rows, const int
         off += (size_t)width[r] * (size_t)rows;
         col += (size_t)width[r];
     }
-    return wait_done(n);
+    return wait_done(c);
 }
 
 static int nccl_broadcast(wk_comm *c, void *buf, size_t bytes, int root) {
@@ -117,15 +116,15 @@ static int nccl_broadcast(wk_comm *c, void *buf, size_t bytes, int root) {
     int host = cudaPointerGetAttributes(&at, buf) != cudaSuccess || at.type == cudaMemoryTypeUnregistered ||
                at.type == cudaMemoryTypeHost;
     cudaGetLastError(); /* clear a failed attribute query */
-    if (!host) return check(n, ncclBroadcast(buf, buf, bytes, ncclChar, root, n->comm, n->stream));
+    if (!host) return check(c, ncclBroadcast(buf, buf, bytes, ncclChar, root, n->comm, n->stream));
     int rc = tmp_grow(n, bytes ? bytes : 1);
     if (rc) return rc;
     if (c->rank == root && cudaMemcpyAsync(n->tmp, buf, bytes, cudaMemcpyHostToDevice, n->stream) != cudaSuccess)
         return LLM_EDEVICE;
-    if ((rc = check(n, ncclBroadcast(n->tmp, n->tmp, bytes, ncclChar, root, n->comm, n->stream)))) return rc;
+    if ((rc = check(c, ncclBroadcast(n->tmp, n->tmp, bytes, ncclChar, root, n->comm, n->stream)))) return rc;
     if (c->rank != root && cudaMemcpyAsync(buf, n->tmp, bytes, cudaMemcpyDeviceToHost, n->stream) != cudaSuccess)
         return LLM_EDEVICE;
-    return wait_done(n);
+    return wait_done(c);
 }
 
 static int nccl_barrier(wk_comm *c) {
@@ -155,7 +154,8 @@ int wk_comm_nccl_unique_id(uint8_t id[WK_NCCL_ID_BYTES]) {
     return 0;
 }
 
-int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, wk_comm **out) {
+int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, double init_timeout_s,
+                        wk_comm **out) {
     *out = NULL;
     wk_comm *c = calloc(1, sizeof *c);
     nccl_impl *n = calloc(1, sizeof *n);
@@ -166,6 +166,7 @@ int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, 
     }
     c->rank = rank;
     c->size = size;
+    c->timeout_s = WK_COMM_TIMEOUT_S;
     c->ops = &nccl_ops;
     c->impl = n;
     n->device = device;
@@ -191,7 +192,15 @@ int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, 
     while (st == ncclInProgress) {
         if (ncclCommGetAsyncError(n->comm, &st) != ncclSuccess) st = ncclSystemError;
         clock_gettime(CLOCK_MONOTONIC, &t);
-        if (st == ncclInProgress && t.tv_sec - t0.tv_sec > WAIT_S) st = ncclSystemError;
+        if (st == ncclInProgress && init_timeout_s > 0 &&
+            (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > init_timeout_s) {
+            CM_ERR("NCCL communicator init: not every rank arrived within %.0f s (--join-timeout)", init_timeout_s);
+            st = ncclSystemError;
+        }
+        if (st == ncclInProgress) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
     }
     if (st != ncclSuccess) {
         CM_ERR("NCCL communicator init: %s", ncclGetErrorString(st));

@@ -2,8 +2,9 @@
  * with a header (a sense-counting barrier, the group's pids, a dead flag)
  * and one data slot per rank. Large operations go through the slots in
  * chunks. Waiting spins, then yields, and every few thousand turns checks
- * that every peer is alive: a dead one sets the dead flag, and every rank's
- * next wait fails with LLM_EIO. */
+ * that every peer is alive and the wait is within the comm's deadline: a
+ * dead peer or a wait past it sets the dead flag, and every rank's next
+ * wait fails with LLM_EIO. */
 #include "wk_comm.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -77,16 +78,25 @@ static int shm_barrier(wk_comm *c) {
         atomic_fetch_add(&h->gen, 1);
         return 0;
     }
+    struct timespec t0 = {0, 0}, t;
     for (uint64_t spin = 0; atomic_load_explicit(&h->gen, memory_order_acquire) == g; spin++) {
         if (spin < 20000) {
             CPU_RELAX();
             continue;
         }
+        if (spin == 20000) clock_gettime(CLOCK_MONOTONIC, &t0);
         if (spin % 64 == 0) {
             if (atomic_load(&h->dead)) return LLM_EIO;
             int d = peer_dead(c);
             if (d) {
                 CM_ERR("rank %d of the tensor-parallel group died", d - 1);
+                atomic_store(&h->dead, 1);
+                return LLM_EIO;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if (c->timeout_s > 0 && (double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 > c->timeout_s) {
+                CM_ERR("a tensor-parallel collective did not finish in %.0f s (a hung rank?); the group ends",
+                       c->timeout_s);
                 atomic_store(&h->dead, 1);
                 return LLM_EIO;
             }
@@ -195,6 +205,7 @@ int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out)
     c->impl = s;
     c->ops = &shm_ops;
     c->size = size;
+    c->timeout_s = WK_COMM_TIMEOUT_S;
     snprintf(s->name, sizeof s->name, "/llmserve-tp-%d-%lx", (int)getpid(), (long)time(NULL));
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
@@ -246,6 +257,7 @@ int wk_comm_shm_attach(const char *name, int rank, wk_comm **out) {
         return rc;
     }
     c->size = (int)s->h->size;
+    c->timeout_s = WK_COMM_TIMEOUT_S;
     *out = c;
     return 0;
 }

@@ -832,5 +832,6 @@ void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key),
 }
 
 const wk_model *wk_engine_model(const wk_engine *e) { return e->m; }
+int wk_engine_idle(wk_engine *e) { return wk_forward_keepalive(e->m); }
 wk_cache *wk_engine_cache(wk_engine *e) { return e->cache; }
 const wk_engine_opts *wk_engine_options(const wk_engine *e) { return &e->o; }

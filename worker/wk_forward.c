@@ -8,6 +8,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "cm_rope.h"
+#include "cm_time.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -243,6 +244,7 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s)
     }
     int32_t hdr[4] = {PLAN_MAGIC, n_seq, c->n_copies, (int32_t)n};
     c->n_copies = 0;
+    m->plan_t = cm_now();
     if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
     return m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * n, 0);
 }
@@ -252,11 +254,23 @@ int wk_forward_shutdown(wk_model *m) {
     return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
 }
 
+#define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
+
+int wk_forward_keepalive(wk_model *m) {
+    if (!m->comm || m->tp_rank != 0 || m->comm->timeout_s <= 0) return 0;
+    double t = cm_now();
+    if (t - m->plan_t < m->comm->timeout_s / 4) return 0;
+    m->plan_t = t;
+    int32_t hdr[4] = {PLAN_MAGIC, PLAN_KEEPALIVE, 0, 0};
+    return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+}
+
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     *shutdown = 0;
     int32_t hdr[4];
     int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
     if (rc) return rc;
+    if (hdr[0] == PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
     if (hdr[0] != PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
     if (hdr[1] == 0) {
         *shutdown = 1;

@@ -4,6 +4,8 @@
 #include "cm_log.h"
 
 #include <nng/nng.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <nng/supplemental/http/http.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -13,7 +15,11 @@
 #include <time.h>
 
 struct wk_health {
-    nng_http_server *srv;
+    nng_http_server *srv;        /* NULL without --health-port: the load deadline still holds */
+    pthread_t watch;             /* the load deadline's watchdog */
+    int watching;
+    double load_s;
+    _Atomic int64_t load_end_ms; /* while loading: the deadline (monotonic ms), 0 while suspended */
     _Atomic int64_t beat_ms;     /* the main loop's last pass (monotonic ms) */
     _Atomic int state;
     _Atomic int beating;         /* the loop calls wk_health_beat (rank 0's does; a follower's never) */
@@ -27,6 +33,7 @@ static const char *state_name(int s) {
     case WK_H_LOADING: return "loading";
     case WK_H_READY: return "ready";
     case WK_H_DRAINING: return "draining";
+    case WK_H_LOAD_TIMEOUT: return "load_timeout";
     default: return "failed";
     }
 }
@@ -51,9 +58,10 @@ static void on_live(nng_aio *aio) {
     int64_t age = mono_ms() - atomic_load(&h->beat_ms);
     int st = atomic_load(&h->state);
     char b[160];
-    /* a load (minutes for a 70B model) is the startup probe's to bound; ranks that follow rank 0 block
+    /* a load (minutes for a 70B model) is alive until --load-timeout; ranks that follow rank 0 block
      * between its steps and never beat: alive while the process is */
-    int ok = st == WK_H_LOADING || (st != WK_H_FAILED && (!atomic_load(&h->beating) || age <= h->live_ms));
+    int ok = st == WK_H_LOADING ||
+             (st != WK_H_FAILED && st != WK_H_LOAD_TIMEOUT && (!atomic_load(&h->beating) || age <= h->live_ms));
     snprintf(b, sizeof b, "{\"status\":\"%s\",\"state\":\"%s\",\"loop_ms_ago\":%lld}\n", ok ? "ok" : "stuck",
              state_name(st), (long long)age);
     reply(aio, ok ? 200 : 503, b);
@@ -77,6 +85,10 @@ int wk_health_start(const char *host, int port, int live_ms, wk_health **out, ch
     h->live_ms = live_ms > 0 ? live_ms : 30000;
     atomic_store(&h->beat_ms, mono_ms());
     atomic_store(&h->state, WK_H_LOADING);
+    if (!port) { /* no probes: only the deadline */
+        *out = h;
+        return 0;
+    }
     char url[300];
     snprintf(url, sizeof url, "http://%s:%d", host && *host ? host : "0.0.0.0", port);
     nng_url *u = NULL;
@@ -113,9 +125,44 @@ void wk_health_set_state(wk_health *h, int state) {
     if (h) atomic_store(&h->state, state);
 }
 
+/* Past the deadline with the model still loading: the probes say so, and the
+ * process ends (exit 1: a restart may find the volume well), since the load
+ * itself may be stuck in a read that never returns. */
+static void *watch_load(void *arg) {
+    wk_health *h = arg;
+    while (atomic_load(&h->state) == WK_H_LOADING) {
+        int64_t end = atomic_load(&h->load_end_ms);
+        if (end && mono_ms() >= end) {
+            atomic_store(&h->state, WK_H_LOAD_TIMEOUT);
+            CM_ERR("the model did not load within --load-timeout %.0f s (a stalled volume or download?): exiting",
+                   h->load_s);
+            fflush(NULL);
+            _exit(1);
+        }
+        usleep(100000);
+    }
+    return NULL;
+}
+
+int wk_health_load_deadline(wk_health *h, double secs, int hold) {
+    if (!h || secs <= 0) return 0;
+    h->load_s = secs;
+    atomic_store(&h->load_end_ms, hold ? 0 : mono_ms() + (int64_t)(secs * 1e3));
+    if (h->watching) return 0;
+    if (pthread_create(&h->watch, NULL, watch_load, h)) return LLM_ENOMEM;
+    h->watching = 1;
+    return 0;
+}
+
 void wk_health_stop(wk_health *h) {
     if (!h) return;
-    nng_http_server_stop(h->srv);
-    nng_http_server_release(h->srv);
+    if (h->watching) {
+        if (atomic_load(&h->state) == WK_H_LOADING) atomic_store(&h->state, WK_H_FAILED); /* ends the watch */
+        pthread_join(h->watch, NULL);
+    }
+    if (h->srv) {
+        nng_http_server_stop(h->srv);
+        nng_http_server_release(h->srv);
+    }
     free(h);
 }

@@ -35,6 +35,13 @@ static void help(FILE *f) {
             "  --node-index N            this host's place in a multi-host group: its ranks are N*K..N*K+K-1\n"
             "                            (LeaderWorkerSet's LWS_WORKER_INDEX)\n"
             "  --group-address ADDR      the group's control channel (default: ipc in /tmp)\n"
+            "  --join-timeout S          how long the group waits for all its ranks to join (pods still pending or\n"
+            "                            pulling images), before the load (default 1800; 0: no limit)\n"
+            "  --collective-timeout S    a rank that does not arrive at a step's collective within S is taken as\n"
+            "                            hung and the group ends; an idle group's rank 0 keeps the others within it\n"
+            "                            (default 120; 0: no limit)\n"
+            "  --load-timeout S          the model must load (and warm up) within S (the group's join aside), else the\n"
+            "                            probes answer 503 and the process exits 1 (default 0: no limit)\n"
             "  --threads N               CPU threads per rank (default: all CPUs / N)\n"
             "  --worker-id ID            name in Health and logs (default: hostname:pid)\n"
             "  --served-model-name NAME  model name reported to gateways (default: file name)\n"
@@ -55,11 +62,12 @@ int main(int argc, char **argv) {
     int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
     const char *health_host = "0.0.0.0";
     int per_node = 0, node_index = -1;
+    double join_s = 1800, coll_s = WK_COMM_TIMEOUT_S, load_s = 0;
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
     enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET, O_HPORT, O_HHOST,
-           O_NOWARM, O_PERNODE, O_NODEIDX };
+           O_NOWARM, O_PERNODE, O_NODEIDX, O_JOINT, O_COLLT, O_LOADT };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
@@ -78,6 +86,9 @@ int main(int argc, char **argv) {
                                        {"no-warmup", no_argument, 0, O_NOWARM},
                                        {"ranks-per-node", required_argument, 0, O_PERNODE},
                                        {"node-index", required_argument, 0, O_NODEIDX},
+                                       {"join-timeout", required_argument, 0, O_JOINT},
+                                       {"collective-timeout", required_argument, 0, O_COLLT},
+                                       {"load-timeout", required_argument, 0, O_LOADT},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -103,6 +114,9 @@ int main(int argc, char **argv) {
         case O_NOWARM: warmup = 0; break;
         case O_PERNODE: bad = cm_parse_int("--ranks-per-node", optarg, 1, 64, &per_node); break;
         case O_NODEIDX: bad = cm_parse_int("--node-index", optarg, 0, 63, &node_index); break;
+        case O_JOINT: bad = cm_parse_double("--join-timeout", optarg, 0, 86400, &join_s); break;
+        case O_COLLT: bad = cm_parse_double("--collective-timeout", optarg, 0, 86400, &coll_s); break;
+        case O_LOADT: bad = cm_parse_double("--load-timeout", optarg, 0, 86400, &load_s); break;
         case O_SECRET: {
             char e2[512];
             if (pr_load_secret_file(optarg, e2, sizeof e2)) {
@@ -179,9 +193,10 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[512] = "";
-    wk_health *health = NULL; /* from the start: a long load is the startup probe's to bound, not a dead pod */
-    if (health_port && wk_health_start(health_host, health_port, 30000, &health, err, sizeof err)) {
-        fprintf(stderr, "llmserve-worker: %s\n", err);
+    wk_health *health = NULL; /* from the start: a long load is alive until --load-timeout, not a dead pod */
+    if (wk_health_start(health_host, health_port, 30000, &health, err, sizeof err) ||
+        wk_health_load_deadline(health, load_s, 0)) {
+        fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : "cannot start the load's watchdog");
         return 1;
     }
     cm_model_file *probe = NULL; /* an embedding model (BERT) runs the encoder instead of the engine */
@@ -217,17 +232,27 @@ int main(int argc, char **argv) {
     wk_tp *group_h = NULL;
     int my_rank = rank < 0 ? 0 : rank;
     if (tp > 1) {
+        wk_health_load_deadline(health, load_s, 1); /* the join has its own deadline */
         /* rank 0 starts ranks 1..tp-1 (unless they join on their own with --rank) */
         /* without --ranks-per-node the whole group is on this host: started bare, this process starts it */
         int local = per_node ? per_node : tp;
         int spawn = per_node ? (my_rank % per_node == 0 ? per_node : 1) : (rank < 0 ? tp : 1);
-        int rc = wk_tp_start(tp, my_rank, group, lf.device == WK_DEV_CUDA, my_rank % local, argc, argv, spawn, &group_h,
-                             err, sizeof err);
+        wk_tp_opts to = {.size = tp,
+                         .rank = my_rank,
+                         .group_addr = group,
+                         .spawn = spawn,
+                         .use_nccl = lf.device == WK_DEV_CUDA,
+                         .device = my_rank % local,
+                         .join_timeout_s = join_s,
+                         .collective_timeout_s = coll_s,
+                         .load_timeout_s = load_s};
+        int rc = wk_tp_start(&to, argc, argv, &group_h, err, sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);
             return 1;
         }
     }
+    if (tp > 1) wk_health_load_deadline(health, load_s, 0); /* the clock again, from the group's forming */
     int per_rank = threads ? threads : (int)(sysconf(_SC_NPROCESSORS_ONLN) / tp);
     if (per_rank < 1) per_rank = 1;
     mo.threads = per_rank;

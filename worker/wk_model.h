@@ -75,6 +75,7 @@ typedef struct wk_model {
     int32_t *plan;                       /* step plan buffer (tensor parallel) */
     size_t plan_cap;
     struct wk_batch_seq *plan_seqs;      /* [max_batch] */
+    double plan_t;                       /* rank 0: when it last sent the ranks anything (cm_now) */
     /* called with every matmul's input rows x [T][w->k] before it runs (llmserve imatrix), or NULL */
     void (*act_hook)(void *ctx, const kn_weight *w, const float *x, int T);
     void *act_hook_ctx;
@@ -155,6 +156,11 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
  * (*shutdown = 1). LLM_EIO when a rank died, LLM_EFORMAT for a bad plan. */
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown);
 int wk_forward_shutdown(wk_model *m);
+/* Rank 0, idle: once a quarter of the group's collective deadline has
+ * passed since it last sent the ranks a step, an empty step that keeps them
+ * within it (wk_forward_follow returns with nothing run). Nothing without
+ * tensor parallelism or a deadline; 0 or LLM_EIO. */
+int wk_forward_keepalive(wk_model *m);
 
 /* A single sequence with a private cache of ctx positions (generate,
  * perplexity, tests): blocks 0, 1, 2 ... in order. */

@@ -109,7 +109,11 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
         }
         wk_srv_apply_drops(s);
         pthread_mutex_unlock(&s->mu);
-        if (s->be->has_work(s)) {
+        if (!s->be->has_work(s) && s->be->idle && s->be->idle(s) < 0) {
+            snprintf(err, errlen, "a rank of the tensor-parallel group failed while idle");
+            wk_srv_tell_going(s, err);
+            break;
+        } else if (s->be->has_work(s)) {
             struct timespec a, b;
             clock_gettime(CLOCK_MONOTONIC, &a);
             int rc = s->be->step(s);

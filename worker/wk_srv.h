@@ -65,6 +65,7 @@ typedef struct wk_backend {
     int task;                                         /* LLMSERVE__TASK__TASK_GENERATE or _EMBED */
     int (*has_work)(const server *s);
     int (*step)(server *s);                           /* one step; < 0: the device or a rank failed */
+    int (*idle)(server *s);                           /* a turn with no step (NULL: nothing); < 0: a rank failed */
     /* Ends sl's request now (why: WK_END_*; msg: a drop's reason, told to
      * its gateway); the slot is freed now or with the request's last output. */
     void (*end)(server *s, slot *sl, int why, const char *msg);

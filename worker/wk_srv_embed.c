@@ -114,5 +114,9 @@ static void embed_stats(const server *s, wk_engine_stats *es) {
     es->requests_finished = s->embed_finished;
 }
 
-const wk_backend wk_srv_embed_backend = {LLMSERVE__TASK__TASK_EMBED, embed_has_work, embed_step, embed_end,
-                                         send_embed_results, embed_stats, NULL};
+const wk_backend wk_srv_embed_backend = {.task = LLMSERVE__TASK__TASK_EMBED,
+                                         .has_work = embed_has_work,
+                                         .step = embed_step,
+                                         .end = embed_end,
+                                         .flush = send_embed_results,
+                                         .stats = embed_stats};

@@ -328,6 +328,8 @@ static int gen_has_work(const server *s) { return wk_engine_has_work(s->e); }
 
 static int gen_step(server *s) { return wk_engine_step(s->e); }
 
+static int gen_idle(server *s) { return wk_engine_idle(s->e); }
+
 /* A drop is told with an error chunk and frees the slot now (the abort's
  * output finds no slot); otherwise the abort's own output reports it (as a
  * timeout past the deadline) and frees the slot as the request's last. */
@@ -362,5 +364,11 @@ static void gen_stats_extra(const server *s, const wk_engine_stats *es, Llmserve
 #undef SET
 }
 
-const wk_backend wk_srv_generate_backend = {LLMSERVE__TASK__TASK_GENERATE, gen_has_work, gen_step, gen_end, gen_flush,
-                                            gen_stats, gen_stats_extra};
+const wk_backend wk_srv_generate_backend = {.task = LLMSERVE__TASK__TASK_GENERATE,
+                                            .has_work = gen_has_work,
+                                            .step = gen_step,
+                                            .idle = gen_idle,
+                                            .end = gen_end,
+                                            .flush = gen_flush,
+                                            .stats = gen_stats,
+                                            .stats_extra = gen_stats_extra};

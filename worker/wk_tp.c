@@ -17,7 +17,6 @@
 
 #define TP_MAGIC 0x6c6d7470u
 #define TP_VERSION 2 /* 2: the join carries the deployment's secret */
-#define JOIN_TIMEOUT_MS 120000
 
 enum { BACKEND_SHM = 1, BACKEND_NCCL = 2 };
 
@@ -41,6 +40,7 @@ typedef struct {
 
 struct wk_tp {
     int size, rank, backend, device;
+    double join_s, step_s, load_s; /* the deadlines (wk_tp_opts) */
     wk_comm *comm;
     pid_t child[64];
     int n_child;
@@ -82,6 +82,16 @@ static int spawn_rank(wk_tp *t, int r, int argc, char **argv, char *err, size_t 
     return 0;
 }
 
+/* Every rank meets once (within --join-timeout: a rank's pod may still be
+ * starting); from then on a wait inside a collective has the step deadline. */
+static int formed(wk_tp *t, char *err, size_t errlen) {
+    t->comm->timeout_s = t->join_s;
+    int rc = t->comm->ops->barrier(t->comm);
+    if (rc) snprintf(err, errlen, "a rank died or did not arrive while the group formed");
+    t->comm->timeout_s = t->step_s;
+    return rc;
+}
+
 static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t errlen) {
     char shm_name[64] = "";
     uint8_t nccl_id[WK_NCCL_ID_BYTES] = {0};
@@ -121,8 +131,9 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (n_joined < t->size - 1) {
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        if ((t1.tv_sec - t0.tv_sec) * 1000 > JOIN_TIMEOUT_MS) {
-            snprintf(err, errlen, "only %d of %d ranks joined within %d s", n_joined + 1, t->size, JOIN_TIMEOUT_MS / 1000);
+        if (t->join_s > 0 && (double)(t1.tv_sec - t0.tv_sec) > t->join_s) {
+            snprintf(err, errlen, "only %d of %d ranks joined within %.0f s (--join-timeout)", n_joined + 1, t->size,
+                     t->join_s);
             rc = LLM_ETIMEDOUT;
             goto out;
         }
@@ -180,13 +191,12 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
         if (nng_sendmsg(rep, msg, 0)) nng_msg_free(msg);
     }
 #ifdef LLMSERVE_HAVE_NCCL
-    if (t->backend == BACKEND_NCCL && (rc = wk_comm_nccl_create(nccl_id, 0, t->size, 0, &t->comm))) {
+    if (t->backend == BACKEND_NCCL && (rc = wk_comm_nccl_create(nccl_id, 0, t->size, 0, t->join_s, &t->comm))) {
         snprintf(err, errlen, "NCCL communicator: %s", cm_strerror(rc));
         goto out;
     }
 #endif
-    rc = t->comm->ops->barrier(t->comm);
-    if (rc) snprintf(err, errlen, "a rank died while the group formed");
+    rc = formed(t, err, errlen);
 out:
     nng_close(rep);
     return rc;
@@ -195,8 +205,9 @@ out:
 static int join(wk_tp *t, char *err, size_t errlen) {
     nng_socket req;
     int rv = nng_req0_open(&req);
-    if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, JOIN_TIMEOUT_MS);
-    if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, JOIN_TIMEOUT_MS);
+    nng_duration ms = t->join_s > 0 ? (nng_duration)(t->join_s * 1e3) : NNG_DURATION_INFINITE;
+    if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_RECVTIMEO, ms);
+    if (!rv) rv = nng_socket_set_ms(req, NNG_OPT_SENDTIMEO, ms);
     if (!rv) rv = nng_socket_set_size(req, NNG_OPT_RECVMAXSZ, 4096);
     if (!rv) rv = nng_dial(req, t->addr, NULL, NNG_FLAG_NONBLOCK);
     join_req q = {TP_MAGIC, TP_VERSION, (uint32_t)t->rank, (uint32_t)t->size, (int32_t)getpid(), 0, {0}};
@@ -240,7 +251,7 @@ static int join(wk_tp *t, char *err, size_t errlen) {
         wk_comm_shm_set_pid(t->comm, t->rank, getpid(), 0);
     } else {
 #ifdef LLMSERVE_HAVE_NCCL
-        rc = wk_comm_nccl_create(a.nccl_id, t->rank, t->size, t->device, &t->comm);
+        rc = wk_comm_nccl_create(a.nccl_id, t->rank, t->size, t->device, t->join_s, &t->comm);
         if (rc) {
             snprintf(err, errlen, "NCCL communicator: %s", cm_strerror(rc));
             return rc;
@@ -250,22 +261,24 @@ static int join(wk_tp *t, char *err, size_t errlen) {
         return LLM_EUNSUP;
 #endif
     }
-    rc = t->comm->ops->barrier(t->comm);
-    if (rc) snprintf(err, errlen, "a rank died while the group formed");
+    rc = formed(t, err, errlen);
     return rc;
 }
 
-int wk_tp_start(int size, int rank, const char *group_addr, int use_nccl, int device, int argc, char **argv, int spawn,
-                wk_tp **out, char *err, size_t errlen) {
+int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *err, size_t errlen) {
     *out = NULL;
+    int size = o->size, rank = o->rank, spawn = o->spawn;
     if (size < 2 || size > 64 || rank < 0 || rank >= size) return LLM_EINVAL;
     wk_tp *t = calloc(1, sizeof *t);
     if (!t) return LLM_ENOMEM;
     t->size = size;
     t->rank = rank;
-    t->backend = use_nccl ? BACKEND_NCCL : BACKEND_SHM;
-    t->device = device;
-    if (group_addr) snprintf(t->addr, sizeof t->addr, "%s", group_addr);
+    t->backend = o->use_nccl ? BACKEND_NCCL : BACKEND_SHM;
+    t->device = o->device;
+    t->join_s = o->join_timeout_s;
+    t->step_s = o->collective_timeout_s;
+    t->load_s = o->load_timeout_s;
+    if (o->group_addr) snprintf(t->addr, sizeof t->addr, "%s", o->group_addr);
     else if (rank == 0) snprintf(t->addr, sizeof t->addr, "ipc:///tmp/llmserve-tp-%d.ipc", (int)getpid());
     else {
         snprintf(err, errlen, "--rank %d needs --group-address", rank);
@@ -295,9 +308,11 @@ int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err
 int wk_tp_attach(wk_tp *t, wk_engine *e, char *err, size_t errlen) {
     const wk_engine_opts *o = wk_engine_options(e);
     cache_geom g = {(int32_t)TP_MAGIC, o->block_size, o->n_blocks, o->kv_type};
+    t->comm->timeout_s = t->load_s; /* a rank may still be loading its shard: --load-timeout bounds that */
     int rc = t->comm->ops->broadcast(t->comm, &g, sizeof g, 0);
+    t->comm->timeout_s = t->step_s;
     if (rc) {
-        snprintf(err, errlen, "a rank died before serving");
+        snprintf(err, errlen, "a rank died (or did not load within --load-timeout) before serving");
         return rc;
     }
     wk_engine_cache(e)->record_copies = 1;
@@ -309,9 +324,11 @@ int wk_tp_follow(wk_tp *t, wk_model *m, const wk_engine_opts *eo, volatile sig_a
                  size_t errlen) {
     (void)eo;
     cache_geom g;
+    t->comm->timeout_s = t->load_s; /* rank 0 may still be loading its shard: --load-timeout bounds that */
     int rc = t->comm->ops->broadcast(t->comm, &g, sizeof g, 0);
+    t->comm->timeout_s = t->step_s;
     if (rc) {
-        snprintf(err, errlen, "rank 0 went away before serving");
+        snprintf(err, errlen, "rank 0 went away (or did not load within --load-timeout) before serving");
         return rc;
     }
     wk_cache *c = NULL;

@@ -20,15 +20,27 @@
 
 typedef struct wk_tp wk_tp;
 
-/* spawn: how many ranks this host runs from this process on, itself
- * included: it starts ranks rank+1..rank+spawn-1 as its children (argv
- * re-run with --rank R --group-address ADDR appended), which die with it;
- * the group's other ranks join on their own (other hosts: --node-index).
- * 0 or 1: none.
- * use_nccl: the NCCL backend on CUDA device `device` (builds with NCCL),
- * else the CPU shared-memory one. */
-int wk_tp_start(int size, int rank, const char *group_addr, int use_nccl, int device, int argc, char **argv, int spawn,
-                wk_tp **out, char *err, size_t errlen);
+typedef struct {
+    int size, rank;
+    const char *group_addr;      /* the control channel; NULL on rank 0: ipc in /tmp */
+    /* how many ranks this host runs from this process on, itself included:
+     * it starts ranks rank+1..rank+spawn-1 as its children (argv re-run with
+     * --rank R --group-address ADDR appended), which die with it; the group's
+     * other ranks join on their own (other hosts: --node-index). 0 or 1: none */
+    int spawn;
+    int use_nccl, device;        /* the NCCL backend on CUDA device `device`, else CPU shared memory */
+    /* --join-timeout: how long rank 0 waits for every rank, and a rank for
+     * the group to form (pods still pending or pulling images); 0: no limit */
+    double join_timeout_s;
+    /* --collective-timeout: the deadline of one wait inside a step (wk_comm.timeout_s); 0: none */
+    double collective_timeout_s;
+    /* --load-timeout: how long a follower waits for rank 0's model load; 0: no limit */
+    double load_timeout_s;
+} wk_tp_opts;
+
+/* Forms the group: rank 0 leads (starts its host's ranks, answers the
+ * joins), the others join; every rank meets at a barrier before it loads. */
+int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *err, size_t errlen);
 wk_comm *wk_tp_comm(wk_tp *t);
 /* wk_model_load for this rank's shard (t NULL: the whole model). */
 int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen);

@@ -16,6 +16,8 @@ its workers' handshake hands it. Checks (each prints its figures):
   groups    a group serving another tokenizer under the same name is refused;
             a dead group's gauges read zero; restarts are seen as incarnations.
   auth      an API keys file with no key refuses to start; logs carry no key.
+  tpdeadline an idle TP group outlives its collective deadline; a stalled load
+            and a rank that never joins end in time, naming their flags.
 """
 import http.client
 import json
@@ -772,6 +774,71 @@ def secret_checks():
     w0.terminate()
 
 
+# ---- deadlines a cluster needs: an idle TP group, a load that never ends ------------
+def deadline_group_checks():
+    """--collective-timeout: a rank that waits past it for a step is taken as
+    hung, so an idle group's rank 0 keeps its ranks within it; a group idle
+    for four and a half deadlines still answers. --load-timeout: a load that
+    stalls (a rank stopped once the group formed) ends the worker with exit 1
+    and a line naming the flag. --join-timeout:
+    a rank that never joins ends rank 0 with a line naming the flag."""
+    wp, gp, hp = BASE + 100, BASE + 101, BASE + 102
+    w = worker(wp, "--tensor-parallel-size", "2", "--collective-timeout", "2")
+    g = gateway(gp, [wp], log="idle-tp-gw.log")
+    check(wait_up(gp, secs=90), "idle TP: a TP=2 group with --collective-timeout 2 is up")
+    time.sleep(9)
+    st, d = post(gp, "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+    kids = children(w.pid, "exe")  # ranks re-run /proc/self/exe
+    check(st == 200 and w.poll() is None and len(kids) == 1,
+          "idle TP: after 9 s idle (4.5 deadlines) the group still answers (%d, rank 0 %s, %d child rank)"
+          % (st, "alive" if w.poll() is None else "exited %s" % w.returncode, len(kids)))
+    log = open(os.path.join(EMPTY, "worker-%d.log" % wp), errors="replace").read()
+    check("did not finish" not in log, "idle TP: no collective went past its deadline")
+    w.terminate()
+    g.terminate()
+    w.wait()
+
+    # a load that stalls: rank 1 of a TP=2 group stopped (SIGSTOP) once the group formed, as a rank whose
+    # volume hangs (the model file itself must be a regular file: a FIFO is refused before any read)
+    log = os.path.join(EMPTY, "stalled.log")
+    t0 = time.time()
+    with open(log, "w") as lf:
+        p = subprocess.Popen([BUILD + "/llmserve-worker", "--model", MODEL, "--listen", "tcp://127.0.0.1:%d" % (wp + 3),
+                              "--tensor-parallel-size", "2", "--threads", "1", "--health-port", str(hp),
+                              "--load-timeout", "3", "--join-timeout", "30"], stdout=lf, stderr=subprocess.STDOUT,
+                             cwd=EMPTY)
+    procs.append(p)
+    live, stopped = None, []
+    while time.time() - t0 < 30 and p.poll() is None and not stopped:
+        if "rank 0 of 2" in open(log, errors="replace").read():  # loaded: the group has formed
+            try:
+                live = get(hp, "/live", timeout=1)[0]
+            except OSError:
+                pass
+            for k in children(p.pid, "exe"):
+                os.kill(k, signal.SIGSTOP)
+                stopped.append(k)
+        time.sleep(0.02)
+    t1 = time.time()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    out = open(log, errors="replace").read()
+    check(live == 200, "load deadline: /live answers 200 while the load is within --load-timeout (%s)" % live)
+    check(stopped and p.returncode == 1 and "--load-timeout" in out and time.time() - t1 <= 10,
+          "load deadline: a group whose rank stalls mid-load ends, exit %s %.1f s after the stall (%s)"
+          % (p.returncode, time.time() - t1, out.strip().splitlines()[-1][-120:] if out.strip() else ""))
+
+    cp = BASE + 103
+    r = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--listen", "tcp://127.0.0.1:%d" % (wp + 4),
+                        "--tensor-parallel-size", "2", "--rank", "0", "--group-address", "tcp://127.0.0.1:%d" % cp,
+                        "--join-timeout", "2", "--threads", "1"], capture_output=True, text=True, timeout=60, cwd=EMPTY)
+    check(r.returncode != 0 and "--join-timeout" in r.stderr,
+          "join deadline: a rank that never joins ends rank 0 past --join-timeout (%s)" % r.stderr.strip()[-100:])
+
+
 def main():
     try:
         # LLMSERVE_FAULTS_ONLY=more,fd runs only those parts (for chasing one failure)
@@ -792,7 +859,7 @@ def main():
             hangup_checks(gp, sp, g.pid)
         for part, fn in (("auth", auth_checks), ("more", more_checks), ("fd", fd_checks), ("groups", group_checks),
                          ("deadline", deadline_checks), ("secret", secret_checks), ("probes", probe_checks),
-                         ("nodes", node_checks)):
+                         ("nodes", node_checks), ("tpdeadline", deadline_group_checks)):
             if want(part):
                 fn()
         del w

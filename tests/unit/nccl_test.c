@@ -20,7 +20,7 @@ int main(void) {
     uint8_t id[WK_NCCL_ID_BYTES];
     CHECK_RC(wk_comm_nccl_unique_id(id), 0);
     wk_comm *c;
-    CHECK_RC(wk_comm_nccl_create(id, 0, 1, 0, &c), 0);
+    CHECK_RC(wk_comm_nccl_create(id, 0, 1, 0, 60, &c), 0);
     if (!c) return tst_done("nccl_test");
     enum { N = 1000, ROWS = 7 };
     float h[N], *d;
