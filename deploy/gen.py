@@ -35,9 +35,12 @@ BASE = {
         "shutdownTimeout": 30,
         "terminationGracePeriodSeconds": 45,   # preStop 5 s + --shutdown-timeout 30 + 10 to spare
         "apiKeysSecret": "",                   # a Secret with a "keys" file: --api-keys-file
+        "priorityClassName": "",
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
+        # replicas is left to the HPA when it is on; openStreams: the second signal, which needs the
+        # Prometheus adapter's rules (deploy/k8s/extras) and the ServiceMonitor, else the HPA never scales down
         "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 10, "targetCPUUtilization": 70,
-                        "targetOpenStreams": 200},
+                        "openStreams": False, "targetOpenStreams": 200},
     },
     "worker": {
         "image": "localhost/llmserve:cpu",
@@ -58,19 +61,38 @@ BASE = {
         "quantization": "",
         "shutdownTimeout": 60,
         "terminationGracePeriodSeconds": 75,
-        "startupFailureThreshold": 60,          # x 10 s: how long a load may take
+        "joinTimeout": 1800,                    # s: all of a group's pods scheduled, pulled, joined (--join-timeout)
+        "loadTimeout": 600,                     # s: the load and warm-up, once joined (--load-timeout)
+        "startupFailureThreshold": 246,         # x 10 s: the startup probe outlasts joinTimeout + loadTimeout
         "shmSize": "1Gi",
         "fetchModel": False,                    # an init container fetches the default model into the volume
-        "modelVolume": {"persistentVolumeClaim": {"claimName": "llmserve-models", "readOnly": True}},
+        "modelClaim": "llmserve-models",        # a PVC holding the model, mounted read-only; "": an emptyDir
+        "modelEmptyDirSize": "1Gi",             # the emptyDir's size when there is no claim (fetchModel fills it)
+        "rpcSecret": "",                        # a Secret with a "secret" key: --rpc-secret-file on both tiers
+        "priorityClassName": "",
+        "maxSurge": 0,                          # LWS rolling update: groups made beside the old ones (needs the room)
+        "pdbMaxUnavailable": 1,                 # groups a voluntary disruption may take at once
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
         "nodeSelector": {},
         "tolerations": [],
         "env": [],
+        "addCapabilities": [],                  # e.g. IPC_LOCK for RDMA (NCCL over InfiniBand pins memory)
     },
-    "metrics": {"serviceMonitor": False},
+    # an embedding group (/v1/embeddings): a Hugging Face embedding model's folder on the models volume,
+    # one CPU pod a replica, found by the gateways through the same headless Service as the groups
+    "embedding": {"enabled": False, "model": "/models/all-MiniLM-L6-v2", "servedModelName": "all-MiniLM-L6-v2",
+                  "replicas": 1, "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                               "limits": {"cpu": "2", "memory": "2Gi"}}},
+    # serviceMonitorLabels: what the Prometheus operator's serviceMonitorSelector matches
+    # (kube-prometheus-stack: release: <its release name>); alerts: a PrometheusRule
+    "metrics": {"serviceMonitor": False, "serviceMonitorLabels": {"release": "prometheus"}, "alerts": False},
+    # scaleDownWindow: seconds of lower demand before a group is removed (the HPA's stabilization window;
+    # KEDA's cooldownPeriod applies only to scaling to zero)
     "keda": {"enabled": False, "prometheus": "http://prometheus-operated.monitoring:9090", "minGroups": 1,
-             "maxGroups": 4, "waitingPerGroup": 8},
-    "inferencePool": {"enabled": False, "endpointPicker": "llmserve-epp"},
+             "maxGroups": 4, "waitingPerGroup": 8, "scaleDownWindow": 600},
+    # a gateway sidecar in each leader pod for the Gateway API Inference Extension's InferencePool, which
+    # GIE's own inferencepool chart makes (deploy/helm/gie-inferencepool-values.yaml)
+    "inferencePool": {"enabled": False},
 }
 
 
@@ -84,7 +106,7 @@ def profile(**changes):
         d[keys[-1]] = x
     w = v["worker"]
     assert w["tensorParallelSize"] == w["nodes"] * w["ranksPerNode"], "tensorParallelSize = nodes x ranksPerNode"
-    return v
+    return startup_budget(v)
 
 
 def gpu(n, mem, cpu):
@@ -95,7 +117,6 @@ def gpu(n, mem, cpu):
 GPU_NODE = {"nodeSelector": {"nvidia.com/gpu.present": "true"},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
 NCCL_ENV = [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]
-PVC = lambda name: {"persistentVolumeClaim": {"claimName": name, "readOnly": True}}
 
 
 
@@ -105,22 +126,30 @@ def gpu_profile(model, claim, nodes, per_node, mem, cpu, kv_dtype, max_len, **mo
     kw = dict(worker__image="localhost/llmserve:cuda", worker__device="cuda", worker__model="/models/%s.gguf" % model,
               worker__servedModelName=model, worker__nodes=nodes, worker__ranksPerNode=per_node,
               worker__tensorParallelSize=nodes * per_node, worker__kvCacheDtype=kv_dtype, worker__maxModelLen=max_len,
-              worker__maxNumSeqs=256, worker__resources=gpu(per_node, mem, cpu), worker__modelVolume=PVC(claim),
-              worker__startupFailureThreshold=180, worker__nodeSelector=GPU_NODE["nodeSelector"],
+              worker__maxNumSeqs=256, worker__resources=gpu(per_node, mem, cpu), worker__modelClaim=claim,
+              worker__loadTimeout=1800, worker__nodeSelector=GPU_NODE["nodeSelector"],
               worker__tolerations=GPU_NODE["tolerations"], worker__env=NCCL_ENV, metrics__serviceMonitor=True,
-              keda__enabled=True)
+              keda__enabled=True, metrics__alerts=True)
     kw.update(more)
     return profile(**kw)
 
 
+def startup_budget(v):
+    """The startup probe's failures (10 s apart) that outlast the join and the load, with a minute to spare:
+    the worker's own deadlines end a stalled start, not the kubelet before them."""
+    w = v["worker"]
+    w["startupFailureThreshold"] = -(-(w["joinTimeout"] + w["loadTimeout"]) // 10) + 6
+    return v
+
+
 PROFILES = {
     # a laptop cluster (kind, minikube, k3d): the default model fetched at start, one CPU group
-    "cpu-small": profile(worker__fetchModel=True, worker__modelVolume={"emptyDir": {"sizeLimit": "1Gi"}},
+    "cpu-small": profile(worker__fetchModel=True, worker__modelClaim="", worker__loadTimeout=300,
                          gateway__replicas=1, gateway__autoscaling={**BASE["gateway"]["autoscaling"],
                                                                     "minReplicas": 1, "maxReplicas": 3}),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
     "gpu-8b": gpu_profile("llama-3-8b-instruct", "llmserve-models-8b", 1, 1, "64Gi", "8", "auto", 8192,
-                          worker__startupFailureThreshold=90),
+                          worker__loadTimeout=900),
     # 70B on 4 GPUs, FP8 weights and KV
     "gpu-70b-tp4-fp8": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 1, 4, "320Gi", "32", "fp8", 8192,
                                    worker__quantization="fp8", worker__shmSize="16Gi"),
@@ -130,9 +159,15 @@ PROFILES = {
     # 70B with TP=16 over two 8-GPU nodes: one LWS group of two pods, NCCL across them (the group's
     # join on the leader's port 7700, NCCL's own sockets between the pods); 8 KV heads over 16 ranks:
     # each KV head on two ranks
+    # across the pods NCCL needs the fabric: an RDMA device per pod (rdma/ib: the shared-device plugin's
+    # resource name; set your cluster's) and IPC_LOCK to pin its memory
     "multinode-70b-tp16": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 2, 8, "640Gi", "64", "bf16", 32768,
-                                      worker__shmSize="32Gi",
+                                      worker__shmSize="32Gi", worker__addCapabilities=["IPC_LOCK"],
+                                      worker__resources={k: dict(v, **{"rdma/ib": 1}) for k, v in
+                                                         gpu(8, "640Gi", "64").items()},
                                       worker__env=NCCL_ENV + [{"name": "NCCL_IB_DISABLE", "value": "0"}]),
+    # the CPU base with an embedding group beside the generation group (/v1/embeddings)
+    "embeddings": profile(embedding__enabled=True),
     # clusters without the LWS controller: one pod a group, as a StatefulSet
     "statefulset": profile(worker__lws=False),
     # Gateway API Inference Extension (llm-d): no gateway tier; each worker pod has a gateway sidecar and
@@ -180,6 +215,21 @@ def S(path):
     return V(path, as_str=True)
 
 
+class T:
+    """A string naming the release: {release} is its name ("llmserve" in the Kustomize tree, Helm's
+    .Release.Name in the chart), {namespace} its namespace ("default" / .Release.Namespace)."""
+
+    def __init__(self, fmt):
+        self.fmt = fmt
+
+    def text(self, rel):
+        return self.fmt.replace("{release}", rel["release"]).replace("{namespace}", rel["namespace"])
+
+
+KUSTOMIZE_RELEASE = {"release": "llmserve", "namespace": "default"}
+HELM_RELEASE = {"release": "{{ .Release.Name }}", "namespace": "{{ .Release.Namespace }}"}
+
+
 class Opt:
     """List items, or the entries of a dict, present when a value is true
     (not=True: when it is false)."""
@@ -198,8 +248,11 @@ def lookup(values, path):
     return d
 
 
-def concrete(x, values):
-    """The object for these values."""
+def concrete(x, values, rel=None):
+    """The object for these values (rel: the release's name and namespace)."""
+    rel = rel or KUSTOMIZE_RELEASE
+    if isinstance(x, T):
+        return x.text(rel)
     if isinstance(x, V):
         v = copy.deepcopy(lookup(values, x.path))
         return str(v) if x.as_str else v
@@ -208,20 +261,20 @@ def concrete(x, values):
         for it in x:
             if isinstance(it, Opt):
                 if bool(lookup(values, it.path)) != it.neg:
-                    out.extend(concrete(it.items, values))
+                    out.extend(concrete(it.items, values, rel))
             else:
-                out.append(concrete(it, values))
+                out.append(concrete(it, values, rel))
         return out
     if isinstance(x, dict):
         out = {}
         for k, v in x.items():
             if k == MERGE:
-                out.update(concrete(v, values))
+                out.update(concrete(v, values, rel))
             elif isinstance(v, Opt):
                 if bool(lookup(values, v.path)) != v.neg:
-                    out[k] = concrete(v.items, values)
+                    out[k] = concrete(v.items, values, rel)
             else:
-                out[k] = concrete(v, values)
+                out[k] = concrete(v, values, rel)
         return out
     return x
 
@@ -238,7 +291,9 @@ def helm(x, ind=0):
         for k, v in x.items():
             key = json.dumps(k) if any(c in k for c in ":/.") else k
             if k == MERGE:
-                out.append("%s{{- toYaml .Values.%s | nindent %d }}" % (pad, v.path, ind))
+                out.append("%s{{- with .Values.%s }}" % (pad, v.path))
+                out.append("%s{{- toYaml . | nindent %d }}" % (pad, ind))
+                out.append("%s{{- end }}" % pad)
             elif isinstance(v, Opt):
                 out.append("%s{{- if %s.Values.%s }}" % (pad, "not " if v.neg else "", v.path))
                 out.append("%s%s:" % (pad, key) + block(v.items, ind))
@@ -262,6 +317,8 @@ def helm(x, ind=0):
 
 
 def leaf(x):
+    if isinstance(x, T):
+        return json.dumps(x.text(HELM_RELEASE))
     if isinstance(x, V):
         return "{{ .Values.%s | %stoJson }}" % (x.path, "toString | " if x.as_str else "")
     if isinstance(x, (dict, list)):
@@ -280,12 +337,17 @@ def block(v, ind):
 
 # ---- the objects ------------------------------------------------------------
 def labels(component):
-    return {"app.kubernetes.io/name": "llmserve", "app.kubernetes.io/component": component}
+    """A component's labels: the release's instance label keeps two releases' selectors apart."""
+    return {"app.kubernetes.io/name": "llmserve", "app.kubernetes.io/instance": T("{release}"),
+            "app.kubernetes.io/component": component}
 
 
 SECURE_POD = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
               "seccompProfile": {"type": "RuntimeDefault"}}
 SECURE_CTR = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+# a Secret's files: owner read, and group read for the pod's fsGroup, which the process holds
+# (--rpc-secret-file and --api-keys-file refuse a file others can read)
+SECRET_MODE = 0o440
 
 
 def probe(path, port, period, failures, initial=0):
@@ -294,6 +356,14 @@ def probe(path, port, period, failures, initial=0):
     if initial:
         p["initialDelaySeconds"] = initial
     return p
+
+
+def secret_volume(name, value):
+    return Opt(value, [{"name": name, "secret": {"secretName": V(value), "defaultMode": SECRET_MODE}}])
+
+
+RPC_SECRET_ARGS = Opt("worker.rpcSecret", ["--rpc-secret-file", "/etc/llmserve/rpc/secret"])
+RPC_SECRET_MOUNT = Opt("worker.rpcSecret", [{"name": "rpc-secret", "mountPath": "/etc/llmserve/rpc", "readOnly": True}])
 
 
 def gateway_container(workers, name="gateway"):
@@ -305,7 +375,7 @@ def gateway_container(workers, name="gateway"):
         "args": ["--host", "0.0.0.0", "--port", str(HTTP)] + workers + [
             "--max-queue", S("gateway.maxQueue"), "--request-timeout", S("gateway.requestTimeout"),
             "--shutdown-timeout", S("gateway.shutdownTimeout"),
-            Opt("gateway.apiKeysSecret", ["--api-keys-file", "/etc/llmserve/keys/keys"])],
+            Opt("gateway.apiKeysSecret", ["--api-keys-file", "/etc/llmserve/keys/keys"]), RPC_SECRET_ARGS],
         "ports": [{"name": "http", "containerPort": HTTP}],
         "readinessProbe": probe("/ready", "http", 5, 2),
         "livenessProbe": probe("/live", "http", 10, 3),
@@ -315,7 +385,7 @@ def gateway_container(workers, name="gateway"):
         "securityContext": SECURE_CTR,
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
                          Opt("gateway.apiKeysSecret", [{"name": "api-keys", "mountPath": "/etc/llmserve/keys",
-                                                        "readOnly": True}])],
+                                                        "readOnly": True}]), RPC_SECRET_MOUNT],
     }
 
 
@@ -325,14 +395,15 @@ def worker_args(leader):
     return ["--model", S("worker.model"), "--served-model-name", S("worker.servedModelName"),
             "--listen", "tcp://0.0.0.0:%d" % RPC, "--health-port", str(PROBE), "--device", S("worker.device"),
             "--tensor-parallel-size", S("worker.tensorParallelSize"), "--ranks-per-node", S("worker.ranksPerNode")] + \
-        node + ["--max-model-len", S("worker.maxModelLen"), "--max-num-seqs", S("worker.maxNumSeqs"),
+        node + ["--join-timeout", S("worker.joinTimeout"), "--load-timeout", S("worker.loadTimeout"),
+                "--max-model-len", S("worker.maxModelLen"), "--max-num-seqs", S("worker.maxNumSeqs"),
                 "--kv-cache-memory", S("worker.kvCacheMemory"), "--gpu-memory-utilization",
                 S("worker.gpuMemoryUtilization"), "--kv-cache-dtype", S("worker.kvCacheDtype"),
                 Opt("worker.quantization", ["--quantization", S("worker.quantization")]),
-                "--shutdown-timeout", S("worker.shutdownTimeout")]
+                "--shutdown-timeout", S("worker.shutdownTimeout"), RPC_SECRET_ARGS]
 
 
-def worker_pod(leader, sidecar=False):
+def worker_pod(leader):
     ctr = {
         "name": "worker",
         "image": V("worker.image"),
@@ -342,12 +413,14 @@ def worker_pod(leader, sidecar=False):
         "ports": ([{"name": "rpc", "containerPort": RPC}, {"name": "group", "containerPort": GROUP}] if leader else []) +
         [{"name": "probe", "containerPort": PROBE}],
         "env": V("worker.env", blob=True),
+        # /live answers 200 while the group joins and loads, 503 past --load-timeout (and the worker exits)
         "startupProbe": probe("/live", "probe", 10, V("worker.startupFailureThreshold")),
         "livenessProbe": probe("/live", "probe", 10, 3),
         "resources": V("worker.resources", blob=True),
-        "securityContext": SECURE_CTR,
+        "securityContext": dict(SECURE_CTR, capabilities={
+            "drop": ["ALL"], "add": Opt("worker.addCapabilities", V("worker.addCapabilities", blob=True))}),
         "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"}, RPC_SECRET_MOUNT],
     }
     if leader:
         ctr["readinessProbe"] = probe("/ready", "probe", 5, 2)
@@ -358,21 +431,29 @@ def worker_pod(leader, sidecar=False):
     fetch = {"name": "fetch-model", "image": V("worker.image"), "imagePullPolicy": V("worker.imagePullPolicy"),
              "command": ["llmserve-fetch-model", "/models"], "securityContext": SECURE_CTR,
              "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}]}
-    lab = dict(labels("worker"))
+    lab = dict(labels("worker"), **{"llmserve.io/task": "generate"})
     if leader:
         lab["llmserve.io/role"] = "leader"
     return {
         "metadata": {"labels": lab},
         "spec": {
             "terminationGracePeriodSeconds": V("worker.terminationGracePeriodSeconds"),
+            "priorityClassName": Opt("worker.priorityClassName", V("worker.priorityClassName")),
             "securityContext": SECURE_POD,
             "initContainers": Opt("worker.fetchModel", [fetch]),
             "containers": containers,
             "nodeSelector": V("worker.nodeSelector", blob=True),
             "tolerations": V("worker.tolerations", blob=True),
-            "volumes": [{"name": "models", MERGE: V("worker.modelVolume", blob=True)},
+            # groups of one model spread over nodes: one node's loss takes one replica, not all
+            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                           "whenUnsatisfiable": "ScheduleAnyway",
+                                           "labelSelector": {"matchLabels": lab}}],
+            "volumes": [{"name": "models",
+                         "persistentVolumeClaim": Opt("worker.modelClaim", {"claimName": V("worker.modelClaim"),
+                                                                            "readOnly": True}),
+                         "emptyDir": Opt("worker.modelClaim", {"sizeLimit": V("worker.modelEmptyDirSize")}, neg=True)},
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": V("worker.shmSize")}},
-                        {"name": "tmp", "emptyDir": {}}],
+                        {"name": "tmp", "emptyDir": {}}, secret_volume("rpc-secret", "worker.rpcSecret")],
         },
     }
 
@@ -383,71 +464,131 @@ def objects():
     out = []
     out.append(("gateway.enabled", {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "llmserve-gateway", "labels": gw_sel},
+        "metadata": {"name": T("{release}-gateway"), "labels": gw_sel},
         "spec": {
-            "replicas": V("gateway.replicas"),
+            # with the HPA on, replicas is its to set: an apply must not scale the gateways back
+            "replicas": Opt("gateway.autoscaling.enabled", V("gateway.replicas"), neg=True),
             "selector": {"matchLabels": gw_sel},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
                 "metadata": {"labels": gw_sel},
                 "spec": {
                     "terminationGracePeriodSeconds": V("gateway.terminationGracePeriodSeconds"),
+                    "priorityClassName": Opt("gateway.priorityClassName", V("gateway.priorityClassName")),
                     "securityContext": SECURE_POD,
-                    "containers": [gateway_container(["--workers-dns", "llmserve-worker-rpc:%d" % RPC])],
-                    "volumes": [{"name": "tmp", "emptyDir": {}},
-                                Opt("gateway.apiKeysSecret", [{"name": "api-keys", "secret": {
-                                    "secretName": V("gateway.apiKeysSecret")}}])],
+                    "containers": [gateway_container(["--workers-dns", T("{release}-worker-rpc:%d" % RPC)])],
+                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                                   "labelSelector": {"matchLabels": gw_sel}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, secret_volume("api-keys", "gateway.apiKeysSecret"),
+                                secret_volume("rpc-secret", "worker.rpcSecret")],
                 },
             },
         },
     }))
     out.append(("gateway.enabled", {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "llmserve", "labels": gw_sel},
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": T("{release}"), "labels": gw_sel},
         "spec": {"type": V("gateway.serviceType"), "selector": gw_sel,
                  "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}))
     out.append(("gateway.autoscaling.enabled", {
         "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": "llmserve-gateway", "labels": gw_sel},
+        "metadata": {"name": T("{release}-gateway"), "labels": gw_sel},
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llmserve-gateway"},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": T("{release}-gateway")},
             "minReplicas": V("gateway.autoscaling.minReplicas"), "maxReplicas": V("gateway.autoscaling.maxReplicas"),
             "metrics": [
                 {"type": "Resource", "resource": {"name": "cpu", "target": {
                     "type": "Utilization", "averageUtilization": V("gateway.autoscaling.targetCPUUtilization")}}},
-                # served by the Prometheus adapter (deploy/k8s/extras/prometheus-adapter-rules.yaml)
-                {"type": "Pods", "pods": {"metric": {"name": "llmserve_open_streams"}, "target": {
-                    "type": "AverageValue", "averageValue": V("gateway.autoscaling.targetOpenStreams")}}}],
+                # served by the Prometheus adapter (deploy/k8s/extras/prometheus-adapter-rules.yaml): without it
+                # the HPA cannot read this metric and never scales down, so it is off unless asked for
+                Opt("gateway.autoscaling.openStreams", [
+                    {"type": "Pods", "pods": {"metric": {"name": "llmserve_open_streams"}, "target": {
+                        "type": "AverageValue", "averageValue": V("gateway.autoscaling.targetOpenStreams")}}}])],
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}},
         }}))
     out.append(("gateway.enabled", {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "llmserve-gateway"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": gw_sel}}}))
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": T("{release}-gateway"),
+                                                                             "labels": gw_sel},
+        # one pod at a time: with one replica a drain still proceeds (minAvailable 1 of 1 would block it)
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": gw_sel}}}))
     lead_sel = dict(labels("worker"), **{"llmserve.io/role": "leader"})
     out.append((None, {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "llmserve-worker-rpc", "labels": labels("worker")},
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": T("{release}-worker-rpc"), "labels": labels("worker")},
         # headless: the gateways' --workers-dns resolves one address per group's leader
         "spec": {"clusterIP": "None", "selector": lead_sel,
                  "ports": [{"name": "rpc", "port": RPC, "targetPort": "rpc"}]}}))
+    out.append((None, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": T("{release}-worker"),
+                                                                             "labels": labels("worker")},
+        # a voluntary disruption (a node drain) takes at most this many groups' leaders at once
+        "spec": {"maxUnavailable": V("worker.pdbMaxUnavailable"), "selector": {"matchLabels": lead_sel}}}))
     out.append(("worker.lws", {
         "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-        "metadata": {"name": "llmserve-worker", "labels": labels("worker")},
+        "metadata": {"name": T("{release}-worker"), "labels": labels("worker")},
         "spec": {
-            "replicas": V("worker.groups"),
+            # with KEDA on, the group count is its to set
+            "replicas": Opt("keda.enabled", V("worker.groups"), neg=True),
             "startupPolicy": "LeaderCreated",
+            # maxSurge: a rollout makes new groups beside the old before taking any down (one-group
+            # deployments keep serving); 0 where the cluster has no room for a second copy
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+                "maxUnavailable": 1, "maxSurge": V("worker.maxSurge")}},
             "leaderWorkerTemplate": {
                 "size": V("worker.nodes"),
-                "restartPolicy": "RecreateGroupOnPodRestart",
+                # a pod lost after the group started recreates the group; one still starting (pending,
+                # pulling) does not loop it (--join-timeout bounds that wait)
+                "restartPolicy": "RecreateGroupAfterStart",
                 "leaderTemplate": worker_pod(True),
                 "workerTemplate": worker_pod(False),
             },
         }}))
     out.append(("!worker.lws", {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": "llmserve-worker", "labels": labels("worker")},
-        "spec": {"replicas": V("worker.groups"), "serviceName": "llmserve-worker-rpc", "podManagementPolicy": "Parallel",
-                 "selector": {"matchLabels": lead_sel}, "template": worker_pod(True)}}))
+        "metadata": {"name": T("{release}-worker"), "labels": labels("worker")},
+        "spec": {"replicas": Opt("keda.enabled", V("worker.groups"), neg=True), "serviceName": T("{release}-worker-rpc"),
+                 "podManagementPolicy": "Parallel",
+                 "selector": {"matchLabels": dict(lead_sel, **{"llmserve.io/task": "generate"})},
+                 "template": worker_pod(True)}}))
+    emb_lab = dict(labels("worker"), **{"llmserve.io/role": "leader", "llmserve.io/task": "embed"})
+    out.append(("embedding.enabled", {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": T("{release}-embed"), "labels": emb_lab},
+        "spec": {
+            "replicas": V("embedding.replicas"),
+            "selector": {"matchLabels": emb_lab},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": emb_lab},
+                "spec": {
+                    "terminationGracePeriodSeconds": V("worker.terminationGracePeriodSeconds"),
+                    "securityContext": SECURE_POD,
+                    "containers": [{
+                        "name": "embed", "image": V("worker.image"), "imagePullPolicy": V("worker.imagePullPolicy"),
+                        "command": ["llmserve-worker"],
+                        "args": ["--model", S("embedding.model"), "--served-model-name", S("embedding.servedModelName"),
+                                 "--listen", "tcp://0.0.0.0:%d" % RPC, "--health-port", str(PROBE),
+                                 "--load-timeout", S("worker.loadTimeout"), "--shutdown-timeout",
+                                 S("worker.shutdownTimeout"), RPC_SECRET_ARGS],
+                        "ports": [{"name": "rpc", "containerPort": RPC}, {"name": "probe", "containerPort": PROBE}],
+                        "startupProbe": probe("/live", "probe", 10, V("worker.startupFailureThreshold")),
+                        "readinessProbe": probe("/ready", "probe", 5, 2),
+                        "livenessProbe": probe("/live", "probe", 10, 3),
+                        "resources": V("embedding.resources", blob=True),
+                        "securityContext": SECURE_CTR,
+                        "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"},
+                                         RPC_SECRET_MOUNT]}],
+                    "volumes": [{"name": "models",
+                                 "persistentVolumeClaim": Opt("worker.modelClaim", {"claimName": V("worker.modelClaim"),
+                                                                                    "readOnly": True}),
+                                 "emptyDir": Opt("worker.modelClaim", {"sizeLimit": V("worker.modelEmptyDirSize")},
+                                                 neg=True)},
+                                {"name": "tmp", "emptyDir": {}}, secret_volume("rpc-secret", "worker.rpcSecret")],
+                },
+            },
+        }}))
     out.append((None, {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "llmserve-worker"},
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": T("{release}-worker"),
+                                                                                  "labels": labels("worker")},
         # the RPC and the group's join stay inside the namespace: gateways (and sidecars) and the group's own pods
         "spec": {"podSelector": {"matchLabels": labels("worker")}, "policyTypes": ["Ingress"],
                  "ingress": [
@@ -456,24 +597,51 @@ def objects():
                      {"from": [{"podSelector": {"matchLabels": labels("worker")}}]},   # NCCL's sockets between pods
                      {"ports": [{"port": PROBE}, {"port": HTTP}]}]}}))
     out.append(("metrics.serviceMonitor", {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": {"name": "llmserve"},
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": T("{release}"), "labels": {**gw_sel, MERGE: V("metrics.serviceMonitorLabels")}},
+        # the gateways' /metrics carry every group's gauges (label worker); the workers serve probes only
         "spec": {"selector": {"matchLabels": gw_sel}, "endpoints": [{"port": "http", "path": "/metrics",
                                                                      "interval": "15s"}]}}))
+    sel = 'namespace="{namespace}",service="{release}"'
+    out.append(("metrics.alerts", {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+        "metadata": {"name": T("{release}"), "labels": {**gw_sel, MERGE: V("metrics.serviceMonitorLabels")}},
+        "spec": {"groups": [{"name": "llmserve", "rules": [
+            {"alert": "LlmserveErrorRate", "for": "5m", "labels": {"severity": "warning"},
+             "expr": T('sum(rate(llmserve:gateway_requests_total{%s,status="5xx"}[5m])) / '
+                       'sum(rate(llmserve:gateway_requests_total{%s}[5m])) > 0.05' % (sel, sel)),
+             "annotations": {"summary": "More than 5% of requests end in a server error"}},
+            {"alert": "LlmserveTTFTHigh", "for": "10m", "labels": {"severity": "warning"},
+             "expr": T('histogram_quantile(0.99, sum(rate(llmserve:time_to_first_token_seconds_bucket{%s}[5m])) '
+                       'by (le)) > 10' % sel),
+             "annotations": {"summary": "Time to first token p99 above 10 s"}},
+            {"alert": "LlmserveQueueGrowing", "for": "10m", "labels": {"severity": "warning"},
+             "expr": T('deriv(max(vllm:num_requests_waiting{%s})[10m:1m]) > 0 and '
+                       'max(vllm:num_requests_waiting{%s}) > 16' % (sel, sel)),
+             "annotations": {"summary": "Requests are queueing faster than the groups serve them"}},
+            {"alert": "LlmserveKVCacheFull", "for": "10m", "labels": {"severity": "warning"},
+             "expr": T('max(llmserve:kv_cache_usage_perc{%s}) by (worker) > 0.95' % sel),
+             "annotations": {"summary": "A worker group's KV cache is above 95% (preemptions follow)"}},
+            {"alert": "LlmserveWorkerLost", "for": "0m", "labels": {"severity": "critical"},
+             "expr": T('increase(llmserve:worker_lost_total{%s}[5m]) > 0' % sel),
+             "annotations": {"summary": "A worker group was lost: its requests moved or failed"}},
+        ]}]}}))
     out.append(("keda.enabled", {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "llmserve-worker"},
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": {"name": T("{release}-worker"), "labels": labels("worker")},
         "spec": {
             "scaleTargetRef": {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-                               "name": "llmserve-worker"},
+                               "name": T("{release}-worker")},
             "minReplicaCount": V("keda.minGroups"), "maxReplicaCount": V("keda.maxGroups"),
-            "cooldownPeriod": 600,
+            # scale-down from N to fewer waits for the HPA's window (cooldownPeriod is for scaling to zero only)
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {
+                "stabilizationWindowSeconds": V("keda.scaleDownWindow")}}}},
             "triggers": [{"type": "prometheus", "metadata": {
                 "serverAddress": V("keda.prometheus"),
-                "query": "sum(vllm:num_requests_waiting)",
-                "threshold": V("keda.waitingPerGroup")}}]}}))
-    out.append(("inferencePool.enabled", {
-        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": {"name": "llmserve"},
-        "spec": {"selector": {"matchLabels": lead_sel}, "targetPorts": [{"number": HTTP}],
-                 "endpointPickerRef": {"name": V("inferencePool.endpointPicker"), "port": {"number": 9002}}}}))
+                # every gateway reports the sum over all groups: one gateway's view (max), of this release only
+                "query": T('max(vllm:num_requests_waiting{%s})' % sel),
+                # KEDA's trigger metadata is map[string]string: a number is refused by the API server
+                "threshold": S("keda.waitingPerGroup")}}]}}))
     return out
 
 
@@ -486,12 +654,40 @@ def want(cond, values):
 
 def render(values):
     """The objects for these values, in order."""
-    objs = [concrete(o, values) for c, o in objects() if want(c, values)]
-    for o in objs:  # KEDA's trigger metadata is strings
-        if o["kind"] == "ScaledObject":
-            for t in o["spec"]["triggers"]:
-                t["metadata"] = {k: str(v) for k, v in t["metadata"].items()}
-    return objs
+    return [concrete(o, values) for c, o in objects() if want(c, values)]
+
+
+def values_diff(base, v):
+    """What a values file passed with -f holds to turn base into v under Helm's merge (helm_merge):
+    only what differs; a key v lacks is null (Helm deletes it)."""
+    out = {}
+    for k, x in v.items():
+        if k not in base:
+            out[k] = x
+        elif isinstance(x, dict) and isinstance(base[k], dict):
+            d = values_diff(base[k], x)
+            if d:
+                out[k] = d
+        elif x != base[k]:
+            out[k] = x
+    for k in base:
+        if k not in v:
+            out[k] = None
+    return out
+
+
+def helm_merge(base, over):
+    """Helm's coalescing of a -f file over the chart's values: maps merge key by key, anything else
+    (lists too) replaces, and null deletes the key."""
+    out = copy.deepcopy(base)
+    for k, x in over.items():
+        if x is None:
+            out.pop(k, None)
+        elif isinstance(x, dict) and isinstance(out.get(k), dict):
+            out[k] = helm_merge(out[k], x)
+        else:
+            out[k] = copy.deepcopy(x)
+    return out
 
 
 def key(o):
@@ -569,7 +765,11 @@ def files():
     out["helm/llmserve/values.yaml"] = HEADER + yaml.safe_dump(BASE, sort_keys=False, width=120)
     for name, values in PROFILES.items():
         note = "".join("# " + ln + "\n" for ln in NOTES[name].split("\n")) if name in NOTES else ""
-        out["helm/llmserve/values-%s.yaml" % name] = HEADER + note + yaml.safe_dump(values, sort_keys=False, width=120)
+        over = values_diff(BASE, values)
+        assert helm_merge(BASE, over) == values, name
+        out["helm/llmserve/values-%s.yaml" % name] = HEADER + note + \
+            "# helm install RELEASE deploy/helm/llmserve -f values-%s.yaml: what differs from values.yaml\n" % name + \
+            yaml.safe_dump(over, sort_keys=False, width=120)
     for cond, o in objects():
         text = helm(o)
         if cond:

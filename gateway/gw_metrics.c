@@ -68,6 +68,15 @@ static void vllm_gauges(const gw *g, struct evbuffer *o) {
     gauge(o, "vllm:num_requests_running", "Requests running on the worker groups.", lab, running);
     gauge(o, "vllm:kv_cache_usage_perc", "KV cache usage of the worker groups, 0 to 1.", lab,
           total > 0 ? 1.0 - free_ / total : 0.0);
+    /* the same under vLLM's older name, which endpoint pickers before GIE v1 read */
+    gauge(o, "vllm:gpu_cache_usage_perc", "KV cache usage of the worker groups, 0 to 1 (vLLM's older name).", lab,
+          total > 0 ? 1.0 - free_ / total : 0.0);
+    /* the model-server protocol's LoRA gauge (GIE's endpoint picker errors on a scrape without it): no
+     * adapters are served here; its value is the time, as vLLM's is */
+    char lora[400];
+    snprintf(lora, sizeof lora, "{model_name=\"%s\",running_lora_adapters=\"\",waiting_lora_adapters=\"\",max_lora=\"0\"}",
+             g->served[0] ? g->served : "unknown");
+    gauge(o, "vllm:lora_requests_info", "Running and waiting LoRA adapters (none are served).", lora, cm_wall_ms() / 1e3);
     /* speculative decoding, summed over the groups: vLLM's counters (prometheus_client adds _total) */
     uint64_t sd = 0, sdt = 0, sat = 0, pos[16] = {0};
     int npos = 0;

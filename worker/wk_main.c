@@ -163,6 +163,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llmserve-worker: --ranks-per-node %d does not divide --tensor-parallel-size %d\n", per_node, tp);
         return 2;
     }
+    /* in a LeaderWorkerSet the group's pod count comes from LWS: a size that disagrees with the flags would
+     * leave ranks missing (the join waits --join-timeout) or pods with no rank */
+    const char *lws = getenv("LWS_GROUP_SIZE");
+    if (lws && node_index >= 0) {
+        int pods = 0;
+        if (cm_parse_int("LWS_GROUP_SIZE", lws, 1, 64, &pods)) return 2;
+        if (pods * per_node != tp) {
+            fprintf(stderr, "llmserve-worker: LWS_GROUP_SIZE %d pods x --ranks-per-node %d is not --tensor-parallel-size "
+                            "%d\n", pods, per_node, tp);
+            return 2;
+        }
+    }
     if (eo.spec.method == WK_SPEC_DRAFT && tp > 1) {
         fprintf(stderr, "llmserve-worker: draft_model speculation runs on one rank; with --tensor-parallel-size %d use "
                         "method ngram\n", tp);

@@ -13,6 +13,11 @@ if ! "$VENV/bin/python" -c "import openai, yaml, jsonschema, kubernetes_validate
     "$VENV/bin/pip" install -q openai pyyaml kubernetes-validate >/dev/null 2>&1 ||
         { echo "pip install openai pyyaml kubernetes-validate failed (offline?): skipped"; exit 77; }
 fi
+# Helm's own engine (Helm v4's Go SDK in a wheel): the chart is rendered as `helm install` would
+if ! "$VENV/bin/python" -c "import helm_python" 2>/dev/null; then
+    "$VENV/bin/pip" install -q helm-python-sdk >/dev/null 2>&1 ||
+        echo "pip install helm-python-sdk failed (offline?): the chart will not be rendered with Helm"
+fi
 case "$3" in
 manifests) exec "$VENV/bin/python" -u "$HERE/test_manifests.py" "$BUILD" "$MODEL" ;;
 image) exec "$HERE/image_test.sh" "$BUILD" "$MODEL" "$VENV/bin/python" ;;

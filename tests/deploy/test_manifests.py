@@ -6,9 +6,13 @@
   1. deploy/gen.py's output is what is committed;
   2. `kubectl kustomize` renders the base and every overlay, and each renders
      exactly the objects of its profile;
-  3. the Helm chart, rendered with each profile's values file, gives the same
-     objects (a renderer for the template subset gen.py writes: no helm
-     binary is packaged here), so the chart and the overlays cannot drift;
+  3. the Helm chart, rendered by Helm's own engine (helm-python-sdk, Helm
+     v4's Go SDK) with each profile's values file merged over values.yaml as
+     `helm install -f` does, gives the same objects, so the chart and the
+     overlays cannot drift; what Helm renders validates too, meets the API
+     server's own rules (one source per volume, selectors that match, no
+     replicas under an autoscaler, a startup probe that outlasts the
+     worker's deadlines), and two releases share nothing;
   4. every object validates: core kinds against the Kubernetes schemas
      (kubernetes-validate, strict), the CRDs' specs against
      tests/deploy/schemas/ and their pod templates as core PodTemplates;
@@ -65,70 +69,97 @@ def kustomize(path):
     return [o for o in yaml.safe_load_all(out.stdout) if o], ""
 
 
-# ---- a renderer for the Helm subset gen.py writes -------------------------------
-helm_value = gen.lookup  # .Values.a.b: the same walk down the values tree
+# ---- the chart through Helm's own engine (helm-python-sdk: Helm v4's Go SDK) ----------
+try:
+    import helm_python
+except ImportError:
+    helm_python = None
+CHART = os.path.join(ROOT, "deploy/helm/llmserve")
 
 
-def helm_render(text, values):
-    """{{- if [not] .Values.x }} / {{- end }} lines, {{ .Values.x | toJson }},
-    {{- toYaml .Values.x | nindent N }}; comments {{/* */}}."""
-    out, stack = [], []
-    for line in text.split("\n"):
-        s = line.strip()
-        m = re.fullmatch(r"\{\{- if (not )?\.Values\.([\w.]+) \}\}", s)
-        if m:
-            stack.append(bool(helm_value(values, m.group(2))) != bool(m.group(1)))
-            continue
-        if s == "{{- end }}":
-            stack.pop()
-            continue
-        if s.startswith("{{/*") or not all(stack):
-            continue
-        m = re.fullmatch(r"\{\{- toYaml \.Values\.([\w.]+) \| nindent (\d+) \}\}", s)
-        if m:
-            v = helm_value(values, m.group(1))
-            ind = " " * int(m.group(2))
-            body = yaml.safe_dump(v, default_flow_style=False, sort_keys=False).rstrip("\n")
-            if body in ("{}", "[]"):
-                out[-1] += " " + body
-            else:
-                out.extend(ind + ln for ln in body.split("\n"))
-            continue
-        line = re.sub(r"\{\{ \.Values\.([\w.]+) \| toJson \}\}", lambda mm: json.dumps(helm_value(values, mm.group(1))), line)
-        line = re.sub(r"\{\{ \.Values\.([\w.]+) \| toString \| toJson \}\}",
-                      lambda mm: json.dumps(str(helm_value(values, mm.group(1)))), line)
-        if "{{" in line:
-            raise ValueError("template construct outside the subset: %s" % line)
-        out.append(line)
-    return "\n".join(out)
-
-
-def helm_objects(values):
-    tdir = os.path.join(ROOT, "deploy/helm/llmserve/templates")
+def helm_objects(values_file=None, name="llmserve", namespace="default"):
+    """The chart rendered as `helm install NAME CHART -n NAMESPACE [-f values_file]` would: the file
+    merged over values.yaml by Helm itself."""
+    over = yaml.safe_load(open(os.path.join(CHART, values_file))) if values_file else {}
+    with helm_python.Chart.load(CHART) as c:
+        rendered = c.render(over or {}, name=name, namespace=namespace)
     objs = []
-    for fn in sorted(os.listdir(tdir)):
-        txt = helm_render(open(os.path.join(tdir, fn)).read(), values)
-        objs += [o for o in yaml.safe_load_all(txt) if o]
+    for fn in sorted(rendered):
+        objs += [o for o in yaml.safe_load_all(rendered[fn]) if o]
     return objs
-
-
-def normalize(objs):
-    # KEDA's trigger metadata is strings in gen's rendering and in the chart's (toJson of a number is a number)
-    for o in objs:
-        if o.get("kind") == "ScaledObject":
-            for t in o["spec"]["triggers"]:
-                t["metadata"] = {k: str(v) for k, v in t["metadata"].items()}
-    return by_key(objs)
 
 
 def diff_keys(a, b):
     return sorted(set(a) ^ set(b)) + sorted(k for k in set(a) & set(b) if a[k] != b[k])
 
 
+# ---- what the API server checks beyond the schemas ---------------------------------------
+def pod_specs(o):
+    s = o.get("spec", {})
+    return [t for t in pod_templates(o) or ([s["template"]] if "template" in s else [])]
+
+
+VOLUME_SOURCES = {"emptyDir", "persistentVolumeClaim", "secret", "configMap", "hostPath", "projected", "ephemeral",
+                  "downwardAPI", "csi", "nfs"}
+
+
+def api_rules(objs):
+    """One source per volume; a workload's selector matches its pod template; a Service, PDB or HPA/KEDA
+    target names something the objects make; replicas left to the autoscaler that owns them."""
+    bad = []
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    for o in objs:
+        for t in pod_specs(o):
+            for v in t["spec"].get("volumes", []):
+                n = len(VOLUME_SOURCES & set(v))
+                if n != 1:
+                    bad.append("%s: volume %s has %d sources (%s)" % (gen.key(o), v["name"], n, sorted(set(v) - {"name"})))
+        sel = o.get("spec", {}).get("selector", {})
+        if o["kind"] in ("Deployment", "StatefulSet"):
+            lab = o["spec"]["template"]["metadata"]["labels"]
+            if any(lab.get(k) != x for k, x in sel["matchLabels"].items()):
+                bad.append("%s: the selector does not match its pod template" % gen.key(o))
+        if o["kind"] in ("Service", "PodDisruptionBudget", "NetworkPolicy"):
+            want = o["spec"].get("selector") if o["kind"] == "Service" else \
+                (o["spec"].get("selector") or o["spec"].get("podSelector", {})).get("matchLabels")
+            pods = [t["metadata"]["labels"] for x in objs for t in pod_specs(x)]
+            if want and not any(all(p.get(k) == x for k, x in want.items()) for p in pods):
+                bad.append("%s: its selector matches no pod the objects make" % gen.key(o))
+        if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"):
+            ref = o["spec"]["scaleTargetRef"]
+            target = [x for x in objs if x["kind"] == ref.get("kind", "Deployment") and x["metadata"]["name"] == ref["name"]]
+            if not target:
+                bad.append("%s: scales %s %s, which is not made" % (gen.key(o), ref.get("kind"), ref["name"]))
+            elif "replicas" in target[0]["spec"]:
+                bad.append("%s: %s sets spec.replicas, which its autoscaler owns (every apply would reset it)" %
+                           (gen.key(target[0]), gen.key(target[0])))
+    owners = {}  # no pod is claimed by two workload controllers' selectors (they would fight over it)
+    for o in objs:
+        if o["kind"] in ("Deployment", "StatefulSet"):
+            for x in objs:
+                for t in pod_specs(x):
+                    if all(t["metadata"]["labels"].get(k) == v for k, v in o["spec"]["selector"]["matchLabels"].items()):
+                        owners.setdefault(gen.key(x) + "/" + str(id(t)), []).append(gen.key(o))
+    bad += ["pods of %s are selected by %s" % (k.split("/")[0], v) for k, v in owners.items() if len(set(v)) > 1]
+    for o in objs:  # the startup probe outlasts the worker's own deadlines, which end a stalled start first
+        for t in pod_specs(o):
+            for c in t["spec"]["containers"]:
+                a = c.get("args", [])
+                if c["command"][0] == "llmserve-worker" and "startupProbe" in c:
+                    sp = c["startupProbe"]
+                    budget = sp["periodSeconds"] * sp["failureThreshold"]
+                    need = float(arg_value(a, "--join-timeout") or 0) + float(arg_value(a, "--load-timeout") or 0)
+                    if not need or budget < need:
+                        bad.append("%s: the startup probe's %d s do not outlast --join-timeout + --load-timeout (%g s)"
+                                   % (gen.key(o), budget, need))
+    return bad
+
+
 # ---- schemas ------------------------------------------------------------------
 SCHEMAS = {k: json.load(open(os.path.join(ROOT, "tests/deploy/schemas", f))) for k, f in
            (("LeaderWorkerSet", "leaderworkerset.json"), ("ScaledObject", "scaledobject.json"),
-            ("InferencePool", "inferencepool.json"), ("ServiceMonitor", "servicemonitor.json"))}
+            ("InferencePool", "inferencepool.json"), ("ServiceMonitor", "servicemonitor.json"),
+            ("PrometheusRule", "prometheusrule.json"))}
 
 
 def pod_templates(o):
@@ -300,14 +331,26 @@ def loopback(objs):
         check(ok, "loopback: a chat request through them is answered")
         # every metric the dashboard, the adapter rules and the KEDA trigger read is one the gateway serves
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % http, timeout=5) as r:
-            served = set(re.findall(r"^([a-z0-9_:]+?)(?:\{| )", r.read().decode(), re.M))
+            text = r.read().decode()
+        served = set(re.findall(r"^([a-z0-9_:]+?)(?:\{| )", text, re.M))
+        per_worker = set(re.findall(r'^([a-z0-9_:]+)\{[^}]*worker="', text, re.M))
+        dash = json.load(open(os.path.join(ROOT, "deploy/grafana/llmserve-dashboard.json")))
+        unlabelled = [m for p in dash["panels"] for t in p.get("targets", []) if "by (worker)" in t["expr"]
+                      for m in re.findall(r"((?:llmserve|vllm):[a-z0-9_]+)", t["expr"])
+                      if re.sub(r"_total$", "", m) not in {re.sub(r"_total$", "", x) for x in per_worker}]
+        check(not unlabelled, "dashboard: every per-group panel reads series that carry a worker label%s" %
+              (" (not: %s)" % sorted(set(unlabelled)) if unlabelled else ""))
         used = set()
         for f in ("deploy/grafana/llmserve-dashboard.json", "deploy/k8s/extras/prometheus-adapter-rules.yaml"):
             used |= set(re.findall(r"(?<![/\w])((?:llmserve|vllm):[a-z0-9_]+)", open(os.path.join(ROOT, f)).read()))
         for prof in gen.PROFILES.values():
             used |= set(re.findall(r"(?<![/\w])((?:llmserve|vllm):[a-z0-9_]+)", json.dumps(gen.render(prof))))
+        # the model-server protocol GIE's endpoint picker scrapes (the inference-pool profile's sidecars)
+        used |= {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc", "vllm:lora_requests_info"}
         missing = sorted(m for m in used if m not in served)
-        check(not missing, "metrics: the %d metrics the dashboard, adapter rules and KEDA read are served%s" %
+        check(not missing, "metrics: the %d metrics the dashboard, adapter rules, alerts, KEDA and GIE's endpoint "
+              "picker read are served%s" %
               (len(used), " (missing: %s)" % missing if missing else ""))
         g.terminate()
         w.terminate()
@@ -328,23 +371,28 @@ def main():
     cases = [("base", "deploy/k8s/base", gen.BASE)] + \
         [(n, "deploy/k8s/overlays/" + n, v) for n, v in gen.PROFILES.items()]
     for name, path, values in cases:
-        want = normalize(gen.render(values))
+        want = by_key(gen.render(values))
         got, err = kustomize(os.path.join(ROOT, path))
         check(got is not None, "%s: kubectl kustomize renders it%s" % (name, " (%s)" % err[:200] if err else ""))
         if got is None:
             continue
-        got = normalize(got)
+        got = by_key(got)
         d = diff_keys(want, got)
         check(not d, "%s: the overlay renders exactly the profile's %d objects%s" % (name, len(want), " (differ: %s)" % d if d else ""))
-        vf = "deploy/helm/llmserve/values.yaml" if name == "base" else "deploy/helm/llmserve/values-%s.yaml" % name
-        hv = yaml.safe_load(open(os.path.join(ROOT, vf)))
-        try:
-            hobjs = normalize(helm_objects(hv))
-            d = diff_keys(want, hobjs)
-        except (ValueError, KeyError, yaml.YAMLError) as e:
-            d = ["render: %s" % e]
-        check(not d, "%s: the Helm chart with %s gives the same objects%s" % (name, os.path.basename(vf),
-                                                                               " (differ: %s)" % d[:4] if d else ""))
+        vf = None if name == "base" else "values-%s.yaml" % name
+        if helm_python:
+            try:
+                hobjs = helm_objects(vf)
+                d = diff_keys(want, by_key(hobjs))
+            except Exception as e:  # noqa: BLE001 - Helm's own errors
+                hobjs, d = [], ["render: %s" % str(e)[:300]]
+            check(not d, "%s: helm install with %s (Helm %s merging it over values.yaml) gives the same objects%s" %
+                  (name, vf or "values.yaml", helm_python.helm_sdk_version(), " (differ: %s)" % d[:4] if d else ""))
+            herrs = {gen.key(o): validate(o) for o in hobjs}
+            herrs = {k: e for k, e in herrs.items() if e}
+            check(not herrs, "%s: every object Helm renders validates%s" % (name, " %s" % herrs if herrs else ""))
+            bad = api_rules(hobjs)
+            check(not bad, "%s: the API server's own rules hold for what Helm renders%s" % (name, " %s" % bad[:4] if bad else ""))
         if name == "base":  # the extras too: the adapter's rules and the HPA for worker groups
             for f in sorted(os.listdir(os.path.join(ROOT, "deploy/k8s/extras"))):
                 for o in yaml.safe_load_all(open(os.path.join(ROOT, "deploy/k8s/extras", f))):
@@ -354,6 +402,21 @@ def main():
         errs = {k: e for k, e in errs.items() if e}
         check(not errs, "%s: every object validates (%s)%s" % (name, ", ".join(sorted(got)), " %s" % errs if errs else ""))
         flag_checks(name, list(got.values()))
+    # GIE's chart values select the inference-pool profile's leaders on their sidecar's port; the route names
+    # the pool that chart makes
+    gv = yaml.safe_load(open(os.path.join(ROOT, "deploy/gie/inferencepool-values.yaml")))
+    route = yaml.safe_load(open(os.path.join(ROOT, "deploy/gie/httproute.yaml")))
+    ip = gen.render(gen.PROFILES["inference-pool"])
+    leaders = [t for o in ip for t in pod_specs(o) if t["metadata"]["labels"].get("llmserve.io/role") == "leader"]
+    sel = gv["inferencePool"]["modelServers"]["matchLabels"]
+    ports = {p["containerPort"] for t in leaders for c in t["spec"]["containers"] if c["name"] == "gateway"
+             for p in c.get("ports", [])}
+    pods = [t["metadata"]["labels"] for o in ip for t in pod_specs(o)]
+    check(leaders and all(all(t["metadata"]["labels"].get(k) == v for k, v in sel.items()) for t in leaders) and
+          sum(all(p.get(k) == v for k, v in sel.items()) for p in pods) == len(leaders) and
+          {p["number"] for p in gv["inferencePool"]["targetPorts"]} <= ports and
+          route["spec"]["rules"][0]["backendRefs"][0]["kind"] == "InferencePool",
+          "gie: the inferencepool chart's values select exactly the leaders, on their gateway sidecar's port %s" % sorted(ports))
     # the memory arithmetic in the GPU profiles' values files is what `llmserve plan` says today
     for name, note in gen.NOTES.items():
         lines = note.split("\n")
@@ -371,6 +434,21 @@ def main():
             gen.PROFILES[name]["worker"]["tensorParallelSize"]
         check(ok, "plan: %s's memory notes match llmserve plan (KV pool %s GiB, %s sequences)" %
               (name, pool and pool.group(1), seqs and seqs.group(1)))
+    if helm_python:  # two releases in one namespace: nothing shared, no selector reaching the other's pods
+        a, b = helm_objects(None, "alpha"), helm_objects(None, "beta")
+        shared = {(o["kind"], o["metadata"]["name"]) for o in a} & {(o["kind"], o["metadata"]["name"]) for o in b}
+        cross = []
+        for x, y in ((a, b), (b, a)):
+            pods = [t["metadata"]["labels"] for o in y for t in pod_specs(o)]
+            for o in x:
+                sel = o.get("spec", {}).get("selector")
+                sel = sel.get("matchLabels", sel) if isinstance(sel, dict) else None
+                if sel and any(all(p.get(k) == v for k, v in sel.items()) for p in pods):
+                    cross.append(gen.key(o))
+        check(not shared and not cross, "releases: two releases of the chart share no object name and select none "
+              "of each other's pods (shared %s, crossing %s)" % (sorted(shared)[:3], cross[:3]))
+    else:
+        print("test_manifests: helm-python-sdk not installed: the chart was not rendered with Helm (skipped)")
     loopback(gen.render(gen.PROFILES["cpu-small"]))
 
 

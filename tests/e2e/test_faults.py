@@ -837,6 +837,12 @@ def deadline_group_checks():
                         "--join-timeout", "2", "--threads", "1"], capture_output=True, text=True, timeout=60, cwd=EMPTY)
     check(r.returncode != 0 and "--join-timeout" in r.stderr,
           "join deadline: a rank that never joins ends rank 0 past --join-timeout (%s)" % r.stderr.strip()[-100:])
+    # a LeaderWorkerSet whose size disagrees with the flags is refused before any join
+    r = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--tensor-parallel-size", "4", "--ranks-per-node",
+                        "2", "--node-index", "0"], capture_output=True, text=True, timeout=60, cwd=EMPTY,
+                       env=dict(os.environ, LWS_GROUP_SIZE="3"))
+    check(r.returncode == 2 and "LWS_GROUP_SIZE 3" in r.stderr,
+          "lws: LWS_GROUP_SIZE 3 pods x 2 ranks against TP=4 is refused by name (%s)" % r.stderr.strip()[-90:])
 
 
 def main():
