@@ -3,7 +3,7 @@
 # with the model mounted read-only, a read-only root filesystem and the
 # image's non-root user, and sends a chat request through it with the
 # openai client. Prints the image's size and the time from `podman run` to
-# a ready /health.
+# a ready /health. Then `podman kube play` runs the cpu-small manifests themselves (tests/deploy/kube_play.py).
 #   tests/deploy/image_test.sh BUILD_DIR MODEL [PYTHON]
 # Skips (77) where podman is missing. No registry is needed: the base image
 # is made from Debian's packages with mmdebstrap when it is not there yet.
@@ -69,4 +69,12 @@ t0=$(date +%s)
 code=$("${PODMAN[@]}" inspect "$NAME" --format '{{.State.ExitCode}}')
 [ "$code" = 0 ] || { "${PODMAN[@]}" logs "$NAME" | tail -10; echo "FAIL image_test: exit code $code after SIGTERM"; exit 1; }
 echo "image_test: SIGTERM drained and exited 0 in $(( $(date +%s) - t0 )) s"
+# the manifests themselves, run: the cpu-small worker leader and gateway as pods of this image
+if ! command -v catatonit >/dev/null; then
+    echo "image_test: catatonit not installed (apt-get install catatonit): podman kube play of the manifests skipped"
+elif ! "$PY" -c "import yaml" 2>/dev/null; then
+    echo "image_test: PyYAML missing for $PY: podman kube play of the manifests skipped"
+else
+    "$PY" -u "$ROOT/tests/deploy/kube_play.py" "$1" "$MODEL" "$TAG" || { echo "FAIL image_test: kube play"; exit 1; }
+fi
 echo "image_test: 0 checks failed"
