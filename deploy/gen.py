@@ -68,6 +68,10 @@ BASE = {
         "fetchModel": False,                    # an init container fetches the default model into the volume
         "modelClaim": "llmserve-models",        # a PVC holding the model, mounted read-only; "": an emptyDir
         "modelEmptyDirSize": "1Gi",             # the emptyDir's size when there is no claim (fetchModel fills it)
+        # the claim made by the chart (create), and a Job that fills it once: url to /models/file, kept only
+        # with this sha256 (tokenSecret: a Secret whose "token" key is sent as a bearer token)
+        "modelStorage": {"create": False, "size": "50Gi", "storageClass": "", "accessMode": "ReadWriteMany"},
+        "modelDownload": {"url": "", "sha256": "", "file": "", "tokenSecret": ""},
         "rpcSecret": "",                        # a Secret with a "secret" key: --rpc-secret-file on both tiers
         "priorityClassName": "",
         "maxSurge": 0,                          # LWS rolling update: groups made beside the old ones (needs the room)
@@ -124,6 +128,8 @@ def gpu_profile(model, claim, nodes, per_node, mem, cpu, kv_dtype, max_len, **mo
     """A CUDA worker group of nodes x per_node GPUs serving /models/MODEL.gguf from the PVC claim, on GPU
     nodes, with the ServiceMonitor and the KEDA trigger on."""
     kw = dict(worker__image="localhost/llmserve:cuda", worker__device="cuda", worker__model="/models/%s.gguf" % model,
+              worker__modelStorage=dict(BASE["worker"]["modelStorage"], create=True,
+                                        size="50Gi" if "8b" in model else "200Gi"),
               worker__servedModelName=model, worker__nodes=nodes, worker__ranksPerNode=per_node,
               worker__tensorParallelSize=nodes * per_node, worker__kvCacheDtype=kv_dtype, worker__maxModelLen=max_len,
               worker__maxNumSeqs=256, worker__resources=gpu(per_node, mem, cpu), worker__modelClaim=claim,
@@ -549,6 +555,32 @@ def objects():
                  "podManagementPolicy": "Parallel",
                  "selector": {"matchLabels": dict(lead_sel, **{"llmserve.io/task": "generate"})},
                  "template": worker_pod(True)}}))
+    out.append(("worker.modelStorage.create", {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": V("worker.modelClaim"), "labels": labels("models"),
+                     # kept by helm uninstall: a model is hours of download
+                     "annotations": {"helm.sh/resource-policy": "keep"}},
+        "spec": {"accessModes": [V("worker.modelStorage.accessMode")],
+                 "storageClassName": Opt("worker.modelStorage.storageClass", V("worker.modelStorage.storageClass")),
+                 "resources": {"requests": {"storage": V("worker.modelStorage.size")}}}}))
+    out.append(("worker.modelDownload.url", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": T("{release}-fetch-model"), "labels": labels("models")},
+        "spec": {"backoffLimit": 6, "template": {
+            "metadata": {"labels": labels("models")},
+            "spec": {
+                "restartPolicy": "OnFailure",
+                "securityContext": SECURE_POD,
+                "containers": [{
+                    "name": "fetch", "image": V("worker.image"), "imagePullPolicy": V("worker.imagePullPolicy"),
+                    "command": ["llmserve-fetch-model", "/models", "url", S("worker.modelDownload.url"),
+                                S("worker.modelDownload.sha256"), S("worker.modelDownload.file")],
+                    "env": Opt("worker.modelDownload.tokenSecret", [{"name": "FETCH_TOKEN", "valueFrom": {
+                        "secretKeyRef": {"name": V("worker.modelDownload.tokenSecret"), "key": "token"}}}]),
+                    "securityContext": SECURE_CTR,
+                    "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}]}],
+                "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": V("worker.modelClaim")}},
+                            {"name": "tmp", "emptyDir": {}}]}}}}))
     emb_lab = dict(labels("worker"), **{"llmserve.io/role": "leader", "llmserve.io/task": "embed"})
     out.append(("embedding.enabled", {
         "apiVersion": "apps/v1", "kind": "Deployment",

