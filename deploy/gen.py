@@ -631,9 +631,15 @@ def objects():
     out.append(("metrics.serviceMonitor", {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
         "metadata": {"name": T("{release}"), "labels": {**gw_sel, MERGE: V("metrics.serviceMonitorLabels")}},
-        # the gateways' /metrics carry every group's gauges (label worker); the workers serve probes only
+        # the gateways' /metrics: every group's gauges as each gateway sees them (label worker)
         "spec": {"selector": {"matchLabels": gw_sel}, "endpoints": [{"port": "http", "path": "/metrics",
                                                                      "interval": "15s"}]}}))
+    out.append(("metrics.serviceMonitor", {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+        "metadata": {"name": T("{release}-worker"), "labels": {**labels("worker"), MERGE: V("metrics.serviceMonitorLabels")}},
+        # each group's own /metrics on its leader's probe port (vLLM's names, llmserve:worker_*)
+        "spec": {"selector": {"matchLabels": lead_sel}, "podMetricsEndpoints": [{"port": "probe", "path": "/metrics",
+                                                                                 "interval": "15s"}]}}))
     sel = 'namespace="{namespace}",service="{release}"'
     out.append(("metrics.alerts", {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",

@@ -20,6 +20,9 @@ struct wk_health {
     int watching;
     double load_s;
     _Atomic int64_t load_end_ms; /* while loading: the deadline (monotonic ms), 0 while suspended */
+    pthread_mutex_t mu;          /* guards metrics */
+    char *metrics;               /* the latest /metrics text (wk_health_set_metrics), or NULL */
+    size_t metrics_len;
     _Atomic int64_t beat_ms;     /* the main loop's last pass (monotonic ms) */
     _Atomic int state;
     _Atomic int beating;         /* the loop calls wk_health_beat (rank 0's does; a follower's never) */
@@ -67,6 +70,46 @@ static void on_live(nng_aio *aio) {
     reply(aio, ok ? 200 : 503, b);
 }
 
+static void on_metrics(nng_aio *aio) {
+    nng_http_handler *hd = nng_aio_get_input(aio, 1);
+    wk_health *h = nng_http_handler_get_data(hd);
+    nng_http_res *res;
+    if (nng_http_res_alloc(&res)) {
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    pthread_mutex_lock(&h->mu);
+    int have = h->metrics != NULL;
+    if (have) nng_http_res_copy_data(res, h->metrics, h->metrics_len);
+    pthread_mutex_unlock(&h->mu);
+    if (!have) { /* loading: nothing to count yet, but the state */
+        char b[160];
+        int st = atomic_load(&h->state);
+        snprintf(b, sizeof b, "# TYPE llmserve:worker_ready gauge\nllmserve:worker_ready %d\n", st == WK_H_READY);
+        nng_http_res_copy_data(res, b, strlen(b));
+    }
+    nng_http_res_set_status(res, 200);
+    nng_http_res_set_header(res, "Content-Type", "text/plain; version=0.0.4");
+    nng_http_res_set_header(res, "Cache-Control", "no-store");
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
+void wk_health_set_metrics(wk_health *h, const char *text, size_t len) {
+    if (!h || !h->srv) return;
+    char *c = malloc(len + 1);
+    if (!c) return;
+    memcpy(c, text, len);
+    c[len] = 0;
+    pthread_mutex_lock(&h->mu);
+    free(h->metrics);
+    h->metrics = c;
+    h->metrics_len = len;
+    pthread_mutex_unlock(&h->mu);
+}
+
+int wk_health_serving(const wk_health *h) { return h && h->srv; }
+
 static void on_ready(nng_aio *aio) {
     nng_http_handler *hd = nng_aio_get_input(aio, 1);
     wk_health *h = nng_http_handler_get_data(hd);
@@ -83,6 +126,7 @@ int wk_health_start(const char *host, int port, int live_ms, wk_health **out, ch
     wk_health *h = calloc(1, sizeof *h);
     if (!h) return LLM_ENOMEM;
     h->live_ms = live_ms > 0 ? live_ms : 30000;
+    pthread_mutex_init(&h->mu, NULL);
     atomic_store(&h->beat_ms, mono_ms());
     atomic_store(&h->state, WK_H_LOADING);
     if (!port) { /* no probes: only the deadline */
@@ -94,9 +138,9 @@ int wk_health_start(const char *host, int port, int live_ms, wk_health **out, ch
     nng_url *u = NULL;
     int rv = nng_url_parse(&u, url);
     if (!rv) rv = nng_http_server_hold(&h->srv, u);
-    const char *paths[] = {"/live", "/ready", "/health"};
-    void (*cbs[])(nng_aio *) = {on_live, on_ready, on_ready};
-    for (int i = 0; i < 3 && !rv; i++) {
+    const char *paths[] = {"/live", "/ready", "/health", "/metrics"};
+    void (*cbs[])(nng_aio *) = {on_live, on_ready, on_ready, on_metrics};
+    for (int i = 0; i < 4 && !rv; i++) {
         nng_http_handler *hd;
         rv = nng_http_handler_alloc(&hd, paths[i], cbs[i]);
         if (!rv) rv = nng_http_handler_set_data(hd, h, NULL);
@@ -110,7 +154,7 @@ int wk_health_start(const char *host, int port, int live_ms, wk_health **out, ch
         free(h);
         return LLM_EIO;
     }
-    CM_INFO("probes on %s: /live, /ready, /health", url);
+    CM_INFO("probes on %s: /live, /ready, /health, /metrics", url);
     *out = h;
     return 0;
 }
@@ -164,5 +208,7 @@ void wk_health_stop(wk_health *h) {
         nng_http_server_stop(h->srv);
         nng_http_server_release(h->srv);
     }
+    pthread_mutex_destroy(&h->mu);
+    free(h->metrics);
     free(h);
 }

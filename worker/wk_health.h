@@ -10,6 +10,9 @@
  *   GET /ready   200 once the model is loaded and warmed up and the group
  *                takes requests (not draining), else 503 with the reason.
  *   GET /health  the same as /ready (vLLM's path).
+ *   GET /metrics this group's gauges and counters in Prometheus text, as the
+ *                loop last published them (wk_health_set_metrics): vLLM's
+ *                names where it has them, llmserve:worker_* for the rest.
  * Each answer is a small JSON object: {"status": "...", "state": "..."}. */
 #ifndef WK_HEALTH_H
 #define WK_HEALTH_H
@@ -33,5 +36,9 @@ int wk_health_load_deadline(wk_health *h, double secs, int hold);
 void wk_health_beat(wk_health *h);
 void wk_health_set_state(wk_health *h, int state);
 void wk_health_stop(wk_health *h);
+/* The text GET /metrics answers from now on (copied). */
+void wk_health_set_metrics(wk_health *h, const char *text, size_t len);
+/* Whether the probes are served (a port was given): /metrics is worth making. */
+int wk_health_serving(const wk_health *h);
 
 #endif

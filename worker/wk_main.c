@@ -49,7 +49,7 @@ static void help(FILE *f) {
             "  --max-waiting N           queued requests before refusing new ones (default 1024)\n"
             "  --shutdown-timeout S      on SIGTERM, let running requests finish for up to S seconds (default 30)\n"
             "  --rpc-secret-file PATH    a secret shared with the gateways: messages without it are refused (chmod 600)\n"
-            "  --health-port N           HTTP probes on N: /live, /ready, /health (default 0: none)\n"
+            "  --health-port N           HTTP probes on N: /live, /ready, /health, and /metrics (default 0: none)\n"
             "  --health-host HOST        the probes' address (default 0.0.0.0: the kubelet calls the pod's address)\n"
             "  --no-warmup               take requests without running one short request first\n"
             "  --log-level L             error|warn|info|debug (default info)\n"

@@ -75,7 +75,8 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
         free(s);
         return LLM_ENOMEM;
     }
-    int64_t last_check = now_ms(), drain_until = 0;
+    int64_t last_check = now_ms(), drain_until = 0, last_metrics = 0;
+    static char mtext[8192]; /* the loop's own: one server a process */
     wk_health_set_state(o->health, WK_H_READY);
     for (;;) {
         wk_health_beat(o->health);
@@ -132,7 +133,13 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
         wk_srv_apply_drops(s);
         wk_srv_fill_stats(s, &s->snap, s->spec_pos_snap);
         s->last_progress = now_ms();
+        size_t mlen = 0;
+        if (wk_health_serving(o->health) && s->last_progress - last_metrics >= 500) {
+            mlen = wk_srv_metrics_text(s, &s->snap, mtext, sizeof mtext);
+            last_metrics = s->last_progress;
+        }
         pthread_mutex_unlock(&s->mu);
+        if (mlen) wk_health_set_metrics(o->health, mtext, mlen);
     }
     s->hb_stop = 1;
     s->rx_stop = 1;
@@ -150,6 +157,7 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
             nng_close(s->gw[g].push);
             cm_idmap_free(&s->gw[g].reqs);
         }
+    wk_srv_close_lingering(s, INT64_MAX);
     nng_close(s->pull);
     free(s->slots);
     free(s->tok_gguf);

@@ -43,6 +43,10 @@ typedef struct {
     int snapshot_due;            /* send every cached key with the next events */
     int drop_due;                /* its send buffer filled (maybe on the heartbeat thread): the loop drops it */
     cm_idmap reqs;               /* its request id -> slot index + 1 */
+    /* a dropped gateway's socket, kept open a moment so the reports of its ended requests go out
+     * (NNG discards what a closed socket still queues); closed at linger_until */
+    nng_socket linger;
+    int64_t linger_until;
 } gateway;
 
 /* One request in flight: its gateway's id for it (rid) and the backend's (eid). */
@@ -155,6 +159,8 @@ void wk_srv_send_embed_error(server *s, int g, uint64_t rid, int code, const cha
 void wk_srv_refuse_duplicate(server *s, slot *sl);
 /* Loop thread only: drops the gateways whose buffers filled. */
 void wk_srv_apply_drops(server *s);
+/* st as Prometheus text (the probes' GET /metrics) into b: its length (at most cap). */
+size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, size_t cap);
 /* pos: where the accepted-per-position counts live while st is in use. */
 void wk_srv_fill_stats(server *s, Llmserve__Stats *st, uint64_t *pos);
 void wk_srv_on_hello(server *s, const Llmserve__Hello *h);
@@ -162,6 +168,8 @@ void wk_srv_on_model_info(server *s, const Llmserve__ModelInfoRequest *r);
 void wk_srv_on_stats_request(server *s, const Llmserve__StatsRequest *r);
 /* Silent gateways dropped, requests past their deadlines ended. */
 void wk_srv_check_timeouts(server *s);
+/* Closes the dropped gateways' sockets whose moment to flush ended by t (INT64_MAX: all of them). */
+void wk_srv_close_lingering(server *s, int64_t t);
 /* The heartbeat thread. */
 void *wk_srv_heartbeat(void *arg);
 /* The group is going down: every gateway hears it for each of its requests now. */

@@ -93,7 +93,14 @@ static void drop_gateway(server *s, int g, const char *why) {
     s->aborted_on_drop += (uint64_t)aborted;
     CM_WARN("gateway %s dropped (%s); %d requests aborted%s", gw->id, why, aborted,
             aborted && !gw->drop_due ? " and reported to it" : "");
-    nng_close(gw->push);
+    if (gw->linger_until) nng_close(gw->linger); /* an earlier drop's, still open */
+    gw->linger_until = 0;
+    if (aborted && !gw->drop_due) { /* the reports are queued: a second for them to leave */
+        gw->linger = gw->push;
+        gw->linger_until = now_ms() + 1000;
+    } else {
+        nng_close(gw->push);
+    }
     cm_idmap_free(&gw->reqs);
     gw->used = 0;
     /* the abort outputs of its requests have no slot any more and are ignored */
@@ -241,7 +248,10 @@ void wk_srv_on_hello(server *s, const Llmserve__Hello *h) {
             CM_WARN("gateway %s refused: %d gateways already connected", h->gateway_id, MAX_GATEWAYS);
             return;
         }
+        nng_socket lg = gw->linger; /* a dropped gateway's socket still flushing keeps its close time */
+        int64_t lu = gw->linger_until;
         memset(gw, 0, sizeof *gw);
+        gw->linger = lg, gw->linger_until = lu;
         int rv = nng_push0_open(&gw->push);
         if (!rv) rv = nng_socket_set_int(gw->push, NNG_OPT_SENDBUF, s->o->send_buffer > 0 ? s->o->send_buffer : 8192);
         if (!rv) rv = nng_socket_set_ms(gw->push, NNG_OPT_RECONNMINT, 50);
@@ -343,11 +353,20 @@ void wk_srv_on_stats_request(server *s, const Llmserve__StatsRequest *r) {
     wk_srv_send(s, (int)(gw - s->gw), &out);
 }
 
+void wk_srv_close_lingering(server *s, int64_t t) {
+    for (int g = 0; g < MAX_GATEWAYS; g++)
+        if (s->gw[g].linger_until && t >= s->gw[g].linger_until) {
+            nng_close(s->gw[g].linger);
+            s->gw[g].linger_until = 0;
+        }
+}
+
 void wk_srv_check_timeouts(server *s) {
     int64_t t = now_ms(), w = (int64_t)cm_wall_ms();
     int hb = s->o->heartbeat_timeout_ms > 0 ? s->o->heartbeat_timeout_ms : 5000;
     for (int g = 0; g < MAX_GATEWAYS; g++)
         if (s->gw[g].used && t - s->gw[g].last_heard > hb) drop_gateway(s, g, "no heartbeat");
+    wk_srv_close_lingering(s, t);
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (!sl->used || sl->timed_out || !sl->deadline_ms || sl->deadline_ms > w) continue;
@@ -388,4 +407,47 @@ void wk_srv_tell_going(server *s, const char *why) {
     CM_ERR("%s: told the gateways of its %d requests", msg, told);
     struct timespec ts = {0, 200000000}; /* let the messages leave before the sockets close */
     nanosleep(&ts, NULL);
+}
+
+/* One line of Prometheus text (with its HELP and TYPE) into b at *n. */
+static void metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+                   const char *labels, double v) {
+    if (*n >= cap) return;
+    int k = snprintf(b + *n, cap - *n, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name, labels, v);
+    if (k > 0) *n += (size_t)k < cap - *n ? (size_t)k : cap - *n;
+}
+
+size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, size_t cap) {
+    char lab[300];
+    const char *model = s->o->model_name ? s->o->model_name : "unknown";
+    snprintf(lab, sizeof lab, "{model_name=\"%.200s\"}", model);
+    size_t n = 0;
+    double kv = st->blocks_total ? 1.0 - (double)st->blocks_free / (double)st->blocks_total : 0.0;
+    metric(b, cap, &n, "vllm:num_requests_running", "gauge", "Requests running on this group.", lab, st->running);
+    metric(b, cap, &n, "vllm:num_requests_waiting", "gauge", "Requests waiting on this group.", lab, st->waiting);
+    metric(b, cap, &n, "vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 0 to 1.", lab, kv);
+    metric(b, cap, &n, "vllm:num_preemptions_total", "counter", "Sequences preempted.", lab, (double)st->preemptions);
+    metric(b, cap, &n, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.", lab,
+           (double)st->prefix_queries);
+    metric(b, cap, &n, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", lab,
+           (double)st->prefix_hits);
+    metric(b, cap, &n, "vllm:generation_tokens_total", "counter", "Tokens generated.", lab, (double)st->tokens_generated);
+    metric(b, cap, &n, "llmserve:worker_ready", "gauge", "1 while the group takes requests.", lab, !s->draining);
+    metric(b, cap, &n, "llmserve:worker_steps_total", "counter", "Engine steps.", lab, (double)st->steps);
+    metric(b, cap, &n, "llmserve:worker_requests_finished_total", "counter", "Requests finished.", lab,
+           (double)st->requests_finished);
+    metric(b, cap, &n, "llmserve:worker_requests_aborted_total", "counter", "Requests aborted.", lab,
+           (double)st->requests_aborted);
+    metric(b, cap, &n, "llmserve:worker_step_ms_p50", "gauge", "Median step time over the last 1024 steps, ms.", lab,
+           st->has_step_ms_p50 ? st->step_ms_p50 : 0);
+    metric(b, cap, &n, "llmserve:worker_step_ms_p99", "gauge", "99th percentile step time over the last 1024 steps, ms.",
+           lab, st->has_step_ms_p99 ? st->step_ms_p99 : 0);
+    metric(b, cap, &n, "llmserve:worker_rss_bytes", "gauge", "Resident memory of rank 0's process.", lab,
+           (double)st->rss_bytes);
+    metric(b, cap, &n, "llmserve:worker_tp_size", "gauge", "Ranks in the tensor-parallel group.", lab, st->tp_size);
+    metric(b, cap, &n, "llmserve:worker_gateways_dropped_total", "counter", "Gateways dropped (no heartbeat).", lab,
+           (double)st->gateways_dropped);
+    metric(b, cap, &n, "llmserve:worker_messages_refused_total", "counter", "Messages refused.", lab,
+           (double)st->messages_refused);
+    return n;
 }

@@ -159,7 +159,7 @@ def api_rules(objs):
 SCHEMAS = {k: json.load(open(os.path.join(ROOT, "tests/deploy/schemas", f))) for k, f in
            (("LeaderWorkerSet", "leaderworkerset.json"), ("ScaledObject", "scaledobject.json"),
             ("InferencePool", "inferencepool.json"), ("ServiceMonitor", "servicemonitor.json"),
-            ("PrometheusRule", "prometheusrule.json"))}
+            ("PrometheusRule", "prometheusrule.json"), ("PodMonitor", "podmonitor.json"))}
 
 
 def pod_templates(o):
@@ -199,7 +199,8 @@ def help_flags(binary):
     return HELP[binary]
 
 
-SERVED = {"llmserve-worker": {"/live", "/ready", "/health"}, "llmserve-gateway": {"/live", "/ready", "/health", "/metrics"}}
+SERVED = {"llmserve-worker": {"/live", "/ready", "/health", "/metrics"},
+          "llmserve-gateway": {"/live", "/ready", "/health", "/metrics"}}
 
 
 def containers(o):
@@ -329,6 +330,23 @@ def loopback(objs):
         except OSError as e:
             ok, ans = False, str(e)
         check(ok, "loopback: a chat request through them is answered")
+        # the group's own /metrics, where the PodMonitor scrapes it (its probe port)
+        pm = [o for o in gen.render(gen.PROFILES["gpu-8b"]) if o["kind"] == "PodMonitor"][0]
+        ep = pm["spec"]["podMetricsEndpoints"][0]
+        wtext = ""
+        for _ in range(20):
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d%s" % (probe_p, ep["path"]), timeout=5) as r:
+                    wtext = r.read().decode()
+            except OSError:
+                pass
+            if "vllm:generation_tokens_total" in wtext and not re.search(r"generation_tokens_total\S* 0$", wtext, re.M):
+                break
+            time.sleep(0.5)
+        check(ep["port"] == "probe" and re.search(r"^vllm:num_requests_waiting\{[^}]*\} 0$", wtext, re.M) and
+              re.search(r"^vllm:generation_tokens_total\{[^}]*\} [1-9]", wtext, re.M),
+              "worker metrics: the group's own /metrics on its probe port count the request (%s)" %
+              re.findall(r"^vllm:generation_tokens_total.*$", wtext, re.M))
         # every metric the dashboard, the adapter rules and the KEDA trigger read is one the gateway serves
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % http, timeout=5) as r:
             text = r.read().decode()
