@@ -208,6 +208,7 @@ int main(int argc, char **argv) {
     wk_health *health = NULL; /* from the start: a long load is alive until --load-timeout, not a dead pod */
     if (wk_health_start(health_host, health_port, 30000, &health, err, sizeof err) ||
         wk_health_load_deadline(health, load_s, 0)) {
+        wk_health_stop(health);
         fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : "cannot start the load's watchdog");
         return 1;
     }
@@ -261,6 +262,7 @@ int main(int argc, char **argv) {
         int rc = wk_tp_start(&to, argc, argv, &group_h, err, sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);
+            wk_health_stop(health);
             return 1;
         }
     }
@@ -273,6 +275,7 @@ int main(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
         wk_tp_free(group_h);
+        wk_health_stop(health);
         /* a file or flags that cannot load (format, unsupported, not found) exit 2: restarting cannot help,
            and the supervisor stops; memory, I/O and the group's sockets may do better next time */
         return rc == LLM_ENOMEM || rc == LLM_EIO || rc == LLM_EDEVICE || rc == LLM_EAGAIN || rc == LLM_ETIMEDOUT ? 1 : 2;
@@ -286,6 +289,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "llmserve-worker: %s\n", err);
             wk_model_free(m);
             wk_tp_free(group_h);
+            wk_health_stop(health);
             return 2; /* a flag's value: the supervisor does not retry it */
         }
         eo.draft = dm;

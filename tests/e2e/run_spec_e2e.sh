@@ -38,10 +38,10 @@ S=$(stream "$P2")
 C=$(text "$P3"); CS=$(stream "$P3")
 [ "$C" = "$A" ] && [ "$CS" = "$A" ] || fail "draft-model server answered differently: $C / $CS vs $A"
 # a heartbeat (each second) carries the worker's counters to the gateway: wait for one, up to 15 s
+val() { echo "$M" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 ~ "^"n"\\{" {s += $NF} END {print s + 0}'; }
 metrics() { for _ in $(seq 1 30); do M=$(curl -s "http://127.0.0.1:$1/metrics")
                 [ "$(val vllm:spec_decode_num_drafts_total)" -gt 0 ] && return; sleep 0.5; done; }
 metrics "$P2"
-val() { echo "$M" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 ~ "^"n"\\{" {s += $NF} END {print s + 0}'; }
 D=$(val vllm:spec_decode_num_drafts_total); DT=$(val vllm:spec_decode_num_draft_tokens_total)
 AC=$(val vllm:spec_decode_num_accepted_tokens_total); P0=$(val vllm:spec_decode_num_accepted_tokens_per_pos_total)
 [ "$D" -gt 0 ] && [ "$AC" -gt 0 ] || fail "no speculation counted (drafts $D, accepted $AC)"
