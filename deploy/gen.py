@@ -368,6 +368,10 @@ def secret_volume(name, value):
     return Opt(value, [{"name": name, "secret": {"secretName": V(value), "defaultMode": SECRET_MODE}}])
 
 
+# the model: the claim (read-only) or, without one, an emptyDir: one source, whatever the values merge to
+MODELS_VOLUME = {"name": "models",
+                 "persistentVolumeClaim": Opt("worker.modelClaim", {"claimName": V("worker.modelClaim"), "readOnly": True}),
+                 "emptyDir": Opt("worker.modelClaim", {"sizeLimit": V("worker.modelEmptyDirSize")}, neg=True)}
 RPC_SECRET_ARGS = Opt("worker.rpcSecret", ["--rpc-secret-file", "/etc/llmserve/rpc/secret"])
 RPC_SECRET_MOUNT = Opt("worker.rpcSecret", [{"name": "rpc-secret", "mountPath": "/etc/llmserve/rpc", "readOnly": True}])
 
@@ -454,10 +458,7 @@ def worker_pod(leader):
             "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                                            "whenUnsatisfiable": "ScheduleAnyway",
                                            "labelSelector": {"matchLabels": lab}}],
-            "volumes": [{"name": "models",
-                         "persistentVolumeClaim": Opt("worker.modelClaim", {"claimName": V("worker.modelClaim"),
-                                                                            "readOnly": True}),
-                         "emptyDir": Opt("worker.modelClaim", {"sizeLimit": V("worker.modelEmptyDirSize")}, neg=True)},
+            "volumes": [MODELS_VOLUME,
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": V("worker.shmSize")}},
                         {"name": "tmp", "emptyDir": {}}, secret_volume("rpc-secret", "worker.rpcSecret")],
         },
@@ -609,11 +610,7 @@ def objects():
                         "securityContext": SECURE_CTR,
                         "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"},
                                          RPC_SECRET_MOUNT]}],
-                    "volumes": [{"name": "models",
-                                 "persistentVolumeClaim": Opt("worker.modelClaim", {"claimName": V("worker.modelClaim"),
-                                                                                    "readOnly": True}),
-                                 "emptyDir": Opt("worker.modelClaim", {"sizeLimit": V("worker.modelEmptyDirSize")},
-                                                 neg=True)},
+                    "volumes": [MODELS_VOLUME,
                                 {"name": "tmp", "emptyDir": {}}, secret_volume("rpc-secret", "worker.rpcSecret")],
                 },
             },
