@@ -37,10 +37,14 @@ S=$(stream "$P2")
 [ "$S" = "$A" ] || fail "speculating server's stream differs: $S vs $A"
 C=$(text "$P3"); CS=$(stream "$P3")
 [ "$C" = "$A" ] && [ "$CS" = "$A" ] || fail "draft-model server answered differently: $C / $CS vs $A"
-# a heartbeat (each second) carries the worker's counters to the gateway: wait for one, up to 15 s
+# a heartbeat (each second) carries the worker's counters to the gateway; one sent while a request was
+# still running holds part of its counts, so wait (up to 20 s) until two readings 1.2 s apart agree
 val() { echo "$M" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 ~ "^"n"\\{" {s += $NF} END {print s + 0}'; }
-metrics() { for _ in $(seq 1 30); do M=$(curl -s "http://127.0.0.1:$1/metrics")
-                [ "$(val vllm:spec_decode_num_drafts_total)" -gt 0 ] && return; sleep 0.5; done; }
+spec() { echo "$M" | grep '^vllm:spec_decode'; }
+metrics() { local prev=""
+            for _ in $(seq 1 16); do M=$(curl -s "http://127.0.0.1:$1/metrics")
+                [ "$(val vllm:spec_decode_num_drafts_total)" -gt 0 ] && [ "$(spec)" = "$prev" ] && return
+                prev=$(spec); sleep 1.2; done; }
 metrics "$P2"
 D=$(val vllm:spec_decode_num_drafts_total); DT=$(val vllm:spec_decode_num_draft_tokens_total)
 AC=$(val vllm:spec_decode_num_accepted_tokens_total); P0=$(val vllm:spec_decode_num_accepted_tokens_per_pos_total)
