@@ -157,9 +157,10 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
         return LLM_EDEVICE;
     }
     const cm_model_config *c = &m->cfg;
-    if (c->gemma) {
-        snprintf(err, errlen, "--device cuda: %s (sliding-window attention, GeGLU, the extra norms) runs on the CPU "
-                 "only for now", c->arch);
+    if (c->gemma || c->qk_norm || c->n_expert) {
+        snprintf(err, errlen, "--device cuda: %s (%s) runs on the CPU only for now", c->arch,
+                 c->gemma ? "sliding-window attention, GeGLU, the extra norms"
+                 : c->n_expert ? "experts" : "per-head query and key norms");
         return LLM_EUNSUP;
     }
     wk_cuda *g = calloc(1, sizeof *g);

@@ -130,6 +130,53 @@ static void qkv_post(wk_model *m, const wk_layer *L, wk_cache *c, int l, int T) 
     }
 }
 
+/* The experts' FFN over the step's T normalised rows m->xb into m->xb2 (this rank's part of the sum, as a
+ * dense down projection's). The router scores every expert for each token; a softmax over all of them weighs
+ * the n_expert_used best (renormalised to sum 1 when the model says so). Then expert by expert, the tokens
+ * that chose it are gathered into one GEMM, so each expert's weights are read once a step however many
+ * tokens of the batch chose it (llama.cpp's mul_mat_id, vLLM's fused MoE, grouped by expert). */
+static void moe_ffn(wk_model *m, const wk_layer *L, int T) {
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, E = (int)cf->n_expert, K = (int)cf->n_expert_used, H = m->hidden_l;
+    const kn_weight *rw = &L->router;
+    float *rl = m->moe_logits;
+    mm(m, 1, &rw, &rl, m->xb, &m->act_dim, T);
+    for (int t = 0; t < T; t++) {
+        float *s = rl + (size_t)t * E, mx = s[0], sum = 0, kept = 0;
+        for (int e = 1; e < E; e++) mx = s[e] > mx ? s[e] : mx;
+        for (int e = 0; e < E; e++) sum += s[e] = expf(s[e] - mx);
+        int *pe = m->moe_e + (size_t)t * K;
+        float *pw = m->moe_w + (size_t)t * K;
+        for (int j = 0; j < K; j++) { /* the best left, the lowest index on a tie (as torch.topk) */
+            int b = 0;
+            for (int e = 1; e < E; e++) b = s[e] > s[b] ? e : b;
+            pe[j] = b;
+            kept += pw[j] = s[b] / sum;
+            s[b] = -1.f; /* below every probability: taken */
+        }
+        if (cf->expert_norm)
+            for (int j = 0; j < K; j++) pw[j] /= kept;
+    }
+    memset(m->xb2, 0, sizeof(float) * (size_t)T * (size_t)D);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int i = 0; i < T * K; i++)
+            if (m->moe_e[i] == e) m->moe_rows[n] = i / K, m->moe_slot[n++] = i;
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(m->moe_x + (size_t)i * D, m->xb + (size_t)m->moe_rows[i] * D, sizeof(float) * (size_t)D);
+        const kn_weight *gu[2] = {&L->xgate[e], &L->xup[e]}, *dn = &L->xdown[e];
+        float *gu_out[2] = {m->hb, m->hb2}, *y = m->moe_y;
+        mm(m, 2, gu, gu_out, m->moe_x, &m->act_dim, n);
+        par_rows(m, OP_SILU, n, m->hb, m->hb2, NULL, H, NULL);
+        mm(m, 1, &dn, &y, m->hb, &m->act_hidden, n);
+        for (int i = 0; i < n; i++) {
+            float w = m->moe_w[m->moe_slot[i]], *dst = m->xb2 + (size_t)m->moe_rows[i] * D, *src = y + (size_t)i * D;
+            for (int d = 0; d < D; d++) dst[d] += w * src[d];
+        }
+    }
+}
+
 /* Sums a row-parallel matmul's partial results over the ranks. */
 static int reduce(wk_model *m, float *buf, size_t n) {
     return m->comm && m->tp_size > 1 ? m->comm->ops->all_reduce_sum(m->comm, buf, n) : 0;
@@ -171,13 +218,17 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         if (L->post_attn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_attn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->ffn_norm, D, NULL);
-        const kn_weight *gu[2] = {&L->gate, &L->up};
-        float *gu_out[2] = {m->hb, m->hb2};
-        mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
-        par_rows(m, cf->gemma ? OP_GELU : OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
-        const kn_weight *dn = &L->down;
-        float *d_out = m->xb2;
-        mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
+        if (cf->n_expert) {
+            moe_ffn(m, L, T);
+        } else {
+            const kn_weight *gu[2] = {&L->gate, &L->up};
+            float *gu_out[2] = {m->hb, m->hb2};
+            mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
+            par_rows(m, cf->gemma ? OP_GELU : OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
+            const kn_weight *dn = &L->down;
+            float *d_out = m->xb2;
+            mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
+        }
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];

@@ -20,11 +20,9 @@
 /* Rows [r0, r1) and columns [c0, c1) of the [n][k] tensor `name`: a row
  * range is a pointer into the mapping; a column range (a tensor-parallel
  * shard of a row-parallel weight) is copied out, whole quantization blocks. */
-static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, uint64_t r0,
-                            uint64_t r1, uint64_t c0, uint64_t c1, char *err, size_t errlen) {
-    const cm_tensor_ref *t;
-    int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
-    if (rc) return rc;
+static int prep_weight(wk_model *m, kn_weight *w, const cm_tensor_ref *t, const char *name, uint64_t k, uint64_t r0,
+                       uint64_t r1, uint64_t c0, uint64_t c1, char *err, size_t errlen) {
+    int rc = 0;
     if (!t->data) { /* a dummy made on the GPU: this rank's part is made there too */
         *w = (kn_weight){t->type, (int64_t)(r1 - r0), (int64_t)(c1 - c0), NULL, KN_PACK_NONE, NULL, NULL};
         return 0;
@@ -99,6 +97,41 @@ static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_
     else if (rc)
         snprintf(err, errlen, "%s: cannot prepare tensor '%s': %s", m->file->path, name, cm_strerror(rc));
     return rc;
+}
+
+static int load_weight_part(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, uint64_t r0,
+                            uint64_t r1, uint64_t c0, uint64_t c1, char *err, size_t errlen) {
+    const cm_tensor_ref *t;
+    int rc = cm_model_tensor_expect(m->file, name, k, n, &t, err, errlen);
+    return rc ? rc : prep_weight(m, w, t, name, k, r0, r1, c0, c1, err, errlen);
+}
+
+/* Expert e's [n][k] `kind` matrix of layer l (rows [r0, r1), columns [c0, c1)): a slice of the merged
+ * blk.l.ffn_{kind}_exps.weight [k, n, n_expert] of current GGUFs, else blk.l.ffn_{kind}.e.weight (older
+ * GGUFs, Hugging Face checkpoints). */
+static int load_expert(wk_model *m, kn_weight *w, uint32_t l, const char *kind, uint32_t e, uint64_t k, uint64_t n,
+                       uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1, char *err, size_t errlen) {
+    char nm[80];
+    snprintf(nm, sizeof nm, "blk.%u.ffn_%s_exps.weight", l, kind);
+    const cm_tensor_ref *t = cm_model_tensor(m->file, nm);
+    if (!t) {
+        snprintf(nm, sizeof nm, "blk.%u.ffn_%s.%u.weight", l, kind, e);
+        return load_weight_part(m, w, nm, k, n, r0, r1, c0, c1, err, errlen);
+    }
+    uint64_t E = m->cfg.n_expert;
+    if (t->ne[0] != k || t->ne[1] != n || t->ne[2] != E || t->ne[3] != 1) {
+        snprintf(err, errlen, "%s: tensor '%s' has shape [%llu, %llu, %llu], expected [%llu, %llu, %llu]", m->file->path,
+                 nm, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                 (unsigned long long)k, (unsigned long long)n, (unsigned long long)E);
+        return LLM_EFORMAT;
+    }
+    cm_tensor_ref sub = *t;
+    uint64_t per = cm_dtype_row_bytes(t->type, k) * n;
+    sub.n_dims = 2;
+    sub.ne[2] = 1;
+    sub.nbytes = per;
+    sub.data = t->data ? (const char *)t->data + e * per : NULL;
+    return prep_weight(m, w, &sub, nm, k, r0, r1, c0, c1, err, errlen);
 }
 
 static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, uint64_t n, char *err,
@@ -303,19 +336,35 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         P(wk, "attn_k.weight", D, KVD, k0, k1, 0, D)
         P(wv, "attn_v.weight", D, KVD, k0, k1, 0, D)
         P(wo, "attn_output.weight", QD, D, 0, D, q0, q1)
-        P(gate, "ffn_gate.weight", D, c->hidden, f0, f1, 0, D)
-        P(up, "ffn_up.weight", D, c->hidden, f0, f1, 0, D)
-        P(down, "ffn_down.weight", c->hidden, D, 0, D, f0, f1)
+        if (c->n_expert) {
+            uint32_t E = c->n_expert;
+            W(router, "ffn_gate_inp.weight", D, E)
+            L->xgate = calloc(E, sizeof *L->xgate);
+            L->xup = calloc(E, sizeof *L->xup);
+            L->xdown = calloc(E, sizeof *L->xdown);
+            if (!L->xgate || !L->xup || !L->xdown) { rc = LLM_ENOMEM; goto fail; }
+            for (uint32_t e = 0; e < E; e++)
+                if ((rc = load_expert(m, &L->xgate[e], l, "gate", e, D, c->hidden, f0, f1, 0, D, err, errlen)) ||
+                    (rc = load_expert(m, &L->xup[e], l, "up", e, D, c->hidden, f0, f1, 0, D, err, errlen)) ||
+                    (rc = load_expert(m, &L->xdown[e], l, "down", e, c->hidden, D, 0, D, f0, f1, err, errlen)))
+                    goto fail;
+        } else {
+            P(gate, "ffn_gate.weight", D, c->hidden, f0, f1, 0, D)
+            P(up, "ffn_up.weight", D, c->hidden, f0, f1, 0, D)
+            P(down, "ffn_down.weight", c->hidden, D, 0, D, f0, f1)
+        }
         V(attn_norm, "attn_norm.weight", D, 0)
         V(ffn_norm, "ffn_norm.weight", D, 0)
         V(bq, "attn_q.bias", QD, 1)
         V(bk, "attn_k.bias", KVD, 1)
         V(bv, "attn_v.bias", KVD, 1)
+        if (c->qk_norm) {
+            V(q_norm, "attn_q_norm.weight", hd, 0)
+            V(k_norm, "attn_k_norm.weight", hd, 0)
+        }
         if (c->gemma) {
             V(post_attn_norm, "post_attention_norm.weight", D, 0)
             V(post_ffn_norm, "post_ffw_norm.weight", D, 0)
-            V(q_norm, "attn_q_norm.weight", hd, 0)
-            V(k_norm, "attn_k_norm.weight", hd, 0)
             L->window = (l + 1) % c->swa_period ? (int)c->swa_window : 0;
         }
         if (L->bq) L->bq += q0;
@@ -366,6 +415,16 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     uint64_t QDl = (uint64_t)m->n_head_l * c->head_dim;
     if (QDl % 32 == 0 && (rc = kn_act_init(&m->act_q, (int64_t)QDl, B))) goto fail;
     if (m->hidden_l % 32 == 0 && (rc = kn_act_init(&m->act_hidden, (int64_t)m->hidden_l, B))) goto fail;
+    if (c->n_expert) {
+        size_t E = c->n_expert, K = c->n_expert_used;
+        if ((rc = alloc_f(&m->moe_logits, b * E)) || (rc = alloc_f(&m->moe_w, b * K)) ||
+            (rc = alloc_f(&m->moe_x, b * D)) || (rc = alloc_f(&m->moe_y, b * D)))
+            goto fail;
+        m->moe_e = malloc(sizeof(int) * b * K);
+        m->moe_rows = malloc(sizeof(int) * b);
+        m->moe_slot = malloc(sizeof(int) * b);
+        if (!m->moe_e || !m->moe_rows || !m->moe_slot) { rc = LLM_ENOMEM; goto fail; }
+    }
     if (m->perm_k && ((rc = alloc_f(&m->xperm, b * (size_t)m->perm_k)) ||
                       (rc = kn_act_init(&m->act_perm, (int64_t)m->perm_k, B))))
         goto fail;
@@ -385,8 +444,16 @@ void wk_model_free(wk_model *m) {
     if (m->layers) {
         for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
             wk_layer *L = &m->layers[l];
-            kn_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+            kn_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->router};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) kn_weight_free(ws[i]);
+            for (uint32_t e = 0; e < m->cfg.n_expert; e++) {
+                if (L->xgate) kn_weight_free(&L->xgate[e]);
+                if (L->xup) kn_weight_free(&L->xup[e]);
+                if (L->xdown) kn_weight_free(&L->xdown[e]);
+            }
+            free(L->xgate);
+            free(L->xup);
+            free(L->xdown);
         }
     }
     kn_weight_free(&m->tok_embd);
@@ -399,6 +466,8 @@ void wk_model_free(wk_model *m) {
     free(m->x); free(m->xb); free(m->xb2); free(m->q); free(m->att); free(m->k); free(m->v);
     free(m->hb); free(m->hb2); free(m->attn_scratch);
     free(m->tok_pos); free(m->tok_blocks); free(m->attn_seq);
+    free(m->moe_logits); free(m->moe_w); free(m->moe_x); free(m->moe_y);
+    free(m->moe_e); free(m->moe_rows); free(m->moe_slot);
     for (int i = 0; i < m->n_slices; i++) free(m->slices[i]);
     free(m->slices);
     free(m->voc_width);

@@ -21,6 +21,10 @@ typedef struct {
     /* Gemma 3: norms after attention and FFN [dim], of each query and key head [hd], or NULL */
     const float *post_attn_norm, *post_ffn_norm, *q_norm, *k_norm;
     int window;                          /* sliding window (local layers), 0: global */
+    /* mixture of experts (cfg.n_expert): the router [n_expert][dim] (replicated on every rank) and each
+     * expert's gate, up and down, this rank's FFN columns of each as in a dense layer; gate/up/down unused */
+    kn_weight router;
+    kn_weight *xgate, *xup, *xdown;      /* [n_expert] */
     const float *inv_freq;               /* the layer's RoPE frequencies (local and global differ) */
 } wk_layer;
 
@@ -54,6 +58,10 @@ typedef struct wk_model {
     const int32_t **tok_blocks;          /* [B] its sequence's block table */
     kn_attn_seq *attn_seq;               /* [B] */
     kn_act act_dim, act_q, act_hidden;
+    /* mixture of experts: the router's scores [B][n_expert], each token's chosen experts and weights
+     * [B][n_expert_used], one expert's tokens gathered [B][dim] and its output [B][dim] */
+    float *moe_logits, *moe_w, *moe_x, *moe_y;
+    int *moe_e, *moe_rows, *moe_slot;
     /* act-order GPTQ weights read their input gathered (kn_weight.perm): [B][perm_k] */
     float *xperm;
     kn_act act_perm;

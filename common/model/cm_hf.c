@@ -34,6 +34,11 @@ static const struct { const char *hf, *gg; } llama_layer[] = {
     {"self_attn.o_proj.weight", "attn_output.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},          {"mlp.down_proj.weight", "ffn_down.weight"},
     {"input_layernorm.weight", "attn_norm.weight"},   {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},       {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+}, llama_expert[] = { /* after "<prefix>.experts.E.": Qwen3-MoE's and Mixtral's names */
+    {"gate_proj.weight", "ffn_gate"}, {"up_proj.weight", "ffn_up"}, {"down_proj.weight", "ffn_down"},
+    {"w1.weight", "ffn_gate"},        {"w3.weight", "ffn_up"},      {"w2.weight", "ffn_down"},
 }, llama_top[] = {
     {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
     {"lm_head.weight", "output.weight"},
@@ -71,6 +76,21 @@ static int map_name(int encoder, const char *hf, char *out, size_t len) {
         char *end;
         unsigned long l = strtoul(s + lpl, &end, 10);
         if (end == s + lpl || *end != '.' || l > 100000) return 0;
+        const char *rest = end + 1;
+        /* an expert's matrix: GGUF's older per-expert name, blk.N.ffn_gate.E.weight */
+        const char *ep = !strncmp(rest, "mlp.experts.", 12) ? rest + 12
+                         : !strncmp(rest, "block_sparse_moe.experts.", 25) ? rest + 25 : NULL;
+        if (!encoder && ep) {
+            char *ee;
+            unsigned long e = strtoul(ep, &ee, 10);
+            if (ee == ep || *ee != '.' || e > 100000) return 0;
+            for (size_t i = 0; i < sizeof llama_expert / sizeof llama_expert[0]; i++)
+                if (!strcmp(ee + 1, llama_expert[i].hf) && (ep == rest + 12) == (i < 3)) {
+                    snprintf(out, len, "blk.%lu.%s.%lu.weight", l, llama_expert[i].gg, e);
+                    return 1;
+                }
+            return 0;
+        }
         size_t nt = encoder ? sizeof bert_layer / sizeof bert_layer[0] : sizeof llama_layer / sizeof llama_layer[0];
         for (size_t i = 0; i < nt; i++) {
             const char *h = encoder ? bert_layer[i].hf : llama_layer[i].hf;
@@ -367,9 +387,11 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
         goto fail;
     }
     const char *mt = json_string_value(json_object_get(cj, "model_type"));
-    int known = mt && (!strcmp(mt, "bert") || !strcmp(mt, "llama") || !strcmp(mt, "mistral") || !strcmp(mt, "qwen2"));
-    snprintf(e, sizeof e, "config.json: model_type '%.32s' is not supported (bert, llama, mistral, qwen2)",
-             mt ? mt : "");
+    static const char *const types[] = {"bert", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", NULL};
+    int known = 0;
+    for (const char *const *t = types; mt && *t; t++) known |= !strcmp(mt, *t);
+    snprintf(e, sizeof e, "config.json: model_type '%.32s' is not supported (bert, llama, mistral, mixtral, qwen2, "
+             "qwen3, qwen3_moe)", mt ? mt : "");
     int tie = json_is_true(json_object_get(cj, "tie_word_embeddings"));
     if (!known) {
         json_decref(cj);

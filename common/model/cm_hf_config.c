@@ -43,13 +43,50 @@ static const char *const HF_KEYS[] = {
     "problem_type", "id2label", "label2id", "finetuning_task", "prefix", "sep_token_id", "decoder_start_token_id",
     "rope_interleaved" /* (false only: see below) */, "layer_types", NULL};
 
+/* Mixtral's and Qwen3-MoE's: honoured (the experts; decoder_sparse_step and mlp_only_layers only as every
+ * layer sparse), or training settings */
+static const char *const HF_KEYS_MOE[] = {"num_local_experts", "num_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
+    "router_aux_loss_coef", "router_jitter_noise", NULL};
+
+static int listed_key(const char *const *l, const char *key) {
+    for (; *l; l++)
+        if (!strcmp(*l, key)) return 1;
+    return 0;
+}
+
+/* The experts of a mixtral / qwen3_moe config: every layer sparse, as vLLM runs them. */
+static int moe_keys(json_t *o, const char *path, const char *mt, cm_model_config *c, char *err, size_t errlen) {
+    int q3 = !strcmp(mt, "qwen3_moe");
+    c->n_expert = jint(o, q3 ? "num_experts" : "num_local_experts", 0);
+    c->n_expert_used = jint(o, "num_experts_per_tok", 0);
+    json_t *nt = json_object_get(o, "norm_topk_prob");
+    c->expert_norm = q3 ? !json_is_false(nt) : 1; /* Mixtral always renormalises; Qwen3-MoE says (default true) */
+    if (!q3 && json_is_false(nt)) {
+        snprintf(err, errlen, "%s: norm_topk_prob = false: Mixtral's experts' weights are always renormalised", path);
+        return LLM_EUNSUP;
+    }
+    if (q3) c->hidden = jint(o, "moe_intermediate_size", 0);
+    json_t *step = json_object_get(o, "decoder_sparse_step"), *dense = json_object_get(o, "mlp_only_layers");
+    if ((step && !json_is_null(step) && !(json_is_integer(step) && json_integer_value(step) == 1)) ||
+        (json_is_array(dense) && json_array_size(dense))) {
+        snprintf(err, errlen, "%s: %s: dense layers among the sparse ones are not supported (every layer sparse)", path,
+                 json_is_array(dense) && json_array_size(dense) ? "mlp_only_layers" : "decoder_sparse_step");
+        return LLM_EUNSUP;
+    }
+    if (!c->n_expert || !c->n_expert_used || !c->hidden) {
+        snprintf(err, errlen, "%s: a %s config needs %s, num_experts_per_tok%s", path, mt,
+                 q3 ? "num_experts" : "num_local_experts", q3 ? " and moe_intermediate_size" : "");
+        return LLM_EFORMAT;
+    }
+    return 0;
+}
+
 static int decoder_keys(json_t *o, const char *path, cm_model_config *c, char *err, size_t errlen) {
     const char *key;
     json_t *v;
     json_object_foreach(o, key, v) {
-        int known = 0;
-        for (const char *const *k = HF_KEYS; *k; k++)
-            if (!strcmp(*k, key)) known = 1;
+        int known = listed_key(HF_KEYS, key) || (c->n_expert && listed_key(HF_KEYS_MOE, key));
         if (!known && !json_is_null(v) && !json_is_false(v)) {
             char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
             snprintf(err, errlen, "%s: %.60s = %.60s changes the model in a way this engine does not implement: refused "
@@ -111,7 +148,12 @@ int cm_model_config_json(const char *path, cm_model_config *c, char *err, size_t
         return LLM_EFORMAT;
     }
     const char *mt = json_string_value(json_object_get(o, "model_type"));
-    snprintf(c->arch, sizeof c->arch, "%s", mt && !strcmp(mt, "qwen2") ? "qwen2" : "llama");
+    if (!mt) mt = "";
+    int q3 = !strcmp(mt, "qwen3") || !strcmp(mt, "qwen3_moe"), moe = !strcmp(mt, "mixtral") || !strcmp(mt, "qwen3_moe");
+    snprintf(c->arch, sizeof c->arch, "%s",
+             !strcmp(mt, "qwen2") ? "qwen2" : !strcmp(mt, "qwen3") ? "qwen3" : !strcmp(mt, "qwen3_moe") ? "qwen3moe"
+                                                                                                         : "llama");
+    c->qk_norm = q3;
     snprintf(c->name, sizeof c->name, "%s", path);
     c->n_layer = jint(o, "num_hidden_layers", 0);
     c->dim = jint(o, "hidden_size", 0);
@@ -126,15 +168,16 @@ int cm_model_config_json(const char *path, cm_model_config *c, char *err, size_t
     c->qkv_bias = !strcmp(c->arch, "qwen2") || json_is_true(json_object_get(o, "attention_bias"));
     c->rope_theta = (float)jnum(o, "rope_theta", 10000);
     c->norm_eps = (float)jnum(o, "rms_norm_eps", 1e-5);
-    c->rope_type = c->qkv_bias ? CM_ROPE_NEOX : CM_ROPE_NORM;
-    if (!(mt && !strcmp(mt, "bert"))) {
-        int rc = decoder_keys(o, path, c, err, errlen);
+    c->rope_type = c->qkv_bias || q3 ? CM_ROPE_NEOX : CM_ROPE_NORM;
+    if (strcmp(mt, "bert")) {
+        int rc = moe ? moe_keys(o, path, mt, c, err, errlen) : 0;
+        if (!rc) rc = decoder_keys(o, path, c, err, errlen);
         if (rc) {
             json_decref(o);
             return rc;
         }
     }
-    if (mt && !strcmp(mt, "bert")) {
+    if (!strcmp(mt, "bert")) {
         snprintf(c->arch, sizeof c->arch, "bert");
         c->encoder = 1;
         c->n_kv_head = c->n_head;

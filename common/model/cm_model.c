@@ -35,6 +35,10 @@ int cm_model_validate_config(const cm_model_config *c, char *err, size_t errlen)
                  c->head_dim);
         return LLM_EFORMAT;
     }
+    if (c->n_expert > 1024 || c->n_expert_used > c->n_expert || (c->n_expert && !c->n_expert_used)) {
+        snprintf(err, errlen, "implausible experts: %u used of %u", c->n_expert_used, c->n_expert);
+        return LLM_EFORMAT;
+    }
     if (!(c->norm_eps > 0 && c->norm_eps < 1) || !(c->rope_theta > 0)) {
         snprintf(err, errlen, "bad norm epsilon %g or rope theta %g", c->norm_eps, c->rope_theta);
         return LLM_EFORMAT;

@@ -59,6 +59,13 @@ typedef struct {
     uint32_t swa_window, swa_period;
     float rope_theta_swa;
     cm_rope_scaling rs;  /* RoPE scaling (cm_rope.h); for gemma3, of the global layers */
+    int qk_norm;         /* an RMS norm of each query and key head before RoPE (attn_q_norm, attn_k_norm):
+                          * gemma3, qwen3, qwen3moe */
+    /* mixture of experts (Mixtral: llama with experts; qwen3moe): every layer's FFN is n_expert experts
+     * of `hidden` columns each; a router (ffn_gate_inp) scores them per token, a softmax over all of them
+     * weighs the n_expert_used best, renormalised to sum 1 when expert_norm. 0: a dense FFN */
+    uint32_t n_expert, n_expert_used;
+    int expert_norm;
     float attn_scale;    /* softmax scale of the scores; 0: 1/sqrt(head_dim) */
 } cm_model_config;
 

@@ -20,22 +20,29 @@ static const struct {
     uint32_t layers, heads, kv, hd, dim, hidden, vocab, ctx;
     int tied, bias;
     float theta, eps;
+    uint32_t experts, used; /* mixture of experts (hidden: each expert's width), 0: dense */
 } presets[] = {
-    {"llama-2-7b", "llama", 32, 32, 32, 128, 4096, 11008, 32000, 4096, 0, 0, 10000.f, 1e-5f},
-    {"llama-3-8b", "llama", 32, 32, 8, 128, 4096, 14336, 128256, 8192, 0, 0, 500000.f, 1e-5f},
-    {"llama-3-70b", "llama", 80, 64, 8, 128, 8192, 28672, 128256, 8192, 0, 0, 500000.f, 1e-5f},
-    {"mistral-7b", "llama", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0, 0, 1000000.f, 1e-5f},
-    {"qwen2-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f},
-    {"qwen2.5-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f},
-    {"smollm2-135m", "llama", 30, 9, 3, 64, 576, 1536, 49152, 8192, 1, 0, 100000.f, 1e-5f},
+    {"llama-2-7b", "llama", 32, 32, 32, 128, 4096, 11008, 32000, 4096, 0, 0, 10000.f, 1e-5f, 0, 0},
+    {"llama-3-8b", "llama", 32, 32, 8, 128, 4096, 14336, 128256, 8192, 0, 0, 500000.f, 1e-5f, 0, 0},
+    {"llama-3-70b", "llama", 80, 64, 8, 128, 8192, 28672, 128256, 8192, 0, 0, 500000.f, 1e-5f, 0, 0},
+    {"mistral-7b", "llama", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0, 0, 1000000.f, 1e-5f, 0, 0},
+    {"qwen2-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f, 0, 0},
+    {"qwen2.5-7b", "qwen2", 28, 28, 4, 128, 3584, 18944, 152064, 32768, 0, 1, 1000000.f, 1e-6f, 0, 0},
+    {"smollm2-135m", "llama", 30, 9, 3, 64, 576, 1536, 49152, 8192, 1, 0, 100000.f, 1e-5f, 0, 0},
     /* Llama 3.1 / 3.3: the 3.0 shapes at 131,072 positions through llama3 RoPE scaling (8x over 8,192) */
-    {"llama-3.1-8b", "llama", 32, 32, 8, 128, 4096, 14336, 128256, 131072, 0, 0, 500000.f, 1e-5f},
-    {"llama-3.3-70b", "llama", 80, 64, 8, 128, 8192, 28672, 128256, 131072, 0, 0, 500000.f, 1e-5f},
+    {"llama-3.1-8b", "llama", 32, 32, 8, 128, 4096, 14336, 128256, 131072, 0, 0, 500000.f, 1e-5f, 0, 0},
+    {"llama-3.3-70b", "llama", 80, 64, 8, 128, 8192, 28672, 128256, 131072, 0, 0, 500000.f, 1e-5f, 0, 0},
+    /* Qwen3: per-head query/key norms, no biases; Qwen3-30B-A3B: 128 experts of 768, 8 a token */
+    {"qwen3-8b", "qwen3", 36, 32, 8, 128, 4096, 12288, 151936, 40960, 0, 0, 1000000.f, 1e-6f, 0, 0},
+    {"qwen3-32b", "qwen3", 64, 64, 8, 128, 5120, 25600, 151936, 40960, 0, 0, 1000000.f, 1e-6f, 0, 0},
+    {"qwen3-30b-a3b", "qwen3moe", 48, 32, 4, 128, 2048, 768, 151936, 40960, 0, 0, 1000000.f, 1e-6f, 128, 8},
+    /* Mixtral: llama with 8 experts of 14,336, 2 a token */
+    {"mixtral-8x7b", "llama", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0, 0, 1000000.f, 1e-5f, 8, 2},
 };
 
 const char *cm_model_preset_names(void) {
-    return "llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b, mistral-7b, qwen2-7b, qwen2.5-7b, "
-           "smollm2-135m";
+    return "llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b, mistral-7b, mixtral-8x7b, qwen2-7b, "
+           "qwen2.5-7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, smollm2-135m";
 }
 
 int cm_model_preset(const char *name, cm_model_config *c) {
@@ -56,7 +63,11 @@ int cm_model_preset(const char *name, cm_model_config *c) {
         c->qkv_bias = presets[i].bias;
         c->rope_theta = presets[i].theta;
         c->norm_eps = presets[i].eps;
-        c->rope_type = c->qkv_bias ? CM_ROPE_NEOX : CM_ROPE_NORM;
+        c->qk_norm = !strncmp(c->arch, "qwen3", 5);
+        c->rope_type = c->qkv_bias || c->qk_norm ? CM_ROPE_NEOX : CM_ROPE_NORM;
+        c->n_expert = presets[i].experts;
+        c->n_expert_used = presets[i].used;
+        c->expert_norm = c->n_expert > 0;
         if (c->ctx_len == 131072 && !strncmp(c->name, "llama-3.", 8))
             c->rs = (cm_rope_scaling){CM_RS_LLAMA3, 8.f, 8192, 1.f, 4.f, 0, 0, 0, 1.f};
         return 0;
@@ -135,10 +146,10 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
     /* name, [ne0 (row length), ne1 (rows)], type: matrices in wtype, vectors in F32 */
     struct spec {
         char name[64];
-        uint64_t k, n;
+        uint64_t k, n, e; /* e: experts (merged [k, n, e], as current GGUFs hold them), 1 otherwise */
         int type;
     };
-    size_t per_layer = 9 + (c.qkv_bias ? 3 : 0), nt = 3 + per_layer * c.n_layer;
+    size_t per_layer = 10 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0), nt = 3 + per_layer * c.n_layer;
     struct spec *sp = calloc(nt, sizeof *sp);
     cm_model_file *f = calloc(1, sizeof *f);
     size_t k = 0;
@@ -148,6 +159,7 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
         snprintf(sp[k].name, sizeof sp[k].name, "%s", nm);                                                             \
         sp[k].k = (K);                                                                                                 \
         sp[k].n = (N);                                                                                                 \
+        sp[k].e = 1;                                                                                                   \
         sp[k++].type = (T);                                                                                            \
     } while (0)
     ADD("token_embd.weight", D, c.vocab, wtype);
@@ -166,9 +178,23 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
         LAYER("attn_v.weight", D, KVD, wtype);
         LAYER("attn_output.weight", QD, D, wtype);
         LAYER("ffn_norm.weight", D, 1, CM_F32);
-        LAYER("ffn_gate.weight", D, H, wtype);
-        LAYER("ffn_up.weight", D, H, wtype);
-        LAYER("ffn_down.weight", H, D, wtype);
+        if (c.n_expert) {
+            LAYER("ffn_gate_inp.weight", D, c.n_expert, CM_F32);
+            LAYER("ffn_gate_exps.weight", D, H, wtype);
+            sp[k - 1].e = c.n_expert;
+            LAYER("ffn_up_exps.weight", D, H, wtype);
+            sp[k - 1].e = c.n_expert;
+            LAYER("ffn_down_exps.weight", H, D, wtype);
+            sp[k - 1].e = c.n_expert;
+        } else {
+            LAYER("ffn_gate.weight", D, H, wtype);
+            LAYER("ffn_up.weight", D, H, wtype);
+            LAYER("ffn_down.weight", H, D, wtype);
+        }
+        if (c.qk_norm) {
+            LAYER("attn_q_norm.weight", c.head_dim, 1, CM_F32);
+            LAYER("attn_k_norm.weight", c.head_dim, 1, CM_F32);
+        }
         if (c.qkv_bias) {
             LAYER("attn_q.bias", QD, 1, CM_F32);
             LAYER("attn_k.bias", KVD, 1, CM_F32);
@@ -182,7 +208,7 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
     int skip = (flags & CM_DUMMY_DEVICE_MATRICES) && wtype != CM_F32;
     size_t total = 64;
     for (size_t i = 0; i < nt; i++)
-        if (!(skip && sp[i].n > 1)) total += (cm_dtype_row_bytes(sp[i].type, sp[i].k) * sp[i].n + 63) / 64 * 64;
+        if (!(skip && sp[i].n > 1)) total += (cm_dtype_row_bytes(sp[i].type, sp[i].k) * sp[i].n * sp[i].e + 63) / 64 * 64;
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     double phys = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
     if (phys > 0 && (double)total > 0.9 * phys) { /* refuse before the fill makes the kernel kill us */
@@ -207,18 +233,19 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
         cm_tensor_ref *t = &f->tensors[i];
         snprintf(t->name, sizeof t->name, "%s", sp[i].name);
         t->type = sp[i].type;
-        t->n_dims = sp[i].n > 1 ? 2 : 1;
+        t->n_dims = sp[i].e > 1 ? 3 : sp[i].n > 1 ? 2 : 1;
         t->ne[0] = sp[i].k;
         t->ne[1] = sp[i].n;
-        t->ne[2] = t->ne[3] = 1;
+        t->ne[2] = sp[i].e;
+        t->ne[3] = 1;
         t->data = p;
-        t->nbytes = cm_dtype_row_bytes(t->type, t->ne[0]) * t->ne[1];
+        t->nbytes = cm_dtype_row_bytes(t->type, t->ne[0]) * t->ne[1] * t->ne[2];
         if (skip && t->ne[1] > 1) {
             t->data = NULL;
             continue;
         }
         /* weights uniform in +-1/sqrt(row length) keep activations O(1) through the layers */
-        fill(p, t->type, t->ne[0] * t->ne[1], t->ne[1] == 1 && !strstr(t->name, "bias") ? -1.f
+        fill(p, t->type, t->ne[0] * t->ne[1] * t->ne[2], t->ne[1] == 1 && !strstr(t->name, "bias") ? -1.f
                                                   : strstr(t->name, "bias")              ? 0.02f
                                                                                          : 1.f / sqrtf((float)t->ne[0]),
              &s);

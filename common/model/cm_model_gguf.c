@@ -47,6 +47,31 @@ static int gemma_config(const cm_gguf *g, cm_model_config *c, char *err, size_t 
     return 0;
 }
 
+/* Experts (Mixtral as llama with experts, qwen3moe): how many, how many a token uses, the width of each
+ * (qwen3moe's own key; Mixtral's experts are feed_forward_length wide). llama.cpp renormalises the chosen
+ * experts' weights for both architectures, as their Hugging Face configs do. */
+static int moe_config(const cm_gguf *g, cm_model_config *c, char *err, size_t errlen) {
+    int rc, q3 = !strcmp(c->arch, "qwen3moe");
+    if ((rc = gguf_u32_arch(g, c->arch, "expert_count", &c->n_expert, q3, err, errlen))) return rc;
+    if (!c->n_expert) {
+        if (q3) {
+            snprintf(err, errlen, "%s.expert_count is 0", c->arch);
+            return LLM_EFORMAT;
+        }
+        return 0;
+    }
+    if (strcmp(c->arch, "llama") && strcmp(c->arch, "mistral") && !q3) {
+        snprintf(err, errlen, "%s.expert_count = %u: experts are supported for llama (Mixtral) and qwen3moe", c->arch,
+                 c->n_expert);
+        return LLM_EUNSUP;
+    }
+    if ((rc = gguf_u32_arch(g, c->arch, "expert_used_count", &c->n_expert_used, 1, err, errlen)) ||
+        (q3 && (rc = gguf_u32_arch(g, c->arch, "expert_feed_forward_length", &c->hidden, 1, err, errlen))))
+        return rc;
+    c->expert_norm = 1;
+    return 0;
+}
+
 /* The {arch}. keys this loader honours, for every architecture it takes;
  * gemma3 adds its own. Any other {arch}. key changes the math in a way the
  * engine does not implement (a sliding window on a llama, logit
@@ -60,6 +85,7 @@ static const char *const KEYS_ALL[] = {
     "rope.scaling.original_context_length", "rope.scaling.attn_factor", "rope.scaling.yarn_beta_fast",
     "rope.scaling.yarn_beta_slow", "rope.scaling.finetuned", NULL};
 static const char *const KEYS_GEMMA[] = {"attention.sliding_window", "attention.sliding_window_pattern", NULL};
+static const char *const KEYS_MOE[] = {"expert_count", "expert_used_count", "expert_feed_forward_length", NULL};
 
 static int listed(const char *const *l, const char *s, size_t n) {
     for (; *l; l++)
@@ -87,7 +113,9 @@ static int check_keys(const cm_gguf *g, const cm_model_config *c, char *err, siz
         if (kv->key.len <= al || memcmp(kv->key.ptr, c->arch, al) || kv->key.ptr[al] != '.') continue;
         const char *rest = kv->key.ptr + al + 1;
         size_t n = kv->key.len - al - 1;
-        if (listed(KEYS_ALL, rest, n) || (c->gemma && listed(KEYS_GEMMA, rest, n))) continue;
+        if (listed(KEYS_ALL, rest, n) || (c->gemma && listed(KEYS_GEMMA, rest, n)) ||
+            (c->n_expert && listed(KEYS_MOE, rest, n)))
+            continue;
         char v[64];
         kv_value(kv, v, sizeof v);
         snprintf(err, errlen, "metadata %.*s = %s changes the model in a way this engine does not implement: refused "
@@ -113,11 +141,15 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     } else if (strcmp(c->arch, "qwen2") == 0) {
         c->rope_type = CM_ROPE_NEOX;
         c->qkv_bias = 1;
+    } else if (strcmp(c->arch, "qwen3") == 0 || strcmp(c->arch, "qwen3moe") == 0) {
+        c->rope_type = CM_ROPE_NEOX;
+        c->qk_norm = 1;
     } else if (strcmp(c->arch, "gemma3") == 0) {
         c->rope_type = CM_ROPE_NEOX;
-        c->gemma = 1;
+        c->gemma = c->qk_norm = 1;
     } else {
-        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2, gemma3)", c->arch);
+        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma3)",
+                 c->arch);
         return LLM_EUNSUP;
     }
     if (!cm_gguf_get_str(g, "general.name", &s)) {
@@ -159,7 +191,7 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
                  c->head_dim);
         return LLM_EUNSUP;
     }
-    if ((rc = check_keys(g, c, err, errlen))) return rc;
+    if ((rc = moe_config(g, c, err, errlen)) || (rc = check_keys(g, c, err, errlen))) return rc;
     if (c->gemma && (rc = gemma_config(g, c, err, errlen))) return rc;
     if ((rc = cm_rope_from_gguf(g, c, err, errlen))) return rc;
     if (c->gemma && c->rs.type != CM_RS_NONE && c->rs.type != CM_RS_LINEAR) { /* its local layers are never scaled */

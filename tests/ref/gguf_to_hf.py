@@ -71,8 +71,10 @@ def main():
     a = ap.parse_args()
     r = GGUFReader(a.gguf)
     arch = field(r, "general.architecture")
-    if arch not in ("llama",):
+    if arch not in ("llama", "qwen3", "qwen3moe"):
         sys.exit("gguf_to_hf: architecture %s is not handled here" % arch)
+    n_exp = int(field(r, arch + ".expert_count", 0))
+    mixtral = arch == "llama" and n_exp > 0
     n_head = int(field(r, arch + ".attention.head_count"))
     n_kv = int(field(r, arch + ".attention.head_count_kv", n_head))
     dim = int(field(r, arch + ".embedding_length"))
@@ -81,21 +83,39 @@ def main():
              "output.weight": "lm_head.weight"}
     layer = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+             "ffn_gate_inp": "block_sparse_moe.gate" if mixtral else "mlp.gate"}
+    # an expert's matrices: Mixtral's w1 / w3 / w2, Qwen3-MoE's gate_proj / up_proj / down_proj
+    expert = ({"ffn_gate": "block_sparse_moe.experts.%d.w1", "ffn_up": "block_sparse_moe.experts.%d.w3",
+               "ffn_down": "block_sparse_moe.experts.%d.w2"} if mixtral else
+              {"ffn_gate": "mlp.experts.%d.gate_proj", "ffn_up": "mlp.experts.%d.up_proj",
+               "ffn_down": "mlp.experts.%d.down_proj"})
     tensors = {}
+    pending = []
     for t in r.tensors:
         w = dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
         n = t.name
         if n.startswith("blk."):
             _, l, kind, suffix = n.split(".", 3)
-            if kind == "attn_q":
+            if arch == "llama" and kind == "attn_q":  # llama's GGUF q/k rotate pairs: back to halves
                 w = unpermute(w, n_head)
-            elif kind == "attn_k":
+            elif arch == "llama" and kind == "attn_k":
                 w = unpermute(w, n_kv)
-            hf = "model.layers.%s.%s.%s" % (l, layer[kind], suffix)
+            if kind.endswith("_exps"):  # merged [E, n, k]: one tensor an expert
+                for e in range(w.shape[0]):
+                    pending.append(("model.layers.%s.%s.weight" % (l, expert[kind[:-5]] % e), w[e]))
+                continue
+            if n_exp and kind in expert and suffix != "weight":  # the older blk.N.ffn_gate.E.weight
+                e, suffix = suffix.split(".", 1)
+                hf = "model.layers.%s.%s.%s" % (l, expert[kind] % int(e), suffix)
+            else:
+                hf = "model.layers.%s.%s.%s" % (l, layer[kind], suffix)
         else:
             hf = names[n]
+        pending.append((hf, w))
+    for hf, w in pending:
         if a.dtype == "f16":
             w = w.astype(np.float16)
         elif a.dtype == "bf16":  # round to nearest even, stored as the uint16 safetensors' BF16 reads
@@ -118,8 +138,10 @@ def main():
     toks = strings(r, "tokenizer.ggml.tokens")
     types = ints(r, "tokenizer.ggml.token_type") or [1] * len(toks)
     merges = strings(r, "tokenizer.ggml.merges")
+    mt = {"llama": "mixtral" if mixtral else "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}[arch]
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": dim,
+        "architectures": [{"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                           "qwen3_moe": "Qwen3MoeForCausalLM"}[mt]], "model_type": mt, "hidden_size": dim,
         "intermediate_size": int(field(r, arch + ".feed_forward_length")),
         "num_hidden_layers": int(field(r, arch + ".block_count")), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "vocab_size": len(toks),
@@ -129,6 +151,15 @@ def main():
         "tie_word_embeddings": "lm_head.weight" not in tensors, "hidden_act": "silu",
         "torch_dtype": {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}[a.dtype],
     }
+    if arch != "llama":
+        config["head_dim"] = int(field(r, arch + ".attention.key_length", dim // n_head))
+    if mixtral:
+        config.update(num_local_experts=n_exp, num_experts_per_tok=int(field(r, arch + ".expert_used_count")),
+                      router_aux_loss_coef=0.02, output_router_logits=False)
+    elif arch == "qwen3moe":
+        config.update(num_experts=n_exp, num_experts_per_tok=int(field(r, arch + ".expert_used_count")),
+                      moe_intermediate_size=int(field(r, arch + ".expert_feed_forward_length")),
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     json.dump(config, open(os.path.join(a.out, "config.json"), "w"), indent=2)
     control = [(i, s) for i, (s, ty) in enumerate(zip(toks, types)) if ty == 3]
     pre = field(r, "tokenizer.ggml.pre", "gpt2")

@@ -69,8 +69,9 @@ def scaled_inv_freq(theta, d, sc):
 
 
 class Model:
-    def __init__(self, path, scaling=None, neox=None):
-        """scaling: a Hugging Face rope_scaling dict that overrides the file's own."""
+    def __init__(self, path, scaling=None, neox=None, norm_topk=True):
+        """scaling: a Hugging Face rope_scaling dict that overrides the file's own; norm_topk: experts'
+        weights renormalised over those chosen (Mixtral, Qwen3-MoE)."""
         r = GGUFReader(path)
         self.f = {k: v for k, v in r.fields.items()}
         arch = self.s("general.architecture")
@@ -82,7 +83,9 @@ class Model:
         self.hd = int(g("attention.key_length", self.dim // self.n_head))
         self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
         self.theta = float(g("rope.freq_base", 10000.0))
-        self.neox = arch == "qwen2" if neox is None else neox
+        self.neox = arch in ("qwen2", "qwen3", "qwen3moe") if neox is None else neox
+        self.n_used = int(g("expert_used_count", 0))
+        self.norm_topk = norm_topk
         self.t = {}
         for t in r.tensors:
             w = dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -129,6 +132,27 @@ class Model:
         x = x.astype(np.float64)
         return x / np.sqrt(np.mean(x * x) + self.eps) * w
 
+    def expert(self, p, kind, e):
+        """Expert e's [n, k] matrix: a slice of the merged ffn_{kind}_exps, or the older ffn_{kind}.E."""
+        merged = p + "ffn_%s_exps.weight" % kind
+        return self.t[merged][e] if merged in self.t else self.t[p + "ffn_%s.%d.weight" % (kind, e)]
+
+    def moe(self, h, p):
+        """Mixtral / Qwen3-MoE: softmax over every expert's router score, the top n_used, their weights
+        renormalised (norm_topk), each a SwiGLU FFN; in float64."""
+        out = np.zeros_like(h)
+        logits = h @ self.t[p + "ffn_gate_inp.weight"].T
+        for t in range(h.shape[0]):
+            pr = np.exp(logits[t] - logits[t].max())
+            pr /= pr.sum()
+            top = np.argsort(-pr, kind="stable")[:self.n_used]
+            w = pr[top] / (pr[top].sum() if self.norm_topk else 1.0)
+            for e, we in zip(top, w):
+                g_ = self.expert(p, "gate", e) @ h[t]
+                u = self.expert(p, "up", e) @ h[t]
+                out[t] += we * (self.expert(p, "down", e) @ (g_ / (1 + np.exp(-g_)) * u))
+        return out
+
     def forward(self, tokens, rows=None):
         """Logits for every position (or those in rows), [T, vocab], float64."""
         T = len(tokens)
@@ -144,8 +168,15 @@ class Model:
                 q += self.t[p + "attn_q.bias"]
                 k += self.t[p + "attn_k.bias"]
                 v += self.t[p + "attn_v.bias"]
-            q = np.stack([self.rope(q[t].reshape(self.n_head, self.hd), t) for t in range(T)])
-            k = np.stack([self.rope(k[t].reshape(self.n_kv, self.hd), t) for t in range(T)])
+            q = q.reshape(T, self.n_head, self.hd)
+            k = k.reshape(T, self.n_kv, self.hd)
+            if p + "attn_q_norm.weight" in self.t:  # Qwen3: an RMS norm of each head before RoPE
+                q = np.stack([[self.norm(q[t, hh], self.t[p + "attn_q_norm.weight"]) for hh in range(self.n_head)]
+                              for t in range(T)])
+                k = np.stack([[self.norm(k[t, hh], self.t[p + "attn_k_norm.weight"]) for hh in range(self.n_kv)]
+                              for t in range(T)])
+            q = np.stack([self.rope(q[t], t) for t in range(T)])
+            k = np.stack([self.rope(k[t], t) for t in range(T)])
             v = v.reshape(T, self.n_kv, self.hd)
             att = np.zeros((T, self.n_head, self.hd))
             mask = np.triu(np.full((T, T), -np.inf), 1)
@@ -157,6 +188,9 @@ class Model:
                 att[:, hh, :] = s @ v[:, kv, :]
             x = x + self.mm(att.reshape(T, -1), p + "attn_output.weight")
             h = np.stack([self.norm(x[t], self.t[p + "ffn_norm.weight"]) for t in range(T)])
+            if p + "ffn_gate_inp.weight" in self.t:
+                x = x + self.moe(h, p)
+                continue
             g_ = self.mm(h, p + "ffn_gate.weight")
             u = self.mm(h, p + "ffn_up.weight")
             x = x + self.mm(g_ / (1 + np.exp(-g_)) * u, p + "ffn_down.weight")

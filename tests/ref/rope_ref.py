@@ -19,10 +19,12 @@ import subprocess
 import sys
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tiny_gguf  # noqa: E402
 from llama_ref import Model, scaled_inv_freq  # noqa: E402
+from tiny_gguf import vocab_size  # noqa: E402
 
 SRC, OUT = sys.argv[1], sys.argv[2]
 DIM, NH, NKV, HD, HID, NL = 64, 4, 2, 16, 128, 2
@@ -32,37 +34,13 @@ rng = np.random.default_rng(20261203)
 
 
 def write_gguf(path, ctx, kv=(), tensors=None, extra=()):
-    src = GGUFReader(SRC)
-    vocab = len(src.fields["tokenizer.ggml.tokens"].contents())
-    w = GGUFWriter(path, "llama")
-    w.add_name("rope-test")
-    w.add_block_count(NL)
-    w.add_context_length(ctx)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(HID)
-    w.add_head_count(NH)
-    w.add_head_count_kv(NKV)
-    w.add_rope_freq_base(THETA)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(HD)
-    for k, v, t in kv:
-        w.add_key_value(k, v, t)
-    for name, f in src.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        t = f.types[0]
-        if t == GGUFValueType.ARRAY:
-            w.add_key_value(name, f.contents(), t, sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, f.contents(), t)
-    for name, a in (tensors if tensors is not None else weights(vocab)).items():
-        w.add_tensor(name, a)
-    for name, a in extra:
-        w.add_tensor(name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    vocab = vocab_size(SRC)
+    hp = {"block_count": NL, "context_length": ctx, "embedding_length": DIM, "feed_forward_length": HID,
+          "head_count": NH, "head_count_kv": NKV, "rope_freq_base": THETA, "layer_norm_rms_eps": 1e-5,
+          "rope_dimension_count": HD}
+    ts = dict(tensors if tensors is not None else weights(vocab))
+    ts.update(extra)
+    tiny_gguf.write_gguf(path, SRC, "llama", hp, ts, kv)
     return vocab
 
 
@@ -159,7 +137,7 @@ def main():
     refuse = [("llama.attention.sliding_window", 64, GGUFValueType.UINT32),
               ("llama.attn_logit_softcapping", 50.0, GGUFValueType.FLOAT32),
               ("llama.final_logit_softcapping", 30.0, GGUFValueType.FLOAT32),
-              ("llama.expert_count", 8, GGUFValueType.UINT32),
+              ("llama.expert_shared_count", 2, GGUFValueType.UINT32),
               ("llama.rope.scaling.yarn_log_multiplier", 0.1, GGUFValueType.FLOAT32),
               ("llama.rope.scaling.type", "longrope", GGUFValueType.STRING)]
     for i, (k, v, t) in enumerate(refuse):

@@ -152,24 +152,21 @@ static void test_tp_in_process(void) {
     free(b);
 }
 
-/* More ranks than KV heads: 2 KV heads over TP=4, each replicated on two
- * ranks that split its query heads (70B's 8 KV heads over TP=16). The
- * sharded math is the same math: float activations agree with TP=1. */
-static void test_tp_replicated_kv(void) {
-        const char *cfg = "/tmp/llmserve-worker-test-kv2.json";
+/* A config.json of a generated model over n ranks against one: float activations, so only the order of
+ * the sums differs; logits to 1e-5 and every greedy token equal. Leaves the file for the caller. */
+static void same_as_one(const char *cfg, const char *json, int n, const char *what) {
     FILE *f = fopen(cfg, "w");
     CHECK(f != NULL);
-    fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 256, \"intermediate_size\": 512, "
-          "\"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 512, "
-          "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0}\n", f);
+    if (!f) return;
+    fputs(json, f);
     fclose(f);
     enum { GEN = 8 };
     const int32_t prompt[] = {1, 17, 42, 99, 256, 7, 300, 11};
     float a[512], b[512];
     int32_t ga[GEN], gb[GEN];
-    double ms1, ms4;
+    double ms1, msn;
     tpn_logits(1, cfg, 1, prompt, 8, ga, a, GEN, &ms1);
-    tpn_logits(4, cfg, 1, prompt, 8, gb, b, GEN, &ms4);
+    tpn_logits(n, cfg, 1, prompt, 8, gb, b, GEN, &msn);
     double num = 0, den = 0;
     for (int i = 0; i < 512; i++) {
         num += (double)(a[i] - b[i]) * (a[i] - b[i]);
@@ -177,10 +174,20 @@ static void test_tp_replicated_kv(void) {
     }
     int same = 0;
     while (same < GEN && ga[same] == gb[same]) same++;
-    fprintf(stderr, "  TP=4 over 2 KV heads (each on 2 ranks) vs TP=1: logits rel-L2 %.2e, greedy equal for %d/%d\n",
-            sqrt(num / den), same, GEN);
+    fprintf(stderr, "  %s vs TP=1: logits rel-L2 %.2e, greedy equal for %d/%d\n", what, sqrt(num / den), same, GEN);
     CHECK(sqrt(num / den) < 1e-5);
     CHECK_INT(same, GEN);
+}
+
+/* More ranks than KV heads: 2 KV heads over TP=4, each replicated on two
+ * ranks that split its query heads (70B's 8 KV heads over TP=16). The
+ * sharded math is the same math: float activations agree with TP=1. */
+static void test_tp_replicated_kv(void) {
+    const char *cfg = "/tmp/llmserve-worker-test-kv2.json";
+    same_as_one(cfg, "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 256, \"intermediate_size\": 512, "
+                "\"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 512, "
+                "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0}\n",
+                4, "TP=4 over 2 KV heads (each on 2 ranks)");
     /* a TP size that neither divides the KV heads nor splits their query heads is refused by name */
     wk_model *m;
     char err[300] = "";
@@ -190,6 +197,18 @@ static void test_tp_replicated_kv(void) {
     wk_model_opts o = {.model_config = cfg, .threads = 1, .max_batch = 16, .comm = comm};
     CHECK(wk_model_load(&o, &m, err, sizeof err) == LLM_EUNSUP && strstr(err, "KV heads"));
     wk_comm_free(comm);
+    remove(cfg);
+}
+
+/* Experts under tensor parallelism: each expert's FFN columns split over the ranks as a dense FFN's, the
+ * router on every rank (Qwen3-MoE's shape: per-head q/k norms, 8 experts, 2 a token). */
+static void test_tp_moe(void) {
+    const char *cfg = "/tmp/llmserve-worker-test-moe.json";
+    same_as_one(cfg, "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                "\"moe_intermediate_size\": 128, \"num_experts\": 8, \"num_experts_per_tok\": 2, \"head_dim\": 64, "
+                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 512, "
+                "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0}\n",
+                2, "qwen3_moe (8 experts, 2 a token) over TP=2");
     remove(cfg);
 }
 
@@ -215,6 +234,7 @@ int main(int argc, char **argv) {
     free(ids);
     test_tp_in_process();
     test_tp_replicated_kv();
+    test_tp_moe();
     wk_model_free(model);
     return tst_done("tp_test");
 }

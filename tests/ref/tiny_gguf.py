@@ -1,0 +1,45 @@
+"""Tiny random-weight GGUF models for the reference tests (rope_ref.py,
+arch_ref.py): the hyper-parameters given, the tokenizer of a real GGUF (our
+loader needs a real one), the tensors given."""
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+
+def vocab_size(src):
+    return len(GGUFReader(src).fields["tokenizer.ggml.tokens"].contents())
+
+
+def write_gguf(path, src, arch, hp, tensors, kv=()):
+    """hp: {"block_count", "context_length", "embedding_length", "feed_forward_length", "head_count",
+    "head_count_kv", "rope_freq_base", "layer_norm_rms_eps", "rope_dimension_count"} and optionally
+    "key_length"; kv: (key, value, GGUFValueType) written as they are; tensors: {name: numpy array}."""
+    r = GGUFReader(src)
+    w = GGUFWriter(path, arch)
+    w.add_name("%s-test" % arch)
+    w.add_block_count(hp["block_count"])
+    w.add_context_length(hp["context_length"])
+    w.add_embedding_length(hp["embedding_length"])
+    w.add_feed_forward_length(hp["feed_forward_length"])
+    w.add_head_count(hp["head_count"])
+    w.add_head_count_kv(hp["head_count_kv"])
+    w.add_rope_freq_base(hp["rope_freq_base"])
+    w.add_layer_norm_rms_eps(hp["layer_norm_rms_eps"])
+    w.add_rope_dimension_count(hp["rope_dimension_count"])
+    if "key_length" in hp:
+        w.add_key_length(hp["key_length"])
+        w.add_value_length(hp["key_length"])
+    for k, v, t in kv:
+        w.add_key_value(k, v, t)
+    for name, f in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        t = f.types[0]
+        if t == GGUFValueType.ARRAY:
+            w.add_key_value(name, f.contents(), t, sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, f.contents(), t)
+    for name, a in tensors.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
