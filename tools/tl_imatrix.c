@@ -168,6 +168,12 @@ int tl_imatrix_main(int argc, char **argv) {
         free(text);
         return 1;
     }
+    if (m->cfg.n_expert) { /* each expert would need its own statistics, which the collector does not keep */
+        fprintf(stderr, "llmserve imatrix: %s has experts (%u): an importance matrix of a mixture of experts is not "
+                "supported yet\n", m->file->path, m->cfg.n_expert);
+        ret = 2;
+        goto out;
+    }
     uint32_t L = m->cfg.n_layer;
     col.e = calloc(7 * (size_t)L + 1, sizeof *col.e);
     if (!col.e) { rc = LLM_ENOMEM; goto out; }

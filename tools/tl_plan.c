@@ -6,9 +6,15 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The parameters of the experts a token does not use: (E - K) experts' SwiGLU in every layer. */
+static double idle_expert_params(const tl_model_shape *m) {
+    return m->n_expert ? (double)m->n_layer * (m->n_expert - m->n_expert_used) * 3.0 * m->dim * m->hidden : 0;
+}
+
 double tl_params_estimate(const tl_model_shape *m) {
     double D = m->dim, QD = (double)m->n_head * m->head_dim, KVD = (double)m->n_kv_head * m->head_dim;
-    double per_layer = D * QD + 2 * D * KVD + QD * D + 3 * D * m->hidden + 2 * D;
+    double E = m->n_expert ? m->n_expert : 1, router = m->n_expert ? D * m->n_expert : 0;
+    double per_layer = D * QD + 2 * D * KVD + QD * D + 3 * D * m->hidden * E + router + 2 * D;
     return (double)m->vocab * D * (m->tied ? 1 : 2) + m->n_layer * per_layer + D;
 }
 
@@ -24,7 +30,10 @@ static void shape_from_cfg(const cm_model_config *c, const char *name, tl_model_
     out->vocab = (int)c->vocab;
     out->ctx = (int)c->ctx_len;
     out->tied = c->tied;
+    out->n_expert = (int)c->n_expert;
+    out->n_expert_used = (int)c->n_expert_used;
     out->params = tl_params_estimate(out);
+    out->active_params = out->params - idle_expert_params(out);
 }
 
 int tl_model_preset(const char *name, tl_model_shape *out) {
@@ -58,6 +67,7 @@ int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t 
     }
     out->weight_bytes = bytes;
     out->params = params;
+    out->active_params = params - idle_expert_params(out);
     cm_model_close(f);
     return 0;
 }

@@ -11,7 +11,9 @@
 typedef struct {
     char name[128];
     int n_layer, n_head, n_kv_head, head_dim, dim, hidden, vocab, ctx, tied;
+    int n_expert, n_expert_used; /* mixture of experts (hidden: each expert's width); 0: dense */
     double params;              /* parameter count */
+    double active_params;       /* of them, those one token computes with (= params when dense) */
     double weight_bytes;        /* as stored (GGUF: the tensors' bytes); 0: from params x dtype */
 } tl_model_shape;
 
@@ -41,7 +43,7 @@ int tl_model_preset(const char *name, tl_model_shape *out);
 int tl_model_from_config(const char *path, tl_model_shape *out, char *err, size_t errlen);
 /* From a GGUF (metadata and tensor sizes). */
 int tl_model_from_gguf(const char *path, tl_model_shape *out, char *err, size_t errlen);
-/* Parameters of a llama-family shape (embeddings, attention, SwiGLU, norms). */
+/* Parameters of a llama-family shape (embeddings, attention, SwiGLU or its experts and router, norms). */
 double tl_params_estimate(const tl_model_shape *m);
 
 double tl_kv_bytes_per_token(const tl_model_shape *m, double kv_elem_bytes);

@@ -86,7 +86,8 @@ int tl_plan_main(int argc, char **argv) {
     tl_plan(&m, &in, &o);
     int L = in.max_model_len ? in.max_model_len : m.ctx;
     if (as_json) {
-        json_t *j = json_pack("{s:s,s:f,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:s?}", "model", m.name, "params", m.params,
+        json_t *j = json_pack("{s:s,s:f,s:f,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:s?}", "model", m.name, "params",
+                              m.params, "active_params", m.active_params,
                               "tensor_parallel_size", in.tp, "max_model_len", L, "weight_bytes_per_gpu",
                               o.weight_bytes_per_gpu, "activation_bytes_per_gpu", o.activation_bytes_per_gpu,
                               "kv_bytes_per_token", o.kv_bytes_per_token, "kv_bytes_per_token_per_gpu",
@@ -100,6 +101,9 @@ int tl_plan_main(int argc, char **argv) {
     } else {
         printf("model %s: %.2fB parameters, %d layers, %d KV heads x %d head dim\n", m.name, m.params / 1e9, m.n_layer,
                m.n_kv_head, m.head_dim);
+        if (m.n_expert)
+            printf("experts: %d a layer, %d a token: %.2fB parameters active a token (all %.2fB held in memory)\n",
+                   m.n_expert, m.n_expert_used, m.active_params / 1e9, m.params / 1e9);
         printf("GPU: %.1f GiB x %d, %.0f%% usable\n", gpu_gib, in.tp, util * 100);
         printf("weights per GPU:        %10.2f GiB\n", o.weight_bytes_per_gpu / 1073741824.0);
         printf("activations per GPU:    %10.2f GiB (estimate: %d batched tokens, %d sequences)\n",

@@ -61,13 +61,23 @@ static int ends_with(cm_str s, const char *suf) {
     return s.len >= n && !memcmp(s.ptr + s.len - n, suf, n);
 }
 
-/* The type tensor t gets. */
+static int contains(cm_str s, const char *sub) {
+    size_t n = strlen(sub);
+    for (size_t i = 0; i + n <= s.len; i++)
+        if (!memcmp(s.ptr + i, sub, n)) return 1;
+    return 0;
+}
+
+/* The type tensor t gets. A MoE router (ffn_gate_inp) keeps its own, as llama.cpp keeps it: tiny, and its
+ * rounding would move tokens between experts. */
 static int pick_type(const cm_gguf_tensor *t, int kind, int out_type) {
-    if (t->n_dims < 2 || !ends_with(t->name, ".weight") || t->ne[0] % 32) return t->type;
+    if (t->n_dims < 2 || !ends_with(t->name, ".weight") || t->ne[0] % 32 || ends_with(t->name, ".ffn_gate_inp.weight"))
+        return t->type;
     if (!(t->type == CM_F32 || t->type == CM_F16 || t->type == CM_BF16 || cm_quant_known(t->type))) return t->type;
     int type = kinds[kind].type;
     if (cm_str_eq(t->name, "token_embd.weight") || cm_str_eq(t->name, "output.weight")) type = out_type;
-    else if (kinds[kind].mix && (ends_with(t->name, ".attn_v.weight") || ends_with(t->name, ".ffn_down.weight"))) {
+    else if (kinds[kind].mix && (ends_with(t->name, ".attn_v.weight") || contains(t->name, ".ffn_down"))) {
+        /* ffn_down: a dense layer's, the merged experts' (ffn_down_exps) and each expert's (ffn_down.E) */
         int v = ends_with(t->name, ".attn_v.weight");
         type = type == CM_Q4_K || type == CM_Q5_K ? CM_Q6_K : type == CM_Q3_K ? (v ? CM_Q5_K : CM_Q4_K) : CM_Q3_K;
     }

@@ -23,6 +23,18 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/n
 trap cleanup EXIT
 "$VENV/bin/python" "$HERE/../ref/arch_ref.py" "$MODEL" "$OUT" >"$OUT/ref.log" 2>&1 || { cat "$OUT/ref.log"; exit 1; }
 "$BUILD/tests/rope_test" "$OUT" || exit 1
+# llmserve quantize on experts: the router keeps F32 (as llama.cpp keeps it), the merged ffn_down_exps gets
+# the _M mix's higher type (Q6_K, here its Q8_0 fallback: 32-wide rows), and the result loads and generates
+"$BUILD/llmserve" quantize "$OUT/qwen3moe.gguf" "$OUT/q4km.gguf" --type Q4_K_M >"$OUT/q.log" 2>&1 ||
+    { echo "FAIL: quantize qwen3moe"; cat "$OUT/q.log"; exit 1; }
+TY=$("$VENV/bin/python" -c '
+import sys; from gguf import GGUFReader
+t = {x.name: x.tensor_type.name for x in GGUFReader(sys.argv[1]).tensors}
+print(t["blk.0.ffn_gate_inp.weight"], t["blk.0.ffn_down_exps.weight"], t["blk.0.ffn_gate_exps.weight"])' "$OUT/q4km.gguf")
+[ "$TY" = "F32 Q8_0 Q5_0" ] || { echo "FAIL: Q4_K_M of experts: router, down, gate types are $TY"; exit 1; }
+G=$("$BUILD/llmserve" generate --model "$OUT/q4km.gguf" --prompt "Hello" -n 4 --threads 1 2>&1) ||
+    { echo "FAIL: the quantized qwen3moe does not generate: $G"; exit 1; }
+echo "ok   quantize Q4_K_M on experts: router F32, ffn_down_exps Q8_0, ffn_gate_exps Q5_0; it generates"
 W1=$((21000 + $$ % 9000)); W2=$((W1 + 1)); G1=$((W1 + 2)); G2=$((W1 + 3))
 "$BUILD/llmserve-worker" --model "$OUT/qwen3moe.gguf" --kv-cache-memory 64MiB --threads 1 --log-level warn \
     --listen tcp://127.0.0.1:$W1 >"$OUT/w1.log" 2>&1 & PIDS+=($!)

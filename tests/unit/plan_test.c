@@ -21,6 +21,18 @@ int main(int argc, char **argv) {
     CHECK_NEAR(tl_kv_bytes_per_token(&m, 2), 327680, 0);
     CHECK_NEAR(m.params / 1e9, 70.55, 0.1);
     CHECK_NEAR(tl_kv_bytes_per_token(&m, 1), 163840, 0); /* fp8 cache halves it */
+    /* mixtures of experts, against the published counts: Mixtral 8x7B 46.7B of which 12.9B a token;
+     * Qwen3-30B-A3B 30.5B, 3.3B a token; a dense model's are all active (Qwen3-8B: 8.2B) */
+    tl_model_shape x;
+    CHECK_RC(tl_model_preset("mixtral-8x7b", &x), 0);
+    CHECK_NEAR(x.params / 1e9, 46.7, 0.05);
+    CHECK_NEAR(x.active_params / 1e9, 12.9, 0.05);
+    CHECK_RC(tl_model_preset("qwen3-30b-a3b", &x), 0);
+    CHECK_NEAR(x.params / 1e9, 30.5, 0.05);
+    CHECK_NEAR(x.active_params / 1e9, 3.3, 0.1); /* 3.35 here; "3.3B activated" published */
+    CHECK_RC(tl_model_preset("qwen3-8b", &x), 0);
+    CHECK_NEAR(x.params / 1e9, 8.2, 0.05);
+    CHECK(x.active_params == x.params);
     /* 70B fp16 does not fit one 80 GiB GPU; over 4 it does: weights 32.85 GiB each */
     tl_plan_in in = {80 * 1073741824.0, 0.9, 8192, 1, 2, 2, 256, 2048};
     tl_plan_out o;
