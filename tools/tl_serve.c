@@ -83,7 +83,7 @@ static void help(FILE *f) {
             "  --block-size N,"
             " --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
             "  --dtype T, --load-format dummy --model-config SPEC, --dummy-seed N,\n"
-            "  --enable-prefix-caching / --no-enable-prefix-caching,\n"
+            "  --enable-prefix-caching / --no-enable-prefix-caching, --enable-expert-parallel,\n"
             "  --speculative-config JSON, --num-speculative-tokens K, --ngram-prompt-lookup-max N,\n"
             "  --ngram-prompt-lookup-min M, --speculative-disable-by-batch-size B    engine flags, as in vLLM\n"
             "  --served-model-name NAME, --log-level L, --shutdown-timeout S, --rpc-secret-file PATH    both\n"
@@ -154,6 +154,7 @@ int tl_serve_main(int argc, char **argv) {
     lo[k++] = (struct option){"embedding-model", required_argument, 0, 4002};
     lo[k++] = (struct option){"enable-prefix-caching", no_argument, 0, 4000};
     lo[k++] = (struct option){"no-enable-prefix-caching", no_argument, 0, 4001};
+    lo[k++] = (struct option){"enable-expert-parallel", no_argument, 0, 4003};
     lo[k++] = (struct option){"help", no_argument, 0, 'h'};
     lo[k] = (struct option){0, 0, 0, 0};
     static char flagbuf[96][48];
@@ -174,7 +175,8 @@ int tl_serve_main(int argc, char **argv) {
             continue;
         }
         if (c >= 4000) { /* engine switches */
-            arg(&w, c == 4000 ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
+            arg(&w, c == 4000 ? "--enable-prefix-caching" : c == 4001 ? "--no-enable-prefix-caching"
+                                                                        : "--enable-expert-parallel");
             continue;
         }
         const char *name = names[c - 1000];

@@ -161,6 +161,9 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
         f->rope_scaling = arg;
         return 0;
     }
+    case WK_M_EP:
+        f->expert_parallel = 1;
+        return 0;
     case WK_M_SEED: {
         char *end;
         errno = 0;
@@ -191,5 +194,6 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
     mo->device = f->device;
     mo->quant = f->quant;
     mo->rope_scaling = f->rope_scaling;
+    mo->expert_parallel = f->expert_parallel;
     return 0;
 }

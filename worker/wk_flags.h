@@ -79,7 +79,7 @@ enum {
  * WK_MODEL_FLAG_BASE go to wk_model_flag (check them before engine flags),
  * then wk_model_flags_apply fills the model options. */
 enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE, WK_M_QUANT,
-       WK_M_ROPE };
+       WK_M_ROPE, WK_M_EP };
 
 #define WK_MODEL_LONGOPTS                                                                          \
     {"load-format", required_argument, 0, WK_M_LOAD_FORMAT},                                       \
@@ -88,7 +88,8 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     {"dummy-seed", required_argument, 0, WK_M_SEED},                                               \
     {"device", required_argument, 0, WK_M_DEVICE},                                                 \
     {"quantization", required_argument, 0, WK_M_QUANT},                                            \
-    {"rope-scaling", required_argument, 0, WK_M_ROPE}
+    {"rope-scaling", required_argument, 0, WK_M_ROPE},                                             \
+    {"enable-expert-parallel", no_argument, 0, WK_M_EP}
 
 #define WK_MODEL_FLAGS_HELP                                                                        \
     "model:\n"                                                                                     \
@@ -98,11 +99,15 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     "  --rope-scaling JSON         RoPE scaling for a model that has none, as config.json's rope_scaling\n" \
     "                              ({\"rope_type\":\"yarn\",\"factor\":4,...}; linear, dynamic, yarn, llama3):\n" \
     "                              the context grows as vLLM derives it\n" \
+    "  --enable-expert-parallel    a mixture of experts' experts whole on each rank of the tensor-parallel\n" \
+    "                              group, a share each (default: every expert's FFN columns split, as\n" \
+    "                              a dense FFN's); attention stays tensor parallel\n" \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
-    "  --model-config SPEC         a preset (llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b,\n" \
-    "                              qwen2.5-7b, llama-2-7b,\n"                                      \
-    "                              mistral-7b, qwen2-7b, smollm2-135m) or a config.json path\n"      \
+    "  --model-config SPEC         a preset (llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b,\n"  \
+    "                              llama-3.3-70b, mistral-7b, mixtral-8x7b, qwen2-7b, qwen2.5-7b,\n" \
+    "                              qwen3-8b, qwen3-32b, qwen3-30b-a3b, smollm2-135m) or a\n"      \
+    "                              config.json path (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe)\n" \
     "  --dtype T                   dummy weight type: f16 (default), bf16, f32, q8_0, q4_0, q4_1\n" \
     "  --dummy-seed N              seed of the dummy weights (default 0)\n"
 
@@ -114,6 +119,7 @@ typedef struct {
     int device;                          /* WK_DEV_* */
     int quant;                           /* WK_QUANT_* */
     const char *rope_scaling;            /* --rope-scaling JSON */
+    int expert_parallel;                 /* --enable-expert-parallel */
 } wk_load_flags;
 
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */

@@ -158,7 +158,7 @@ static void moe_ffn(wk_model *m, const wk_layer *L, int T) {
             for (int j = 0; j < K; j++) pw[j] /= kept;
     }
     memset(m->xb2, 0, sizeof(float) * (size_t)T * (size_t)D);
-    for (int e = 0; e < E; e++) {
+    for (int e = m->exp0; e < m->exp1; e++) { /* this rank's experts: every one but under expert parallelism */
         int n = 0;
         for (int i = 0; i < T * K; i++)
             if (m->moe_e[i] == e) m->moe_rows[n] = i / K, m->moe_slot[n++] = i;

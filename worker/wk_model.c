@@ -164,12 +164,27 @@ static int shard(wk_model *m, char *err, size_t errlen) {
         m->n_head_l = m->n_kv_l * group;
     }
     int hb = (int)c->hidden / 32;
-    if (S > 1 && c->hidden % 32) {
+    m->hid0 = S > 1 ? R * hb / S * 32 : 0;
+    m->hidden_l = S > 1 ? (R + 1) * hb / S * 32 - m->hid0 : (int)c->hidden;
+    m->exp0 = 0;
+    m->exp1 = (int)c->n_expert;
+    if (m->expert_parallel) {
+        /* vLLM's expert parallelism over the TP group: experts whole, E/S a rank; activations are
+         * replicated after attention's all-reduce, so each rank runs its experts for every token that
+         * chose them and the same all-reduce sums what the experts gave (no all-to-all to route) */
+        if (!c->n_expert || (uint32_t)S > c->n_expert) {
+            snprintf(err, errlen, "--enable-expert-parallel: %s", !c->n_expert ? "the model has no experts"
+                     : "more ranks than experts");
+            return LLM_EUNSUP;
+        }
+        m->exp0 = (int)((int64_t)R * c->n_expert / S);
+        m->exp1 = (int)((int64_t)(R + 1) * c->n_expert / S);
+        m->hid0 = 0;
+        m->hidden_l = (int)c->hidden;
+    } else if (S > 1 && c->hidden % 32) {
         snprintf(err, errlen, "FFN size %u is not a multiple of 32: cannot split it over %d ranks", c->hidden, S);
         return LLM_EUNSUP;
     }
-    m->hid0 = S > 1 ? R * hb / S * 32 : 0;
-    m->hidden_l = S > 1 ? (R + 1) * hb / S * 32 - m->hid0 : (int)c->hidden;
     m->voc0 = (int)((int64_t)R * c->vocab / S);
     m->vocab_l = (int)((int64_t)(R + 1) * c->vocab / S) - m->voc0;
     m->voc_width = malloc(sizeof(int) * (size_t)S);
@@ -299,6 +314,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     m->comm = o->comm;
     m->tp_rank = o->comm ? o->comm->rank : 0;
     m->tp_size = o->comm ? o->comm->size : 1;
+    m->expert_parallel = o->expert_parallel;
     if ((rc = shard(m, err, errlen))) goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
@@ -343,11 +359,16 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
             L->xup = calloc(E, sizeof *L->xup);
             L->xdown = calloc(E, sizeof *L->xdown);
             if (!L->xgate || !L->xup || !L->xdown) { rc = LLM_ENOMEM; goto fail; }
-            for (uint32_t e = 0; e < E; e++)
+            for (uint32_t e = (uint32_t)m->exp0; e < (uint32_t)m->exp1; e++) /* this rank's (all but under EP) */
                 if ((rc = load_expert(m, &L->xgate[e], l, "gate", e, D, c->hidden, f0, f1, 0, D, err, errlen)) ||
                     (rc = load_expert(m, &L->xup[e], l, "up", e, D, c->hidden, f0, f1, 0, D, err, errlen)) ||
                     (rc = load_expert(m, &L->xdown[e], l, "down", e, c->hidden, D, 0, D, f0, f1, err, errlen)))
                     goto fail;
+            for (uint32_t e = 0; e < E; e++) /* the other ranks' (per-expert tensors): theirs, not unused */
+                for (int j = 0; j < 3 && ((int)e < m->exp0 || (int)e >= m->exp1); j++) {
+                    snprintf(nm, sizeof nm, "blk.%u.ffn_%s.%u.weight", l, j == 0 ? "gate" : j == 1 ? "up" : "down", e);
+                    cm_model_tensor(m->file, nm);
+                }
         } else {
             P(gate, "ffn_gate.weight", D, c->hidden, f0, f1, 0, D)
             P(up, "ffn_up.weight", D, c->hidden, f0, f1, 0, D)

@@ -75,6 +75,9 @@ typedef struct wk_model {
     int tp_rank, tp_size;
     wk_comm *comm;
     int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
+    /* experts [exp0, exp1) live on this rank (all of them but under --enable-expert-parallel, where
+     * each is whole on one rank and hid0/hidden_l cover every column) */
+    int exp0, exp1, expert_parallel;
     int *voc_width;                      /* [tp_size] vocabulary rows per rank */
     float *lm_local;                     /* [lm_rows][vocab_l] before the gather */
     int lm_rows;
@@ -105,6 +108,7 @@ typedef struct {
     kn_pool *pool;                       /* set: run on this thread pool (another model's, which must
                                           * outlive this one) instead of starting one */
     const char *rope_scaling;            /* --rope-scaling: a rope_scaling JSON object for a model without one */
+    int expert_parallel;                 /* --enable-expert-parallel: experts whole, a share on each rank */
 } wk_model_opts;
 
 /* FP8: float weights re-quantized to E4M3 at load (CUDA). AWQ / GPTQ: the checkpoint must be

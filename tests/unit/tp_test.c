@@ -25,6 +25,7 @@ static const char *model_path;
 static wk_model *model;
 static int32_t prompt0[64];
 static int n_prompt0;
+static int expert_parallel; /* the ranks' --enable-expert-parallel */
 
 /* In-process TP=2 over the shared-memory comm (rank 1 a forked child)
  * against TP=1: logits close in the int8 path, identical greedy tokens in
@@ -51,7 +52,7 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
             wk_model *m1;
             char e1[256];
             wk_model_opts o1 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1,
-                                .max_batch = 64, .comm = c1};
+                                .max_batch = 64, .comm = c1, .expert_parallel = expert_parallel};
             if (wk_model_load(&o1, &m1, e1, sizeof e1)) _exit(3);
             wk_cache *cache;
             if (wk_cache_create(m1, act_f32 ? KN_KV_F32 : KN_KV_F16, 16, CTX / 16, &cache)) _exit(4);
@@ -67,7 +68,7 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
     wk_model *m0;
     char err[256];
     wk_model_opts o0 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1, .max_batch = 64,
-                        .comm = comm};
+                        .comm = comm, .expert_parallel = n > 1 && expert_parallel};
     CHECK_RC(wk_model_load(&o0, &m0, err, sizeof err), 0);
     wk_kv *kv;
     CHECK_RC(wk_kv_create(m0, CTX, act_f32 ? KN_KV_F32 : KN_KV_F16, &kv), 0);
@@ -209,6 +210,28 @@ static void test_tp_moe(void) {
                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 512, "
                 "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0}\n",
                 2, "qwen3_moe (8 experts, 2 a token) over TP=2");
+    /* expert parallelism: experts whole, 4 or 2 a rank, attention split as before: the same tokens */
+    expert_parallel = 1;
+    same_as_one(cfg, "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 256, \"intermediate_size\": 512, "
+                "\"moe_intermediate_size\": 128, \"num_experts\": 8, \"num_experts_per_tok\": 2, \"head_dim\": 64, "
+                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"num_hidden_layers\": 2, \"vocab_size\": 512, "
+                "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0}\n",
+                2, "qwen3_moe, --enable-expert-parallel over 2 ranks (4 experts each)");
+    same_as_one(cfg, "{\"model_type\": \"mixtral\", \"hidden_size\": 256, \"intermediate_size\": 96, "
+                "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"num_attention_heads\": 4, "
+                "\"num_key_value_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 512, "
+                "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-5, \"rope_theta\": 1000000.0}\n",
+                4, "mixtral (experts 96 wide), --enable-expert-parallel over 4 ranks (2 experts each)");
+    expert_parallel = 0;
+    /* refused by name: on a dense model, and with more ranks than experts */
+    wk_model *m;
+    char err[300] = "", name[64];
+    wk_comm *comm;
+    CHECK_RC(wk_comm_shm_create(2, name, sizeof name, &comm), 0);
+    wk_model_opts o = {.model_path = model_path, .threads = 1, .max_batch = 16,
+                       .comm = comm, .expert_parallel = 1};
+    CHECK(wk_model_load(&o, &m, err, sizeof err) == LLM_EUNSUP && strstr(err, "--enable-expert-parallel"));
+    wk_comm_free(comm);
     remove(cfg);
 }
 
