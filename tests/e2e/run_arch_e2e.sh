@@ -65,11 +65,12 @@ SP=$((W1 + 4))
 "$BUILD/llmserve" serve "$OUT/qwen3moe.gguf" --port $SP --tensor-parallel-size 2 --enable-expert-parallel --threads 1 \
     --kv-cache-memory 64MiB --log-level warn >"$OUT/s.log" 2>&1 & PIDS+=($!)
 for _ in $(seq 1 150); do curl -sf "http://127.0.0.1:$SP/health" >/dev/null 2>&1 && break; sleep 0.2; done
-BODY='{"prompt": "The experts of a mixture", "max_tokens": 12, "temperature": 0, "ignore_eos": true}'
-A=$(curl -s -m 60 "http://127.0.0.1:$G1/v1/completions" -H 'Content-Type: application/json' -d "$BODY" |
-    "$VENV/bin/python" -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["text"]))')
-B=$(curl -s -m 60 "http://127.0.0.1:$SP/v1/completions" -H 'Content-Type: application/json' -d "$BODY" |
-    "$VENV/bin/python" -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["text"]))')
+# (the text, and each position's 3 likeliest tokens with their log-probabilities to 2 decimals)
+BODY='{"prompt": "The experts of a mixture", "max_tokens": 12, "temperature": 0, "ignore_eos": true, "logprobs": 3}'
+SUM='import json,sys; c = json.load(sys.stdin)["choices"][0]
+print(json.dumps([c["text"], [sorted((k, round(v, 2)) for k, v in t.items()) for t in c["logprobs"]["top_logprobs"]]]))'
+A=$(curl -s -m 60 "http://127.0.0.1:$G1/v1/completions" -H 'Content-Type: application/json' -d "$BODY" | "$VENV/bin/python" -c "$SUM")
+B=$(curl -s -m 60 "http://127.0.0.1:$SP/v1/completions" -H 'Content-Type: application/json' -d "$BODY" | "$VENV/bin/python" -c "$SUM")
 [ -n "$A" ] && [ "$A" = "$B" ] || { echo "FAIL: expert parallel over 2 ranks answered $B, one rank $A"; cat "$OUT/s.log"; exit 1; }
-echo "ok   serve --tensor-parallel-size 2 --enable-expert-parallel: the same 12 greedy tokens as one rank ($A)"
+echo "ok   serve --tensor-parallel-size 2 --enable-expert-parallel: the same 12 greedy tokens and top-3 log-probabilities as one rank"
 echo "arch e2e: 0 failed"
