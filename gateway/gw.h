@@ -27,6 +27,8 @@
 /* What the gateway serves: a tokenizer and chat template, from the workers'
  * ModelInfo or from an override (--model, --load-format dummy). Shared with
  * the tokenizer threads by reference count; never changed once made. */
+#define GW_LORA_LIST 4160 /* 64 adapter names of up to 63 characters, newline-separated */
+
 typedef struct {
     int refs;                    /* atomic */
     cm_tokenizer *tok;
@@ -54,6 +56,7 @@ typedef struct {
     double last_health, down_until, backoff, info_asked;
     uint64_t incarnation, tok_fp;
     char model[128], worker_id[128];
+    char loras[GW_LORA_LIST];    /* its LoRA adapters (ModelInfo), "\nNAME\nNAME\n", or "" */
     int max_model_len, block_size, vocab;
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
@@ -92,6 +95,9 @@ typedef struct gw {
     /* the model */
     gw_model *model;             /* NULL until a worker's ModelInfo (or an override) */
     char served[256];            /* the API's model name ("" until known) */
+    char loras[GW_LORA_LIST];    /* the adapters the accepted groups serve, as gw_worker.loras: model names too */
+    struct { char name[64]; int n; } lora_run[64]; /* requests of each adapter on a worker (gw_req_join/leave) */
+    int n_lora_run;
     int max_model_len;           /* smallest of the usable groups' */
     double settled_at;           /* last time an accepted group was alive: the model holds GW_MODEL_HOLD_S past it */
     /* the embedding model, when some groups serve one (Health.task = TASK_EMBED): the first such

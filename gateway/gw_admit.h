@@ -24,6 +24,7 @@ typedef struct gw_prep {
     char *body;                     /* the request body, copied and NUL-terminated */
     size_t len;
     char served[256], eserved[256]; /* snapshots: the job's thread reads nothing of gw */
+    char loras[GW_LORA_LIST];           /* gw.loras */
     int max_len, vocab;             /* the model's context length and vocabulary */
     int status;                     /* 0: ready to route; else the refusal */
     char err[640];

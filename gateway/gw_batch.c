@@ -150,6 +150,7 @@ void gw_batch_start(gw *g, gw_req *q, gw_prompt *prompts) {
         k->up = q;
         k->base = i * n;
         k->worker = -1;
+        k->lora = q->lora;
         k->key = q->key;
         k->t_arrive = q->t_arrive;
         k->model = gw_model_ref(q->model);

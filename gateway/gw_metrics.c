@@ -71,12 +71,18 @@ static void vllm_gauges(const gw *g, struct evbuffer *o) {
     /* the same under vLLM's older name, which endpoint pickers before GIE v1 read */
     gauge(o, "vllm:gpu_cache_usage_perc", "KV cache usage of the worker groups, 0 to 1 (vLLM's older name).", lab,
           total > 0 ? 1.0 - free_ / total : 0.0);
-    /* the model-server protocol's LoRA gauge (GIE's endpoint picker errors on a scrape without it): no
-     * adapters are served here; its value is the time, as vLLM's is */
-    char lora[400];
-    snprintf(lora, sizeof lora, "{model_name=\"%s\",running_lora_adapters=\"\",waiting_lora_adapters=\"\",max_lora=\"0\"}",
-             g->served[0] ? g->served : "unknown");
-    gauge(o, "vllm:lora_requests_info", "Running and waiting LoRA adapters (none are served).", lora, cm_wall_ms() / 1e3);
+    /* the model-server protocol's LoRA gauge (GIE's endpoint picker reads it to route adapters): the adapters
+     * with requests on a worker now (none waits here: the workers queue), max_lora the adapters served; its
+     * value is the time, as vLLM's is */
+    char run[1024] = "", lora[1300];
+    int n_lora = 0;
+    for (const char *p = g->loras; *p == '\n' && p[1]; p = strchr(p + 1, '\n')) n_lora++;
+    for (int i = 0; i < g->n_lora_run; i++)
+        if (g->lora_run[i].n > 0 && strlen(run) + strlen(g->lora_run[i].name) + 2 < sizeof run)
+            snprintf(run + strlen(run), sizeof run - strlen(run), "%s%s", run[0] ? "," : "", g->lora_run[i].name);
+    snprintf(lora, sizeof lora, "{model_name=\"%s\",running_lora_adapters=\"%s\",waiting_lora_adapters=\"\","
+             "max_lora=\"%d\"}", g->served[0] ? g->served : "unknown", run, n_lora);
+    gauge(o, "vllm:lora_requests_info", "Running and waiting LoRA adapters.", lora, cm_wall_ms() / 1e3);
     /* speculative decoding, summed over the groups: vLLM's counters (prometheus_client adds _total) */
     uint64_t sd = 0, sdt = 0, sat = 0, pos[16] = {0};
     int npos = 0;

@@ -108,7 +108,8 @@ static void cache_keys(prep *p, gw_req *q, const char *body, size_t len) {
     if (params && ctx && st) {
         XXH3_64bits_reset(st);
         XXH3_64bits_update(st, p->tenant, strlen(p->tenant) + 1);
-        XXH3_64bits_update(st, p->b.served, strlen(p->b.served) + 1);
+        const char *mn = q->c.model && q->c.model[0] ? q->c.model : p->b.served; /* an adapter's answers are its own */
+        XXH3_64bits_update(st, mn, strlen(mn) + 1);
         XXH3_64bits_update(st, params, strlen(params) + 1);
         XXH3_64bits_update(st, ctx, strlen(ctx));
         gx(q)->cache_scope = XXH3_64bits_digest(st);
@@ -275,7 +276,8 @@ static void prep_run(gw_job *j) {
     if (q->c.model && strcmp(q->c.model, p->b.served) && p->b.eserved[0] && !strcmp(q->c.model, p->b.eserved))
         REFUSE(400, "model", "invalid_value", "The model `%.128s` is an embedding model: it serves /v1/embeddings, not "
                "%s.", q->c.model, p->chat ? "chat completions" : "completions");
-    if (q->c.model && strcmp(q->c.model, p->b.served))
+    q->lora = q->c.model && strcmp(q->c.model, p->b.served) && gw_pool_has_lora(p->b.loras, q->c.model);
+    if (q->c.model && strcmp(q->c.model, p->b.served) && !q->lora)
         REFUSE(404, "model", "model_not_found", "The model `%.128s` does not exist.", q->c.model);
     size_t nt = 0, limit = (size_t)p->b.max_len; /* the prompt alone may not fill the context */
     if (p->chat) {
@@ -571,7 +573,7 @@ static void cache_answer(gw *g, gw_req *q, const gw_cache_hit *h) {
     gw_http_header(q->conn, "x-llmserve-cache-similarity", sim);
     gx(q)->cache_hit = 1;
     snprintf(q->id, sizeof q->id, "chatcmpl-%s%llxc", g->id, (unsigned long long)(++g->next_rid));
-    cm_oai_result_init(&q->res, &q->c, q->id, g->served, (long)time(NULL), NULL, 0);
+    cm_oai_result_init(&q->res, &q->c, q->id, q->lora ? q->c.model : g->served, (long)time(NULL), NULL, 0);
     q->res.prompt_tokens = q->res.cached_tokens = q->n_tok;
     const cm_tokenizer *tok = q->model ? q->model->tok : NULL;
     if (q->c.stream && !q->res.tools) {
@@ -708,6 +710,7 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
     p->chat = chat;
     snprintf(p->b.served, sizeof p->b.served, "%s", g->served);
     snprintf(p->b.eserved, sizeof p->b.eserved, "%s", g->eserved);
+    snprintf(p->b.loras, sizeof p->b.loras, "%s", g->loras);
     p->b.max_len = g->max_model_len;
     p->overflow = cm_oai_overflow_parse(g->conf.context_overflow);
     if ((p->cache = g->conf.scache)) {
@@ -722,6 +725,23 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
     gw_admit_submit(g, &p->b, prep_gone);
 }
 
+/* /v1/models' entries for the LoRA adapters, as vLLM lists them: each its own model, its parent the base. */
+static void list_loras(gw *g, json_t *data) {
+    for (const char *p = g->loras; *p;) {
+        const char *e = strchr(p + 1, '\n');
+        if (*p != '\n' || !e) break;
+        if (e > p + 1) {
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", (int)(e - p - 1), p + 1);
+            json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:i}", "id", name, "object", "model",
+                                                  "created", (json_int_t)time(NULL), "owned_by", "llmserve", "root", name,
+                                                  "parent", g->served, "max_model_len", g->max_model_len));
+        }
+        p = e;
+        if (!p[1]) break;
+    }
+}
+
 static void handle_models(gw *g, gw_http_req *r) {
     int key;
     if (!authorized(g, r, &key)) return;
@@ -730,6 +750,7 @@ static void handle_models(gw *g, gw_http_req *r) {
         json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", g->served, "object", "model", "created",
                                               (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",
                                               g->max_model_len));
+    if (g->served[0]) list_loras(g, data);
     if (g->eserved[0] && g->emax_len) /* the embedding model: /v1/embeddings */
         json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i,s:i}", "id", g->eserved, "object", "model", "created",
                                               (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",

@@ -165,9 +165,33 @@ static void judge(gw *g, int i) {
     ask_model_info(g, i); /* first group, or the whole cluster changed model */
 }
 
+int gw_pool_has_lora(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p++)
+        if (p > list && p[-1] == '\n' && p[n] == '\n') return 1;
+    return 0;
+}
+
+/* A group's adapters, and the gateway's union of them (names a request's model may give). */
+static void take_loras(gw *g, gw_worker *w, const Llmserve__ModelInfo *mi) {
+    w->loras[0] = 0;
+    size_t used = 0;
+    for (size_t k = 0; k < mi->n_loras; k++) {
+        const char *n = mi->loras[k];
+        size_t nl = n ? strlen(n) : 0;
+        if (!nl || nl > 63 || strchr(n, '\n') || used + nl + 3 > sizeof w->loras) continue;
+        used += (size_t)snprintf(w->loras + used, sizeof w->loras - used, "%s%s\n", used ? "" : "\n", n);
+        size_t gl = strlen(g->loras);
+        if (!gw_pool_has_lora(g->loras, n) && gl + nl + 3 <= sizeof g->loras)
+            snprintf(g->loras + gl, sizeof g->loras - gl, "%s%s\n", gl ? "" : "\n", n);
+    }
+    if (mi->n_loras) CM_INFO("worker group %s serves %zu LoRA adapters", w->addr, mi->n_loras);
+}
+
 static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
     if (i < 0) return;
     gw_worker *w = &g->w[i];
+    if (!(mi->has_task && mi->task == LLMSERVE__TASK__TASK_EMBED)) take_loras(g, w, mi);
     if (!mi->has_tokenizer_gguf || !mi->tokenizer_gguf.len) {
         refuse(g, i, "its ModelInfo carries no tokenizer (a worker without one cannot be served)");
         return;

@@ -38,4 +38,7 @@ int gw_pool_send(gw *g, int i, pr_env *e);
 void gw_pool_cancel(gw *g, int i, uint64_t rid);
 int gw_pool_count_up(const gw *g);
 
+/* NAME is on a "\nNAME\nNAME\n" list (gw_worker.loras, gw.loras). */
+int gw_pool_has_lora(const char *list, const char *name);
+
 #endif

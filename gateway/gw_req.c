@@ -52,17 +52,34 @@ void gw_req_free(gw_req *q) {
     free(q);
 }
 
+/* Counts q's adapter's requests on workers up or down (vllm:lora_requests_info). */
+static void lora_run(gw_req *q, int d) {
+    gw *g = q->g;
+    if (!q->lora || !q->c.model) return;
+    int i = 0;
+    while (i < g->n_lora_run && strcmp(g->lora_run[i].name, q->c.model)) i++;
+    if (i == g->n_lora_run) {
+        if (d < 0 || i == (int)(sizeof g->lora_run / sizeof g->lora_run[0])) return;
+        snprintf(g->lora_run[i].name, sizeof g->lora_run[i].name, "%s", q->c.model);
+        g->lora_run[i].n = 0;
+        g->n_lora_run++;
+    }
+    g->lora_run[i].n += d;
+}
+
 void gw_req_join(gw_req *q, int wi) {
     gw_req_leave(q, 0);
     q->worker = wi;
     q->joined = 1;
     q->g->w[wi].inflight++;
+    lora_run(q, 1);
 }
 
 void gw_req_leave(gw_req *q, int cancel) {
     if (!q->joined) return;
     if (cancel) gw_pool_cancel(q->g, q->worker, q->rid);
     q->g->w[q->worker].inflight--;
+    lora_run(q, -1);
     q->joined = 0;
 }
 
@@ -88,13 +105,19 @@ uint64_t gw_req_deadline_ms(const gw_req *q, double timeout) {
     return (uint64_t)(cm_wall_ms() + (timeout - (cm_now() - q->t_arrive)) * 1e3);
 }
 
+const char *gw_req_lora(const gw *g, const gw_req *q) {
+    (void)g;
+    return q->lora ? q->c.model : NULL;
+}
+
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     uint64_t salt = q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0;
-    return gw_route(g, q->tok, q->n_tok, salt, exclude, hit);
+    const char *lora = gw_req_lora(g, q);
+    return gw_route(g, q->tok, q->n_tok, cm_salt_lora(salt, lora), exclude, lora, hit);
 }
 
 void gw_req_generate_begin(gw_req *q) {
-    cm_oai_result_init(&q->res, &q->c, q->id, q->g->served, (long)time(NULL), q->echo, q->echo_len);
+    cm_oai_result_init(&q->res, &q->c, q->id, q->lora ? q->c.model : q->g->served, (long)time(NULL), q->echo, q->echo_len);
     q->res.prompt_tokens = q->n_tok;
     if (!q->c.stream) { /* the echo is in the collected text already */
         free(q->echo);
@@ -191,6 +214,7 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     gen.has_priority = 1;
     gen.priority = gp.priority;
     gen.cache_salt = (char *)gp.cache_salt;
+    gen.lora = (char *)gw_req_lora(g, q);
     gen.gateway_id = g->id;
     gen.reply_address = g->reply;
     if (q->got_token) { /* moved after its first tokens: it goes on after what the client has */

@@ -60,6 +60,7 @@ typedef struct gw_req {
     int joined;                  /* counted in that group's in-flight requests (gw_req_join) */
     uint64_t worker_inc;         /* that group's incarnation when sent */
     int got_token, retried, on_worker;
+    int lora;                    /* c.model names a LoRA adapter (checked at admission), not the base model */
     uint32_t next_seq;
     /* the output delivered so far (n = 1): a request whose group is lost resumes after it on another */
     int32_t *out_tok;
@@ -86,6 +87,8 @@ enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };
 /* A generation's ops: prefix-aware routing (gw_route) and a Generate message. */
 extern const gw_req_ops gw_req_generate_ops;
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit);
+/* The LoRA adapter q's model names, or NULL for the base model. */
+const char *gw_req_lora(const gw *g, const gw_req *q);
 int gw_req_generate_send(gw *g, gw_req *q, int wi);
 /* Its answer's start: the result collected from the chunks, under q's id. */
 void gw_req_generate_begin(gw_req *q);

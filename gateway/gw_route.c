@@ -6,17 +6,22 @@
 
 #include <stdlib.h>
 
-int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *hit_tokens) {
+/* Group i may take the request: routable, not excluded, holding its adapter. */
+static int can(gw *g, int i, int exclude, const char *lora) {
+    return gw_pool_routable(g, i) && i != exclude && (!lora || gw_pool_has_lora(g->w[i].loras, lora));
+}
+
+int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, const char *lora, int *hit_tokens) {
     *hit_tokens = 0;
     int best = -1;
     double best_score = 0;
     int up = 0;
-    for (int i = 0; i < g->n_workers; i++) up += gw_pool_routable(g, i) && i != exclude;
+    for (int i = 0; i < g->n_workers; i++) up += can(g, i, exclude, lora);
     if (!up) return -1;
     if (g->conf.routing == GW_ROUTE_ROUND_ROBIN) {
         for (int k = 0; k < g->n_workers; k++) {
             int i = (g->rr + k) % g->n_workers;
-            if (gw_pool_routable(g, i) && i != exclude) {
+            if (can(g, i, exclude, lora)) {
                 g->rr = i + 1;
                 return i;
             }
@@ -35,7 +40,7 @@ int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *
     for (int k = 0; k < g->n_workers; k++) {
         int i = (g->rr + k) % g->n_workers; /* ties go round the ring */
         gw_worker *w = &g->w[i];
-        if (!gw_pool_routable(g, i) || i == exclude) continue;
+        if (!can(g, i, exclude, lora)) continue;
         int hit = 0;
         while (hit < nb && gw_keyset_has(&w->cached, keys[hit])) hit++;
         double load = (double)(w->inflight + w->waiting);

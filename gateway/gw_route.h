@@ -9,7 +9,8 @@
 #include "gw.h"
 
 /* A group for a prompt, or -1 when none is routable (exclude: a group not
- * to pick, or -1). *hit_tokens: the cached prefix it holds. */
-int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, int *hit_tokens);
+ * to pick, or -1; lora: an adapter the group must hold, or NULL).
+ * *hit_tokens: the cached prefix it holds. */
+int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, const char *lora, int *hit_tokens);
 
 #endif

@@ -59,7 +59,8 @@ static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max
                                "max-num-batched-tokens", "max-step-ms", "block-size", "kv-cache-memory", "gpu-memory-utilization",
                                "kv-cache-dtype", "quantization", "rope-scaling", "dtype", "dummy-seed", "load-format", "model-config",
                                "speculative-config", "num-speculative-tokens", "ngram-prompt-lookup-max",
-                               "ngram-prompt-lookup-min", "speculative-disable-by-batch-size", NULL};
+                               "ngram-prompt-lookup-min", "speculative-disable-by-batch-size", "lora-modules", "max-loras",
+                               "max-lora-rank", NULL};
 static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", "rpc-secret-file", NULL};
 
 static int in(const char *const *set, const char *name) {
@@ -84,6 +85,7 @@ static void help(FILE *f) {
             " --kv-cache-memory SIZE, --gpu-memory-utilization F, --kv-cache-dtype T, --quantization Q,\n"
             "  --dtype T, --load-format dummy --model-config SPEC, --dummy-seed N,\n"
             "  --enable-prefix-caching / --no-enable-prefix-caching, --enable-expert-parallel,\n"
+            "  --enable-lora, --lora-modules NAME=PATH, --max-loras N, --max-lora-rank N,\n"
             "  --speculative-config JSON, --num-speculative-tokens K, --ngram-prompt-lookup-max N,\n"
             "  --ngram-prompt-lookup-min M, --speculative-disable-by-batch-size B    engine flags, as in vLLM\n"
             "  --served-model-name NAME, --log-level L, --shutdown-timeout S, --rpc-secret-file PATH    both\n"
@@ -155,6 +157,7 @@ int tl_serve_main(int argc, char **argv) {
     lo[k++] = (struct option){"enable-prefix-caching", no_argument, 0, 4000};
     lo[k++] = (struct option){"no-enable-prefix-caching", no_argument, 0, 4001};
     lo[k++] = (struct option){"enable-expert-parallel", no_argument, 0, 4003};
+    lo[k++] = (struct option){"enable-lora", no_argument, 0, 4004};
     lo[k++] = (struct option){"help", no_argument, 0, 'h'};
     lo[k] = (struct option){0, 0, 0, 0};
     static char flagbuf[96][48];
@@ -176,7 +179,7 @@ int tl_serve_main(int argc, char **argv) {
         }
         if (c >= 4000) { /* engine switches */
             arg(&w, c == 4000 ? "--enable-prefix-caching" : c == 4001 ? "--no-enable-prefix-caching"
-                                                                        : "--enable-expert-parallel");
+                    : c == 4003 ? "--enable-expert-parallel" : "--enable-lora");
             continue;
         }
         const char *name = names[c - 1000];

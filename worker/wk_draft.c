@@ -120,7 +120,7 @@ int wk_draft_step(wk_engine *e) {
             int left = e->dend[j] - s->d_computed;
             if (left <= 0) continue;
             int take = left < dm->max_batch - used ? left : dm->max_batch - used, last = take == left && s->n_draft;
-            e->dplan[nb] = (wk_batch_seq){s->tok + s->d_computed, take, s->d_computed, s->dbs.ids, last ? take - 1 : take};
+            e->dplan[nb] = (wk_batch_seq){s->tok + s->d_computed, take, s->d_computed, s->dbs.ids, last ? take - 1 : take, 0};
             e->dmap[n + nb] = j; /* dmap: [0, n) entry -> plan row, [n, n + nb) batch row -> entry */
             nb++;
             used += take;
@@ -144,7 +144,7 @@ int wk_draft_step(wk_engine *e) {
             wk_seq *s = e->plan_seq[e->dmap[j]];
             if (s->n_draft <= d) continue;
             int pos = s->n_tok + d - 1;
-            e->dplan[nb] = (wk_batch_seq){s->tok + pos, 1, pos, s->dbs.ids, 0};
+            e->dplan[nb] = (wk_batch_seq){s->tok + pos, 1, pos, s->dbs.ids, 0, 0};
             e->dmap[n + nb++] = j;
         }
         if ((rc = wk_forward_batch(dm, e->dcache, nb, e->dplan, e->dlogits))) return rc;

@@ -40,7 +40,8 @@ typedef struct {
     int has_seed;
     uint64_t seed;
     int priority;             /* lower runs first */
-    uint64_t cache_salt;      /* cm_salt_of(cache_salt) */
+    uint64_t cache_salt;      /* cm_salt_of(cache_salt), with the adapter's name when lora (cm_salt_lora) */
+    int lora;                 /* LoRA adapter, 1-based into the model's; 0: the base model */
     int n_stop;
     const char *stop[WK_MAX_STOP];      /* NUL-terminated, copied by add */
     int n_stop_ids;

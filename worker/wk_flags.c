@@ -164,6 +164,47 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
     case WK_M_EP:
         f->expert_parallel = 1;
         return 0;
+    case WK_M_LORA_ON:
+        f->lora_on = 1;
+        return 0;
+    case WK_M_MAX_LORAS:
+    case WK_M_LORA_RANK: {
+        char *end;
+        long v = strtol(arg, &end, 10);
+        int top = code == WK_M_MAX_LORAS ? WK_MAX_LORA_MODULES : 512;
+        if (end == arg || *end || v < 1 || v > top) {
+            fprintf(stderr, "llmserve: --%s expects an integer from 1 to %d, not '%s'\n",
+                    code == WK_M_MAX_LORAS ? "max-loras" : "max-lora-rank", top, arg);
+            return LLM_EINVAL;
+        }
+        *(code == WK_M_MAX_LORAS ? &f->max_loras : &f->max_lora_rank) = (int)v;
+        return 0;
+    }
+    case WK_M_LORA: { /* NAME=PATH[,NAME=PATH...] */
+        size_t n = strlen(arg) + 1;
+        if (n > sizeof f->lora_buf - f->lora_used) {
+            fprintf(stderr, "llmserve: --lora-modules: too long\n");
+            return LLM_EINVAL;
+        }
+        char *s = f->lora_buf + f->lora_used;
+        memcpy(s, arg, n);
+        f->lora_used += n;
+        for (char *save = NULL, *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(t, '=');
+            size_t nl = eq ? (size_t)(eq - t) : 0;
+            int ok = eq && nl > 0 && nl < 64 && eq[1];
+            for (size_t i = 0; ok && i < nl; i++)
+                ok = (t[i] >= 'a' && t[i] <= 'z') || (t[i] >= 'A' && t[i] <= 'Z') || (t[i] >= '0' && t[i] <= '9') ||
+                     strchr("-_.:", t[i]);
+            if (!ok || f->n_lora_modules == WK_MAX_LORA_MODULES) {
+                fprintf(stderr, "llmserve: --lora-modules expects NAME=PATH (a name of letters, digits, '-', '_', '.', "
+                        "':', under 64 characters), not '%s'\n", t);
+                return LLM_EINVAL;
+            }
+            f->lora_modules[f->n_lora_modules++] = t;
+        }
+        return 0;
+    }
     case WK_M_SEED: {
         char *end;
         errno = 0;
@@ -195,5 +236,24 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
     mo->quant = f->quant;
     mo->rope_scaling = f->rope_scaling;
     mo->expert_parallel = f->expert_parallel;
+    if (f->n_lora_modules && !f->lora_on) {
+        fprintf(stderr, "llmserve: --lora-modules needs --enable-lora\n");
+        return LLM_EINVAL;
+    }
+    if (f->n_lora_modules > (f->max_loras ? f->max_loras : 8)) {
+        fprintf(stderr, "llmserve: %d --lora-modules, more than --max-loras %d\n", f->n_lora_modules,
+                f->max_loras ? f->max_loras : 8);
+        return LLM_EINVAL;
+    }
+    for (int i = 0; i < f->n_lora_modules; i++)
+        for (int j = 0; j < i; j++)
+            if (!strncmp(f->lora_modules[i], f->lora_modules[j], strcspn(f->lora_modules[i], "=") + 1)) {
+                fprintf(stderr, "llmserve: --lora-modules names '%.*s' twice\n", (int)strcspn(f->lora_modules[i], "="),
+                        f->lora_modules[i]);
+                return LLM_EINVAL;
+            }
+    mo->lora_modules = f->lora_modules;
+    mo->n_lora_modules = f->n_lora_modules;
+    mo->max_lora_rank = f->max_lora_rank;
     return 0;
 }

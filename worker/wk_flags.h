@@ -79,7 +79,9 @@ enum {
  * WK_MODEL_FLAG_BASE go to wk_model_flag (check them before engine flags),
  * then wk_model_flags_apply fills the model options. */
 enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_CONFIG, WK_M_DTYPE, WK_M_SEED, WK_M_DEVICE, WK_M_QUANT,
-       WK_M_ROPE, WK_M_EP };
+       WK_M_ROPE, WK_M_EP, WK_M_LORA_ON, WK_M_LORA, WK_M_MAX_LORAS, WK_M_LORA_RANK };
+
+#define WK_MAX_LORA_MODULES 64
 
 #define WK_MODEL_LONGOPTS                                                                          \
     {"load-format", required_argument, 0, WK_M_LOAD_FORMAT},                                       \
@@ -89,7 +91,11 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     {"device", required_argument, 0, WK_M_DEVICE},                                                 \
     {"quantization", required_argument, 0, WK_M_QUANT},                                            \
     {"rope-scaling", required_argument, 0, WK_M_ROPE},                                             \
-    {"enable-expert-parallel", no_argument, 0, WK_M_EP}
+    {"enable-expert-parallel", no_argument, 0, WK_M_EP},                                           \
+    {"enable-lora", no_argument, 0, WK_M_LORA_ON},                                                 \
+    {"lora-modules", required_argument, 0, WK_M_LORA},                                            \
+    {"max-loras", required_argument, 0, WK_M_MAX_LORAS},                                          \
+    {"max-lora-rank", required_argument, 0, WK_M_LORA_RANK}
 
 #define WK_MODEL_FLAGS_HELP                                                                        \
     "model:\n"                                                                                     \
@@ -102,6 +108,12 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     "  --enable-expert-parallel    a mixture of experts' experts whole on each rank of the tensor-parallel\n" \
     "                              group, a share each (default: every expert's FFN columns split, as\n" \
     "                              a dense FFN's); attention stays tensor parallel\n" \
+    "  --enable-lora               serve LoRA adapters (with --lora-modules)\n"                     \
+    "  --lora-modules NAME=PATH    a PEFT adapter directory served as model NAME; repeat the flag or\n" \
+    "                              separate with commas. Requests of different adapters and of the base\n" \
+    "                              model share each batch\n"                                        \
+    "  --max-loras N               adapters held at once (default 8; all are loaded at start)\n"    \
+    "  --max-lora-rank N           the highest adapter rank accepted (default 16, at most 512)\n"   \
     "weights without a checkpoint (benchmarks):\n"                                                 \
     "  --load-format auto|dummy    dummy: random weights of --model-config's shape (default auto)\n" \
     "  --model-config SPEC         a preset (llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b,\n"  \
@@ -120,6 +132,11 @@ typedef struct {
     int quant;                           /* WK_QUANT_* */
     const char *rope_scaling;            /* --rope-scaling JSON */
     int expert_parallel;                 /* --enable-expert-parallel */
+    int lora_on, max_loras, max_lora_rank;
+    const char *lora_modules[WK_MAX_LORA_MODULES]; /* "NAME=PATH" */
+    int n_lora_modules;
+    char lora_buf[4096];                 /* the comma-separated lists, split */
+    size_t lora_used;
 } wk_load_flags;
 
 /* 0 when applied, LLM_EINVAL with a message on stderr for a bad value. */

@@ -2,6 +2,7 @@
  * or the CUDA backend), and the tensor-parallel step plans the ranks follow. */
 #include "wk_model.h"
 #include "wk_cuda.h"
+#include "wk_lora.h"
 #include "cm_dtype.h"
 #include "cm_quant.h"
 #include "cm_hf_quant.h"
@@ -205,6 +206,12 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         const kn_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {m->q, m->k, m->v};
         mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
+        int QDl = m->n_head_l * (int)cf->head_dim, KVDl = m->n_kv_l * (int)cf->head_dim;
+        if (m->n_loras) {
+            wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_Q, m->xb, D, m->q, QDl);
+            wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_K, m->xb, D, m->k, KVDl);
+            wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_V, m->xb, D, m->v, KVDl);
+        }
         qkv_post(m, L, c, (int)l, T);
         size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
         kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
@@ -214,6 +221,7 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;
         mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
+        if (m->n_loras) wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_O, m->att, QDl, m->xb2, D);
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         if (L->post_attn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_attn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
@@ -224,10 +232,15 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
             const kn_weight *gu[2] = {&L->gate, &L->up};
             float *gu_out[2] = {m->hb, m->hb2};
             mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
+            if (m->n_loras) {
+                wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_GATE, m->xb, D, m->hb, H);
+                wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_UP, m->xb, D, m->hb2, H);
+            }
             par_rows(m, cf->gemma ? OP_GELU : OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
             const kn_weight *dn = &L->down;
             float *d_out = m->xb2;
             mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
+            if (m->n_loras) wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_DOWN, m->hb, H, m->xb2, D);
         }
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);
@@ -260,7 +273,7 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
 /* ---- tensor parallel step plans ----------------------------------------
  * Rank 0 broadcasts each step: a header {magic, n_seq, n_copies, n_ints},
  * then n_ints int32: the copy-on-write pairs, then per sequence n, pos0,
- * logits_from, table length, its tokens and its blocks. */
+ * logits_from, table length, LoRA adapter, its tokens and its blocks. */
 #define PLAN_MAGIC 0x4c504c4e
 
 static int plan_grow(wk_model *m, size_t n) {
@@ -276,7 +289,7 @@ static int plan_grow(wk_model *m, size_t n) {
 
 static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
     size_t n = 2 * (size_t)c->n_copies;
-    for (int i = 0; i < n_seq; i++) n += 4 + (size_t)s[i].n + (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
+    for (int i = 0; i < n_seq; i++) n += 5 + (size_t)s[i].n + (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
     int rc = plan_grow(m, n);
     if (rc) return rc;
     int32_t *p = m->plan;
@@ -288,6 +301,7 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s)
         *p++ = s[i].pos0;
         *p++ = s[i].logits_from;
         *p++ = nb;
+        *p++ = s[i].lora;
         memcpy(p, s[i].tokens, sizeof(int32_t) * (size_t)s[i].n);
         p += s[i].n;
         memcpy(p, s[i].blocks, sizeof(int32_t) * (size_t)nb);
@@ -336,14 +350,14 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         wk_cache_copy(c, p[0], p[1]);
     }
     for (int i = 0; i < hdr[1]; i++) {
-        if (end - p < 4) return LLM_EFORMAT;
-        int n = p[0], nb = p[3];
-        if (n <= 0 || nb < 0 || end - p - 4 < (int64_t)n + nb) return LLM_EFORMAT;
+        if (end - p < 5) return LLM_EFORMAT;
+        int n = p[0], nb = p[3], lora = p[4];
+        if (n <= 0 || nb < 0 || lora < 0 || lora > m->n_loras || end - p - 5 < (int64_t)n + nb) return LLM_EFORMAT;
         for (int k = 0; k < nb; k++)
-            if (p[4 + n + k] < 0 || p[4 + n + k] >= c->n_blocks) return LLM_EFORMAT;
+            if (p[5 + n + k] < 0 || p[5 + n + k] >= c->n_blocks) return LLM_EFORMAT;
         if (((int64_t)p[1] + n + c->block_size - 1) >> c->block_shift > nb) return LLM_EFORMAT;
-        m->plan_seqs[i] = (wk_batch_seq){p + 4, n, p[1], p + 4 + n, p[2]};
-        p += 4 + n + nb;
+        m->plan_seqs[i] = (wk_batch_seq){p + 5, n, p[1], p + 5 + n, p[2], lora};
+        p += 5 + n + nb;
     }
     return wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
 }
@@ -352,7 +366,9 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
     int T = 0, max_len = 1;
     if (n_seq <= 0) return LLM_EINVAL;
     for (int i = 0; i < n_seq; i++) {
-        if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n) return LLM_EINVAL;
+        if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n ||
+            s[i].lora < 0 || s[i].lora > m->n_loras)
+            return LLM_EINVAL;
         if ((int64_t)s[i].pos0 + s[i].n > (int64_t)m->cfg.ctx_len) return LLM_ERANGE;
         for (int j = 0; j < s[i].n; j++)
             if (s[i].tokens[j] < 0 || (uint32_t)s[i].tokens[j] >= m->cfg.vocab) return LLM_EINVAL;
@@ -385,7 +401,7 @@ int wk_forward(wk_model *m, wk_kv *kv, const int32_t *tokens, int T, float *logi
     for (int done = 0; done < T;) {
         int n = T - done < m->max_batch ? T - done : m->max_batch;
         int last = done + n == T;
-        wk_batch_seq s = {tokens + done, n, kv->n, kv->blocks, n};
+        wk_batch_seq s = {tokens + done, n, kv->n, kv->blocks, n, 0};
         float *lg = NULL;
         if (all_logits) {
             lg = logits + (size_t)done * m->cfg.vocab;

@@ -3,6 +3,7 @@
  * KV cache is wk_kv.c, the forward pass wk_forward.c. */
 #include "wk_model.h"
 #include "wk_cuda.h"
+#include "wk_lora.h"
 #include "cm_dtype.h"
 #include "cm_quant.h"
 #include "cm_hf_quant.h"
@@ -450,6 +451,23 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
                       (rc = kn_act_init(&m->act_perm, (int64_t)m->perm_k, B))))
         goto fail;
     if (m->device == WK_DEV_CUDA && (rc = wk_cuda_load(m, err, errlen))) goto fail;
+    if (o->n_lora_modules) {
+        if (m->device == WK_DEV_CUDA) {
+            snprintf(err, errlen, "--lora-modules: LoRA runs on the CPU backend only for now");
+            rc = LLM_EUNSUP;
+            goto fail;
+        }
+        if (!(m->loras = calloc((size_t)o->n_lora_modules, sizeof *m->loras))) { rc = LLM_ENOMEM; goto fail; }
+        for (int i = 0; i < o->n_lora_modules; i++) {
+            const char *spec = o->lora_modules[i], *eq = strchr(spec, '=');
+            char name[64];
+            snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - spec) : 0, spec);
+            if ((rc = wk_lora_load(m, name, eq + 1, o->max_lora_rank > 0 ? o->max_lora_rank : 16, &m->loras[i], err,
+                                   errlen)))
+                goto fail;
+            m->n_loras++;
+        }
+    }
     *out = m;
     return 0;
 fail:
@@ -477,6 +495,8 @@ void wk_model_free(wk_model *m) {
             free(L->xdown);
         }
     }
+    for (int i = 0; i < m->n_loras; i++) wk_lora_free(m->loras[i]);
+    free(m->loras);
     kn_weight_free(&m->tok_embd);
     kn_weight_free(&m->output);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);

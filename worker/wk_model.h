@@ -87,6 +87,9 @@ typedef struct wk_model {
     size_t plan_cap;
     struct wk_batch_seq *plan_seqs;      /* [max_batch] */
     double plan_t;                       /* rank 0: when it last sent the ranks anything (cm_now) */
+    /* LoRA adapters (--lora-modules), applied per sequence of a step (wk_lora.h) */
+    struct wk_lora **loras;
+    int n_loras;
     /* called with every matmul's input rows x [T][w->k] before it runs (llmserve imatrix), or NULL */
     void (*act_hook)(void *ctx, const kn_weight *w, const float *x, int T);
     void *act_hook_ctx;
@@ -109,6 +112,9 @@ typedef struct {
                                           * outlive this one) instead of starting one */
     const char *rope_scaling;            /* --rope-scaling: a rope_scaling JSON object for a model without one */
     int expert_parallel;                 /* --enable-expert-parallel: experts whole, a share on each rank */
+    const char *const *lora_modules;     /* [n_lora_modules] "NAME=PATH" (PEFT directories) */
+    int n_lora_modules;
+    int max_lora_rank;                   /* 0: 16 */
 } wk_model_opts;
 
 /* FP8: float weights re-quantized to E4M3 at load (CUDA). AWQ / GPTQ: the checkpoint must be
@@ -151,6 +157,7 @@ typedef struct wk_batch_seq {
     int n, pos0;
     const int32_t *blocks;
     int logits_from;
+    int lora;                            /* its LoRA adapter, 1-based into wk_model.loras; 0: the base model */
 } wk_batch_seq;
 
 /* Runs one step over several sequences: every matmul is one GEMM over all

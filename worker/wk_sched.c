@@ -80,7 +80,7 @@ static wk_seq *victim(const wk_engine *e) {
 
 static void plan_add(wk_engine *e, wk_seq *s, int n) {
     int last = s->n_computed + n == s->n_tok, all = (s->req->plp && s->n_computed < s->req->n_prompt) || s->n_draft;
-    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, all ? 0 : last ? n - 1 : n};
+    e->plan[e->n_plan] = (wk_batch_seq){s->tok + s->n_computed, n, s->n_computed, s->bs.ids, all ? 0 : last ? n - 1 : n, s->req->p.lora};
     e->plan_seq[e->n_plan++] = s;
 }
 

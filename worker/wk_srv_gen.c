@@ -9,6 +9,7 @@
 #include "cm_log.h"
 #include "pr_params.h"
 #include "wk_cuda.h"
+#include "wk_lora.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,18 @@ void wk_srv_on_generate(server *s, const Llmserve__Generate *g) {
     }
     p.priority = g->priority; /* on the Generate, not in its SamplingParams */
     p.cache_salt = g->cache_salt ? cm_salt_of(g->cache_salt, strlen(g->cache_salt)) : 0;
+    if (g->lora && g->lora[0]) { /* an adapter: its slot, and a cache of its own */
+        const wk_model *m = wk_engine_model(s->e);
+        for (int i = 0; i < m->n_loras && !p.lora; i++)
+            if (!strcmp(m->loras[i]->name, g->lora)) p.lora = i + 1;
+        if (!p.lora) {
+            char m2[160];
+            snprintf(m2, sizeof m2, "LoRA adapter '%.64s' is not loaded on this worker", g->lora);
+            wk_srv_send_error_chunk(s, gi, g->request_id, LLM_EINVAL, m2, LLMSERVE__FINISH_REASON__FINISH_ERROR);
+            return;
+        }
+        p.cache_salt = cm_salt_lora(p.cache_salt, g->lora);
+    }
     if (g->n_token_ids > (size_t)INT32_MAX / 2 || g->n_resume_token_ids > (size_t)INT32_MAX / 2) {
         wk_srv_send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;

@@ -3,6 +3,8 @@
  * ModelInfo and Stats, sends that never block the loop, and the slots that
  * map a gateway's request id to the backend's. */
 #include "wk_srv.h"
+#include "wk_flags.h"
+#include "wk_lora.h"
 
 #include "cm_error.h"
 #include "cm_log.h"
@@ -289,6 +291,10 @@ void wk_srv_on_model_info(server *s, const Llmserve__ModelInfoRequest *r) {
     mi.tokenizer_gguf.data = s->tok_gguf;
     mi.tokenizer_gguf.len = s->tok_len;
     mi.worker_tag = gw->tag[0] ? gw->tag : NULL;
+    char *loras[WK_MAX_LORA_MODULES];
+    const wk_model *lm = s->e ? wk_engine_model(s->e) : NULL;
+    for (int i = 0; lm && i < lm->n_loras && i < WK_MAX_LORA_MODULES; i++) loras[mi.n_loras++] = lm->loras[i]->name;
+    mi.loras = loras;
     if (s->be->task == LLMSERVE__TASK__TASK_EMBED) {
         mi.has_task = mi.has_embedding_dim = 1;
         mi.task = LLMSERVE__TASK__TASK_EMBED;

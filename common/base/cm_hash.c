@@ -30,3 +30,7 @@ uint64_t cm_block_key(uint64_t parent, uint64_t salt, const int32_t *tokens, int
 uint64_t cm_salt_of(const char *s, size_t len) {
     return s && len ? XXH3_64bits(s, len) : 0;
 }
+
+uint64_t cm_salt_lora(uint64_t salt, const char *lora) {
+    return lora && *lora ? XXH3_64bits_withSeed(lora, strlen(lora), salt ^ 0x6c6f7261ull) | 1 : salt;
+}

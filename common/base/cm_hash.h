@@ -17,5 +17,8 @@ uint64_t cm_block_key(uint64_t parent, uint64_t salt, const int32_t *tokens, int
 
 /* 64-bit salt of a cache_salt string (0 for none / empty). */
 uint64_t cm_salt_of(const char *s, size_t len);
+/* The salt of a request of LoRA adapter `lora` (NULL: salt itself): its K/V are the adapter's, so no prefix
+ * is shared with the base model's or another adapter's. Gateway (routing) and worker (cache) agree on it. */
+uint64_t cm_salt_lora(uint64_t salt, const char *lora);
 
 #endif

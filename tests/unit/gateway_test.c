@@ -13,6 +13,7 @@
 #include "gw_conf.h"
 #include "gw_limit.h"
 #include "cm_idmap.h"
+#include "gw_pool.h"
 #include "gw_route.h"
 #include "gw_cache.h"
 #include "tst.h"
@@ -138,25 +139,35 @@ static void route(void) {
     uint64_t parent = CM_BLOCK_ROOT;
     for (int b = 0; b < 3; b++) gw_keyset_add(&g->w[1].cached, parent = cm_block_key(parent, 0, tok + 4 * b, 4));
     int hit;
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 1);
     CHECK_INT(hit, 12);
     g->w[1].inflight = 1; /* 12 cached tokens - 8 x 1 queued = 4 > 0 */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 1);
     g->w[1].inflight = 2; /* 12 - 16 < 0: the idle group wins, balance over affinity */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 0);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 0);
     CHECK_INT(hit, 0);
-    CHECK_INT(gw_route(g, tok, 20, 7, -1, &hit), 0); /* another cache salt: no hit anywhere */
+    CHECK_INT(gw_route(g, tok, 20, 7, -1, NULL, &hit), 0); /* another cache salt: no hit anywhere */
     g->w[1].inflight = 0;
     g->w[1].ready = 0; /* draining: never picked */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, &hit), 0);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, &hit), -1); /* the only routable group excluded */
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 0);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), -1); /* the only routable group excluded */
     g->w[1].ready = 1;
     g->w[0].accepted = 0; /* serves another model */
-    CHECK_INT(gw_route(g, tok, 20, 0, 1, &hit), -1);
+    CHECK_INT(gw_route(g, tok, 20, 0, 1, NULL, &hit), -1);
     g->w[0].accepted = 1;
     g->conf.routing = GW_ROUTE_ROUND_ROBIN;
-    int a = gw_route(g, tok, 20, 0, -1, &hit), b = gw_route(g, tok, 20, 0, -1, &hit);
+    int a = gw_route(g, tok, 20, 0, -1, NULL, &hit), b = gw_route(g, tok, 20, 0, -1, NULL, &hit);
     CHECK(a != b);
+    /* a LoRA adapter's request goes only to a group that holds it, whatever the others' cache or load */
+    snprintf(g->w[1].loras, sizeof g->w[1].loras, "\nsql\nchat-v2\n");
+    g->w[1].inflight = 5;
+    for (int k = 0; k < 3; k++) CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat-v2", &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat", &hit), -1); /* a name's prefix is not the name */
+    CHECK_INT(gw_route(g, tok, 20, 0, 1, "sql", &hit), -1);
+    CHECK(gw_pool_has_lora(g->w[1].loras, "sql") && !gw_pool_has_lora(g->w[1].loras, "ql") &&
+          !gw_pool_has_lora("", "sql"));
+    g->w[1].inflight = 0;
+    g->w[1].loras[0] = 0;
     for (int i = 0; i < 2; i++) free(g->w[i].cached.k);
     free(g);
 }

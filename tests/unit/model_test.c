@@ -469,7 +469,7 @@ static void step_meta(void) {
     wk_cache c = {.block_size = 4, .block_shift = 2};
     int32_t t0[1] = {11}, t1[3] = {21, 22, 23}, t2[2] = {31, 32};
     int32_t b0[3] = {7, 2, 9}, b1[4] = {5, 6, 1, 8}, b2[1] = {4};
-    wk_batch_seq s[3] = {{t0, 1, 9, b0, 0}, {t1, 3, 5, b1, 2}, {t2, 2, 0, b2, 2}};
+    wk_batch_seq s[3] = {{t0, 1, 9, b0, 0, 0}, {t1, 3, 5, b1, 2, 0}, {t2, 2, 0, b2, 2, 0}};
     size_t n = wk_step_meta_size(&c, 3, s, 6);
     CHECK_RC((int)n, 5 * 6 + 3 + 3 + 2 + 1); /* seq 0: positions 0..9 -> 3 blocks; seq 1: 0..7 -> 2; seq 2: 1 */
     int32_t m[64];

@@ -1,0 +1,297 @@
+/* wk_lora.c - PEFT LoRA adapters: loading into this rank's share, and the
+ * per-sequence deltas of a step (wk_lora.h). */
+#include "wk_lora.h"
+
+#include "cm_dtype.h"
+#include "cm_error.h"
+#include "cm_safetensors.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const MOD_HF[WK_LORA_N] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                              "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                              "mlp.down_proj"};
+
+/* adapter_config.json: honoured (peft_type, r, lora_alpha, target_modules, use_rslora; the rest only at the
+ * value that changes nothing: no DoRA, no bias, no modules saved whole, every layer) or with no effect on
+ * the forward pass (names, training settings). Any other key that is not null, false or empty refuses it. */
+static const char *const KEYS[] = {"peft_type", "r", "lora_alpha", "target_modules", "use_rslora", "use_dora",
+    "bias", "modules_to_save", "layers_to_transform", "layers_pattern", "rank_pattern", "alpha_pattern",
+    "fan_in_fan_out", "lora_bias", "exclude_modules",
+    /* no effect */
+    "base_model_name_or_path", "task_type", "inference_mode", "lora_dropout", "init_lora_weights", "revision",
+    "auto_mapping", "megatron_config", "megatron_core", "loftq_config", "layer_replication", "peft_version",
+    "eva_config", "corda_config", "trainable_token_indices", "qalora_group_size", "use_qalora", "target_parameters",
+    NULL};
+
+static int empty(json_t *v) {
+    return !v || json_is_null(v) || json_is_false(v) || (json_is_array(v) && !json_array_size(v)) ||
+           (json_is_object(v) && !json_object_size(v)) || (json_is_string(v) && !strcmp(json_string_value(v), "none"));
+}
+
+static int config(const char *dir, wk_lora *l, int targets[WK_LORA_N], char *err, size_t errlen) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    json_error_t je;
+    json_t *o = json_load_file(p, JSON_REJECT_DUPLICATES, &je);
+    int rc = LLM_EUNSUP;
+    if (!json_is_object(o)) {
+        snprintf(err, errlen, "%s: %s", p, o ? "not a JSON object" : je.text);
+        json_decref(o);
+        return LLM_EFORMAT;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        int known = 0;
+        for (const char *const *k = KEYS; *k && !known; k++) known = !strcmp(*k, key);
+        if (!known && !empty(v)) {
+            snprintf(err, errlen, "%s: %.60s changes the adapter in a way this engine does not implement: refused", p, key);
+            goto out;
+        }
+    }
+    static const char *const must_be_empty[] = {"use_dora", "bias", "modules_to_save", "layers_to_transform",
+                                                "rank_pattern", "alpha_pattern", "fan_in_fan_out", "lora_bias",
+                                                "exclude_modules", NULL};
+    for (const char *const *k = must_be_empty; *k; k++)
+        if (!empty(json_object_get(o, *k))) {
+            snprintf(err, errlen, "%s: %s is not supported (LoRA of the linear projections, every layer, no bias)", p, *k);
+            goto out;
+        }
+    const char *pt = json_string_value(json_object_get(o, "peft_type"));
+    if (pt && strcmp(pt, "LORA")) {
+        snprintf(err, errlen, "%s: peft_type '%.32s' is not LORA", p, pt);
+        goto out;
+    }
+    json_t *r = json_object_get(o, "r"), *al = json_object_get(o, "lora_alpha");
+    if (!json_is_integer(r) || json_integer_value(r) < 1 || json_integer_value(r) > WK_LORA_MAX_RANK ||
+        (al && !json_is_number(al))) {
+        snprintf(err, errlen, "%s: r must be a positive integer and lora_alpha a number", p);
+        rc = LLM_EFORMAT;
+        goto out;
+    }
+    l->rank = (int)json_integer_value(r);
+    double alpha = al ? json_number_value(al) : 8;
+    l->scale = (float)(alpha / (json_is_true(json_object_get(o, "use_rslora")) ? sqrt(l->rank) : l->rank));
+    json_t *tm = json_object_get(o, "target_modules");
+    for (int i = 0; i < WK_LORA_N; i++) targets[i] = 0;
+    size_t n = json_is_array(tm) ? json_array_size(tm) : json_is_string(tm) ? 1 : 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *t = json_is_array(tm) ? json_string_value(json_array_get(tm, i)) : json_string_value(tm);
+        int found = 0;
+        for (int j = 0; t && j < WK_LORA_N; j++) {
+            const char *short_name = strchr(MOD_HF[j], '.') + 1;
+            if (!strcmp(t, short_name) || !strcmp(t, MOD_HF[j])) targets[j] = found = 1;
+        }
+        if (!found) {
+            snprintf(err, errlen, "%s: target_modules '%.40s' is not a projection this engine adapts (q_proj, k_proj, "
+                     "v_proj, o_proj, gate_proj, up_proj, down_proj)", p, t ? t : "?");
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    json_decref(o);
+    return rc;
+}
+
+static float elem(const cm_st_tensor *t, uint64_t i) {
+    if (t->type == CM_F32) return ((const float *)t->data)[i];
+    uint16_t h = ((const uint16_t *)t->data)[i];
+    return t->type == CM_F16 ? cm_f16_to_f32(h) : cm_bf16_to_f32(h);
+}
+
+/* This rank's share of projection j: input columns [c0, c0 + in_l) of in, output rows [r0, r0 + out_l) of out. */
+static void share(const wk_model *m, int j, int *in, int *c0, int *in_l, int *out, int *r0, int *out_l) {
+    const cm_model_config *c = &m->cfg;
+    int D = (int)c->dim, hd = (int)c->head_dim, H = (int)c->hidden;
+    int q0 = m->head0 * hd, qn = m->n_head_l * hd, k0 = m->kv0 * hd, kn = m->n_kv_l * hd;
+    *in = D, *c0 = 0, *in_l = D;
+    switch (j) {
+    case WK_LORA_Q: *out = (int)c->n_head * hd, *r0 = q0, *out_l = qn; break;
+    case WK_LORA_K: case WK_LORA_V: *out = (int)c->n_kv_head * hd, *r0 = k0, *out_l = kn; break;
+    case WK_LORA_GATE: case WK_LORA_UP: *out = H, *r0 = m->hid0, *out_l = m->hidden_l; break;
+    case WK_LORA_O: *in = (int)c->n_head * hd, *c0 = q0, *in_l = qn, *out = D, *r0 = 0, *out_l = D; break;
+    default: *in = H, *c0 = m->hid0, *in_l = m->hidden_l, *out = D, *r0 = 0, *out_l = D; break;
+    }
+}
+
+/* The Hugging Face row of GGUF row g of a Q (or K) projection whose RoPE rotates adjacent pairs: llama.cpp's
+ * converter interleaves each head's halves (row 2i <- i, 2i+1 <- hd/2 + i); its base weights are stored so. */
+static int hf_row(const wk_model *m, int j, int g) {
+    int hd = (int)m->cfg.head_dim;
+    if (m->cfg.rope_type != CM_ROPE_NORM || (j != WK_LORA_Q && j != WK_LORA_K)) return g;
+    int h = g / hd, i = g % hd;
+    return h * hd + (i % 2 ? hd / 2 + i / 2 : i / 2);
+}
+
+static int load_mat(const wk_model *m, wk_lora *l, int layer, int j, const cm_st_tensor *A, const cm_st_tensor *B,
+                    const char *dir, char *err, size_t errlen) {
+    int in, c0, in_l, out, r0, out_l, r = l->rank;
+    share(m, j, &in, &c0, &in_l, &out, &r0, &out_l);
+    const cm_st_tensor *ts[2] = {A, B};
+    for (int i = 0; i < 2; i++) {
+        const cm_st_tensor *t = ts[i];
+        uint64_t want0 = i ? (uint64_t)r : (uint64_t)in, want1 = i ? (uint64_t)out : (uint64_t)r;
+        if (!t || t->n_dims != 2 || t->ne[0] != want0 || t->ne[1] != want1 ||
+            (t->type != CM_F32 && t->type != CM_F16 && t->type != CM_BF16)) {
+            snprintf(err, errlen, "%s: layer %d %s lora_%c: %s (expected F32/F16/BF16 [%llu, %llu])", dir, layer,
+                     MOD_HF[j], i ? 'B' : 'A', t ? "wrong shape or type" : "missing", (unsigned long long)want1,
+                     (unsigned long long)want0);
+            return LLM_EFORMAT;
+        }
+    }
+    wk_lora_mat *x = &l->mat[(size_t)layer * WK_LORA_N + (size_t)j];
+    x->a = malloc(sizeof(float) * (size_t)r * (size_t)in_l);
+    x->bt = malloc(sizeof(float) * (size_t)r * (size_t)out_l);
+    if (!x->a || !x->bt) return LLM_ENOMEM;
+    for (int k = 0; k < r; k++)
+        for (int c = 0; c < in_l; c++) x->a[(size_t)k * in_l + c] = elem(A, (uint64_t)k * in + (uint64_t)(c0 + c));
+    for (int o = 0; o < out_l; o++) {
+        int hr = hf_row(m, j, r0 + o);
+        for (int k = 0; k < r; k++) x->bt[(size_t)k * out_l + o] = elem(B, (uint64_t)hr * r + (uint64_t)k);
+    }
+    return 0;
+}
+
+int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_rank, wk_lora **out, char *err,
+                 size_t errlen) {
+    *out = NULL;
+    const cm_model_config *c = &m->cfg;
+    if (c->n_expert || c->gemma || m->perm_k) {
+        snprintf(err, errlen, "LoRA adapter %s: not supported on %s models", name,
+                 c->n_expert ? "mixture-of-experts" : c->gemma ? "gemma3" : "act-order GPTQ");
+        return LLM_EUNSUP;
+    }
+    wk_lora *l = calloc(1, sizeof *l);
+    if (!l) return LLM_ENOMEM;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    snprintf(l->path, sizeof l->path, "%s", dir);
+    l->n_layer = (int)c->n_layer;
+    int targets[WK_LORA_N], rc;
+    cm_safetensors *st = NULL;
+    if ((rc = config(dir, l, targets, err, errlen))) goto fail;
+    if (l->rank > max_rank) {
+        snprintf(err, errlen, "LoRA adapter %s: rank %d is above --max-lora-rank %d", name, l->rank, max_rank);
+        rc = LLM_EINVAL;
+        goto fail;
+    }
+    l->mat = calloc((size_t)c->n_layer * WK_LORA_N, sizeof *l->mat);
+    if (!l->mat) { rc = LLM_ENOMEM; goto fail; }
+    char p[1024], e[400];
+    snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
+    if ((rc = cm_st_open(p, &st, e, sizeof e))) {
+        snprintf(err, errlen, "LoRA adapter %s: %s", name, e);
+        goto fail;
+    }
+    /* every tensor one this engine applies */
+    for (size_t i = 0; i < st->n_tensors; i++) {
+        const char *t = st->tensors[i].name, *s = t;
+        if (!strncmp(s, "base_model.model.", 17)) s += 17;
+        char *end;
+        unsigned long layer = strncmp(s, "model.layers.", 13) ? ~0ul : strtoul(s + 13, &end, 10);
+        int ok = 0;
+        if (layer < c->n_layer && *end == '.')
+            for (int j = 0; j < WK_LORA_N && !ok; j++) {
+                size_t ml = strlen(MOD_HF[j]);
+                ok = targets[j] && !strncmp(end + 1, MOD_HF[j], ml) &&
+                     (!strcmp(end + 1 + ml, ".lora_A.weight") || !strcmp(end + 1 + ml, ".lora_B.weight"));
+            }
+        if (!ok) {
+            snprintf(err, errlen, "LoRA adapter %s: tensor '%.120s' is not a LoRA factor of a targeted projection this "
+                     "engine adapts: refused rather than ignored", name, t);
+            rc = LLM_EUNSUP;
+            goto fail;
+        }
+    }
+    int found = 0;
+    for (uint32_t layer = 0; layer < c->n_layer; layer++)
+        for (int j = 0; j < WK_LORA_N; j++) {
+            char an[256], bn[256];
+            snprintf(an, sizeof an, "base_model.model.model.layers.%u.%s.lora_A.weight", layer, MOD_HF[j]);
+            snprintf(bn, sizeof bn, "base_model.model.model.layers.%u.%s.lora_B.weight", layer, MOD_HF[j]);
+            const cm_st_tensor *A = cm_st_find(st, an), *B = cm_st_find(st, bn);
+            if (!A) A = cm_st_find(st, an + 17);
+            if (!B) B = cm_st_find(st, bn + 17);
+            if (!A && !B) continue;
+            if ((rc = load_mat(m, l, (int)layer, j, A, B, dir, err, errlen))) goto fail;
+            found++;
+        }
+    if (!found) {
+        snprintf(err, errlen, "LoRA adapter %s: %s has no LoRA factors", name, p);
+        rc = LLM_EFORMAT;
+        goto fail;
+    }
+    cm_st_close(st);
+    *out = l;
+    return 0;
+fail:
+    cm_st_close(st);
+    wk_lora_free(l);
+    return rc;
+}
+
+void wk_lora_free(wk_lora *l) {
+    if (!l) return;
+    for (size_t i = 0; l->mat && i < (size_t)l->n_layer * WK_LORA_N; i++) {
+        free(l->mat[i].a);
+        free(l->mat[i].bt);
+    }
+    free(l->mat);
+    free(l);
+}
+
+typedef struct {
+    const wk_model *m;
+    int n_seq;
+    const wk_batch_seq *s;
+    int l, which, in_l, out_l;
+    const float *x;
+    float *y;
+} apply_ctx;
+
+/* Rows [r0, r1) of the step: x A^T into a rank-sized buffer on the stack, then an axpy of each of its values
+ * along B's row (contiguous over the outputs). */
+static void apply_task(void *arg, int ith, int nth) {
+    apply_ctx *c = arg;
+    int T = 0;
+    for (int i = 0; i < c->n_seq; i++) T += c->s[i].n;
+    int r0 = T * ith / nth, r1 = T * (ith + 1) / nth;
+    for (int i = 0, t0 = 0; i < c->n_seq; t0 += c->s[i].n, i++) {
+        int a = c->s[i].lora;
+        if (!a || t0 + c->s[i].n <= r0 || t0 >= r1) continue;
+        const wk_lora *L = c->m->loras[a - 1];
+        const wk_lora_mat *x = &L->mat[(size_t)c->l * WK_LORA_N + (size_t)c->which];
+        if (!x->a) continue;
+        int R = L->rank;
+        float tmp[WK_LORA_MAX_RANK];
+        for (int t = t0 > r0 ? t0 : r0; t < t0 + c->s[i].n && t < r1; t++) {
+            const float *xr = c->x + (size_t)t * c->in_l;
+            float *yr = c->y + (size_t)t * c->out_l;
+            for (int k = 0; k < R; k++) {
+                const float *ar = x->a + (size_t)k * c->in_l;
+                float acc = 0;
+                for (int j = 0; j < c->in_l; j++) acc += ar[j] * xr[j];
+                tmp[k] = acc * L->scale;
+            }
+            for (int k = 0; k < R; k++) {
+                const float *br = x->bt + (size_t)k * c->out_l, v = tmp[k];
+                for (int o = 0; o < c->out_l; o++) yr[o] += v * br[o];
+            }
+        }
+    }
+}
+
+void wk_lora_apply(wk_model *m, int n_seq, const wk_batch_seq *s, int l, int which, const float *x, int in_l, float *y,
+                   int out_l) {
+    int any = 0, T = 0;
+    for (int i = 0; i < n_seq; i++) any |= s[i].lora, T += s[i].n;
+    if (!any) return;
+    apply_ctx c = {m, n_seq, s, l, which, in_l, out_l, x, y};
+    if (T == 1) apply_task(&c, 0, 1);
+    else kn_pool_run(m->pool, apply_task, &c);
+}

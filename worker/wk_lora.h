@@ -1,0 +1,42 @@
+/* wk_lora.h - LoRA adapters over the loaded model (multi-LoRA, as vLLM's
+ * --lora-modules): each adapter's low-rank factors of the projections it
+ * targets, in this rank's share, and their deltas added to a step's rows
+ * sequence by sequence, so requests of different adapters and of the base
+ * model run in one batch (a segmented gather-matmul, as Punica / S-LoRA). */
+#ifndef WK_LORA_H
+#define WK_LORA_H
+
+#include "wk_model.h"
+
+#define WK_LORA_MAX_RANK 512 /* --max-lora-rank's ceiling (vLLM's largest) */
+
+/* The projections an adapter may target, in the order of wk_lora.mat. */
+enum { WK_LORA_Q, WK_LORA_K, WK_LORA_V, WK_LORA_O, WK_LORA_GATE, WK_LORA_UP, WK_LORA_DOWN, WK_LORA_N };
+
+typedef struct {
+    float *a;                 /* [rank][in_l]: this rank's input columns (all but for O and down under TP) */
+    float *bt;                /* [rank][out_l]: B transposed, this rank's output rows (all for O and down) */
+} wk_lora_mat;
+
+typedef struct wk_lora {
+    char name[64];
+    char path[512];
+    int rank;
+    float scale;              /* lora_alpha / rank (/ sqrt(rank) with use_rslora) */
+    int n_layer;
+    wk_lora_mat *mat;         /* [n_layer][WK_LORA_N]; a NULL a: not targeted */
+} wk_lora;
+
+/* A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) for model m, at most max_rank:
+ * every config key honoured or known harmless, every tensor one of the projections above (Q/K rows put in
+ * the GGUF's pair order when m's RoPE is), else refused by name. */
+int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_rank, wk_lora **out, char *err,
+                 size_t errlen);
+void wk_lora_free(wk_lora *l);
+
+/* y[T][out_l] += scale (x A^T) B^T on the rows of each sequence of the step whose adapter (s[i].lora, 1-based;
+ * 0: the base model) targets projection `which` of layer l; x is [T][in_l]. */
+void wk_lora_apply(wk_model *m, int n_seq, const wk_batch_seq *s, int l, int which, const float *x, int in_l, float *y,
+                   int out_l);
+
+#endif
