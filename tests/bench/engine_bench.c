@@ -215,6 +215,7 @@ int main(int argc, char **argv) {
                 wp.seed = seed;
                 wp.max_tokens = gen;
                 wp.ignore_eos = 1;
+                wp.lora = m->n_loras ? i % m->n_loras + 1 : 0; /* --lora-modules: the requests take turns */
                 if (under) {
                     wp.grammar = gbnf;
                     wp.grammar_len = strlen(gbnf);

@@ -2,7 +2,7 @@
 """lora_e2e's client: LoRA adapters served at run time against the same
 adapters merged into the weights offline, alone and batched together.
 
-    lora_check.py LORA_URL MERGED_A_URL MERGED_B_URL BASE_NAME [LORA_URL2]
+    lora_check.py LORA_URL MERGED_A_URL MERGED_B_URL BASE_NAME [OTHER_LORA_URL...]
 
 LORA_URL serves the base model with adapters a and b; MERGED_*_URL serve the
 merged models. Checked: /v1/models lists a and b with the base as parent;
@@ -74,7 +74,7 @@ for p in PROMPTS:
         check(same(alone[(m, p)], merged) and alone[(m, p)]["model"] == m,
               "adapter %s == merged weights on %r: %r" % (m, p[:24], alone[(m, p)]["text"]))
         for o in OTHER:
-            check(same(run(o, m, p), merged), "adapter %s on the Hugging Face base == merged on %r" % (m, p[:24]))
+            check(same(run(o, m, p), merged), "adapter %s on %s == merged on %r" % (m, o, p[:24]))
     for o in OTHER:  # after the adapters, with their prompt's blocks cached: the base model's own answer
         check(same(run(o, BASE, p), alone[(BASE, p)]), "the base model after the adapters on %r: its own K/V" % p[:24])
     check(not same(alone[("a", p)], alone[(BASE, p)]) and not same(alone[("b", p)], alone[(BASE, p)]),

@@ -3,7 +3,8 @@
 # and the same as a Hugging Face directory), two PEFT adapters and the same
 # adapters merged into the weights offline; a worker serves the GGUF with
 # both adapters (--enable-lora --lora-modules), another the Hugging Face
-# base with them, others the merged models, each behind a gateway, and
+# base with them, a third the GGUF over 2 tensor-parallel ranks with them,
+# others the merged models, each behind a gateway, and
 # lora_check.py holds every adapter's answers to the merged model's, alone
 # and batched with the other adapter and the base model. Adapters the engine
 # cannot apply are refused by name.
@@ -21,11 +22,12 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
 trap cleanup EXIT
 "$VENV/bin/python" "$HERE/../ref/lora_ref.py" "$MODEL" "$OUT" >"$OUT/ref.log" 2>&1 || { cat "$OUT/ref.log"; exit 1; }
+"$BUILD/tests/lora_test" "$OUT" || exit 1
 B=$((21000 + $$ % 8000))
 W=("$BUILD/llmserve-worker" --kv-cache-memory 64MiB --threads 1 --log-level warn)
 LM=(--enable-lora --lora-modules "a=$OUT/lora-a" --lora-modules "b=$OUT/lora-b")
 i=0
-for spec in "base.gguf|${LM[*]}" "merged-a|" "merged-b|" "base-hf|${LM[*]}"; do
+for spec in "base.gguf|${LM[*]}" "merged-a|" "merged-b|" "base-hf|${LM[*]}" "base.gguf|${LM[*]} --tensor-parallel-size 2"; do
     m=${spec%%|*} extra=${spec#*|}
     # shellcheck disable=SC2086
     "${W[@]}" --model "$OUT/$m" $extra --served-model-name base --listen tcp://127.0.0.1:$((B + i)) >"$OUT/w$i.log" 2>&1 &
@@ -34,14 +36,14 @@ for spec in "base.gguf|${LM[*]}" "merged-a|" "merged-b|" "base-hf|${LM[*]}"; do
         >"$OUT/g$i.log" 2>&1 & PIDS+=($!)
     i=$((i + 1))
 done
-for k in 0 1 2 3; do
+for k in 0 1 2 3 4; do
     for _ in $(seq 1 150); do
         curl -s "http://127.0.0.1:$((B + 10 + k))/health" 2>/dev/null | grep -q '"workers_up":1' && break
         sleep 0.2
     done
 done
 U=http://127.0.0.1
-"$VENV/bin/python" "$HERE/lora_check.py" $U:$((B + 10)) $U:$((B + 11)) $U:$((B + 12)) base $U:$((B + 13)) ||
+"$VENV/bin/python" "$HERE/lora_check.py" $U:$((B + 10)) $U:$((B + 11)) $U:$((B + 12)) base $U:$((B + 13)) $U:$((B + 14)) ||
     { tail -5 "$OUT"/*.log; exit 1; }
 # refused by name: the worker exits saying which setting it cannot apply
 fail=0
