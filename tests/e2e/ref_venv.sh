@@ -9,3 +9,17 @@ ref_venv() {
             { echo "pip install gguf safetensors tokenizers numpy failed (offline?)"; exit 77; }
     fi
 }
+
+# ref_models BUILD_DIR MODEL SCRIPT: the setup of an e2e that runs a tests/ref/ maker: BUILD (absolute), MODEL
+# (skips when absent), VENV, OUT (a temporary folder under BUILD, removed at exit with every pid in PIDS
+# killed), then tests/ref/SCRIPT.py MODEL OUT, its output shown only when it fails.
+ref_models() {
+    BUILD=$(cd "$1" && pwd)
+    MODEL=$2
+    [ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
+    ref_venv "$BUILD"
+    OUT=$(mktemp -d "$BUILD/$3-e2e.XXXXXX")
+    PIDS=()
+    trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"' EXIT
+    "$VENV/bin/python" "$HERE/../ref/$3_ref.py" "$MODEL" "$OUT" >"$OUT/ref.log" 2>&1 || { cat "$OUT/ref.log"; exit 1; }
+}

@@ -11,17 +11,9 @@
 #   run_arch_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
-BUILD=$(cd "$1" && pwd)
-MODEL=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-[ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
 . "$HERE/ref_venv.sh"
-ref_venv "$BUILD"
-OUT=$(mktemp -d "$BUILD/arch-e2e.XXXXXX")
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
-trap cleanup EXIT
-"$VENV/bin/python" "$HERE/../ref/arch_ref.py" "$MODEL" "$OUT" >"$OUT/ref.log" 2>&1 || { cat "$OUT/ref.log"; exit 1; }
+ref_models "$1" "$2" arch
 "$BUILD/tests/rope_test" "$OUT" || exit 1
 # llmserve quantize on experts: the router keeps F32 (as llama.cpp keeps it), the merged ffn_down_exps gets
 # the _M mix's higher type (Q6_K, here its Q8_0 fallback: 32-wide rows), and the result loads and generates

@@ -11,17 +11,9 @@
 #   run_lora_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
-BUILD=$(cd "$1" && pwd)
-MODEL=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-[ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
 . "$HERE/ref_venv.sh"
-ref_venv "$BUILD"
-OUT=$(mktemp -d "$BUILD/lora-e2e.XXXXXX")
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
-trap cleanup EXIT
-"$VENV/bin/python" "$HERE/../ref/lora_ref.py" "$MODEL" "$OUT" >"$OUT/ref.log" 2>&1 || { cat "$OUT/ref.log"; exit 1; }
+ref_models "$1" "$2" lora
 "$BUILD/tests/lora_test" "$OUT" || exit 1
 B=$((21000 + $$ % 8000))
 W=("$BUILD/llmserve-worker" --kv-cache-memory 64MiB --threads 1 --log-level warn)

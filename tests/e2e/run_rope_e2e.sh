@@ -12,17 +12,9 @@
 #   run_rope_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
-BUILD=$(cd "$1" && pwd)
-MODEL=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-[ -f "$MODEL" ] || { echo "model $MODEL not found: run tools/setup.sh"; exit 77; }
 . "$HERE/ref_venv.sh"
-ref_venv "$BUILD"
-OUT=$(mktemp -d "$BUILD/rope-e2e.XXXXXX")
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$OUT"; }
-trap cleanup EXIT
-"$VENV/bin/python" "$HERE/../ref/rope_ref.py" "$MODEL" "$OUT" >"$OUT/ref.log" 2>&1 || { cat "$OUT/ref.log"; exit 1; }
+ref_models "$1" "$2" rope
 "$BUILD/tests/rope_test" "$OUT" || exit 1
 # the context the scaling allows: yarn 4x over 128 -> 512, as vLLM derives it
 W=("$BUILD/llmserve-worker" --model "$OUT/hf-yarn" --kv-cache-memory 64MiB --threads 1 --log-level warn)
