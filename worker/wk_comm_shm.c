@@ -192,18 +192,26 @@ static int map(shm_impl *s, int fd, int size) {
     return 0;
 }
 
-int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out) {
-    *out = NULL;
-    if (size < 1 || size > MAX_RANKS) return LLM_EINVAL;
+/* A comm on this backend with its (empty) state, or NULL. */
+static wk_comm *shm_new(void) {
     wk_comm *c = calloc(1, sizeof *c);
     shm_impl *s = calloc(1, sizeof *s);
     if (!c || !s) {
         free(c);
         free(s);
-        return LLM_ENOMEM;
+        return NULL;
     }
     c->impl = s;
     c->ops = &shm_ops;
+    return c;
+}
+
+int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out) {
+    *out = NULL;
+    if (size < 1 || size > MAX_RANKS) return LLM_EINVAL;
+    wk_comm *c = shm_new();
+    if (!c) return LLM_ENOMEM;
+    shm_impl *s = c->impl;
     c->size = size;
     c->timeout_s = WK_COMM_TIMEOUT_S;
     snprintf(s->name, sizeof s->name, "/llmserve-tp-%d-%lx", (int)getpid(), (long)time(NULL));
@@ -228,15 +236,9 @@ int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out)
 
 int wk_comm_shm_attach(const char *name, int rank, wk_comm **out) {
     *out = NULL;
-    wk_comm *c = calloc(1, sizeof *c);
-    shm_impl *s = calloc(1, sizeof *s);
-    if (!c || !s) {
-        free(c);
-        free(s);
-        return LLM_ENOMEM;
-    }
-    c->impl = s;
-    c->ops = &shm_ops;
+    wk_comm *c = shm_new();
+    if (!c) return LLM_ENOMEM;
+    shm_impl *s = c->impl;
     c->rank = rank;
     snprintf(s->name, sizeof s->name, "%s", name);
     int fd = shm_open(name, O_RDWR, 0600);
