@@ -139,6 +139,17 @@ void kn_gemm_f32(const float *w, int64_t k, int64_t n, const float *x, int B, fl
 /* Dequantizes row r of w into out[k] (embedding lookup). */
 void kn_get_row(const kn_weight *w, int64_t r, float *out);
 
+/* LoRA on one adapter's factors for nr rows, on the calling thread (Punica's shrink and expand):
+ * t[r][k] = scale * x[r] . A[k] for k < ldr, with at A transposed ([in][ldr]; ldr a multiple of 16, the
+ * columns past the rank zero), t [nr][ldr]; then y[r][o] += t[r][0..rk) . bt[0..rk)[o], bt B transposed
+ * ([rk][out]), t's rows ldt apart. Factors are F32, or F16 when half. A row's result is the same wherever
+ * it sits among the nr. */
+#define KN_LORA_ALIGN 16
+void kn_lora_shrink(const void *at, int half, int in, int ldr, const float *const *x, int nr, float scale,
+                    float *t);
+void kn_lora_expand(const void *bt, int half, int rk, int out, const float *t, int ldt, int nr,
+                    float *const *y);
+
 void kn_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* Rotates n_heads heads of x [n_heads][head_dim] at position pos. inv_freq
  * has rope_dim/2 entries. */

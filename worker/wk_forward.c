@@ -200,6 +200,8 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
             m->tok_blocks[t] = s[i].blocks;
         }
     }
+    int lora = m->n_loras ? wk_lora_group(m, n_seq, s) : 0; /* the rows grouped by adapter, for every layer */
+    if (lora < 0) return lora;
     for (uint32_t l = 0; l < cf->n_layer; l++) {
         wk_layer *L = &m->layers[l];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
@@ -207,10 +209,9 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         float *qkv_out[3] = {m->q, m->k, m->v};
         mm(m, 3, qkv, qkv_out, m->xb, &m->act_dim, T);
         int QDl = m->n_head_l * (int)cf->head_dim, KVDl = m->n_kv_l * (int)cf->head_dim;
-        if (m->n_loras) {
-            wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_Q, m->xb, D, m->q, QDl);
-            wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_K, m->xb, D, m->k, KVDl);
-            wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_V, m->xb, D, m->v, KVDl);
+        if (lora) {
+            wk_lora_out o[3] = {{WK_LORA_Q, m->q, QDl}, {WK_LORA_K, m->k, KVDl}, {WK_LORA_V, m->v, KVDl}};
+            wk_lora_apply(m, (int)l, 3, o, m->xb, D);
         }
         qkv_post(m, L, c, (int)l, T);
         size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
@@ -221,7 +222,7 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;
         mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
-        if (m->n_loras) wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_O, m->att, QDl, m->xb2, D);
+        if (lora) wk_lora_apply(m, (int)l, 1, &(wk_lora_out){WK_LORA_O, m->xb2, D}, m->att, QDl);
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         if (L->post_attn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_attn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
@@ -232,15 +233,15 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
             const kn_weight *gu[2] = {&L->gate, &L->up};
             float *gu_out[2] = {m->hb, m->hb2};
             mm(m, 2, gu, gu_out, m->xb, &m->act_dim, T);
-            if (m->n_loras) {
-                wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_GATE, m->xb, D, m->hb, H);
-                wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_UP, m->xb, D, m->hb2, H);
+            if (lora) {
+                wk_lora_out o[2] = {{WK_LORA_GATE, m->hb, H}, {WK_LORA_UP, m->hb2, H}};
+                wk_lora_apply(m, (int)l, 2, o, m->xb, D);
             }
             par_rows(m, cf->gemma ? OP_GELU : OP_SILU, T, m->hb, m->hb2, NULL, H, NULL);
             const kn_weight *dn = &L->down;
             float *d_out = m->xb2;
             mm(m, 1, &dn, &d_out, m->hb, &m->act_hidden, T);
-            if (m->n_loras) wk_lora_apply(m, n_seq, s, (int)l, WK_LORA_DOWN, m->hb, H, m->xb2, D);
+            if (lora) wk_lora_apply(m, (int)l, 1, &(wk_lora_out){WK_LORA_DOWN, m->xb2, D}, m->hb, H);
         }
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);

@@ -75,6 +75,7 @@ static int config(const char *dir, wk_lora *l, int targets[WK_LORA_N], char *err
         goto out;
     }
     l->rank = (int)json_integer_value(r);
+    l->ldr = (l->rank + KN_LORA_ALIGN - 1) / KN_LORA_ALIGN * KN_LORA_ALIGN;
     double alpha = al ? json_number_value(al) : 8;
     l->scale = (float)(alpha / (json_is_true(json_object_get(o, "use_rslora")) ? sqrt(l->rank) : l->rank));
     json_t *tm = json_object_get(o, "target_modules");
@@ -103,6 +104,12 @@ static float elem(const cm_st_tensor *t, uint64_t i) {
     if (t->type == CM_F32) return ((const float *)t->data)[i];
     uint16_t h = ((const uint16_t *)t->data)[i];
     return t->type == CM_F16 ? cm_f16_to_f32(h) : cm_bf16_to_f32(h);
+}
+
+/* Element i of t into factor b (0: A, 1: B) of x at e: the F16 bits as they are, else as a float. */
+static void set(wk_lora_mat *x, size_t e, int b, const cm_st_tensor *t, uint64_t i) {
+    if (x->half) ((uint16_t *)(b ? x->bt : x->at))[e] = ((const uint16_t *)t->data)[i];
+    else ((float *)(b ? x->bt : x->at))[e] = elem(t, i);
 }
 
 /* This rank's share of projection j: input columns [c0, c0 + in_l) of in, output rows [r0, r0 + out_l) of out. */
@@ -146,14 +153,16 @@ static int load_mat(const wk_model *m, wk_lora *l, int layer, int j, const cm_st
         }
     }
     wk_lora_mat *x = &l->mat[(size_t)layer * WK_LORA_N + (size_t)j];
-    x->a = malloc(sizeof(float) * (size_t)r * (size_t)in_l);
-    x->bt = malloc(sizeof(float) * (size_t)r * (size_t)out_l);
-    if (!x->a || !x->bt) return LLM_ENOMEM;
+    x->half = A->type == CM_F16 && B->type == CM_F16;
+    size_t es = x->half ? sizeof(uint16_t) : sizeof(float);
+    x->at = calloc((size_t)in_l * (size_t)l->ldr, es); /* the columns past the rank stay zero */
+    x->bt = malloc(es * (size_t)r * (size_t)out_l);
+    if (!x->at || !x->bt) return LLM_ENOMEM;
     for (int k = 0; k < r; k++)
-        for (int c = 0; c < in_l; c++) x->a[(size_t)k * in_l + c] = elem(A, (uint64_t)k * in + (uint64_t)(c0 + c));
+        for (int c = 0; c < in_l; c++) set(x, (size_t)c * l->ldr + k, 0, A, (uint64_t)k * in + (uint64_t)(c0 + c));
     for (int o = 0; o < out_l; o++) {
         int hr = hf_row(m, j, r0 + o);
-        for (int k = 0; k < r; k++) x->bt[(size_t)k * out_l + o] = elem(B, (uint64_t)hr * r + (uint64_t)k);
+        for (int k = 0; k < r; k++) set(x, (size_t)k * out_l + o, 1, B, (uint64_t)hr * r + (uint64_t)k);
     }
     return 0;
 }
@@ -238,60 +247,104 @@ fail:
 void wk_lora_free(wk_lora *l) {
     if (!l) return;
     for (size_t i = 0; l->mat && i < (size_t)l->n_layer * WK_LORA_N; i++) {
-        free(l->mat[i].a);
+        free(l->mat[i].at);
         free(l->mat[i].bt);
     }
     free(l->mat);
     free(l);
 }
 
+/* A step's rows of one adapter for one output, up to ITEM_ROWS of them: one piece of work. */
+#define ITEM_ROWS 16
 typedef struct {
-    const wk_model *m;
-    int n_seq;
-    const wk_batch_seq *s;
-    int l, which, in_l, out_l;
+    const wk_lora_mat *f;
+    const wk_lora *L;
+    const wk_lora_out *o;
+    int r0, n; /* rows[r0, r0 + n) */
+} apply_item;
+
+struct wk_lora_step {
+    int32_t *rows;   /* the step's rows, grouped by adapter: adapter a's are rows[start[a - 1], start[a]) */
+    int *start;      /* [n_loras + 1]; start[0] is where the first adapter's rows begin */
+    apply_item *it;
+    int cap_rows, cap_it;
+};
+
+void wk_lora_step_free(struct wk_lora_step *st) {
+    if (!st) return;
+    free(st->rows);
+    free(st->start);
+    free(st->it);
+    free(st);
+}
+
+int wk_lora_group(wk_model *m, int n_seq, const wk_batch_seq *s) {
+    int any = 0, T = 0, na = m->n_loras;
+    for (int i = 0; i < n_seq; i++) any |= s[i].lora, T += s[i].n;
+    if (!any) return 0;
+    struct wk_lora_step *st = m->lora_step;
+    if (!st && !(st = m->lora_step = calloc(1, sizeof *st))) return LLM_ENOMEM;
+    int need_it = 3 * (T / ITEM_ROWS + na + 1); /* items of up to three outputs */
+    if (T > st->cap_rows || need_it > st->cap_it || !st->start) {
+        int32_t *r = realloc(st->rows, sizeof(int32_t) * (size_t)T);
+        if (r) st->rows = r;
+        apply_item *it = realloc(st->it, sizeof(apply_item) * (size_t)need_it);
+        if (it) st->it = it;
+        if (!st->start) st->start = malloc(sizeof(int) * ((size_t)na + 2));
+        if (!r || !it || !st->start) return LLM_ENOMEM;
+        st->cap_rows = T, st->cap_it = need_it;
+    }
+    /* a counting sort over the slots: start[a] counts, then begins, then ends adapter a's rows */
+    int *start = st->start;
+    memset(start, 0, sizeof(int) * ((size_t)na + 2));
+    for (int i = 0; i < n_seq; i++) start[s[i].lora + 1] += s[i].n;
+    for (int a = 1; a <= na + 1; a++) start[a] += start[a - 1];
+    for (int i = 0, t0 = 0; i < n_seq; t0 += s[i].n, i++)
+        for (int t = t0; t < t0 + s[i].n; t++) st->rows[start[s[i].lora]++] = t;
+    return 1;
+}
+
+typedef struct {
+    int in_l;
     const float *x;
-    float *y;
+    const int32_t *rows;
+    const apply_item *it;
+    int n_item;
 } apply_ctx;
 
-/* Rows [r0, r1) of the step: x A^T into a rank-sized buffer on the stack, then an axpy of each of its values
- * along B's row (contiguous over the outputs). */
+/* Items [i0, i1): each adapter's factors read once for up to ITEM_ROWS rows, through the kernels' shrink
+ * (x A^T, scaled, into a rank-sized row each on the stack) and expand (+= t B^T). */
 static void apply_task(void *arg, int ith, int nth) {
     apply_ctx *c = arg;
-    int T = 0;
-    for (int i = 0; i < c->n_seq; i++) T += c->s[i].n;
-    int r0 = T * ith / nth, r1 = T * (ith + 1) / nth;
-    for (int i = 0, t0 = 0; i < c->n_seq; t0 += c->s[i].n, i++) {
-        int a = c->s[i].lora;
-        if (!a || t0 + c->s[i].n <= r0 || t0 >= r1) continue;
-        const wk_lora *L = c->m->loras[a - 1];
-        const wk_lora_mat *x = &L->mat[(size_t)c->l * WK_LORA_N + (size_t)c->which];
-        if (!x->a) continue;
-        int R = L->rank;
-        float tmp[WK_LORA_MAX_RANK];
-        for (int t = t0 > r0 ? t0 : r0; t < t0 + c->s[i].n && t < r1; t++) {
-            const float *xr = c->x + (size_t)t * c->in_l;
-            float *yr = c->y + (size_t)t * c->out_l;
-            for (int k = 0; k < R; k++) {
-                const float *ar = x->a + (size_t)k * c->in_l;
-                float acc = 0;
-                for (int j = 0; j < c->in_l; j++) acc += ar[j] * xr[j];
-                tmp[k] = acc * L->scale;
-            }
-            for (int k = 0; k < R; k++) {
-                const float *br = x->bt + (size_t)k * c->out_l, v = tmp[k];
-                for (int o = 0; o < c->out_l; o++) yr[o] += v * br[o];
-            }
+    int i0 = c->n_item * ith / nth, i1 = c->n_item * (ith + 1) / nth;
+    for (int i = i0; i < i1; i++) {
+        const apply_item *it = &c->it[i];
+        const float *xr[ITEM_ROWS];
+        float *yr[ITEM_ROWS];
+        for (int r = 0; r < it->n; r++) {
+            xr[r] = c->x + (size_t)c->rows[it->r0 + r] * c->in_l;
+            yr[r] = it->o->y + (size_t)c->rows[it->r0 + r] * it->o->out_l;
         }
+        float t[ITEM_ROWS * WK_LORA_MAX_RANK];
+        kn_lora_shrink(it->f->at, it->f->half, c->in_l, it->L->ldr, xr, it->n, it->L->scale, t);
+        kn_lora_expand(it->f->bt, it->f->half, it->L->rank, it->o->out_l, t, it->L->ldr, it->n, yr);
     }
 }
 
-void wk_lora_apply(wk_model *m, int n_seq, const wk_batch_seq *s, int l, int which, const float *x, int in_l, float *y,
-                   int out_l) {
-    int any = 0, T = 0;
-    for (int i = 0; i < n_seq; i++) any |= s[i].lora, T += s[i].n;
-    if (!any) return;
-    apply_ctx c = {m, n_seq, s, l, which, in_l, out_l, x, y};
-    if (T == 1) apply_task(&c, 0, 1);
-    else kn_pool_run(m->pool, apply_task, &c);
+void wk_lora_apply(wk_model *m, int l, int n, const wk_lora_out *o, const float *x, int in_l) {
+    struct wk_lora_step *st = m->lora_step;
+    int n_item = 0;
+    for (int a = 1; a <= m->n_loras; a++) { /* adapter a's rows: [start[a - 1], start[a]) */
+        const wk_lora *L = m->loras[a - 1];
+        for (int k = 0; k < n; k++) {
+            const wk_lora_mat *f = &L->mat[(size_t)l * WK_LORA_N + (size_t)o[k].which];
+            if (!f->at) continue;
+            for (int r = st->start[a - 1]; r < st->start[a]; r += ITEM_ROWS)
+                st->it[n_item++] =
+                    (apply_item){f, L, &o[k], r, st->start[a] - r < ITEM_ROWS ? st->start[a] - r : ITEM_ROWS};
+        }
+    }
+    apply_ctx c = {in_l, x, st->rows, st->it, n_item};
+    if (n_item == 1) apply_task(&c, 0, 1);
+    else if (n_item) kn_pool_run(m->pool, apply_task, &c);
 }

@@ -14,17 +14,21 @@
 enum { WK_LORA_Q, WK_LORA_K, WK_LORA_V, WK_LORA_O, WK_LORA_GATE, WK_LORA_UP, WK_LORA_DOWN, WK_LORA_N };
 
 typedef struct {
-    float *a;                 /* [rank][in_l]: this rank's input columns (all but for O and down under TP) */
-    float *bt;                /* [rank][out_l]: B transposed, this rank's output rows (all for O and down) */
+    void *at;                 /* A transposed, [in_l][ldr]: this rank's input columns (all but for O and down
+                                 under TP), zero past the rank */
+    void *bt;                 /* [rank][out_l]: B transposed, this rank's output rows (all for O and down) */
+    int half;                 /* both F16, as the file holds them (kept so: exact, and half the bytes a
+                                 step reads); else F32 */
 } wk_lora_mat;
 
 typedef struct wk_lora {
     char name[64];
     char path[512];
     int rank;
+    int ldr;                  /* the rank rounded up to KN_LORA_ALIGN: A's row stride */
     float scale;              /* lora_alpha / rank (/ sqrt(rank) with use_rslora) */
     int n_layer;
-    wk_lora_mat *mat;         /* [n_layer][WK_LORA_N]; a NULL a: not targeted */
+    wk_lora_mat *mat;         /* [n_layer][WK_LORA_N]; a NULL at: not targeted */
 } wk_lora;
 
 /* A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) for model m, at most max_rank:
@@ -34,9 +38,22 @@ int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_r
                  size_t errlen);
 void wk_lora_free(wk_lora *l);
 
-/* y[T][out_l] += scale (x A^T) B^T on the rows of each sequence of the step whose adapter (s[i].lora, 1-based;
- * 0: the base model) targets projection `which` of layer l; x is [T][in_l]. */
-void wk_lora_apply(wk_model *m, int n_seq, const wk_batch_seq *s, int l, int which, const float *x, int in_l, float *y,
-                   int out_l);
+/* Groups a step's rows by adapter (s[i].lora, 1-based; 0: the base model) for wk_lora_apply: 1 when some
+ * sequence has an adapter, 0 when none does (nothing to apply), or LLM_ENOMEM. Once per forward step. */
+int wk_lora_group(wk_model *m, int n_seq, const wk_batch_seq *s);
+
+/* One projection's output: y[T][out_l], projection `which`. */
+typedef struct {
+    int which;
+    float *y;
+    int out_l;
+} wk_lora_out;
+
+/* y[T][out_l] += scale (x A^T) B^T for each of the n outputs, on the rows of the step grouped by
+ * wk_lora_group whose adapter targets that projection of layer l; x is [T][in_l], shared by the n (Q, K
+ * and V; gate and up). One pass over the pool: each adapter's factors are read once per ITEM of rows. */
+void wk_lora_apply(wk_model *m, int l, int n, const wk_lora_out *o, const float *x, int in_l);
+
+void wk_lora_step_free(struct wk_lora_step *st);
 
 #endif

@@ -497,6 +497,7 @@ void wk_model_free(wk_model *m) {
     }
     for (int i = 0; i < m->n_loras; i++) wk_lora_free(m->loras[i]);
     free(m->loras);
+    wk_lora_step_free(m->lora_step);
     kn_weight_free(&m->tok_embd);
     kn_weight_free(&m->output);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);

@@ -90,6 +90,7 @@ typedef struct wk_model {
     /* LoRA adapters (--lora-modules), applied per sequence of a step (wk_lora.h) */
     struct wk_lora **loras;
     int n_loras;
+    struct wk_lora_step *lora_step;      /* the current step's rows grouped by adapter (wk_lora_group) */
     /* called with every matmul's input rows x [T][w->k] before it runs (llmserve imatrix), or NULL */
     void (*act_hook)(void *ctx, const kn_weight *w, const float *x, int T);
     void *act_hook_ctx;

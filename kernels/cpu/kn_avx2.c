@@ -522,5 +522,9 @@ static void silu_mul_avx2(float *a, const float *b, int n) {
 
 KN_GEMM_F32(gemm_f32_avx2, 8)
 
+#define KN_LORA_LOADH(v, p) (v) = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+KN_LORA(lora_avx2, 8)
+
 const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
-                              attn_group_avx2, f32_to_f16_avx2, f16_to_f32_avx2, silu_mul_avx2, exp_sum_avx2};
+                              attn_group_avx2, f32_to_f16_avx2, f16_to_f32_avx2, silu_mul_avx2, exp_sum_avx2,
+                              lora_avx2_shrink, lora_avx2_expand};

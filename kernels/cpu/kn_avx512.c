@@ -399,5 +399,9 @@ static float exp_sum_avx512(const float *x, int n, float mx, float scale, float 
 
 KN_GEMM_F32(gemm_f32_avx512, 16)
 
+#define KN_LORA_LOADH(v, p) (v) = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+KN_LORA(lora_avx512, 16)
+
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
-                                attn_group_avx512, f32_to_f16_avx512, f16_to_f32_avx512, silu_mul_avx512, exp_sum_avx512};
+                                attn_group_avx512, f32_to_f16_avx512, f16_to_f32_avx512, silu_mul_avx512, exp_sum_avx512,
+                                lora_avx512_shrink, lora_avx512_expand};

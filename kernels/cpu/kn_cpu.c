@@ -489,6 +489,16 @@ void kn_rope(float *x, int n_heads, int head_dim, int rope_dim, int type, int po
     }
 }
 
+void kn_lora_shrink(const void *at, int half, int in, int ldr, const float *const *x, int nr, float scale,
+                    float *t) {
+    impl->lora_shrink(at, half, in, ldr, x, nr, scale, t);
+}
+
+void kn_lora_expand(const void *bt, int half, int rk, int out, const float *t, int ldt, int nr,
+                    float *const *y) {
+    impl->lora_expand(bt, half, rk, out, t, ldt, nr, y);
+}
+
 void kn_silu_mul(float *a, const float *b, int n) {
     if (act_f32) kn_silu_mul_scalar(a, b, n); /* reference mode stays libm-exact */
     else impl->silu_mul(a, b, n);

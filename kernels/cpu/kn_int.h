@@ -48,6 +48,10 @@ typedef struct {
     void (*f16_to_f32)(const uint16_t *src, float *dst, int n); /* F16 weights' rows (kn_get_row) */
     void (*silu_mul)(float *a, const float *b, int n); /* a = silu(a) * b */
     float (*exp_sum)(const float *x, int n, float mx, float scale, float *out); /* kn_exp_sum */
+    void (*lora_shrink)(const void *at, int half, int in, int ldr, const float *const *x, int nr, float scale,
+                        float *t);
+    void (*lora_expand)(const void *bt, int half, int rk, int out, const float *t, int ldt, int nr,
+                        float *const *y);
 } kn_impl;
 
 /* A float GEMM blocked 4 weight rows x 4 activation rows: 16 accumulators of
@@ -104,12 +108,124 @@ typedef struct {
         }                                                                                                  \
     }
 
+/* LoRA's two halves for rows of one adapter (kn_lora_shrink, kn_lora_expand),
+ * in GCC vector extensions of VL lanes compiled to the including file's ISA,
+ * whose KN_LORA_LOADH(v, p) loads VL F16 values at p into v as floats. Both
+ * loops run along contiguous memory with no reduction across lanes: A is
+ * stored transposed ([in][ldr], ldr a multiple of 16, zero past the rank), so
+ * the shrink broadcasts x[r][j] against A's row j; the expand keeps an output
+ * vector of up to four rows in registers over the rank. Factors are F32, or
+ * F16 (half) as adapters are mostly saved, which halves what a step reads.
+ * Blocks of fewer rows run the same operations in the same order, so a row's
+ * result never depends on the rows beside it. */
+#define KN_LORA(NAME, VL)                                                                                   \
+    typedef float NAME##_lv __attribute__((vector_size(VL * 4)));                                          \
+    static inline __attribute__((always_inline)) NAME##_lv NAME##_ld(const void *p, size_t i, int half) {  \
+        NAME##_lv v;                                                                                       \
+        if (half) KN_LORA_LOADH(v, (const uint16_t *)p + i);                                              \
+        else memcpy(&v, (const float *)p + i, sizeof v);                                                   \
+        return v;                                                                                          \
+    }                                                                                                      \
+    static inline __attribute__((always_inline)) void NAME##_shrink_blk(const void *at, int half, int in,  \
+                                    int ldr, int k0, const float *const *x, int n, int nv, float scale,     \
+                                    float *t) {                                                            \
+        NAME##_lv acc[4][2], acc2[4][2]; /* even and odd j: two chains of FMAs per output */              \
+        memset(acc, 0, sizeof acc);                                                                        \
+        memset(acc2, 0, sizeof acc2);                                                                      \
+        int j = 0;                                                                                         \
+        for (; j + 2 <= in; j += 2) {                                                                      \
+            NAME##_lv a[2], b[2];                                                                          \
+            for (int v = 0; v < nv; v++) {                                                                \
+                a[v] = NAME##_ld(at, (size_t)j * ldr + k0 + v * VL, half);                                 \
+                b[v] = NAME##_ld(at, (size_t)(j + 1) * ldr + k0 + v * VL, half);                           \
+            }                                                                                              \
+            for (int r = 0; r < n; r++)                                                                    \
+                for (int v = 0; v < nv; v++) {                                                             \
+                    acc[r][v] += x[r][j] * a[v];                                                           \
+                    acc2[r][v] += x[r][j + 1] * b[v];                                                      \
+                }                                                                                          \
+        }                                                                                                  \
+        for (; j < in; j++)                                                                                \
+            for (int v = 0; v < nv; v++) {                                                                 \
+                NAME##_lv a = NAME##_ld(at, (size_t)j * ldr + k0 + v * VL, half);                          \
+                for (int r = 0; r < n; r++) acc[r][v] += x[r][j] * a;                                      \
+            }                                                                                              \
+        for (int r = 0; r < n; r++)                                                                        \
+            for (int v = 0; v < nv; v++) {                                                                 \
+                acc[r][v] = (acc[r][v] + acc2[r][v]) * scale;                                              \
+                memcpy(t + (size_t)r * ldr + k0 + v * VL, &acc[r][v], sizeof acc[r][v]);                   \
+            }                                                                                              \
+    }                                                                                                      \
+    static inline __attribute__((always_inline)) void NAME##_shrink_h(const void *at, int half, int in,    \
+                                    int ldr, const float *const *x, int nr, float scale, float *t) {       \
+        for (int r0 = 0; r0 < nr; r0 += 4) {                                                               \
+            int n = nr - r0 < 4 ? nr - r0 : 4;                                                             \
+            for (int k0 = 0; k0 < ldr; k0 += 2 * VL) {                                                     \
+                float *tr = t + (size_t)r0 * ldr;                                                          \
+                if (k0 + VL >= ldr)                                                                        \
+                    NAME##_shrink_blk(at, half, in, ldr, k0, x + r0, n, 1, scale, tr);                     \
+                else if (n == 4) /* constant bounds: the accumulators stay in registers */                 \
+                    NAME##_shrink_blk(at, half, in, ldr, k0, x + r0, 4, 2, scale, tr);                     \
+                else                                                                                       \
+                    NAME##_shrink_blk(at, half, in, ldr, k0, x + r0, n, 2, scale, tr);                     \
+            }                                                                                              \
+        }                                                                                                  \
+    }                                                                                                      \
+    static void NAME##_shrink(const void *at, int half, int in, int ldr, const float *const *x, int nr,    \
+                              float scale, float *t) {                                                     \
+        if (half) NAME##_shrink_h(at, 1, in, ldr, x, nr, scale, t);                                        \
+        else NAME##_shrink_h(at, 0, in, ldr, x, nr, scale, t);                                             \
+    }                                                                                                      \
+    static inline __attribute__((always_inline)) void NAME##_expand_h(const void *bt, int half, int rk,    \
+                                    int out, const float *t, int ldt, int nr, float *const *y) {           \
+        int ov = out / VL * VL;                                                                            \
+        for (int r0 = 0; r0 < nr; r0 += 4) {                                                               \
+            int n = nr - r0 < 4 ? nr - r0 : 4;                                                             \
+            const float *tr = t + (size_t)r0 * ldt;                                                        \
+            for (int o = 0; o < ov; o += 2 * VL) { /* two vectors of outputs: independent chains */      \
+                int nv = o + VL < ov ? 2 : 1;                                                              \
+                NAME##_lv acc[4][2];                                                                       \
+                for (int r = 0; r < n; r++)                                                                \
+                    for (int v = 0; v < nv; v++) memcpy(&acc[r][v], y[r0 + r] + o + v * VL, sizeof acc[r][v]); \
+                for (int k = 0; k < rk; k++)                                                               \
+                    for (int v = 0; v < nv; v++) {                                                         \
+                        NAME##_lv b = NAME##_ld(bt, (size_t)k * out + o + v * VL, half);                   \
+                        for (int r = 0; r < n; r++) acc[r][v] += tr[(size_t)r * ldt + k] * b;              \
+                    }                                                                                      \
+                for (int r = 0; r < n; r++)                                                                \
+                    for (int v = 0; v < nv; v++) memcpy(y[r0 + r] + o + v * VL, &acc[r][v], sizeof acc[r][v]); \
+            }                                                                                              \
+            for (int o = ov; o < out; o++)                                                                 \
+                for (int r = 0; r < n; r++) {                                                              \
+                    float s = y[r0 + r][o];                                                                \
+                    for (int k = 0; k < rk; k++) {                                                         \
+                        size_t e = (size_t)k * out + o;                                                    \
+                        s += tr[(size_t)r * ldt + k] *                                                     \
+                             (half ? kn_f16_one(((const uint16_t *)bt)[e]) : ((const float *)bt)[e]);     \
+                    }                                                                                      \
+                    y[r0 + r][o] = s;                                                                      \
+                }                                                                                          \
+        }                                                                                                  \
+    }                                                                                                      \
+    static void NAME##_expand(const void *bt, int half, int rk, int out, const float *t, int ldt, int nr,  \
+                              float *const *y) {                                                           \
+        if (half) NAME##_expand_h(bt, 1, rk, out, t, ldt, nr, y);                                          \
+        else NAME##_expand_h(bt, 0, rk, out, t, ldt, nr, y);                                               \
+    }
+
 void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
                            float *out);
 void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
 void kn_f16_to_f32_scalar(const uint16_t *src, float *dst, int n);
 void kn_silu_mul_scalar(float *a, const float *b, int n);
 float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out);
+
+/* One F16 value as a float (the kernels' scalar tails). */
+static inline float kn_f16_one(uint16_t h) {
+    float f;
+    kn_f16_to_f32_scalar(&h, &f, 1);
+    return f;
+}
 
 /* exp as 2^(x log2 e) = 2^n * p(f): the degree-7 Taylor polynomial of 2^f on |f| <= 0.5, highest power
  * first (the SIMD paths' exp; relative error < 1e-7 in f, a few 1e-6 from x log2 e rounding to float). */

@@ -263,7 +263,16 @@ static void silu_mul_neon(float *a, const float *b, int n) {
 
 KN_GEMM_F32(gemm_f32_neon, 4)
 
+#define KN_LORA_LOADH(v, p)                                                                  \
+    do {                                                                                         \
+        float32x4_t h_ = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));                         \
+        memcpy(&(v), &h_, sizeof h_);                                                            \
+    } while (0)
+KN_LORA(lora_neon, 4)
+
 const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, gemm_neon, dot_neon, gemm_f32_neon,
-                              attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon};
+                              attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon,
+                              lora_neon_shrink, lora_neon_expand};
 const kn_impl kn_impl_neon_dot = {"neon-dotprod", quant_act_neon, kn_neon_gemm_dot, kn_neon_gemm_dot, kn_neon_gemm_dot, dot_neon,
-                                  gemm_f32_neon, attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon};
+                                  gemm_f32_neon, attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon,
+                                  lora_neon_shrink, lora_neon_expand};

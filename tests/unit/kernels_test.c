@@ -370,6 +370,77 @@ static void test_pool(void) {
     kn_pool_destroy(p);
 }
 
+/* LoRA's shrink and expand, every path, F32 and F16 factors: against a double reference, odd ranks, inputs
+ * and outputs (vector tails), and each row the same bit for bit computed alone as among up to nine rows. */
+static void test_lora(void) {
+    for (int it = 0; it < 40; it++) {
+        int in = 1 + (int)(rnd() % 700), rk = 1 + (int)(rnd() % 40), out = 1 + (int)(rnd() % 300);
+        int nr = 1 + (int)(rnd() % 9), half = (int)(rnd() % 2);
+        int ldr = (rk + KN_LORA_ALIGN - 1) / KN_LORA_ALIGN * KN_LORA_ALIGN;
+        float scale = 0.5f + frand();
+        size_t es = half ? 2 : 4;
+        uint8_t *at = calloc((size_t)in * ldr, es), *bt = malloc((size_t)rk * out * es);
+        double *af = calloc((size_t)in * ldr, sizeof(double)), *bf = malloc(sizeof(double) * (size_t)rk * out);
+        for (int j = 0; j < in; j++)
+            for (int k = 0; k < rk; k++) {
+                float v = frand();
+                uint16_t h = cm_f32_to_f16(v);
+                if (half) memcpy(at + ((size_t)j * ldr + k) * 2, &h, 2), v = cm_f16_to_f32(h);
+                else memcpy(at + ((size_t)j * ldr + k) * 4, &v, 4);
+                af[(size_t)j * ldr + k] = v;
+            }
+        for (int i = 0; i < rk * out; i++) {
+            float v = frand();
+            uint16_t h = cm_f32_to_f16(v);
+            if (half) memcpy(bt + (size_t)i * 2, &h, 2), v = cm_f16_to_f32(h);
+            else memcpy(bt + (size_t)i * 4, &v, 4);
+            bf[i] = v;
+        }
+        float *x = malloc(sizeof(float) * (size_t)nr * in), *y0 = malloc(sizeof(float) * (size_t)nr * out);
+        for (int i = 0; i < nr * in; i++) x[i] = frand();
+        for (int i = 0; i < nr * out; i++) y0[i] = frand();
+        float *y = out_buf((size_t)nr * out), *ya = out_buf((size_t)out), *t = out_buf((size_t)nr * ldr);
+        const float *xr[9];
+        float *yr[9];
+        for (int r = 0; r < nr; r++) xr[r] = x + (size_t)r * in, yr[r] = y + (size_t)r * out;
+        for (int is = 0; is < N_ISA; is++) {
+            if (kn_set_isa(isas[is])) continue;
+            memcpy(y, y0, sizeof(float) * (size_t)nr * out);
+            kn_lora_shrink(at, half, in, ldr, xr, nr, scale, t);
+            kn_lora_expand(bt, half, rk, out, t, ldr, nr, yr);
+            double err = 0;
+            int alone_same = 1;
+            for (int r = 0; r < nr; r++) {
+                double tr[40];
+                for (int k = 0; k < rk; k++) {
+                    tr[k] = 0;
+                    for (int j = 0; j < in; j++) tr[k] += (double)xr[r][j] * af[(size_t)j * ldr + k];
+                    tr[k] *= scale;
+                }
+                for (int o = 0; o < out; o++) {
+                    double want = y0[(size_t)r * out + o], mag = fabs(want);
+                    for (int k = 0; k < rk; k++) want += tr[k] * bf[(size_t)k * out + o], mag += fabs(tr[k] * bf[(size_t)k * out + o]);
+                    err = fmax(err, fabs(yr[r][o] - want) / (mag + 1e-3));
+                }
+                float ta[KN_LORA_ALIGN * 3 + GUARD];
+                memcpy(ya, y0 + (size_t)r * out, sizeof(float) * (size_t)out);
+                kn_lora_shrink(at, half, in, ldr, &xr[r], 1, scale, ta);
+                kn_lora_expand(bt, half, rk, out, ta, ldr, 1, &ya);
+                alone_same &= !memcmp(ya, yr[r], sizeof(float) * (size_t)out);
+            }
+            if (!(err < 1e-5) || !alone_same)
+                fprintf(stderr, "lora %s half %d in %d rank %d out %d rows %d: rel %.3g, alone %s\n", isas[is], half,
+                        in, rk, out, nr, err, alone_same ? "same" : "DIFFERS");
+            CHECK(err < 1e-5);
+            CHECK(alone_same);
+            CHECK(guards_ok(y, (size_t)nr * out));
+            CHECK(guards_ok(t, (size_t)nr * ldr));
+            CHECK(guards_ok(ya, (size_t)out));
+        }
+        free(at), free(bt), free(af), free(bf), free(x), free(y0), free(y), free(ya), free(t);
+    }
+}
+
 int main(void) {
     kn_pool *pool;
     kn_pool_create(3, &pool);
@@ -379,6 +450,7 @@ int main(void) {
     test_matmul(pool);
     test_attention(pool);
     test_elementwise();
+    test_lora();
     test_pool();
     kn_pool_destroy(pool);
     /* FP8 E4M3 reference: worked values, ties to even, saturation, every code round-trips */
