@@ -57,6 +57,7 @@ typedef struct {
     uint64_t incarnation, tok_fp;
     char model[128], worker_id[128];
     char loras[GW_LORA_LIST];    /* its LoRA adapters (ModelInfo), "\nNAME\nNAME\n", or "" */
+    unsigned lora_version;       /* the version of that list (Health tells when it changes) */
     int max_model_len, block_size, vocab;
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
@@ -78,6 +79,7 @@ struct gw_http;
 struct gw_tokq;
 struct gw_pool_ops;
 struct gw_req;
+struct gw_lora_op;
 
 typedef struct gw {
     unsigned long long bad_msgs; /* undecodable or unauthenticated messages since the last log line */
@@ -98,6 +100,8 @@ typedef struct gw {
     char loras[GW_LORA_LIST];    /* the adapters the accepted groups serve, as gw_worker.loras: model names too */
     struct { char name[64]; int n; } lora_run[64]; /* requests of each adapter on a worker (gw_req_join/leave) */
     int n_lora_run;
+    struct gw_lora_op *lora_ops; /* run-time adapter loads and unloads waiting on groups (gw_lora) */
+    uint64_t lora_op_seq;
     int max_model_len;           /* smallest of the usable groups' */
     double settled_at;           /* last time an accepted group was alive: the model holds GW_MODEL_HOLD_S past it */
     /* the embedding model, when some groups serve one (Health.task = TASK_EMBED): the first such

@@ -9,6 +9,7 @@
 #include "cm_model.h"
 #include "gw.h"
 #include "gw_embed.h"
+#include "gw_lora.h"
 #include "gw_http.h"
 #include "gw_life.h"
 #include "gw_metrics.h"
@@ -156,12 +157,13 @@ int gw_start(gw *g, char *err, size_t errlen) {
         if (!err[0]) snprintf(err, errlen, "cannot start the HTTP server");
         return LLM_EIO;
     }
-    static const gw_pool_ops ops = {gw_req_on_chunk, gw_embed_on_result, gw_req_worker_lost};
+    static const gw_pool_ops ops = {gw_req_on_chunk, gw_embed_on_result, gw_req_worker_lost, gw_lora_on_result};
     if ((rc = gw_pool_start(g, &ops, err, errlen))) return rc;
     return 0;
 }
 
 void gw_stop(gw *g) {
+    gw_lora_fail_all(g);
     if (g->req_list) gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");
     if (g->drain_ev) event_free(g->drain_ev);
     g->drain_ev = NULL;

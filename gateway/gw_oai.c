@@ -7,6 +7,7 @@
 #include "gw_admit.h"
 #include "gw_batch.h"
 #include "gw_embed.h"
+#include "gw_lora.h"
 #include "gw_pool.h"
 #include "gw_req.h"
 #include "gw_tokenize.h"
@@ -802,6 +803,10 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
         int key;
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else if (authorized(g, r, &key)) gw_tokenize_handle(g, r, GW_TOK_INFO);
+    } else if (!strcmp(r->path, "/v1/load_lora_adapter") || !strcmp(r->path, "/v1/unload_lora_adapter")) {
+        int key;
+        if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
+        else if (authorized(g, r, &key)) gw_lora_handle(g, r, r->path[4] == 'u');
     } else if (!strcmp(r->path, "/metrics")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_metrics(g, r);

@@ -172,26 +172,36 @@ int gw_pool_has_lora(const char *list, const char *name) {
     return 0;
 }
 
-/* A group's adapters, and the gateway's union of them (names a request's model may give). */
-static void take_loras(gw *g, gw_worker *w, const Llmserve__ModelInfo *mi) {
+/* A group's adapters, and the gateway's union of every group's (names a request's model may give). */
+static void take_loras(gw *g, gw_worker *w, char **names, size_t n, unsigned version) {
     w->loras[0] = 0;
+    w->lora_version = version;
     size_t used = 0;
-    for (size_t k = 0; k < mi->n_loras; k++) {
-        const char *n = mi->loras[k];
-        size_t nl = n ? strlen(n) : 0;
-        if (!nl || nl > 63 || strchr(n, '\n') || used + nl + 3 > sizeof w->loras) continue;
-        used += (size_t)snprintf(w->loras + used, sizeof w->loras - used, "%s%s\n", used ? "" : "\n", n);
-        size_t gl = strlen(g->loras);
-        if (!gw_pool_has_lora(g->loras, n) && gl + nl + 3 <= sizeof g->loras)
-            snprintf(g->loras + gl, sizeof g->loras - gl, "%s%s\n", gl ? "" : "\n", n);
+    for (size_t k = 0; k < n; k++) {
+        const char *nm = names[k];
+        size_t nl = nm ? strlen(nm) : 0;
+        if (!nl || nl > 63 || strchr(nm, '\n') || used + nl + 3 > sizeof w->loras) continue;
+        used += (size_t)snprintf(w->loras + used, sizeof w->loras - used, "%s%s\n", used ? "" : "\n", nm);
     }
-    if (mi->n_loras) CM_INFO("worker group %s serves %zu LoRA adapters", w->addr, mi->n_loras);
+    g->loras[0] = 0;
+    for (int i = 0; i < g->n_workers; i++) /* each name once: adapters loaded and unloaded come and go */
+        for (const char *p = g->w[i].loras; p[0] && p[1];) {
+            const char *e = strchr(p + 1, '\n');
+            char nm[64];
+            snprintf(nm, sizeof nm, "%.*s", (int)(e - p - 1), p + 1);
+            size_t gl = strlen(g->loras), nl = strlen(nm);
+            if (!gw_pool_has_lora(g->loras, nm) && gl + nl + 3 <= sizeof g->loras)
+                snprintf(g->loras + gl, sizeof g->loras - gl, "%s%s\n", gl ? "" : "\n", nm);
+            p = e;
+        }
+    if (n) CM_INFO("worker group %s serves %zu LoRA adapters", w->addr, n);
 }
 
 static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
     if (i < 0) return;
     gw_worker *w = &g->w[i];
-    if (!(mi->has_task && mi->task == LLMSERVE__TASK__TASK_EMBED)) take_loras(g, w, mi);
+    if (!(mi->has_task && mi->task == LLMSERVE__TASK__TASK_EMBED))
+        take_loras(g, w, mi->loras, mi->n_loras, mi->lora_version);
     if (!mi->has_tokenizer_gguf || !mi->tokenizer_gguf.len) {
         refuse(g, i, "its ModelInfo carries no tokenizer (a worker without one cannot be served)");
         return;
@@ -292,6 +302,8 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
     w->block_size = h->block_size;
     w->vocab = h->vocab;
     w->tok_fp = h->has_tokenizer_fingerprint ? h->tokenizer_fingerprint : 0;
+    if (w->accepted && h->has_lora_version && h->lora_version != w->lora_version)
+        ask_model_info(g, i); /* adapters loaded or unloaded, maybe through another gateway */
     int task = h->has_task && h->task == LLMSERVE__TASK__TASK_EMBED ? LLMSERVE__TASK__TASK_EMBED : LLMSERVE__TASK__TASK_GENERATE;
     if (task != w->task && w->accepted) { /* the address now serves the other task: judged afresh */
         g->pool_ops->on_lost(g, i, "the worker group serving this request changed what it serves");
@@ -357,6 +369,14 @@ static void on_recv(evutil_socket_t fd, short what, void *arg) {
         switch (e->body_case) {
         case LLMSERVE__ENVELOPE__BODY_CHUNK: g->pool_ops->on_chunk(g, e->chunk); break;
         case LLMSERVE__ENVELOPE__BODY_EMBED_RESULT: g->pool_ops->on_embed_result(g, e->embed_result); break;
+        case LLMSERVE__ENVELOPE__BODY_LORA_UPDATE_RESULT: {
+            int i = tag_worker(g, e->lora_update_result->worker_tag);
+            if (i < 0) break;
+            take_loras(g, &g->w[i], e->lora_update_result->loras, e->lora_update_result->n_loras,
+                       e->lora_update_result->lora_version);
+            g->pool_ops->on_lora_result(g, i, e->lora_update_result);
+            break;
+        }
         case LLMSERVE__ENVELOPE__BODY_HEALTH: on_health(g, tag_worker(g, e->health->worker_tag), e->health); break;
         case LLMSERVE__ENVELOPE__BODY_MODEL_INFO:
             on_model_info(g, tag_worker(g, e->model_info->worker_tag), e->model_info);

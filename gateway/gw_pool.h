@@ -27,6 +27,8 @@ typedef struct gw_pool_ops {
     void (*on_embed_result)(gw *g, const Llmserve__EmbedResult *r); /* an embedding request's vectors or error */
     void (*on_lost)(gw *g, int i, const char *why);                 /* group i died, restarted or changed: every
                                                                      * request it held moves or ends now */
+    void (*on_lora_result)(gw *g, int i, const Llmserve__LoraUpdateResult *r); /* group i did a LoraUpdate
+                                                                     * (its adapter list is taken already) */
 } gw_pool_ops;
 
 int gw_pool_start(gw *g, const gw_pool_ops *ops, char *err, size_t errlen);

@@ -1,4 +1,5 @@
 #include "wk_engine_int.h"
+#include "wk_lora.h"
 #include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -190,6 +191,7 @@ static void seq_free(wk_engine *e, wk_seq *s) {
 }
 
 static void req_free(wk_engine *e, wk_req *r) {
+    wk_lora_ref(e->m, r->p.lora, -1);
     for (int i = 0; i < r->n_seqs; i++) seq_free(e, r->seqs[i]);
     free(r->stop_buf);
     free(r->stop_ids);
@@ -426,6 +428,7 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
     r->id = id;
     r->arrival = ++e->arrivals;
     r->p = *p;
+    wk_lora_ref(e->m, r->p.lora, 1); /* the adapter stays while the request does */
     r->n_prompt = n_prompt;
     if (!r->p.max_tokens) r->p.max_tokens = L - n_prompt;
     size_t sl = 0;
@@ -832,6 +835,8 @@ void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key),
 }
 
 const wk_model *wk_engine_model(const wk_engine *e) { return e->m; }
+
+wk_model *wk_engine_model_rw(wk_engine *e) { return e->m; }
 int wk_engine_idle(wk_engine *e) { return wk_forward_keepalive(e->m); }
 wk_cache *wk_engine_cache(wk_engine *e) { return e->cache; }
 const wk_engine_opts *wk_engine_options(const wk_engine *e) { return &e->o; }

@@ -163,6 +163,8 @@ int wk_engine_events(wk_engine *e, wk_kv_event *out, int max);
 /* Every key in the prefix cache (a router's full resync). */
 void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key), void *ctx);
 const wk_model *wk_engine_model(const wk_engine *e);
+/* The same model to change between steps (LoRA adapters loaded and unloaded at run time). */
+wk_model *wk_engine_model_rw(wk_engine *e);
 /* Nothing to step this turn: keeps a tensor-parallel group's ranks within
  * their deadline (wk_forward_keepalive). 0, or LLM_EIO when a rank died. */
 int wk_engine_idle(wk_engine *e);

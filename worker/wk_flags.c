@@ -252,8 +252,10 @@ int wk_model_flags_apply(const wk_load_flags *f, wk_model_opts *mo) {
                         f->lora_modules[i]);
                 return LLM_EINVAL;
             }
+    mo->lora_on = f->lora_on;
     mo->lora_modules = f->lora_modules;
     mo->n_lora_modules = f->n_lora_modules;
+    mo->max_loras = f->max_loras;
     mo->max_lora_rank = f->max_lora_rank;
     return 0;
 }

@@ -321,6 +321,19 @@ int wk_forward_shutdown(wk_model *m) {
 }
 
 #define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
+#define PLAN_LORA (-2)      /* n_seq of a LoRA update: hdr[2] the slot, hdr[3] the bytes of "name\0path\0" */
+
+int wk_forward_lora(wk_model *m, int slot, const char *name, const char *path) {
+    size_t nl = strlen(name), pl = strlen(path), n = nl + pl + 2;
+    char buf[1024];
+    if (n > sizeof buf) return LLM_ERANGE;
+    memcpy(buf, name, nl + 1);
+    memcpy(buf + nl + 1, path, pl + 1);
+    int32_t hdr[4] = {PLAN_MAGIC, PLAN_LORA, slot, (int32_t)n};
+    m->plan_t = cm_now();
+    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    return rc ? rc : m->comm->ops->broadcast(m->comm, buf, n, 0);
+}
 
 int wk_forward_keepalive(wk_model *m) {
     if (!m->comm || m->tp_rank != 0 || m->comm->timeout_s <= 0) return 0;
@@ -337,6 +350,14 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
     if (rc) return rc;
     if (hdr[0] == PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
+    if (hdr[0] == PLAN_MAGIC && hdr[1] == PLAN_LORA) {
+        char buf[1024];
+        if (hdr[3] < 2 || (size_t)hdr[3] > sizeof buf) return LLM_EFORMAT;
+        if ((rc = m->comm->ops->broadcast(m->comm, buf, (size_t)hdr[3], 0))) return rc;
+        size_t nl = strnlen(buf, (size_t)hdr[3]);
+        if (nl + 1 >= (size_t)hdr[3] || buf[hdr[3] - 1]) return LLM_EFORMAT;
+        return wk_lora_follow(m, hdr[2], buf, buf + nl + 1);
+    }
     if (hdr[0] != PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
     if (hdr[1] == 0) {
         *shutdown = 1;
@@ -353,7 +374,9 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     for (int i = 0; i < hdr[1]; i++) {
         if (end - p < 5) return LLM_EFORMAT;
         int n = p[0], nb = p[3], lora = p[4];
-        if (n <= 0 || nb < 0 || lora < 0 || lora > m->n_loras || end - p - 5 < (int64_t)n + nb) return LLM_EFORMAT;
+        if (n <= 0 || nb < 0 || lora < 0 || lora > m->n_loras || (lora && !m->loras[lora - 1]) ||
+            end - p - 5 < (int64_t)n + nb)
+            return LLM_EFORMAT;
         for (int k = 0; k < nb; k++)
             if (p[5 + n + k] < 0 || p[5 + n + k] >= c->n_blocks) return LLM_EFORMAT;
         if (((int64_t)p[1] + n + c->block_size - 1) >> c->block_shift > nb) return LLM_EFORMAT;
@@ -368,7 +391,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
     if (n_seq <= 0) return LLM_EINVAL;
     for (int i = 0; i < n_seq; i++) {
         if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n ||
-            s[i].lora < 0 || s[i].lora > m->n_loras)
+            s[i].lora < 0 || s[i].lora > m->n_loras || (s[i].lora && !m->loras[s[i].lora - 1]))
             return LLM_EINVAL;
         if ((int64_t)s[i].pos0 + s[i].n > (int64_t)m->cfg.ctx_len) return LLM_ERANGE;
         for (int j = 0; j < s[i].n; j++)

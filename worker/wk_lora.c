@@ -4,6 +4,8 @@
 
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_hash.h"
+#include "cm_log.h"
 #include "cm_safetensors.h"
 
 #include <jansson.h>
@@ -254,6 +256,127 @@ void wk_lora_free(wk_lora *l) {
     free(l);
 }
 
+int wk_lora_find(const wk_model *m, const char *name) {
+    for (int i = 0; i < m->n_loras; i++)
+        if (m->loras[i] && !m->loras[i]->dead && !strcmp(m->loras[i]->name, name)) return i + 1;
+    return 0;
+}
+
+uint64_t wk_lora_salt(const wk_model *m, int slot, uint64_t salt) {
+    const wk_lora *L = m->loras[slot - 1];
+    salt = cm_salt_lora(salt, L->name);
+    if (!L->gen) return salt;
+    char g[32];
+    snprintf(g, sizeof g, "#%u", L->gen);
+    return cm_salt_lora(salt, g);
+}
+
+/* Every rank says whether its part of an update failed; all learn whether any did (one all-reduce). */
+static int agree(wk_model *m, int failed, int *any) {
+    *any = failed;
+    if (!m->comm || m->tp_size < 2) return 0;
+    float f = (float)failed;
+    int rc = m->comm->ops->all_reduce_sum(m->comm, &f, 1);
+    *any = f > 0.5f;
+    return rc;
+}
+
+static void put(wk_model *m, int slot, wk_lora *L) {
+    m->loras[slot - 1] = L;
+    if (L && slot > m->n_loras) m->n_loras = slot;
+    while (m->n_loras && !m->loras[m->n_loras - 1]) m->n_loras--;
+}
+
+int wk_lora_add(wk_model *m, const char *name, const char *path, char *err, size_t errlen) {
+    if (!m->max_loras) {
+        snprintf(err, errlen, "LoRA is off on this worker (start it with --enable-lora)");
+        return LLM_EUNSUP;
+    }
+    size_t nl = strlen(name);
+    if (!nl || nl > 63 || strpbrk(name, "\n=,") || !path[0]) {
+        snprintf(err, errlen, "lora_name must be 1 to 63 characters without newline, '=' or ',', and lora_path "
+                              "a directory");
+        return LLM_EINVAL;
+    }
+    if (wk_lora_find(m, name)) {
+        snprintf(err, errlen, "The lora adapter '%s' has already been loaded.", name);
+        return LLM_EINVAL;
+    }
+    int slot = 0;
+    for (int i = 0; i < m->max_loras && !slot; i++)
+        if (!m->loras[i]) slot = i + 1;
+    if (!slot) {
+        snprintf(err, errlen, "all %d LoRA slots (--max-loras) are taken: unload an adapter first", m->max_loras);
+        return LLM_EAGAIN;
+    }
+    wk_lora *L = NULL;
+    int rc = wk_lora_load(m, name, path, m->max_lora_rank, &L, err, errlen);
+    if (rc) return rc; /* nothing sent: the other ranks never hear of it */
+    L->gen = ++m->lora_version;
+    put(m, slot, L);
+    if (m->tp_size > 1) {
+        int any;
+        if ((rc = wk_forward_lora(m, slot, name, path)) || (rc = agree(m, 0, &any))) return rc;
+        if (any) {
+            put(m, slot, NULL);
+            wk_lora_free(L);
+            snprintf(err, errlen, "LoRA adapter %s: another tensor-parallel rank could not load %s (see its log)",
+                     name, path);
+            return LLM_EIO;
+        }
+    }
+    CM_INFO("LoRA adapter %s loaded from %s (rank %d) into slot %d", name, path, L->rank, slot);
+    return 0;
+}
+
+int wk_lora_remove(wk_model *m, const char *name, char *err, size_t errlen) {
+    int slot = m->max_loras ? wk_lora_find(m, name) : 0;
+    if (!slot) {
+        snprintf(err, errlen, "The lora adapter '%s' cannot be found.", name);
+        return LLM_ENOTFOUND;
+    }
+    m->loras[slot - 1]->dead = 1;
+    m->lora_version++;
+    CM_INFO("LoRA adapter %s unloaded (%d requests still use it)", name, m->loras[slot - 1]->refs);
+    return 0;
+}
+
+void wk_lora_ref(wk_model *m, int slot, int d) {
+    if (slot > 0 && slot <= m->n_loras && m->loras[slot - 1]) m->loras[slot - 1]->refs += d;
+}
+
+int wk_lora_collect(wk_model *m) {
+    for (int i = 0; i < m->n_loras; i++) {
+        wk_lora *L = m->loras[i];
+        if (!L || !L->dead || L->refs > 0) continue;
+        int rc = m->tp_size > 1 ? wk_forward_lora(m, i + 1, L->name, "") : 0;
+        put(m, i + 1, NULL);
+        wk_lora_free(L);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int wk_lora_follow(wk_model *m, int slot, const char *name, const char *path) {
+    if (slot < 1 || slot > m->max_loras) return LLM_EFORMAT;
+    if (!path[0]) { /* freed on rank 0 */
+        wk_lora_free(m->loras[slot - 1]);
+        put(m, slot, NULL);
+        return 0;
+    }
+    char err[512] = "";
+    wk_lora *L = NULL;
+    int failed = m->loras[slot - 1] != NULL || wk_lora_load(m, name, path, m->max_lora_rank, &L, err, sizeof err);
+    if (failed) CM_ERR("LoRA adapter %s: rank %d could not load it: %s", name, m->tp_rank, err[0] ? err : "slot in use");
+    else put(m, slot, L);
+    int any, rc = agree(m, failed, &any);
+    if (any && !failed) {
+        put(m, slot, NULL);
+        wk_lora_free(L);
+    }
+    return rc;
+}
+
 /* A step's rows of one adapter for one output, up to ITEM_ROWS of them: one piece of work. */
 #define ITEM_ROWS 16
 typedef struct {
@@ -290,7 +413,7 @@ int wk_lora_group(wk_model *m, int n_seq, const wk_batch_seq *s) {
         if (r) st->rows = r;
         apply_item *it = realloc(st->it, sizeof(apply_item) * (size_t)need_it);
         if (it) st->it = it;
-        if (!st->start) st->start = malloc(sizeof(int) * ((size_t)na + 2));
+        if (!st->start) st->start = malloc(sizeof(int) * ((size_t)m->max_loras + 2));
         if (!r || !it || !st->start) return LLM_ENOMEM;
         st->cap_rows = T, st->cap_it = need_it;
     }
@@ -336,7 +459,7 @@ void wk_lora_apply(wk_model *m, int l, int n, const wk_lora_out *o, const float 
     int n_item = 0;
     for (int a = 1; a <= m->n_loras; a++) { /* adapter a's rows: [start[a - 1], start[a]) */
         const wk_lora *L = m->loras[a - 1];
-        for (int k = 0; k < n; k++) {
+        for (int k = 0; L && k < n; k++) {
             const wk_lora_mat *f = &L->mat[(size_t)l * WK_LORA_N + (size_t)o[k].which];
             if (!f->at) continue;
             for (int r = st->start[a - 1]; r < st->start[a]; r += ITEM_ROWS)

@@ -29,6 +29,9 @@ typedef struct wk_lora {
     float scale;              /* lora_alpha / rank (/ sqrt(rank) with use_rslora) */
     int n_layer;
     wk_lora_mat *mat;         /* [n_layer][WK_LORA_N]; a NULL at: not targeted */
+    int refs;                 /* engine requests using it */
+    int dead;                 /* unloaded: no new requests; freed once refs is 0 (wk_lora_collect) */
+    unsigned gen;             /* the model's lora_version when loaded: its prefix-cache salt */
 } wk_lora;
 
 /* A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) for model m, at most max_rank:
@@ -37,6 +40,26 @@ typedef struct wk_lora {
 int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_rank, wk_lora **out, char *err,
                  size_t errlen);
 void wk_lora_free(wk_lora *l);
+
+/* The slot (1-based) of the live adapter called name, or 0. */
+int wk_lora_find(const wk_model *m, const char *name);
+/* A request's prefix-cache salt for adapter slot: the name's (cm_salt_lora, as the gateway routes by),
+ * with the load's generation for an adapter loaded at run time (a name reused never meets old K/V). */
+uint64_t wk_lora_salt(const wk_model *m, int slot, uint64_t salt);
+/* Loads adapter name from the PEFT directory path into a free slot, on every rank of a tensor-parallel
+ * group (rank 0 only: the others follow through wk_forward_lora). 0, or an error with err filled:
+ * LLM_EINVAL a live adapter has the name (or a bad name), LLM_EAGAIN all --max-loras slots are taken, LLM_EUNSUP LoRA
+ * is off, or the load's own error. */
+int wk_lora_add(wk_model *m, const char *name, const char *path, char *err, size_t errlen);
+/* Unloads name: no new requests from now; its memory goes when the last request using it ends
+ * (wk_lora_collect). LLM_ENOTFOUND when no live adapter has the name. */
+int wk_lora_remove(wk_model *m, const char *name, char *err, size_t errlen);
+/* A request takes (+1) or leaves (-1) slot's adapter. */
+void wk_lora_ref(wk_model *m, int slot, int d);
+/* Frees the unloaded adapters no request uses any more, on every rank: 0 or the group's error. */
+int wk_lora_collect(wk_model *m);
+/* A follower's side of wk_forward_lora: 0, or the group's error. */
+int wk_lora_follow(wk_model *m, int slot, const char *name, const char *path);
 
 /* Groups a step's rows by adapter (s[i].lora, 1-based; 0: the base model) for wk_lora_apply: 1 when some
  * sequence has an adapter, 0 when none does (nothing to apply), or LLM_ENOMEM. Once per forward step. */

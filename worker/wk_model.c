@@ -451,20 +451,20 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
                       (rc = kn_act_init(&m->act_perm, (int64_t)m->perm_k, B))))
         goto fail;
     if (m->device == WK_DEV_CUDA && (rc = wk_cuda_load(m, err, errlen))) goto fail;
-    if (o->n_lora_modules) {
+    if (o->lora_on || o->n_lora_modules) {
         if (m->device == WK_DEV_CUDA) {
-            snprintf(err, errlen, "--lora-modules: LoRA runs on the CPU backend only for now");
+            snprintf(err, errlen, "--enable-lora: LoRA runs on the CPU backend only for now");
             rc = LLM_EUNSUP;
             goto fail;
         }
-        if (!(m->loras = calloc((size_t)o->n_lora_modules, sizeof *m->loras))) { rc = LLM_ENOMEM; goto fail; }
-        for (int i = 0; i < o->n_lora_modules; i++) {
+        m->max_loras = o->max_loras > 0 ? o->max_loras : 8;
+        m->max_lora_rank = o->max_lora_rank > 0 ? o->max_lora_rank : 16;
+        if (!(m->loras = calloc((size_t)m->max_loras, sizeof *m->loras))) { rc = LLM_ENOMEM; goto fail; }
+        for (int i = 0; i < o->n_lora_modules && i < m->max_loras; i++) {
             const char *spec = o->lora_modules[i], *eq = strchr(spec, '=');
             char name[64];
             snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - spec) : 0, spec);
-            if ((rc = wk_lora_load(m, name, eq + 1, o->max_lora_rank > 0 ? o->max_lora_rank : 16, &m->loras[i], err,
-                                   errlen)))
-                goto fail;
+            if ((rc = wk_lora_load(m, name, eq + 1, m->max_lora_rank, &m->loras[i], err, errlen))) goto fail;
             m->n_loras++;
         }
     }

@@ -88,8 +88,10 @@ typedef struct wk_model {
     struct wk_batch_seq *plan_seqs;      /* [max_batch] */
     double plan_t;                       /* rank 0: when it last sent the ranks anything (cm_now) */
     /* LoRA adapters (--lora-modules), applied per sequence of a step (wk_lora.h) */
-    struct wk_lora **loras;
-    int n_loras;
+    struct wk_lora **loras;              /* [max_loras] slots; NULL: free */
+    int n_loras;                         /* slots [0, n_loras) may be in use */
+    int max_loras, max_lora_rank;        /* 0 max_loras: LoRA off (no --enable-lora) */
+    unsigned lora_version;               /* changes with every load and unload */
     struct wk_lora_step *lora_step;      /* the current step's rows grouped by adapter (wk_lora_group) */
     /* called with every matmul's input rows x [T][w->k] before it runs (llmserve imatrix), or NULL */
     void (*act_hook)(void *ctx, const kn_weight *w, const float *x, int T);
@@ -113,8 +115,10 @@ typedef struct {
                                           * outlive this one) instead of starting one */
     const char *rope_scaling;            /* --rope-scaling: a rope_scaling JSON object for a model without one */
     int expert_parallel;                 /* --enable-expert-parallel: experts whole, a share on each rank */
+    int lora_on;                         /* --enable-lora: adapters at start and at run time */
     const char *const *lora_modules;     /* [n_lora_modules] "NAME=PATH" (PEFT directories) */
     int n_lora_modules;
+    int max_loras;                       /* 0: 8 */
     int max_lora_rank;                   /* 0: 16 */
 } wk_model_opts;
 
@@ -176,6 +180,9 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
  * (*shutdown = 1). LLM_EIO when a rank died, LLM_EFORMAT for a bad plan. */
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown);
 int wk_forward_shutdown(wk_model *m);
+/* Rank 0 tells the ranks that LoRA slot `slot` (1-based) now holds adapter name from path (path empty:
+ * freed); each follower does it in wk_forward_follow (wk_lora_follow). */
+int wk_forward_lora(wk_model *m, int slot, const char *name, const char *path);
 /* Rank 0, idle: once a quarter of the group's collective deadline has
  * passed since it last sent the ranks a step, an empty step that keeps them
  * within it (wk_forward_follow returns with nothing run). Nothing without

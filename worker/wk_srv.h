@@ -114,6 +114,7 @@ struct server {
     _Atomic int hb_stop;         /* set by the loop thread, read by the heartbeat thread */
     int max_model_len, block_size, vocab, tp;
     uint64_t incarnation;        /* random per process: gateways see a restart as a new value */
+    unsigned lora_version;       /* the model's, as the loop last saw it (Health reads it: __atomic) */
     uint8_t *tok_gguf;           /* the tokenizer for ModelInfo (cm_tok_export) */
     size_t tok_len;
     uint64_t tok_fp;
@@ -183,6 +184,8 @@ void wk_srv_drain_queue(server *s, int idle);
 
 /* ---- the wires ----------------------------------------------------------- */
 void wk_srv_on_generate(server *s, const Llmserve__Generate *g); /* wk_srv_gen.c */
+void wk_srv_on_lora_update(server *s, const Llmserve__LoraUpdate *u); /* wk_srv_gen.c */
+size_t wk_srv_lora_names(server *s, char **names, size_t max); /* wk_srv_gen.c: the live adapters */
 void wk_srv_on_embed(server *s, const Llmserve__Embed *m);       /* wk_srv_embed.c */
 /* Two short requests, start to end, before the first client (wk_srv_gen.c). */
 int wk_srv_warm_up(wk_engine *e, char *err, size_t errlen);

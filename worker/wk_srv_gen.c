@@ -9,6 +9,7 @@
 #include "cm_log.h"
 #include "pr_params.h"
 #include "wk_cuda.h"
+#include "wk_flags.h"
 #include "wk_lora.h"
 
 #include <stdio.h>
@@ -64,15 +65,14 @@ void wk_srv_on_generate(server *s, const Llmserve__Generate *g) {
     p.cache_salt = g->cache_salt ? cm_salt_of(g->cache_salt, strlen(g->cache_salt)) : 0;
     if (g->lora && g->lora[0]) { /* an adapter: its slot, and a cache of its own */
         const wk_model *m = wk_engine_model(s->e);
-        for (int i = 0; i < m->n_loras && !p.lora; i++)
-            if (!strcmp(m->loras[i]->name, g->lora)) p.lora = i + 1;
+        p.lora = wk_lora_find(m, g->lora);
         if (!p.lora) {
             char m2[160];
             snprintf(m2, sizeof m2, "LoRA adapter '%.64s' is not loaded on this worker", g->lora);
             wk_srv_send_error_chunk(s, gi, g->request_id, LLM_EINVAL, m2, LLMSERVE__FINISH_REASON__FINISH_ERROR);
             return;
         }
-        p.cache_salt = cm_salt_lora(p.cache_salt, g->lora);
+        p.cache_salt = wk_lora_salt(m, p.lora, p.cache_salt);
     }
     if (g->n_token_ids > (size_t)INT32_MAX / 2 || g->n_resume_token_ids > (size_t)INT32_MAX / 2) {
         wk_srv_send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
@@ -339,7 +339,59 @@ int wk_srv_warm_up(wk_engine *e, char *err, size_t errlen) {
 
 static int gen_has_work(const server *s) { return wk_engine_has_work(s->e); }
 
-static int gen_step(server *s) { return wk_engine_step(s->e); }
+/* A step, then the memory of adapters unloaded whose last request it ended. */
+static int gen_step(server *s) {
+    int rc = wk_engine_step(s->e);
+    wk_model *m = wk_engine_model_rw(s->e);
+    if (rc >= 0 && m->max_loras) {
+        int r2 = wk_lora_collect(m);
+        if (r2) return r2;
+    }
+    return rc;
+}
+
+/* The adapters a group serves now, for a LoraUpdateResult or a ModelInfo: up to max names. */
+size_t wk_srv_lora_names(server *s, char **names, size_t max) {
+    size_t n = 0;
+    const wk_model *m = s->e && s->be->task == LLMSERVE__TASK__TASK_GENERATE ? wk_engine_model(s->e) : NULL;
+    for (int i = 0; m && i < m->n_loras && n < max; i++)
+        if (m->loras[i] && !m->loras[i]->dead) names[n++] = m->loras[i]->name;
+    return n;
+}
+
+void wk_srv_on_lora_update(server *s, const Llmserve__LoraUpdate *u) {
+    gateway *gw = wk_srv_find_gw(s, u->gateway_id);
+    if (!gw) return; /* its Hello comes first, every second */
+    char err[600] = "";
+    int rc;
+    if (s->be->task != LLMSERVE__TASK__TASK_GENERATE) {
+        snprintf(err, sizeof err, "an embedding group serves no LoRA adapters");
+        rc = LLM_EUNSUP;
+    } else {
+        wk_model *m = wk_engine_model_rw(s->e);
+        rc = u->has_unload && u->unload ? wk_lora_remove(m, u->name, err, sizeof err)
+                                        : wk_lora_add(m, u->name, u->path ? u->path : "", err, sizeof err);
+        if (!rc) rc = wk_lora_collect(m); /* an unused adapter's memory goes now */
+        __atomic_store_n(&s->lora_version, m->lora_version, __ATOMIC_RELAXED);
+        if (rc && !err[0]) snprintf(err, sizeof err, "%s", cm_strerror(rc));
+    }
+    Llmserve__LoraUpdateResult r = LLMSERVE__LORA_UPDATE_RESULT__INIT;
+    char *names[WK_MAX_LORA_MODULES];
+    r.id = u->id;
+    r.has_error_code = rc != 0;
+    r.error_code = rc;
+    r.error = rc ? err : NULL;
+    r.n_loras = wk_srv_lora_names(s, names, WK_MAX_LORA_MODULES);
+    r.loras = names;
+    r.has_lora_version = 1;
+    r.lora_version = __atomic_load_n(&s->lora_version, __ATOMIC_RELAXED);
+    r.worker_tag = u->worker_tag;
+    pr_env env;
+    pr_env_init(&env);
+    env.body_case = LLMSERVE__ENVELOPE__BODY_LORA_UPDATE_RESULT;
+    env.lora_update_result = &r;
+    wk_srv_send(s, (int)(gw - s->gw), &env);
+}
 
 static int gen_idle(server *s) { return wk_engine_idle(s->e); }
 

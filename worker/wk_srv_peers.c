@@ -219,6 +219,8 @@ static void send_health_with(server *s, int g, Llmserve__Stats *stp) {
     h.has_incarnation = h.has_tokenizer_fingerprint = 1;
     h.incarnation = s->incarnation;
     h.tokenizer_fingerprint = s->tok_fp;
+    h.has_lora_version = 1;
+    h.lora_version = __atomic_load_n(&s->lora_version, __ATOMIC_RELAXED);
     if (s->be->task == LLMSERVE__TASK__TASK_EMBED) {
         h.has_task = h.has_embedding_dim = 1;
         h.task = LLMSERVE__TASK__TASK_EMBED;
@@ -292,8 +294,7 @@ void wk_srv_on_model_info(server *s, const Llmserve__ModelInfoRequest *r) {
     mi.tokenizer_gguf.len = s->tok_len;
     mi.worker_tag = gw->tag[0] ? gw->tag : NULL;
     char *loras[WK_MAX_LORA_MODULES];
-    const wk_model *lm = s->e ? wk_engine_model(s->e) : NULL;
-    for (int i = 0; lm && i < lm->n_loras && i < WK_MAX_LORA_MODULES; i++) loras[mi.n_loras++] = lm->loras[i]->name;
+    mi.n_loras = wk_srv_lora_names(s, loras, WK_MAX_LORA_MODULES);
     mi.loras = loras;
     if (s->be->task == LLMSERVE__TASK__TASK_EMBED) {
         mi.has_task = mi.has_embedding_dim = 1;

@@ -31,6 +31,7 @@ static void handle(server *s, pr_env *env) {
     case LLMSERVE__ENVELOPE__BODY_CANCEL: on_cancel(s, env->cancel); break;
     case LLMSERVE__ENVELOPE__BODY_EMBED: wk_srv_on_embed(s, env->embed); break;
     case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: wk_srv_on_stats_request(s, env->stats_request); break;
+    case LLMSERVE__ENVELOPE__BODY_LORA_UPDATE: wk_srv_on_lora_update(s, env->lora_update); break;
     default:
         s->dropped++;
         CM_WARN("unexpected message (body %d) dropped", env->body_case);
@@ -46,6 +47,7 @@ static const char *gateway_of(const pr_env *env) {
     case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: return env->stats_request->gateway_id;
     case LLMSERVE__ENVELOPE__BODY_MODEL_INFO_REQUEST: return env->model_info_request->gateway_id;
     case LLMSERVE__ENVELOPE__BODY_EMBED: return env->embed->gateway_id;
+    case LLMSERVE__ENVELOPE__BODY_LORA_UPDATE: return env->lora_update->gateway_id;
     default: return NULL;
     }
 }

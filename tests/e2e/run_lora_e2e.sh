@@ -7,7 +7,8 @@
 # others the merged models, each behind a gateway, and
 # lora_check.py holds every adapter's answers to the merged model's, alone
 # and batched with the other adapter and the base model. Adapters the engine
-# cannot apply are refused by name.
+# cannot apply are refused by name. lora_runtime.py loads and unloads adapters
+# while two more groups serve (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
 #   run_lora_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
@@ -37,6 +38,24 @@ done
 U=http://127.0.0.1
 "$VENV/bin/python" "$HERE/lora_check.py" $U:$((B + 10)) $U:$((B + 11)) $U:$((B + 12)) base $U:$((B + 13)) $U:$((B + 14)) ||
     { tail -5 "$OUT"/*.log; exit 1; }
+# adapters loaded and unloaded at run time: two groups (one over 2 TP ranks) with --enable-lora and none at
+# start, behind one gateway; a second gateway fronts the TP group alone
+RT=(--enable-lora --max-loras 2 --served-model-name base)
+"${W[@]}" --model "$OUT/base.gguf" "${RT[@]}" --listen tcp://127.0.0.1:$((B + 5)) >"$OUT/w5.log" 2>&1 & PIDS+=($!)
+"${W[@]}" --model "$OUT/base.gguf" "${RT[@]}" --tensor-parallel-size 2 --listen tcp://127.0.0.1:$((B + 6)) \
+    >"$OUT/w6.log" 2>&1 & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $((B + 15)) --workers tcp://127.0.0.1:$((B + 5)),tcp://127.0.0.1:$((B + 6)) \
+    --log-level warn >"$OUT/g5.log" 2>&1 & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $((B + 16)) --workers tcp://127.0.0.1:$((B + 6)) --log-level warn >"$OUT/g6.log" 2>&1 &
+PIDS+=($!)
+for k in 5:2 6:1; do
+    for _ in $(seq 1 150); do
+        curl -s "http://127.0.0.1:$((B + 10 + ${k%:*}))/health" 2>/dev/null | grep -q "\"workers_up\":${k#*:}" && break
+        sleep 0.2
+    done
+done
+"$VENV/bin/python" "$HERE/lora_runtime.py" $U:$((B + 15)) $U:$((B + 16)) $U:$((B + 11)) $U:$((B + 12)) "$OUT" base ||
+    { tail -5 "$OUT"/w5.log "$OUT"/w6.log "$OUT"/g5.log; exit 1; }
 # refused by name: the worker exits saying which setting it cannot apply
 fail=0
 while IFS=$'\t' read -r dir want; do
