@@ -274,8 +274,8 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
 /* ---- tensor parallel step plans ----------------------------------------
  * Rank 0 broadcasts each step: a header {magic, n_seq, n_copies, n_ints},
  * then n_ints int32: the copy-on-write pairs, then per sequence n, pos0,
- * logits_from, table length, LoRA adapter, its tokens and its blocks. */
-#define PLAN_MAGIC 0x4c504c4e
+ * logits_from, table length, LoRA adapter, its tokens and its blocks. A
+ * keep-alive and a LoRA update (wk_model.h) are headers of their own. */
 
 static int plan_grow(wk_model *m, size_t n) {
     if (n <= m->plan_cap) return 0;
@@ -308,7 +308,7 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s)
         memcpy(p, s[i].blocks, sizeof(int32_t) * (size_t)nb);
         p += nb;
     }
-    int32_t hdr[4] = {PLAN_MAGIC, n_seq, c->n_copies, (int32_t)n};
+    int32_t hdr[4] = {WK_PLAN_MAGIC, n_seq, c->n_copies, (int32_t)n};
     c->n_copies = 0;
     m->plan_t = cm_now();
     if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
@@ -316,31 +316,17 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s)
 }
 
 int wk_forward_shutdown(wk_model *m) {
-    int32_t hdr[4] = {PLAN_MAGIC, 0, 0, 0};
+    int32_t hdr[4] = {WK_PLAN_MAGIC, 0, 0, 0};
     return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
 }
 
 #define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
-#define PLAN_LORA (-2)      /* n_seq of a LoRA update: hdr[2] the slot, hdr[3] the bytes of "name\0path\0" */
-
-int wk_forward_lora(wk_model *m, int slot, const char *name, const char *path) {
-    size_t nl = strlen(name), pl = strlen(path), n = nl + pl + 2;
-    char buf[1024];
-    if (n > sizeof buf) return LLM_ERANGE;
-    memcpy(buf, name, nl + 1);
-    memcpy(buf + nl + 1, path, pl + 1);
-    int32_t hdr[4] = {PLAN_MAGIC, PLAN_LORA, slot, (int32_t)n};
-    m->plan_t = cm_now();
-    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
-    return rc ? rc : m->comm->ops->broadcast(m->comm, buf, n, 0);
-}
-
 int wk_forward_keepalive(wk_model *m) {
     if (!m->comm || m->tp_rank != 0 || m->comm->timeout_s <= 0) return 0;
     double t = cm_now();
     if (t - m->plan_t < m->comm->timeout_s / 4) return 0;
     m->plan_t = t;
-    int32_t hdr[4] = {PLAN_MAGIC, PLAN_KEEPALIVE, 0, 0};
+    int32_t hdr[4] = {WK_PLAN_MAGIC, PLAN_KEEPALIVE, 0, 0};
     return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
 }
 
@@ -349,8 +335,8 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     int32_t hdr[4];
     int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
     if (rc) return rc;
-    if (hdr[0] == PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
-    if (hdr[0] == PLAN_MAGIC && hdr[1] == PLAN_LORA) {
+    if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
+    if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == WK_PLAN_LORA) {
         char buf[1024];
         if (hdr[3] < 2 || (size_t)hdr[3] > sizeof buf) return LLM_EFORMAT;
         if ((rc = m->comm->ops->broadcast(m->comm, buf, (size_t)hdr[3], 0))) return rc;
@@ -358,7 +344,7 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         if (nl + 1 >= (size_t)hdr[3] || buf[hdr[3] - 1]) return LLM_EFORMAT;
         return wk_lora_follow(m, hdr[2], buf, buf + nl + 1);
     }
-    if (hdr[0] != PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
+    if (hdr[0] != WK_PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
     if (hdr[1] == 0) {
         *shutdown = 1;
         return 0;

@@ -6,6 +6,7 @@
 #include "cm_error.h"
 #include "cm_hash.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "cm_safetensors.h"
 
 #include <jansson.h>
@@ -271,6 +272,19 @@ uint64_t wk_lora_salt(const wk_model *m, int slot, uint64_t salt) {
     return cm_salt_lora(salt, g);
 }
 
+/* Rank 0 tells the ranks that slot (1-based) now holds name from path (path empty: freed). */
+static int send_update(wk_model *m, int slot, const char *name, const char *path) {
+    size_t nl = strlen(name), pl = strlen(path), n = nl + pl + 2;
+    char buf[1024];
+    if (n > sizeof buf) return LLM_ERANGE;
+    memcpy(buf, name, nl + 1);
+    memcpy(buf + nl + 1, path, pl + 1);
+    int32_t hdr[4] = {WK_PLAN_MAGIC, WK_PLAN_LORA, slot, (int32_t)n};
+    m->plan_t = cm_now();
+    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    return rc ? rc : m->comm->ops->broadcast(m->comm, buf, n, 0);
+}
+
 /* Every rank says whether its part of an update failed; all learn whether any did (one all-reduce). */
 static int agree(wk_model *m, int failed, int *any) {
     *any = failed;
@@ -316,7 +330,7 @@ int wk_lora_add(wk_model *m, const char *name, const char *path, char *err, size
     put(m, slot, L);
     if (m->tp_size > 1) {
         int any;
-        if ((rc = wk_forward_lora(m, slot, name, path)) || (rc = agree(m, 0, &any))) return rc;
+        if ((rc = send_update(m, slot, name, path)) || (rc = agree(m, 0, &any))) return rc;
         if (any) {
             put(m, slot, NULL);
             wk_lora_free(L);
@@ -349,7 +363,7 @@ int wk_lora_collect(wk_model *m) {
     for (int i = 0; i < m->n_loras; i++) {
         wk_lora *L = m->loras[i];
         if (!L || !L->dead || L->refs > 0) continue;
-        int rc = m->tp_size > 1 ? wk_forward_lora(m, i + 1, L->name, "") : 0;
+        int rc = m->tp_size > 1 ? send_update(m, i + 1, L->name, "") : 0;
         put(m, i + 1, NULL);
         wk_lora_free(L);
         if (rc) return rc;

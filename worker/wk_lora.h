@@ -47,7 +47,7 @@ int wk_lora_find(const wk_model *m, const char *name);
  * with the load's generation for an adapter loaded at run time (a name reused never meets old K/V). */
 uint64_t wk_lora_salt(const wk_model *m, int slot, uint64_t salt);
 /* Loads adapter name from the PEFT directory path into a free slot, on every rank of a tensor-parallel
- * group (rank 0 only: the others follow through wk_forward_lora). 0, or an error with err filled:
+ * group (rank 0 only: the others follow through the step plan, wk_lora_follow). 0, or an error with err filled:
  * LLM_EINVAL a live adapter has the name (or a bad name), LLM_EAGAIN all --max-loras slots are taken, LLM_EUNSUP LoRA
  * is off, or the load's own error. */
 int wk_lora_add(wk_model *m, const char *name, const char *path, char *err, size_t errlen);
@@ -58,7 +58,7 @@ int wk_lora_remove(wk_model *m, const char *name, char *err, size_t errlen);
 void wk_lora_ref(wk_model *m, int slot, int d);
 /* Frees the unloaded adapters no request uses any more, on every rank: 0 or the group's error. */
 int wk_lora_collect(wk_model *m);
-/* A follower's side of wk_forward_lora: 0, or the group's error. */
+/* A follower's side of an update (wk_forward_follow): 0, or the group's error. */
 int wk_lora_follow(wk_model *m, int slot, const char *name, const char *path);
 
 /* Groups a step's rows by adapter (s[i].lora, 1-based; 0: the base model) for wk_lora_apply: 1 when some

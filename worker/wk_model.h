@@ -180,9 +180,11 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
  * (*shutdown = 1). LLM_EIO when a rank died, LLM_EFORMAT for a bad plan. */
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown);
 int wk_forward_shutdown(wk_model *m);
-/* Rank 0 tells the ranks that LoRA slot `slot` (1-based) now holds adapter name from path (path empty:
- * freed); each follower does it in wk_forward_follow (wk_lora_follow). */
-int wk_forward_lora(wk_model *m, int slot, const char *name, const char *path);
+/* A step plan's header is {WK_PLAN_MAGIC, n_seq, copies, words}; an n_seq of WK_PLAN_LORA is a LoRA
+ * update instead ({.., slot, bytes of "name\0path\0"}, then those bytes; wk_lora.c sends it, and
+ * wk_forward_follow hands it to wk_lora_follow). */
+#define WK_PLAN_MAGIC 0x4c504c4e
+#define WK_PLAN_LORA (-2)
 /* Rank 0, idle: once a quarter of the group's collective deadline has
  * passed since it last sent the ranks a step, an empty step that keeps them
  * within it (wk_forward_follow returns with nothing run). Nothing without

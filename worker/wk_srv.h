@@ -185,7 +185,7 @@ void wk_srv_drain_queue(server *s, int idle);
 /* ---- the wires ----------------------------------------------------------- */
 void wk_srv_on_generate(server *s, const Llmserve__Generate *g); /* wk_srv_gen.c */
 void wk_srv_on_lora_update(server *s, const Llmserve__LoraUpdate *u); /* wk_srv_gen.c */
-size_t wk_srv_lora_names(server *s, char **names, size_t max); /* wk_srv_gen.c: the live adapters */
+size_t wk_srv_lora_names(server *s, char **names, size_t max); /* wk_srv_peers.c: the live adapters */
 void wk_srv_on_embed(server *s, const Llmserve__Embed *m);       /* wk_srv_embed.c */
 /* Two short requests, start to end, before the first client (wk_srv_gen.c). */
 int wk_srv_warm_up(wk_engine *e, char *err, size_t errlen);

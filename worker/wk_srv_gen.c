@@ -350,15 +350,6 @@ static int gen_step(server *s) {
     return rc;
 }
 
-/* The adapters a group serves now, for a LoraUpdateResult or a ModelInfo: up to max names. */
-size_t wk_srv_lora_names(server *s, char **names, size_t max) {
-    size_t n = 0;
-    const wk_model *m = s->e && s->be->task == LLMSERVE__TASK__TASK_GENERATE ? wk_engine_model(s->e) : NULL;
-    for (int i = 0; m && i < m->n_loras && n < max; i++)
-        if (m->loras[i] && !m->loras[i]->dead) names[n++] = m->loras[i]->name;
-    return n;
-}
-
 void wk_srv_on_lora_update(server *s, const Llmserve__LoraUpdate *u) {
     gateway *gw = wk_srv_find_gw(s, u->gateway_id);
     if (!gw) return; /* its Hello comes first, every second */
