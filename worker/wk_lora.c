@@ -4,6 +4,7 @@
 
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_gguf.h"
 #include "cm_hash.h"
 #include "cm_log.h"
 #include "cm_time.h"
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *const MOD_HF[WK_LORA_N] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                               "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
@@ -132,11 +134,18 @@ static void share(const wk_model *m, int j, int *in, int *c0, int *in_l, int *ou
 
 /* The Hugging Face row of GGUF row g of a Q (or K) projection whose RoPE rotates adjacent pairs: llama.cpp's
  * converter interleaves each head's halves (row 2i <- i, 2i+1 <- hd/2 + i); its base weights are stored so. */
-static int hf_row(const wk_model *m, int j, int g) {
+/* The row of B's source for this rank's output row g of projection j. Q/K rows differ in order where the
+ * engine's RoPE and the source's disagree: a PEFT adapter is in Hugging Face order, and on a GGUF base of
+ * adjacent-pair RoPE the engine's rows are in the converter's order; a GGUF LoRA is in the converter's
+ * order, and on a Hugging Face llama directory the engine's rows are in Hugging Face order (qwen's
+ * converter keeps the order, as its RoPE rotates halves). */
+static int src_row(const wk_model *m, int gguf, int j, int g) {
     int hd = (int)m->cfg.head_dim;
-    if (m->cfg.rope_type != CM_ROPE_NORM || (j != WK_LORA_Q && j != WK_LORA_K)) return g;
+    if (j != WK_LORA_Q && j != WK_LORA_K) return g;
     int h = g / hd, i = g % hd;
-    return h * hd + (i % 2 ? hd / 2 + i / 2 : i / 2);
+    if (!gguf) return m->cfg.rope_type != CM_ROPE_NORM ? g : h * hd + (i % 2 ? hd / 2 + i / 2 : i / 2);
+    if (m->file->format != CM_FMT_HF || strcmp(m->cfg.arch, "llama")) return g;
+    return h * hd + (i < hd / 2 ? 2 * i : 2 * (i - hd / 2) + 1);
 }
 
 static int load_mat(const wk_model *m, wk_lora *l, int layer, int j, const cm_st_tensor *A, const cm_st_tensor *B,
@@ -164,10 +173,111 @@ static int load_mat(const wk_model *m, wk_lora *l, int layer, int j, const cm_st
     for (int k = 0; k < r; k++)
         for (int c = 0; c < in_l; c++) set(x, (size_t)c * l->ldr + k, 0, A, (uint64_t)k * in + (uint64_t)(c0 + c));
     for (int o = 0; o < out_l; o++) {
-        int hr = hf_row(m, j, r0 + o);
+        int hr = src_row(m, l->gguf, j, r0 + o);
         for (int k = 0; k < r; k++) set(x, (size_t)k * out_l + o, 1, B, (uint64_t)hr * r + (uint64_t)k);
     }
     return 0;
+}
+
+/* The projections' GGUF names, in the order of wk_lora.mat. */
+static const char *const MOD_GGUF[WK_LORA_N] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                                "ffn_down"};
+
+/* A GGUF LoRA (llama.cpp's convert_lora_to_gguf: general.type "adapter", adapter.type "lora",
+ * adapter.lora.alpha, tensors blk.N.<projection>.weight.lora_a [in, r] and .lora_b [r, out], Q/K rows in
+ * the converter's order): every key honoured or a general.* name, every tensor a factor of a projection
+ * this engine adapts, one rank for all; else refused by name. */
+static int load_gguf(const wk_model *m, wk_lora *l, const char *path, int max_rank, char *err, size_t errlen) {
+    cm_gguf *g = NULL;
+    char e[400];
+    int rc = cm_gguf_open(path, &g, e, sizeof e);
+    if (rc) {
+        snprintf(err, errlen, "LoRA adapter %s: %s", l->name, e);
+        return rc;
+    }
+    rc = LLM_EUNSUP;
+    cm_str arch = {0}, type = {0}, at = {0};
+    cm_gguf_get_str(g, "general.architecture", &arch);
+    cm_gguf_get_str(g, "general.type", &type);
+    cm_gguf_get_str(g, "adapter.type", &at);
+    if (type.len != 7 || memcmp(type.ptr, "adapter", 7) || at.len != 4 || memcmp(at.ptr, "lora", 4)) {
+        snprintf(err, errlen, "LoRA adapter %s: %s is not a LoRA adapter (general.type '%.*s', adapter.type '%.*s')",
+                 l->name, path, (int)type.len, type.ptr ? type.ptr : "", (int)at.len, at.ptr ? at.ptr : "");
+        goto out;
+    }
+    if (arch.len != strlen(m->cfg.arch) || memcmp(arch.ptr, m->cfg.arch, arch.len)) {
+        snprintf(err, errlen, "LoRA adapter %s: %s is for architecture '%.*s', the model is '%s'", l->name, path,
+                 (int)arch.len, arch.ptr ? arch.ptr : "", m->cfg.arch);
+        goto out;
+    }
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const cm_str *k = &g->kv[i].key;
+        if ((k->len > 8 && !memcmp(k->ptr, "general.", 8)) || (k->len == 12 && !memcmp(k->ptr, "adapter.type", 12)) ||
+            (k->len == 18 && !memcmp(k->ptr, "adapter.lora.alpha", 18)))
+            continue;
+        snprintf(err, errlen, "LoRA adapter %s: %s has key %.*s, which changes the adapter in a way this engine "
+                 "does not implement: refused", l->name, path, (int)k->len, k->ptr);
+        goto out;
+    }
+    float alpha = 0;
+    cm_gguf_get_f32(g, "adapter.lora.alpha", &alpha);
+    cm_st_tensor *ts = calloc((size_t)g->n_tensors + 1, sizeof *ts);
+    if (!ts) { rc = LLM_ENOMEM; goto out; }
+    int *slot = calloc((size_t)l->n_layer * WK_LORA_N * 2, sizeof *slot); /* tensor index + 1 of each factor */
+    if (!slot) { free(ts); rc = LLM_ENOMEM; goto out; }
+    rc = 0;
+    for (uint64_t i = 0; i < g->n_tensors && !rc; i++) {
+        const cm_gguf_tensor *t = &g->tensors[i];
+        char nm[160];
+        snprintf(nm, sizeof nm, "%.*s", (int)(t->name.len < 150 ? t->name.len : 150), t->name.ptr);
+        unsigned layer;
+        int off = 0, j = -1, b = -1;
+        if (sscanf(nm, "blk.%u.%n", &layer, &off) == 1 && off && layer < (unsigned)l->n_layer)
+            for (int k = 0; k < WK_LORA_N && j < 0; k++) {
+                size_t ml = strlen(MOD_GGUF[k]);
+                if (strncmp(nm + off, MOD_GGUF[k], ml)) continue;
+                if (!strcmp(nm + off + ml, ".weight.lora_a")) j = k, b = 0;
+                else if (!strcmp(nm + off + ml, ".weight.lora_b")) j = k, b = 1;
+            }
+        if (j < 0) {
+            snprintf(err, errlen, "LoRA adapter %s: tensor '%s' is not a LoRA factor of a projection this engine "
+                     "adapts: refused rather than ignored", l->name, nm);
+            rc = LLM_EUNSUP;
+            break;
+        }
+        ts[i] = (cm_st_tensor){NULL, t->type, "", t->n_dims, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, t->data,
+                               t->nbytes};
+        slot[((size_t)layer * WK_LORA_N + (size_t)j) * 2 + (size_t)b] = (int)i + 1;
+        if (!b && (!l->rank || (int)t->ne[1] != l->rank)) {
+            if (l->rank) {
+                snprintf(err, errlen, "LoRA adapter %s: tensors of rank %d and %d: one rank for the whole adapter "
+                         "is supported", l->name, l->rank, (int)t->ne[1]);
+                rc = LLM_EUNSUP;
+            }
+            l->rank = (int)t->ne[1];
+        }
+    }
+    if (!rc && (l->rank < 1 || l->rank > max_rank || l->rank > WK_LORA_MAX_RANK)) {
+        snprintf(err, errlen, "LoRA adapter %s: rank %d is %s --max-lora-rank %d", l->name, l->rank,
+                 l->rank < 1 ? "not a rank:" : "above", max_rank);
+        rc = LLM_EINVAL;
+    }
+    if (!rc) {
+        l->ldr = (l->rank + KN_LORA_ALIGN - 1) / KN_LORA_ALIGN * KN_LORA_ALIGN;
+        l->scale = alpha != 0 ? alpha / (float)l->rank : 1.f; /* llama.cpp's: no alpha, no scaling */
+        l->gguf = 1;
+        if (!(l->mat = calloc((size_t)l->n_layer * WK_LORA_N, sizeof *l->mat))) rc = LLM_ENOMEM;
+    }
+    for (int layer = 0; !rc && layer < l->n_layer; layer++)
+        for (int j = 0; !rc && j < WK_LORA_N; j++) {
+            int ia = slot[((size_t)layer * WK_LORA_N + (size_t)j) * 2], ib = slot[((size_t)layer * WK_LORA_N + (size_t)j) * 2 + 1];
+            if (ia || ib) rc = load_mat(m, l, layer, j, ia ? &ts[ia - 1] : NULL, ib ? &ts[ib - 1] : NULL, path, err, errlen);
+        }
+    free(slot);
+    free(ts);
+out:
+    cm_gguf_close(g);
+    return rc;
 }
 
 int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_rank, wk_lora **out, char *err,
@@ -186,6 +296,12 @@ int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_r
     l->n_layer = (int)c->n_layer;
     int targets[WK_LORA_N], rc;
     cm_safetensors *st = NULL;
+    struct stat sb;
+    if (!stat(dir, &sb) && S_ISREG(sb.st_mode)) { /* a file: a GGUF LoRA */
+        if ((rc = load_gguf(m, l, dir, max_rank, err, errlen))) goto fail;
+        *out = l;
+        return 0;
+    }
     if ((rc = config(dir, l, targets, err, errlen))) goto fail;
     if (l->rank > max_rank) {
         snprintf(err, errlen, "LoRA adapter %s: rank %d is above --max-lora-rank %d", name, l->rank, max_rank);

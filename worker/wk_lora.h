@@ -27,6 +27,7 @@ typedef struct wk_lora {
     int rank;
     int ldr;                  /* the rank rounded up to KN_LORA_ALIGN: A's row stride */
     float scale;              /* lora_alpha / rank (/ sqrt(rank) with use_rslora) */
+    int gguf;                 /* from a GGUF LoRA: B's Q/K rows in the GGUF converter's order */
     int n_layer;
     wk_lora_mat *mat;         /* [n_layer][WK_LORA_N]; a NULL at: not targeted */
     int refs;                 /* engine requests using it */
@@ -34,7 +35,8 @@ typedef struct wk_lora {
     unsigned gen;             /* the model's lora_version when loaded: its prefix-cache salt */
 } wk_lora;
 
-/* A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) for model m, at most max_rank:
+/* A PEFT adapter directory (adapter_config.json, adapter_model.safetensors), or a GGUF LoRA file
+ * (llama.cpp's convert_lora_to_gguf), for model m, at most max_rank:
  * every config key honoured or known harmless, every tensor one of the projections above (Q/K rows put in
  * the GGUF's pair order when m's RoPE is), else refused by name. */
 int wk_lora_load(const wk_model *m, const char *name, const char *dir, int max_rank, wk_lora **out, char *err,

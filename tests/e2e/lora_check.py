@@ -8,7 +8,8 @@ LORA_URL serves the base model with adapters a and b; MERGED_*_URL serve the
 merged models. Checked: /v1/models lists a and b with the base as parent;
 each adapter's greedy tokens and top-3 log-probabilities equal the merged
 model's (1e-3), and differ from the base model's; twelve requests of a, b and
-the base at once give what each gave alone; a LoRA request for a name the
+the base at once give what each gave alone; the same adapters as GGUF LoRA
+files (ga, gb), where a URL serves them, give the PEFT ones' answers; a LoRA request for a name the
 worker does not serve is a 404; vllm:lora_requests_info names the adapters.
 """
 import json
@@ -79,6 +80,12 @@ for p in PROMPTS:
         check(same(run(o, BASE, p), alone[(BASE, p)]), "the base model after the adapters on %r: its own K/V" % p[:24])
     check(not same(alone[("a", p)], alone[(BASE, p)]) and not same(alone[("b", p)], alone[(BASE, p)]),
           "the adapters change the base model's answer to %r" % p[:24])
+for p in PROMPTS:  # the same adapters as GGUF LoRA files (ga, gb), where a URL serves them
+    for url in [LORA] + OTHER:
+        served = {m["id"] for m in json.load(urllib.request.urlopen(url + "/v1/models"))["data"]}
+        for g, m in (("ga", "a"), ("gb", "b")):
+            if g in served:
+                check(same(run(url, g, p), alone[(m, p)]), "GGUF LoRA %s on %s == PEFT %s on %r" % (g, url, m, p[:24]))
 res = {}
 
 
@@ -96,6 +103,6 @@ st, j = post(LORA, {"model": "c", "prompt": "x", "max_tokens": 2})
 check(st == 404 and j["error"]["code"] == "model_not_found", "an adapter not served is a 404 model_not_found")
 met = urllib.request.urlopen(LORA + "/metrics").read().decode()
 line = [l for l in met.splitlines() if l.startswith("vllm:lora_requests_info{")]
-check(line and 'max_lora="2"' in line[0], "vllm:lora_requests_info: %s" % (line[0] if line else "missing"))
+check(line and 'max_lora="4"' in line[0], "vllm:lora_requests_info: %s" % (line[0] if line else "missing"))
 print("lora check: %d failed" % fails)
 sys.exit(1 if fails else 0)

@@ -13,7 +13,7 @@ Health); loading a name twice, a missing directory, a third adapter past
 --max-loras, an unknown field and a served model's name are refused; an
 unload ends new requests (404) while a stream already running finishes
 whole; a name loaded again with other weights computes with them (none of
-the old adapter's K/V reused)."""
+the old adapter's K/V reused); a GGUF LoRA file loads at run time too."""
 import json
 import sys
 import threading
@@ -152,11 +152,23 @@ check(st == 404, "unloading b again: %d %s" % (st, err(raw)[:80]))
 check(unload("a")[0] == 200, "unload a")
 st, raw = load("a", DIR + "/lora-b")
 check(st == 200, "load a again from lora-b: %d" % st)
+t0 = time.time()
+while "a" not in models(GW2) and time.time() - t0 < 10:
+    time.sleep(0.2)
 for p in PROMPTS:
     for url in (GW, GW2):
         st, r = run(url, "a", p)
         check(same(r, merged[("b", p)]), "the new a == b's merged weights on %r%s (no old K/V)" %
               (p[:24], " on the TP group" if url == GW2 else ""))
+st, raw = load("g", DIR + "/lora-a.gguf")
+check(st == 200, "load g from a GGUF LoRA file: %d %s" % (st, err(raw)[:100]))
+t0 = time.time()
+while "g" not in models(GW2) and time.time() - t0 < 10:  # the other gateway hears of it from the group's Health
+    time.sleep(0.2)
+for url in (GW, GW2):
+    st, r = run(url, "g", PROMPTS[0])
+    check(same(r, merged[("a", PROMPTS[0])]), "the GGUF LoRA loaded at run time == a's merged weights%s" %
+          (" on the TP group" if url == GW2 else ""))
 st, r = run(GW, BASE, LONG)
 check(same(r, base[LONG]), "the base model's answer is its own after all that")
 print("lora runtime: %d failed" % fails)

@@ -19,8 +19,10 @@ ref_models "$1" "$2" lora
 B=$((21000 + $$ % 8000))
 W=("$BUILD/llmserve-worker" --kv-cache-memory 64MiB --threads 1 --log-level warn)
 LM=(--enable-lora --lora-modules "a=$OUT/lora-a" --lora-modules "b=$OUT/lora-b")
+GL=(--lora-modules "ga=$OUT/lora-a.gguf,gb=$OUT/lora-b.gguf") # GGUF LoRA files beside them
 i=0
-for spec in "base.gguf|${LM[*]}" "merged-a|" "merged-b|" "base-hf|${LM[*]}" "base.gguf|${LM[*]} --tensor-parallel-size 2"; do
+for spec in "base.gguf|${LM[*]} ${GL[*]}" "merged-a|" "merged-b|" "base-hf|${LM[*]} ${GL[*]}" \
+    "base.gguf|${LM[*]} ${GL[*]} --tensor-parallel-size 2"; do
     m=${spec%%|*} extra=${spec#*|}
     # shellcheck disable=SC2086
     "${W[@]}" --model "$OUT/$m" $extra --served-model-name base --listen tcp://127.0.0.1:$((B + i)) >"$OUT/w$i.log" 2>&1 &

@@ -11,9 +11,12 @@ Written to OUTDIR:
   lora-a/, lora-b/  PEFT adapters: a is rank 8 on all seven projections
                     (alpha 16); b is rank 4 on q_proj and v_proj with
                     use_rslora (alpha 8)
+  lora-a.gguf, lora-b.gguf   the same adapters as GGUF LoRA files, as
+                    llama.cpp's convert_lora_to_gguf writes them (Q/K rows
+                    of B in the converter's order; alpha = scale * rank)
   merged-a/, merged-b/   base-hf with W + scale * B @ A written in: what a
                     user gets from PEFT's merge_and_unload
-  bad-*/            adapters the worker must refuse, named in bad.json
+  bad-*/, bad-*.gguf   adapters the worker must refuse, named in bad.json
                     ({"dir": "setting the error names"})
 """
 import json
@@ -26,6 +29,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf import GGUFWriter  # noqa: E402
 from tiny_gguf import vocab_size, write_gguf  # noqa: E402
 
 SRC, OUT = sys.argv[1], sys.argv[2]
@@ -71,6 +75,45 @@ def adapter(d, rank, alpha, targets, seed, rslora=False, extra_cfg=None, extra_t
     return ts, alpha / (np.sqrt(rank) if rslora else rank)
 
 
+GGUF_NAME = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def to_gguf_rows(b):
+    """B's rows (Hugging Face order, heads of HD) in the GGUF converter's order: row i of a head in the file
+    is row (i odd ? HD/2 + i/2 : i/2) of the checkpoint's head."""
+    out = np.empty_like(b)
+    for g in range(b.shape[0]):
+        h, i = divmod(g, HD)
+        out[g] = b[h * HD + (HD // 2 + i // 2 if i % 2 else i // 2)]
+    return out
+
+
+def gguf_lora(path, ts, scale, rank, extra_kv=(), extra_tensors=None):
+    w = GGUFWriter(path, "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(scale * rank))
+    for k, v in extra_kv:
+        w.add_string(k, v)
+    for l in range(NL):
+        for mod, (grp, n, k) in MODS.items():
+            pre = "base_model.model.model.layers.%d.%s.%s." % (l, grp, mod)
+            if pre + "lora_A.weight" not in ts:
+                continue
+            b = ts[pre + "lora_B.weight"]
+            if mod in ("q_proj", "k_proj"):
+                b = to_gguf_rows(b)
+            w.add_tensor("blk.%d.%s.weight.lora_a" % (l, GGUF_NAME[mod]), ts[pre + "lora_A.weight"])
+            w.add_tensor("blk.%d.%s.weight.lora_b" % (l, GGUF_NAME[mod]), np.ascontiguousarray(b))
+    for name, a in (extra_tensors or {}).items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def merge(base_hf, ts, scale, d):
     shutil.rmtree(d, ignore_errors=True)
     shutil.copytree(base_hf, d)
@@ -98,6 +141,8 @@ def main():
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ta, sa = adapter(os.path.join(OUT, "lora-a"), 8, 16, list(MODS), 21)
     tb, sb = adapter(os.path.join(OUT, "lora-b"), 4, 8, ["q_proj", "v_proj"], 22, rslora=True)
+    gguf_lora(os.path.join(OUT, "lora-a.gguf"), ta, sa, 8)
+    gguf_lora(os.path.join(OUT, "lora-b.gguf"), tb, sb, 4)
     merge(hf, ta, sa, os.path.join(OUT, "merged-a"))
     merge(hf, tb, sb, os.path.join(OUT, "merged-b"))
     bad = {}
@@ -115,8 +160,15 @@ def main():
         else:
             adapter(d, **args)
         bad[d] = want
+    for name, kw, want in (("alora", {"extra_kv": [("adapter.alora.invocation_string", "<x>")]},
+                            "adapter.alora.invocation_string"),
+                           ("embd", {"extra_tensors": {"token_embd.weight.lora_a": np.zeros((8, DIM), np.float32)}},
+                            "token_embd.weight.lora_a")):
+        f = os.path.join(OUT, "bad-%s.gguf" % name)
+        gguf_lora(f, ta, sa, 8, **kw)
+        bad[f] = want
     json.dump(bad, open(os.path.join(OUT, "bad.json"), "w"), indent=1)
-    print("lora_ref: base, 2 adapters, 2 merged models, %d refusals in %s" % (len(bad), OUT))
+    print("lora_ref: base, 2 adapters (PEFT and GGUF), 2 merged models, %d refusals in %s" % (len(bad), OUT))
 
 
 if __name__ == "__main__":
