@@ -133,6 +133,19 @@ def api_rules(objs):
             elif "replicas" in target[0]["spec"]:
                 bad.append("%s: %s sets spec.replicas, which its autoscaler owns (every apply would reset it)" %
                            (gen.key(target[0]), gen.key(target[0])))
+        if o["kind"] == "ScaledObject":  # KEDA's semantics, which no schema states
+            beh = o["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
+            win = beh.get("scaleDown", {}).get("stabilizationWindowSeconds", 0)
+            if win < 600:  # cooldownPeriod only delays scaling to zero; N -> fewer waits for the HPA's window
+                bad.append("%s: scale-down waits %s s (the HPA's stabilizationWindowSeconds), not the 10 minutes "
+                           "docs/deploy.md promises" % (gen.key(o), win))
+            for t in o["spec"].get("triggers", []):
+                q = t.get("metadata", {}).get("query", "")
+                # every gateway reports every group's queue: a sum counts it once a gateway; one gateway's view
+                # (max) of this release's namespace and service only, or any vLLM on the Prometheus feeds it
+                if t.get("type") == "prometheus" and not (q.startswith("max(") and "namespace=" in q and
+                                                          "service=" in q):
+                    bad.append("%s: the queue query %r over-counts or reaches other releases" % (gen.key(o), q))
     owners = {}  # no pod is claimed by two workload controllers' selectors (they would fight over it)
     for o in objs:
         if o["kind"] in ("Deployment", "StatefulSet"):
