@@ -58,6 +58,7 @@ typedef struct {
     char model[128], worker_id[128];
     char loras[GW_LORA_LIST];    /* its LoRA adapters (ModelInfo), "\nNAME\nNAME\n", or "" */
     unsigned lora_version;       /* the version of that list (Health tells when it changes) */
+    int max_loras;               /* its adapter slots (--max-loras; 0: LoRA off) */
     int max_model_len, block_size, vocab;
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;

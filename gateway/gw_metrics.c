@@ -72,11 +72,12 @@ static void vllm_gauges(const gw *g, struct evbuffer *o) {
     gauge(o, "vllm:gpu_cache_usage_perc", "KV cache usage of the worker groups, 0 to 1 (vLLM's older name).", lab,
           total > 0 ? 1.0 - free_ / total : 0.0);
     /* the model-server protocol's LoRA gauge (GIE's endpoint picker reads it to route adapters): the adapters
-     * with requests on a worker now (none waits here: the workers queue), max_lora the adapters served; its
-     * value is the time, as vLLM's is */
+     * with requests on a worker now (none waits here: the workers queue), max_lora the adapter slots a group
+     * has (--max-loras, the largest of the groups'), as vLLM's; its value is the time, as vLLM's is */
     char run[1024] = "", lora[1300];
     int n_lora = 0;
-    for (const char *p = g->loras; *p == '\n' && p[1]; p = strchr(p + 1, '\n')) n_lora++;
+    for (int i = 0; i < g->n_workers; i++)
+        if (g->w[i].max_loras > n_lora) n_lora = g->w[i].max_loras;
     for (int i = 0; i < g->n_lora_run; i++)
         if (g->lora_run[i].n > 0 && strlen(run) + strlen(g->lora_run[i].name) + 2 < sizeof run)
             snprintf(run + strlen(run), sizeof run - strlen(run), "%s%s", run[0] ? "," : "", g->lora_run[i].name);

@@ -200,8 +200,10 @@ static void take_loras(gw *g, gw_worker *w, char **names, size_t n, unsigned ver
 static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
     if (i < 0) return;
     gw_worker *w = &g->w[i];
-    if (!(mi->has_task && mi->task == LLMSERVE__TASK__TASK_EMBED))
+    if (!(mi->has_task && mi->task == LLMSERVE__TASK__TASK_EMBED)) {
         take_loras(g, w, mi->loras, mi->n_loras, mi->lora_version);
+        w->max_loras = (int)mi->max_loras;
+    }
     if (!mi->has_tokenizer_gguf || !mi->tokenizer_gguf.len) {
         refuse(g, i, "its ModelInfo carries no tokenizer (a worker without one cannot be served)");
         return;

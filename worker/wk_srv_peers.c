@@ -305,6 +305,9 @@ void wk_srv_on_model_info(server *s, const Llmserve__ModelInfoRequest *r) {
     char *loras[WK_MAX_LORA_MODULES];
     mi.n_loras = wk_srv_lora_names(s, loras, WK_MAX_LORA_MODULES);
     mi.loras = loras;
+    mi.has_lora_version = mi.has_max_loras = s->be->task == LLMSERVE__TASK__TASK_GENERATE;
+    mi.lora_version = __atomic_load_n(&s->lora_version, __ATOMIC_RELAXED);
+    mi.max_loras = mi.has_max_loras ? (uint32_t)wk_engine_model(s->e)->max_loras : 0;
     if (s->be->task == LLMSERVE__TASK__TASK_EMBED) {
         mi.has_task = mi.has_embedding_dim = 1;
         mi.task = LLMSERVE__TASK__TASK_EMBED;

@@ -103,6 +103,6 @@ st, j = post(LORA, {"model": "c", "prompt": "x", "max_tokens": 2})
 check(st == 404 and j["error"]["code"] == "model_not_found", "an adapter not served is a 404 model_not_found")
 met = urllib.request.urlopen(LORA + "/metrics").read().decode()
 line = [l for l in met.splitlines() if l.startswith("vllm:lora_requests_info{")]
-check(line and 'max_lora="4"' in line[0], "vllm:lora_requests_info: %s" % (line[0] if line else "missing"))
+check(line and 'max_lora="8"' in line[0], "vllm:lora_requests_info, max_lora the --max-loras slots (8): %s" % (line[0] if line else "missing"))
 print("lora check: %d failed" % fails)
 sys.exit(1 if fails else 0)
