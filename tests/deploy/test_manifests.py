@@ -133,6 +133,13 @@ def api_rules(objs):
             elif "replicas" in target[0]["spec"]:
                 bad.append("%s: %s sets spec.replicas, which its autoscaler owns (every apply would reset it)" %
                            (gen.key(target[0]), gen.key(target[0])))
+        if o["kind"] == "PodDisruptionBudget":  # a budget that allows no eviction blocks every node drain
+            sp = o["spec"]
+            mu, ma = sp.get("maxUnavailable"), sp.get("minAvailable")
+            if mu in (0, "0", "0%") or ma not in (None, 0, "0", "0%"):
+                bad.append("%s: %s lets no pod be evicted when a workload runs at one replica (a drain never "
+                           "ends); use maxUnavailable: 1" % (gen.key(o), "maxUnavailable 0" if mu is not None else
+                                                             "minAvailable %s" % ma))
         if o["kind"] == "ScaledObject":  # KEDA's semantics, which no schema states
             beh = o["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
             win = beh.get("scaleDown", {}).get("stabilizationWindowSeconds", 0)
