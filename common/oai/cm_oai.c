@@ -484,9 +484,10 @@ int cm_oai_parse_completion(const char *body, size_t len, cm_oai_completion *c, 
         int text = json_is_string(json_array_get(p, 0));
         c->batch = calloc(n, sizeof *c->batch);
         if (!c->batch) { rc = LLM_ENOMEM; goto fail; }
-        for (size_t i = 0; i < n; i++, c->n_batch++) {
+        for (size_t i = 0; i < n; i++) {
             json_t *e = json_array_get(p, i);
             cm_oai_prompt *b = &c->batch[i];
+            c->n_batch = (int)i + 1; /* counted before its allocations: a refusal mid-entry frees them too */
             if (text) {
                 if (!json_is_string(e)) BAD("prompt", "prompt[%zu]: a batch is all strings or all token-id arrays", i);
                 b->len = json_string_length(e);

@@ -23,6 +23,9 @@ comp = [
      "frequency_penalty": 0.2, "repetition_penalty": 1.1, "min_tokens": 1, "ignore_eos": True,
      "priority": 1, "cache_salt": "t", "user": "u", "stream": True, "stream_options": {"include_usage": True}},
     {"prompt": "a\u0000b", "max_tokens": 1},
+    # a batch refused inside an entry whose ids were already allocated (libFuzzer found them leaking)
+    {"prompt": [[-3], -3], "": {}},
+    {"prompt": [[1, 2], [3, -1]]},
 ]
 chat = [
     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
