@@ -181,12 +181,16 @@ events = [e for e in body.split("\n\n") if e]
 check(all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]", "SSE framing")
 
 # ---- 100 concurrent streams, exact usage ----------------------------------
+# a client of its own: the slow-client check above idled `client`'s pooled connections past --header-timeout
+# (5 s, also httpx's keep-alive expiry), so the gateway closes them as the streams start, and a request
+# written to one in that instant fails with max_retries=0 (HTTP/1.1's keep-alive race; real clients retry)
+sclient = openai.OpenAI(base_url=GW + "/v1", api_key=KEY, max_retries=0, timeout=120)
 results = []
 
 
 def one_stream(i):
     try:
-        s = client.completions.create(model=model, prompt="Story %d:" % i, max_tokens=8, temperature=0.7, seed=i,
+        s = sclient.completions.create(model=model, prompt="Story %d:" % i, max_tokens=8, temperature=0.7, seed=i,
                                       stream=True, stream_options={"include_usage": True},
                                       extra_body={"ignore_eos": True})
         n_text, usage = 0, None
