@@ -183,8 +183,8 @@ void kn_kv_store(int kv_type, void *dst, const float *src, int n);
  * Sequence s has T tokens at positions pos0..pos0+T-1, whose queries are rows
  * row..row+T-1 of q [rows][n_head][hd]; their outputs go to the same rows of
  * out. Each token attends to positions 0..its own, or to the last `window`
- * of them (Gemma's local layers) (K/V of the new tokens must already be
- * stored). Decode is T = 1 for many sequences of different lengths;
+ * of them (Gemma's and gpt-oss's local layers) (K/V of the new tokens must
+ * already be stored). Decode is T = 1 for many sequences of different lengths;
  * prefill of a chunk over a cached prefix is pos0 > 0, T > 1. Work units
  * (token x KV head) are split over the pool by cost (positions read).
  * Scores and softmax in fp32; the result of a token does not depend on which
@@ -205,6 +205,8 @@ typedef struct {
     size_t block_stride;   /* bytes */
     float *scratch;        /* kn_attention_scratch(max_len) floats per pool thread */
     int window;            /* sliding window: a token at p attends to p-window+1..p; 0: all before it */
+    const float *sinks;    /* [n_head] attention sinks (gpt-oss): a learned logit per head that joins the
+                            * softmax's max and denominator without a value, or NULL */
 } kn_attn_args;
 /* The first position a token at pos attends to under the args' window. */
 static inline int kn_attn_first(const kn_attn_args *a, int pos) {

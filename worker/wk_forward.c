@@ -29,7 +29,15 @@ typedef struct {
     kn_act *act;
 } rows_ctx;
 
-enum { OP_NORM, OP_SILU, OP_GELU, OP_QUANT };
+enum { OP_NORM, OP_SILU, OP_GELU, OP_QUANT, OP_SWIGLU_OAI };
+
+/* gpt-oss's clamped SwiGLU, a = (clamp(b) + 1) * g * sigmoid(alpha g) with g = min(a, limit) */
+static void swiglu_oai(float *a, const float *b, int n, float alpha, float limit) {
+    for (int i = 0; i < n; i++) {
+        float g = a[i] < limit ? a[i] : limit, u = b[i] < -limit ? -limit : b[i] > limit ? limit : b[i];
+        a[i] = (u + 1.f) * g / (1.f + expf(-alpha * g));
+    }
+}
 
 static void rows_task(void *p, int ith, int nth) {
     rows_ctx *c = p;
@@ -39,6 +47,8 @@ static void rows_task(void *p, int ith, int nth) {
         if (c->op == OP_NORM) kn_rmsnorm(c->dst + o, c->src + o, c->w, c->n, c->m->cfg.norm_eps);
         else if (c->op == OP_SILU) kn_silu_mul(c->dst + o, c->src + o, c->n);
         else if (c->op == OP_GELU) kn_gelu_mul(c->dst + o, c->src + o, c->n);
+        else if (c->op == OP_SWIGLU_OAI)
+            swiglu_oai(c->dst + o, c->src + o, c->n, c->m->cfg.swiglu_alpha, c->m->cfg.swiglu_limit);
     }
     if (c->op == OP_QUANT && r1 > r0) {
         kn_act sub = kn_act_view(c->act, r0);
@@ -143,7 +153,10 @@ static void moe_ffn(wk_model *m, const wk_layer *L, int T) {
     float *rl = m->moe_logits;
     mm(m, 1, &rw, &rl, m->xb, &m->act_dim, T);
     for (int t = 0; t < T; t++) {
-        float *s = rl + (size_t)t * E, mx = s[0], sum = 0, kept = 0;
+        float *s = rl + (size_t)t * E, sum = 0, kept = 0;
+        if (L->router_b)
+            for (int e = 0; e < E; e++) s[e] += L->router_b[e];
+        float mx = s[0];
         for (int e = 1; e < E; e++) mx = s[e] > mx ? s[e] : mx;
         for (int e = 0; e < E; e++) sum += s[e] = expf(s[e] - mx);
         int *pe = m->moe_e + (size_t)t * K;
@@ -169,8 +182,16 @@ static void moe_ffn(wk_model *m, const wk_layer *L, int T) {
         const kn_weight *gu[2] = {&L->xgate[e], &L->xup[e]}, *dn = &L->xdown[e];
         float *gu_out[2] = {m->hb, m->hb2}, *y = m->moe_y;
         mm(m, 2, gu, gu_out, m->moe_x, &m->act_dim, n);
-        par_rows(m, OP_SILU, n, m->hb, m->hb2, NULL, H, NULL);
+        if (L->xgate_b) { /* gpt-oss: this rank's columns of the expert's biases */
+            const float *gb = L->xgate_b + (size_t)e * cf->hidden + m->hid0, *ub = L->xup_b + (size_t)e * cf->hidden + m->hid0;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < H; j++) m->hb[(size_t)i * H + j] += gb[j], m->hb2[(size_t)i * H + j] += ub[j];
+        }
+        par_rows(m, cf->gpt_oss ? OP_SWIGLU_OAI : OP_SILU, n, m->hb, m->hb2, NULL, H, NULL);
         mm(m, 1, &dn, &y, m->hb, &m->act_hidden, n);
+        if (L->xdown_b && m->hid0 == 0) /* once over the ranks that split the expert's columns */
+            for (int i = 0; i < n; i++)
+                for (int d = 0; d < D; d++) y[(size_t)i * D + d] += L->xdown_b[(size_t)e * D + d];
         for (int i = 0; i < n; i++) {
             float w = m->moe_w[m->moe_slot[i]], *dst = m->xb2 + (size_t)m->moe_rows[i] * D, *src = y + (size_t)i * D;
             for (int d = 0; d < D; d++) dst[d] += w * src[d];
@@ -217,11 +238,14 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
         kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
                            c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
-                           m->attn_scratch, L->window};
+                           m->attn_scratch, L->window, L->sinks};
         kn_attention(m->pool, &aa);
         const kn_weight *wo = &L->wo;
         float *o_out = m->xb2;
         mm(m, 1, &wo, &o_out, m->att, &m->act_q, T);
+        if (L->bo && m->head0 == 0) /* once over the ranks that split the heads */
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < D; d++) m->xb2[(size_t)t * D + d] += L->bo[d];
         if (lora) wk_lora_apply(m, (int)l, 1, &(wk_lora_out){WK_LORA_O, m->xb2, D}, m->att, QDl);
         if ((rc = reduce(m, m->xb2, (size_t)T * D))) return rc;
         if (L->post_attn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_attn_norm, D, NULL);

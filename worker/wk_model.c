@@ -69,6 +69,21 @@ static int prep_weight(wk_model *m, kn_weight *w, const cm_tensor_ref *t, const 
         raw = copy;
         k = c1 - c0;
     }
+    if (t->type == CM_MXFP4 && m->device == WK_DEV_CPU) {
+        /* the CPU kernels hold MXFP4 as w = d*u + m with fp16 d = 2^(e-128) and m = -12 d (kn_pq6h): exact
+         * for e in 104..140 (real weights' blocks; an all-zero block takes any) */
+        size_t nb = (size_t)(r1 - r0) * (k / 32);
+        for (size_t b = 0; b < nb; b++) {
+            const uint8_t *xb = (const uint8_t *)raw + b * 17;
+            int zero = 1;
+            for (int j = 1; j < 17 && zero; j++) zero = !(xb[j] & 0x77); /* codes 0 and 8 are both 0 */
+            if (!zero && (xb[0] < 104 || xb[0] > 140)) {
+                snprintf(err, errlen, "%s: tensor '%s' has an MXFP4 block scale 2^%d, outside the 2^-24..2^12 the CPU "
+                         "kernels hold exactly", m->file->path, name, (int)xb[0] - 128);
+                return LLM_EUNSUP;
+            }
+        }
+    }
     if (m->device == WK_DEV_CUDA && !cm_quant_known(t->type) && t->type != CM_F16 && t->type != CM_BF16 &&
         t->type != CM_F32)
         rc = LLM_EUNSUP;
@@ -93,7 +108,7 @@ static int prep_weight(wk_model *m, kn_weight *w, const cm_tensor_ref *t, const 
     }
     if (rc == LLM_EUNSUP)
         snprintf(err, errlen, "%s: tensor '%s' has type %s, which is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
-                 "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                 "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4)",
                  m->file->path, name, cm_dtype_name(t->type));
     else if (rc)
         snprintf(err, errlen, "%s: cannot prepare tensor '%s': %s", m->file->path, name, cm_strerror(rc));
@@ -194,16 +209,18 @@ static int shard(wk_model *m, char *err, size_t errlen) {
     return 0;
 }
 
-/* A vector parameter as f32: mapped directly when stored as F32, else converted. */
-static int load_vec(wk_model *m, const float **out, const char *name, uint64_t n, int optional, char *err,
-                    size_t errlen) {
+/* A vector [n] (or n1 of them, [n1][n]) parameter as f32: mapped directly when stored as F32, else
+ * converted. */
+static int load_vecs(wk_model *m, const float **out, const char *name, uint64_t n, uint64_t n1, int optional,
+                     char *err, size_t errlen) {
     const cm_tensor_ref *t = cm_model_tensor(m->file, name);
     if (!t && optional) {
         *out = NULL;
         return 0;
     }
-    int rc = cm_model_tensor_expect(m->file, name, n, 1, &t, err, errlen);
+    int rc = cm_model_tensor_expect(m->file, name, n, n1, &t, err, errlen);
     if (rc) return rc;
+    n *= n1;
     if (t->type == CM_F32) {
         *out = t->data;
         return 0;
@@ -224,6 +241,11 @@ static int load_vec(wk_model *m, const float **out, const char *name, uint64_t n
     for (uint64_t i = 0; i < n; i++) v[i] = kn_ref_dequant(t->type, t->data, (int64_t)i);
     *out = v;
     return 0;
+}
+
+static int load_vec(wk_model *m, const float **out, const char *name, uint64_t n, int optional, char *err,
+                    size_t errlen) {
+    return load_vecs(m, out, name, n, 1, optional, err, errlen);
 }
 
 static int alloc_f(float **p, size_t n) {
@@ -356,6 +378,15 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         if (c->n_expert) {
             uint32_t E = c->n_expert;
             W(router, "ffn_gate_inp.weight", D, E)
+            if (c->gpt_oss) {
+                V(router_b, "ffn_gate_inp.bias", E, 0)
+                snprintf(nm, sizeof nm, "blk.%u.ffn_gate_exps.bias", l);
+                if ((rc = load_vecs(m, &L->xgate_b, nm, c->hidden, E, 0, err, errlen))) goto fail;
+                snprintf(nm, sizeof nm, "blk.%u.ffn_up_exps.bias", l);
+                if ((rc = load_vecs(m, &L->xup_b, nm, c->hidden, E, 0, err, errlen))) goto fail;
+                snprintf(nm, sizeof nm, "blk.%u.ffn_down_exps.bias", l);
+                if ((rc = load_vecs(m, &L->xdown_b, nm, D, E, 0, err, errlen))) goto fail;
+            }
             L->xgate = calloc(E, sizeof *L->xgate);
             L->xup = calloc(E, sizeof *L->xup);
             L->xdown = calloc(E, sizeof *L->xdown);
@@ -376,7 +407,14 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
             P(down, "ffn_down.weight", c->hidden, D, 0, D, f0, f1)
         }
         V(attn_norm, "attn_norm.weight", D, 0)
-        V(ffn_norm, "ffn_norm.weight", D, 0)
+        if (c->gpt_oss) { /* gpt-oss names its FFN's input norm for where it sits */
+            V(ffn_norm, "post_attention_norm.weight", D, 0)
+            V(bo, "attn_output.bias", D, 0)
+            V(sinks, "attn_sinks.weight", c->n_head, 0)
+            L->sinks += m->head0;
+        } else {
+            V(ffn_norm, "ffn_norm.weight", D, 0)
+        }
         V(bq, "attn_q.bias", QD, 1)
         V(bk, "attn_k.bias", KVD, 1)
         V(bv, "attn_v.bias", KVD, 1)
@@ -387,8 +425,8 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         if (c->gemma) {
             V(post_attn_norm, "post_attention_norm.weight", D, 0)
             V(post_ffn_norm, "post_ffw_norm.weight", D, 0)
-            L->window = (l + 1) % c->swa_period ? (int)c->swa_window : 0;
         }
+        if (c->swa_period) L->window = (l + 1) % c->swa_period ? (int)c->swa_window : 0;
         if (L->bq) L->bq += q0;
         if (L->bk) L->bk += k0;
         if (L->bv) L->bv += k0;
@@ -419,7 +457,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         cm_rope_inv_freq(NULL, c->rope_theta_swa, c->rope_dim, NULL, m->inv_freq_swa);
     }
     for (uint32_t l = 0; l < c->n_layer; l++)
-        m->layers[l].inv_freq = m->layers[l].window ? m->inv_freq_swa : m->inv_freq;
+        m->layers[l].inv_freq = m->layers[l].window && m->inv_freq_swa ? m->inv_freq_swa : m->inv_freq;
     int B = m->max_batch = o->max_batch > 0 ? o->max_batch : 64;
     size_t b = (size_t)B;
     if ((rc = alloc_f(&m->x, b * D)) || (rc = alloc_f(&m->xb, b * (D > QD ? D : QD))) ||

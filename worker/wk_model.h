@@ -26,6 +26,11 @@ typedef struct {
     kn_weight router;
     kn_weight *xgate, *xup, *xdown;      /* [n_expert] */
     const float *inv_freq;               /* the layer's RoPE frequencies (local and global differ) */
+    /* gpt-oss: the attention output's bias [dim] (added by the rank holding head 0), this rank's heads'
+     * sinks [n_head_l], the router's bias [n_expert], and the experts' biases, whole: gate and up
+     * [n_expert][hidden] (this rank adds its columns), down [n_expert][dim] (added by the rank holding
+     * column 0 of the expert); each NULL when absent */
+    const float *bo, *sinks, *router_b, *xgate_b, *xup_b, *xdown_b;
 } wk_layer;
 
 enum { WK_DEV_CPU = 0, WK_DEV_CUDA = 1 };

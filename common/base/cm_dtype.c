@@ -11,6 +11,7 @@ static const struct { const char *name; unsigned blk, bytes; } dtypes[CM_DTYPE_C
     [CM_I8] = {"I8", 1, 1},         [CM_I16] = {"I16", 1, 2},
     [CM_I32] = {"I32", 1, 4},       [CM_I64] = {"I64", 1, 8},
     [CM_F64] = {"F64", 1, 8},       [CM_BF16] = {"BF16", 1, 2},
+    [CM_MXFP4] = {"MXFP4", 32, 17},
 };
 
 size_t cm_dtype_block(int type) {

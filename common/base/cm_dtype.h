@@ -11,7 +11,7 @@ enum cm_dtype {
     CM_F32 = 0, CM_F16 = 1, CM_Q4_0 = 2, CM_Q4_1 = 3, CM_Q5_0 = 6, CM_Q5_1 = 7,
     CM_Q8_0 = 8, CM_Q8_1 = 9, CM_Q2_K = 10, CM_Q3_K = 11, CM_Q4_K = 12, CM_Q5_K = 13,
     CM_Q6_K = 14, CM_Q8_K = 15, CM_I8 = 24, CM_I16 = 25, CM_I32 = 26, CM_I64 = 27,
-    CM_F64 = 28, CM_BF16 = 30,
+    CM_F64 = 28, CM_BF16 = 30, CM_MXFP4 = 39,
     CM_DTYPE_COUNT = 40
 };
 

@@ -66,6 +66,14 @@ typedef struct {
      * weighs the n_expert_used best, renormalised to sum 1 when expert_norm. 0: a dense FFN */
     uint32_t n_expert, n_expert_used;
     int expert_norm;
+    /* gpt-oss (gpt-oss): experts as above (top n_expert_used router logits, softmaxed among themselves) with
+     * biases on the router and on each expert's gate, up and down; attention sinks (blk.N.attn_sinks.weight,
+     * a logit a head that joins the softmax without a value); a bias on the attention output; every other
+     * layer local (swa_window, swa_period 2, the same RoPE as the global ones); the FFN's input norm is
+     * post_attention_norm; the clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+     * (u + 1) * g * sigmoid(alpha * g) */
+    int gpt_oss;
+    float swiglu_alpha, swiglu_limit;
     float attn_scale;    /* softmax scale of the scores; 0: 1/sqrt(head_dim) */
 } cm_model_config;
 

@@ -51,7 +51,7 @@ static int gemma_config(const cm_gguf *g, cm_model_config *c, char *err, size_t 
  * (qwen3moe's own key; Mixtral's experts are feed_forward_length wide). llama.cpp renormalises the chosen
  * experts' weights for both architectures, as their Hugging Face configs do. */
 static int moe_config(const cm_gguf *g, cm_model_config *c, char *err, size_t errlen) {
-    int rc, q3 = !strcmp(c->arch, "qwen3moe");
+    int rc, q3 = !strcmp(c->arch, "qwen3moe") || c->gpt_oss; /* the architectures that are only MoE */
     if ((rc = gguf_u32_arch(g, c->arch, "expert_count", &c->n_expert, q3, err, errlen))) return rc;
     if (!c->n_expert) {
         if (q3) {
@@ -61,7 +61,7 @@ static int moe_config(const cm_gguf *g, cm_model_config *c, char *err, size_t er
         return 0;
     }
     if (strcmp(c->arch, "llama") && strcmp(c->arch, "mistral") && !q3) {
-        snprintf(err, errlen, "%s.expert_count = %u: experts are supported for llama (Mixtral) and qwen3moe", c->arch,
+        snprintf(err, errlen, "%s.expert_count = %u: experts are supported for llama (Mixtral), qwen3moe and gpt-oss", c->arch,
                  c->n_expert);
         return LLM_EUNSUP;
     }
@@ -69,6 +69,23 @@ static int moe_config(const cm_gguf *g, cm_model_config *c, char *err, size_t er
         (q3 && (rc = gguf_u32_arch(g, c->arch, "expert_feed_forward_length", &c->hidden, 1, err, errlen))))
         return rc;
     c->expert_norm = 1;
+    return 0;
+}
+
+/* gpt-oss: what the GGUF says (the window) and what llama.cpp's loader fixes for the architecture as the
+ * model's code does (every other layer local starting with the first, the clamped SwiGLU's alpha 1.702 and
+ * limit 7). Its YaRN blends between the unrounded ends (OpenAI's and Hugging Face's code, vLLM; llama.cpp
+ * rounds them out as for other models). */
+static int gpt_oss_config(const cm_gguf *g, cm_model_config *c, char *err, size_t errlen) {
+    int rc;
+    c->swa_period = 2;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = 7.f;
+    if ((rc = gguf_u32_arch(g, c->arch, "attention.sliding_window", &c->swa_window, 1, err, errlen))) return rc;
+    if (c->swa_window == 0) {
+        snprintf(err, errlen, "%s.attention.sliding_window must be positive", c->arch);
+        return LLM_EFORMAT;
+    }
     return 0;
 }
 
@@ -86,6 +103,7 @@ static const char *const KEYS_ALL[] = {
     "rope.scaling.yarn_beta_slow", "rope.scaling.finetuned", NULL};
 static const char *const KEYS_GEMMA[] = {"attention.sliding_window", "attention.sliding_window_pattern", NULL};
 static const char *const KEYS_MOE[] = {"expert_count", "expert_used_count", "expert_feed_forward_length", NULL};
+static const char *const KEYS_GPT_OSS[] = {"attention.sliding_window", NULL};
 
 static int listed(const char *const *l, const char *s, size_t n) {
     for (; *l; l++)
@@ -114,6 +132,7 @@ static int check_keys(const cm_gguf *g, const cm_model_config *c, char *err, siz
         const char *rest = kv->key.ptr + al + 1;
         size_t n = kv->key.len - al - 1;
         if (listed(KEYS_ALL, rest, n) || (c->gemma && listed(KEYS_GEMMA, rest, n)) ||
+            (c->gpt_oss && listed(KEYS_GPT_OSS, rest, n)) ||
             (c->n_expert && listed(KEYS_MOE, rest, n)))
             continue;
         char v[64];
@@ -147,8 +166,11 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     } else if (strcmp(c->arch, "gemma3") == 0) {
         c->rope_type = CM_ROPE_NEOX;
         c->gemma = c->qk_norm = 1;
+    } else if (strcmp(c->arch, "gpt-oss") == 0) {
+        c->rope_type = CM_ROPE_NEOX;
+        c->gpt_oss = c->qkv_bias = 1;
     } else {
-        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma3)",
+        snprintf(err, errlen, "unknown architecture '%s' (supported: llama, mistral, qwen2, qwen3, qwen3moe, gemma3, gpt-oss)",
                  c->arch);
         return LLM_EUNSUP;
     }
@@ -193,7 +215,9 @@ static int config_from_gguf(cm_model_file *m, char *err, size_t errlen) {
     }
     if ((rc = moe_config(g, c, err, errlen)) || (rc = check_keys(g, c, err, errlen))) return rc;
     if (c->gemma && (rc = gemma_config(g, c, err, errlen))) return rc;
+    if (c->gpt_oss && (rc = gpt_oss_config(g, c, err, errlen))) return rc;
     if ((rc = cm_rope_from_gguf(g, c, err, errlen))) return rc;
+    if (c->gpt_oss && c->rs.type == CM_RS_YARN) c->rs.truncate = 0;
     if (c->gemma && c->rs.type != CM_RS_NONE && c->rs.type != CM_RS_LINEAR) { /* its local layers are never scaled */
         snprintf(err, errlen, "%s.rope.scaling.type %s is not supported for gemma3 (linear, none)", c->arch,
                  cm_rope_type_name(c->rs.type));

@@ -22,7 +22,9 @@
  *   Q3_K (110) hmask[32], qs[64], scales[12], d   16 of 16: 6-bit signed scales, q in -4..3
  *   Q4_K (144) d, dmin, scales[12], qs[128]   8 of 32: 6-bit scale and min
  *   Q5_K (176) d, dmin, scales[12], qh[32], qs[128]
- *   Q6_K (210) ql[128], qh[64], int8 scales[16], d   16 of 16, q in -32..31 */
+ *   Q6_K (210) ql[128], qh[64], int8 scales[16], d   16 of 16, q in -32..31
+ *   MXFP4 (17) e, qs[16]                      w = 2^(e-128) * K[q], K = E2M1's values doubled
+ *              (OCP microscaling: an E8M0 scale 2^(e-127) on 4-bit floats; gpt-oss's experts) */
 #ifndef CM_QUANT_H
 #define CM_QUANT_H
 
@@ -64,7 +66,15 @@ CM_QHD int cm_q_scale_q3k(int j, const uint8_t *s) {
 /* Whether cm_quant_at and cm_unpack32 know the type (a block type we run). */
 CM_QHD int cm_quant_known(int type) {
     return type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q5_0 || type == CM_Q5_1 || type == CM_Q8_0 ||
-           type == CM_Q2_K || type == CM_Q3_K || type == CM_Q4_K || type == CM_Q5_K || type == CM_Q6_K;
+           type == CM_Q2_K || type == CM_Q3_K || type == CM_Q4_K || type == CM_Q5_K || type == CM_Q6_K ||
+           type == CM_MXFP4;
+}
+
+/* MXFP4's code q (0..15) as an integer: E2M1 doubled, 0, 1, 2, 3, 4, 6, 8, 12 and their negatives. */
+CM_QHD int cm_q_mxfp4(int q) {
+    int m = q & 7, v = m < 5 ? m : 2 * m - 4; /* 5, 6, 7 -> 6, 8, 12 */
+    v = m == 7 ? 12 : v;
+    return q & 8 ? -v : v;
 }
 
 /* Element i of a row of a quantized type (cm_quant_known). */
@@ -90,6 +100,11 @@ CM_QHD float cm_quant_at(int type, const uint8_t *row, int64_t i) {
     case CM_Q8_0: {
         const uint8_t *b = row + (i / 32) * 34;
         return cm_q_half(b) * (float)(int8_t)b[2 + j];
+    }
+    case CM_MXFP4: {
+        const uint8_t *b = row + (i / 32) * 17;
+        int q = j < 16 ? b[1 + j] & 15 : b[1 + j - 16] >> 4;
+        return ldexpf((float)cm_q_mxfp4(q), (int)b[0] - 128);
     }
     case CM_Q4_K: case CM_Q5_K: {
         int five = type == CM_Q5_K, ib = (int)(i % 256), g = ib / 64, half = (ib % 64) / 32, l = ib % 32, sc, mn;
@@ -145,6 +160,16 @@ CM_QHD void cm_unpack32(int type, const uint8_t *row, int64_t blk, uint8_t u[32]
         for (int j = 0; j < 32; j++) u[j] = (uint8_t)((int)(int8_t)b[2 + j] + 128);
         d[0] = d[1] = cm_q_half(b);
         m[0] = m[1] = -128.f * d[0];
+        return;
+    }
+    case CM_MXFP4: { /* u = K[q] + 12 in 0..24 */
+        const uint8_t *b = row + blk * 17;
+        for (int j = 0; j < 16; j++) {
+            u[j] = (uint8_t)(cm_q_mxfp4(b[1 + j] & 15) + 12);
+            u[j + 16] = (uint8_t)(cm_q_mxfp4(b[1 + j] >> 4) + 12);
+        }
+        d[0] = d[1] = ldexpf(1.f, (int)b[0] - 128);
+        m[0] = m[1] = -12.f * d[0];
         return;
     }
     case CM_Q4_K: case CM_Q5_K: {

@@ -400,7 +400,7 @@ static inline __m256 reduce8(const __m256 *a) {
 
 /* The scores of one head, 8 positions per register (K rows come from L1
  * for the group's other heads), and their exp; returns the sum. */
-static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int len, int nv, float scale, float *sh,
+static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int h, int len, int nv, float scale, float *sh,
                                 int kind) {
     __m256 vmx = _mm256_set1_ps(-INFINITY);
     int j = 0;
@@ -423,6 +423,7 @@ static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int len, 
         sh[j] = hsum8(acc) * scale;
         mx = sh[j] > mx ? sh[j] : mx;
     }
+    mx = kn_sink_max(kv, h, mx);
     /* softmax numerators: positions' scores minus the max, never below -87 after scaling by 1 */
     __m256 vm = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
     for (j = 0; j + 8 <= len; j += 8) {
@@ -432,7 +433,7 @@ static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int len, 
     }
     float sum = hsum8(vs);
     for (; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
-    return sum;
+    return kv->sink ? sum + expf(kv->sink[h] - mx) : sum;
 }
 
 /* out[h] = sum_j s[h][j] V_j / sums[h] for G heads (G <= 3) and 32 columns
@@ -464,7 +465,7 @@ static inline void attn_body_avx2(const float *q, const kn_kv_rows *kv, int len,
                                   float *out, int kind) {
     int hd = 8 * nv;
     float inv[8];
-    for (int h = 0; h < g; h++) inv[h] = 1.f / scores_avx2(q + (size_t)h * hd, kv, len, nv, scale, s + (size_t)h * len, kind);
+    for (int h = 0; h < g; h++) inv[h] = 1.f / scores_avx2(q + (size_t)h * hd, kv, h, len, nv, scale, s + (size_t)h * len, kind);
     for (int h0 = 0; h0 < g; h0 += 3) {
         int G = g - h0 < 3 ? g - h0 : 3;
         const float *sh = s + (size_t)h0 * len;

@@ -257,8 +257,8 @@ static inline __m512 exp_avx512(__m512 x) {
     return _mm512_scalef_ps(p, _mm512_max_ps(n, _mm512_set1_ps(-200.f)));
 }
 
-/* sh[i] = exp(sh[i] - mx) / sum, in place. */
-static inline void softmax_avx512(float *sh, int len, float mx) {
+/* sh[i] = exp(sh[i] - mx) / sum, in place; extra (an attention sink's exp(sink - mx), or 0) joins the sum. */
+static inline void softmax_avx512(float *sh, int len, float mx, float extra) {
     __m512 vm = _mm512_set1_ps(mx), vs = _mm512_setzero_ps();
     int i = 0;
     for (; i + 16 <= len; i += 16) {
@@ -272,7 +272,7 @@ static inline void softmax_avx512(float *sh, int len, float mx) {
         _mm512_mask_storeu_ps(sh + i, m, e);
         vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(m, e));
     }
-    __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(vs));
+    __m512 inv = _mm512_set1_ps(1.f / (_mm512_reduce_add_ps(vs) + extra));
     for (i = 0; i + 16 <= len; i += 16) _mm512_storeu_ps(sh + i, _mm512_mul_ps(_mm512_loadu_ps(sh + i), inv));
     for (; i < len; i++) sh[i] *= _mm512_cvtss_f32(inv);
 }
@@ -308,7 +308,8 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
             sh[j] = _mm512_reduce_add_ps(acc) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
-        softmax_avx512(sh, len, mx);
+        mx = kn_sink_max(kv, h, mx);
+        softmax_avx512(sh, len, mx, kv->sink ? expf(kv->sink[h] - mx) : 0.f);
     }
     __m512 o[4][8];
     for (int h = 0; h < g; h++)
@@ -335,7 +336,12 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
     /* at most 4 heads' outputs stay in registers; larger groups go 4 at a
      * time, so a head's arithmetic never depends on how heads are grouped
      * (the result of a sequence must not depend on its batch) */
-    for (; g > 4; g -= 4, q += 4 * hd, out += 4 * hd) attn_group_avx512(q, kv, len, hd, 4, scale, s, out);
+    kn_kv_rows rest = *kv;
+    for (; g > 4; g -= 4, q += 4 * hd, out += 4 * hd) {
+        attn_group_avx512(q, &rest, len, hd, 4, scale, s, out);
+        if (rest.sink) rest.sink += 4;
+    }
+    kv = &rest;
     if (0)
         ;
     else if (hd == 64 && kv->kind == KN_KV_F16) /* the common head sizes, specialised */

@@ -550,7 +550,7 @@ static void attn_task(void *p, int ith, int nth) {
     float scale = 1.f / sqrtf((float)a->hd);
     size_t eb = kn_kv_elem_bytes(a->kv_type);
     kn_kv_rows kv = {NULL, NULL, NULL, a->block_shift, a->kv_type, a->block_stride,
-                     (size_t)a->n_kv * (size_t)a->hd * eb, 0};
+                     (size_t)a->n_kv * (size_t)a->hd * eb, 0, NULL};
     int64_t lo = c->total * ith / nth, hi = c->total * (ith + 1) / nth, cum = 0;
     for (int si = 0; si < a->n_seq && cum < hi; si++) {
         const kn_attn_seq *sq = &a->seq[si];
@@ -567,6 +567,7 @@ static void attn_task(void *p, int ith, int nth) {
                 size_t qo = ((size_t)(sq->row + t) * a->n_head + (size_t)kvh * group + h0) * a->hd;
                 kv.k = (const char *)a->kc + (size_t)kvh * a->hd * eb;
                 kv.v = (const char *)a->vc + (size_t)kvh * a->hd * eb;
+                kv.sink = a->sinks ? a->sinks + (size_t)kvh * group + h0 : NULL;
                 impl->attn_group(a->q + qo, &kv, len, a->hd, g, scale, s, a->out + qo);
             }
         }

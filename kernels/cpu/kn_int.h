@@ -15,7 +15,15 @@ typedef struct kn_kv_rows {
     int shift, kind;      /* element type: KN_KV_F32, KN_KV_F16 or KN_KV_FP8 */
     size_t block_stride, row_bytes;
     int first;            /* row j is position first + j (a sliding window's start) */
+    const float *sink;    /* [g] attention sinks of the call's heads (gpt-oss), or NULL: a logit per head that
+                           * joins the softmax's max and sum but has no value row */
 } kn_kv_rows;
+
+/* The softmax sum of a head's scores exp(s_j - mx) (already summed: sum, their max: mx) with the head's
+ * sink added; the scores must have been taken relative to max(mx, sink) (kn_sink_max). */
+static inline float kn_sink_max(const kn_kv_rows *kv, int h, float mx) {
+    return kv->sink && kv->sink[h] > mx ? kv->sink[h] : mx;
+}
 
 static inline size_t kn_kv_off(const kn_kv_rows *r, int j) {
     j += r->first;

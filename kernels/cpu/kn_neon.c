@@ -150,7 +150,7 @@ static inline float32x4_t kv_load4(const char *p, int i, int kind) {
 }
 
 /* Scores of one head, 4 positions per register, and their exp; returns the sum. */
-static inline float scores_neon(const float *qh, const kn_kv_rows *kv, int len, int nv, float scale, float *sh,
+static inline float scores_neon(const float *qh, const kn_kv_rows *kv, int h, int len, int nv, float scale, float *sh,
                                 int kind) {
     float mx = -INFINITY;
     int j = 0;
@@ -173,6 +173,7 @@ static inline float scores_neon(const float *qh, const kn_kv_rows *kv, int len, 
         sh[j] = vaddvq_f32(acc) * scale;
         mx = sh[j] > mx ? sh[j] : mx;
     }
+    mx = kn_sink_max(kv, h, mx);
     float32x4_t vs = vdupq_n_f32(0);
     for (j = 0; j + 4 <= len; j += 4) {
         float32x4_t e = exp_neon(vmaxq_f32(vsubq_f32(vld1q_f32(sh + j), vdupq_n_f32(mx)), vdupq_n_f32(-87.f)));
@@ -181,7 +182,7 @@ static inline float scores_neon(const float *qh, const kn_kv_rows *kv, int len, 
     }
     float sum = vaddvq_f32(vs);
     for (; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
-    return sum;
+    return kv->sink ? sum + expf(kv->sink[h] - mx) : sum;
 }
 
 /* out[h] = sum_j s[h][j] V_j * inv[h] for G <= 4 heads and 32 columns from c: V rows read once for the
@@ -211,7 +212,7 @@ static inline void attn_body_neon(const float *q, const kn_kv_rows *kv, int len,
                                   float *s, float *out, int kind) {
     int hd = 4 * nv;
     float inv[8];
-    for (int h = 0; h < g; h++) inv[h] = 1.f / scores_neon(q + (size_t)h * hd, kv, len, nv, scale, s + (size_t)h * len, kind);
+    for (int h = 0; h < g; h++) inv[h] = 1.f / scores_neon(q + (size_t)h * hd, kv, h, len, nv, scale, s + (size_t)h * len, kind);
     for (int h0 = 0; h0 < g; h0 += 3) {
         int G = g - h0 < 3 ? g - h0 : 3;
         const float *sh = s + (size_t)h0 * len;

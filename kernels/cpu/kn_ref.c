@@ -75,7 +75,9 @@ void kn_ref_attention(const kn_attn_args *a) {
                     s[j] = d / sqrt((double)a->hd);
                     if (s[j] > mx) mx = s[j];
                 }
+                if (a->sinks && a->sinks[h] > mx) mx = a->sinks[h];
                 for (int j = first; j < len; j++) sum += (s[j] = exp(s[j] - mx));
+                if (a->sinks) sum += exp((double)a->sinks[h] - mx); /* a logit without a value row */
                 float *o = a->out + qo;
                 for (int i = 0; i < a->hd; i++) {
                     double acc = 0;
@@ -209,7 +211,9 @@ void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd
             sh[j] = dot_scalar(q + (size_t)h * hd, kv_row_f32(kv, kv->k, j, hd, row), hd) * scale;
             mx = sh[j] > mx ? sh[j] : mx;
         }
+        mx = kn_sink_max(kv, h, mx);
         for (int j = 0; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
+        if (kv->sink) sum += expf(kv->sink[h] - mx);
         float inv = 1.f / sum, *o = out + (size_t)h * hd;
         memset(o, 0, sizeof(float) * (size_t)hd);
         for (int j = 0; j < len; j++) axpy_scalar(sh[j] * inv, kv_row_f32(kv, kv->v, j, hd, row), o, hd);

@@ -8,7 +8,9 @@ and models carrying settings the engine must refuse.
 Made: Qwen3 (per-head query/key RMS norms, a head size other than
 dim / heads), Qwen3-MoE (8 experts, 2 a token, merged ffn_*_exps tensors),
 Mixtral (llama with experts: merged tensors, and the older per-expert
-blk.N.ffn_gate.E.weight layout), each also as a Hugging Face directory
+blk.N.ffn_gate.E.weight layout), gpt-oss (attention sinks, biases on q/k/v/o,
+the router and the experts, MXFP4 experts, a sliding window on every other
+layer, YaRN, the clamped SwiGLU), each also as a Hugging Face directory
 (gguf_to_hf.py: Qwen3's / Qwen3-MoE's / Mixtral's own tensor names and
 config.json keys). SOURCE lends its tokenizer. Written to OUTDIR as
 rope_ref.py writes: NAME.gguf or NAME/, NAME.ref.json, manifest.json
@@ -21,7 +23,7 @@ import subprocess
 import sys
 
 import numpy as np
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_ref import Model  # noqa: E402
@@ -29,6 +31,12 @@ from tiny_gguf import vocab_size, write_gguf  # noqa: E402
 
 SRC, OUT = sys.argv[1], sys.argv[2]
 DIM, NH, NKV, NL, E, K = 64, 4, 2, 2, 8, 2
+GPT_OSS_KV = [("gpt-oss.expert_count", E, GGUFValueType.UINT32), ("gpt-oss.expert_used_count", 4, GGUFValueType.UINT32),
+              ("gpt-oss.expert_feed_forward_length", 32, GGUFValueType.UINT32),
+              ("gpt-oss.attention.sliding_window", 8, GGUFValueType.UINT32),
+              ("gpt-oss.rope.scaling.type", "yarn", GGUFValueType.STRING),
+              ("gpt-oss.rope.scaling.factor", 4.0, GGUFValueType.FLOAT32),
+              ("gpt-oss.rope.scaling.original_context_length", 32, GGUFValueType.UINT32)]
 IDS_N, CHECK_POS = 96, [10, 50, 95]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,6 +73,35 @@ def weights(vocab, hd, hid, qk_norm=False, experts=0, merged=True, seed=1):
             for e in range(experts):
                 w[p + "ffn_gate.%d.weight" % e], w[p + "ffn_up.%d.weight" % e] = g[e], u[e]
                 w[p + "ffn_down.%d.weight" % e] = d[e]
+    return w
+
+
+def gpt_oss_weights(vocab, hd, hid, experts, seed=4):
+    """gpt-oss: biases on q/k/v/o, sinks, post_attention_norm, a router with a bias, experts stored MXFP4
+    (quantized by the gguf package) with biases."""
+    r = np.random.default_rng(seed)
+    m = lambda n, k: (r.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    vec = lambda n: (1 + 0.1 * r.standard_normal(n)).astype(np.float32)
+    b = lambda *n: (0.1 * r.standard_normal(n)).astype(np.float32)
+    mx = lambda a: (a, GGMLQuantizationType.MXFP4)
+    w = {"token_embd.weight": (r.standard_normal((vocab, DIM)) * 0.5).astype(np.float32),
+         "output_norm.weight": vec(DIM), "output.weight": m(vocab, DIM)}
+    for l in range(NL):
+        p = "blk.%d." % l
+        w[p + "attn_norm.weight"] = vec(DIM)
+        w[p + "post_attention_norm.weight"] = vec(DIM)
+        w[p + "attn_q.weight"], w[p + "attn_q.bias"] = m(NH * hd, DIM) * 2, b(NH * hd)
+        w[p + "attn_k.weight"], w[p + "attn_k.bias"] = m(NKV * hd, DIM) * 2, b(NKV * hd)
+        w[p + "attn_v.weight"], w[p + "attn_v.bias"] = m(NKV * hd, DIM), b(NKV * hd)
+        w[p + "attn_output.weight"], w[p + "attn_output.bias"] = m(DIM, NH * hd), b(DIM)
+        w[p + "attn_sinks.weight"] = (2 * r.standard_normal(NH)).astype(np.float32)
+        w[p + "ffn_gate_inp.weight"], w[p + "ffn_gate_inp.bias"] = m(experts, DIM) * 4, b(experts)
+        # gate and up scaled up so the SwiGLU's clamps at +-7 are reached
+        w[p + "ffn_gate_exps.weight"] = mx(np.stack([m(hid, DIM) * 6 for _ in range(experts)]))
+        w[p + "ffn_up_exps.weight"] = mx(np.stack([m(hid, DIM) * 6 for _ in range(experts)]))
+        w[p + "ffn_down_exps.weight"] = mx(np.stack([m(DIM, hid) for _ in range(experts)]))
+        w[p + "ffn_gate_exps.bias"], w[p + "ffn_up_exps.bias"] = b(experts, hid), b(experts, hid)
+        w[p + "ffn_down_exps.bias"] = b(experts, DIM)
     return w
 
 
@@ -112,6 +149,8 @@ def main():
         ("mixtral-per-expert", "llama", 16, 64,
          [("llama.expert_count", E, GGUFValueType.UINT32), ("llama.expert_used_count", K, GGUFValueType.UINT32)],
          weights(vocab, 16, 64, experts=E, merged=False, seed=3)),
+        # gpt-oss: 8 experts of 32, 4 a token, MXFP4; a window of 8 on layer 0; YaRN x4 over 32 positions
+        ("gpt-oss", "gpt-oss", 16, 32, GPT_OSS_KV, gpt_oss_weights(vocab, 16, 32, E)),
     ]
     paths = {}
     for name, arch, hd, hid, kv, ts in models:
@@ -119,6 +158,8 @@ def main():
         hp = hparams(hd, hid)
         if arch == "qwen3moe":
             hp["feed_forward_length"] = 4 * hid  # the dense width the file states and no layer uses
+        if arch == "gpt-oss":  # a base whose YaRN blend ends fall between pairs (rounding them out would show)
+            hp["rope_freq_base"] = 10000.0
         write_gguf(p, SRC, arch, hp, ts, kv)
         paths[name] = p
         man.append({"name": "gguf " + name, "path": p, "ref": reference(p, name, ids)})
@@ -146,9 +187,11 @@ def main():
             ("qwen3moe", [("qwen3moe.expert_shared_feed_forward_length", 64, GGUFValueType.UINT32)],
              "qwen3moe.expert_shared_feed_forward_length"),
             ("qwen3moe", [("qwen3moe.expert_weights_scale", 2.5, GGUFValueType.FLOAT32)], "expert_weights_scale"),
-            ("qwen3", [("qwen3.expert_count", E, GGUFValueType.UINT32)], "qwen3.expert_count"))):
+            ("qwen3", [("qwen3.expert_count", E, GGUFValueType.UINT32)], "qwen3.expert_count"),
+            ("gpt-oss", [("gpt-oss.attention.sliding_window_pattern", 3, GGUFValueType.UINT32)],
+             "gpt-oss.attention.sliding_window_pattern"))):
         p = os.path.join(OUT, "refuse-%d.gguf" % i)
-        src = models[1] if arch == "qwen3moe" else models[0]
+        src = models[1] if arch == "qwen3moe" else models[4] if arch == "gpt-oss" else models[0]
         write_gguf(p, SRC, arch, hparams(src[2], src[3]), src[5], src[4] + kv)
         man.append({"name": "gguf %s" % kv[0][0], "path": p, "refuse": key})
     json.dump(man, open(os.path.join(OUT, "manifest.json"), "w"), indent=1)

@@ -57,7 +57,10 @@ def scaled_inv_freq(theta, d, sc):
         orig = sc["original_max_position_embeddings"]
         bf, bs = sc.get("beta_fast", 32), sc.get("beta_slow", 1)
         dim_of = lambda rot: d * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(theta))
-        lo, hi = max(np.floor(dim_of(bf)), 0), min(np.ceil(dim_of(bs)), d - 1)
+        lo, hi = dim_of(bf), dim_of(bs)
+        if sc.get("truncate", True):  # gpt-oss's config says false: the blend's ends as they fall
+            lo, hi = np.floor(lo), np.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
         if lo == hi:
             hi += 0.001
         ramp = np.clip((np.arange(d // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
@@ -83,8 +86,11 @@ class Model:
         self.hd = int(g("attention.key_length", self.dim // self.n_head))
         self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
         self.theta = float(g("rope.freq_base", 10000.0))
-        self.neox = arch in ("qwen2", "qwen3", "qwen3moe") if neox is None else neox
+        self.neox = arch in ("qwen2", "qwen3", "qwen3moe", "gpt-oss") if neox is None else neox
         self.n_used = int(g("expert_used_count", 0))
+        # gpt-oss: every other layer (the first, the third, ...) sees the last `window` positions only
+        self.gpt_oss = arch == "gpt-oss"
+        self.window = int(g("attention.sliding_window", 0)) if self.gpt_oss else 0
         self.norm_topk = norm_topk
         self.t = {}
         for t in r.tensors:
@@ -99,6 +105,8 @@ class Model:
                 scaling["original_max_position_embeddings"] = int(g("rope.scaling.original_context_length",
                                                                     g("context_length")))
                 scaling["attention_factor"] = float(g("rope.scaling.attn_factor", 1.0)) * (0.1 * np.log(f) + 1.0)
+                if self.gpt_oss:  # OpenAI's code (and Hugging Face's config, truncate: false)
+                    scaling["truncate"] = False
         self.inv, self.mscale = scaled_inv_freq(self.theta, self.hd, scaling)
         if "rope_freqs.weight" in self.t:  # Llama 3.x GGUF: one divisor a frequency pair
             self.inv = self.inv / self.t["rope_freqs.weight"].astype(np.float64).reshape(-1)
@@ -153,6 +161,24 @@ class Model:
                 out[t] += we * (self.expert(p, "down", e) @ (g_ / (1 + np.exp(-g_)) * u))
         return out
 
+    def moe_oai(self, h, p, alpha=1.702, limit=7.0):
+        """gpt-oss (Hugging Face's GptOssMLP): the router's logits with its bias, the top n_used softmaxed among
+        themselves; each expert's gate and up with biases, the clamped SwiGLU, down with its bias."""
+        out = np.zeros_like(h)
+        logits = h @ self.t[p + "ffn_gate_inp.weight"].T + self.t[p + "ffn_gate_inp.bias"]
+        for t in range(h.shape[0]):
+            top = np.argsort(-logits[t], kind="stable")[:self.n_used]
+            w = np.exp(logits[t][top] - logits[t][top].max())
+            w /= w.sum()
+            for e, we in zip(top, w):
+                g_ = self.expert(p, "gate", e) @ h[t] + self.t[p + "ffn_gate_exps.bias"][e]
+                u = self.expert(p, "up", e) @ h[t] + self.t[p + "ffn_up_exps.bias"][e]
+                g_ = np.minimum(g_, limit)
+                u = np.clip(u, -limit, limit)
+                y = (u + 1) * (g_ / (1 + np.exp(-alpha * g_)))
+                out[t] += we * (self.expert(p, "down", e) @ y + self.t[p + "ffn_down_exps.bias"][e])
+        return out
+
     def forward(self, tokens, rows=None):
         """Logits for every position (or those in rows), [T, vocab], float64."""
         T = len(tokens)
@@ -180,14 +206,25 @@ class Model:
             v = v.reshape(T, self.n_kv, self.hd)
             att = np.zeros((T, self.n_head, self.hd))
             mask = np.triu(np.full((T, T), -np.inf), 1)
+            if self.window and l % 2 == 0:  # position i sees i - window + 1 .. i
+                mask = mask + np.tril(np.full((T, T), -np.inf), -self.window)
+            sinks = self.t.get(p + "attn_sinks.weight")
             for hh in range(self.n_head):
                 kv = hh // group
                 s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(self.hd) + mask
+                if sinks is not None:  # a column of the head's sink logit, dropped after the softmax
+                    s = np.concatenate([s, np.full((T, 1), float(sinks[hh]))], axis=1)
                 s = np.exp(s - s.max(axis=1, keepdims=True))
                 s /= s.sum(axis=1, keepdims=True)
-                att[:, hh, :] = s @ v[:, kv, :]
+                att[:, hh, :] = s[:, :T] @ v[:, kv, :]
             x = x + self.mm(att.reshape(T, -1), p + "attn_output.weight")
-            h = np.stack([self.norm(x[t], self.t[p + "ffn_norm.weight"]) for t in range(T)])
+            if p + "attn_output.bias" in self.t:
+                x = x + self.t[p + "attn_output.bias"]
+            nw = self.t[p + ("post_attention_norm.weight" if self.gpt_oss else "ffn_norm.weight")]
+            h = np.stack([self.norm(x[t], nw) for t in range(T)])
+            if self.gpt_oss:
+                x = x + self.moe_oai(h, p)
+                continue
             if p + "ffn_gate_inp.weight" in self.t:
                 x = x + self.moe(h, p)
                 continue

@@ -2,6 +2,7 @@
 arch_ref.py): the hyper-parameters given, the tokenizer of a real GGUF (our
 loader needs a real one), the tensors given."""
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import quantize
 
 
 def vocab_size(src):
@@ -38,7 +39,11 @@ def write_gguf(path, src, arch, hp, tensors, kv=()):
         else:
             w.add_key_value(name, f.contents(), t)
     for name, a in tensors.items():
-        w.add_tensor(name, a)
+        if isinstance(a, tuple):  # (float array, GGMLQuantizationType): stored quantized by the gguf package
+            q = quantize(a[0], a[1])
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=a[1])
+        else:
+            w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -94,7 +94,7 @@ static void attention(int kv_type) {
     kn_pool *pool;
     kn_pool_create(1, &pool);
     float *scratch = malloc(sizeof(float) * kn_attention_scratch(max_len));
-    kn_attn_args ca = {NSEQ, seqs, NH, NKV, HD, kv_type, SHIFT, max_len, q, ref, kc, vc, stride, scratch, 0};
+    kn_attn_args ca = {NSEQ, seqs, NH, NKV, HD, kv_type, SHIFT, max_len, q, ref, kc, vc, stride, scratch, 0, NULL};
     kn_attention(pool, &ca);
     int n_sm = 0;
     CHECK_RC(kn_cuda_sm_count(&n_sm), 0);

@@ -221,8 +221,14 @@ static void test_attention(kn_pool *pool) {
         for (size_t i = 0; i < qn; i++) q[i] = frand() * 3;
         float *scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(pool));
         kn_attn_args ra = {n_seq, seq, nh, n_kv, hd, kv_type, shift, max_len, q, ref, kc, vc,
-                           (size_t)bs * row_n * eb, NULL, 0};
+                           (size_t)bs * row_n * eb, NULL, 0, NULL};
         if (it % 5 == 1) ra.window = 1 + (int)(rnd() % 40); /* Gemma's local layers */
+        float *sinks = NULL;
+        if (it % 3 == 1) { /* gpt-oss's attention sinks: some below the scores, some far above them */
+            sinks = malloc(sizeof(float) * (size_t)nh);
+            for (int h = 0; h < nh; h++) sinks[h] = h % 4 == 3 ? 30.f : frand() * 4;
+            ra.sinks = sinks;
+        }
         kn_ref_attention(&ra);
         for (int is = 0; is < N_ISA; is++) {
             if (kn_set_isa(isas[is])) continue;
@@ -256,7 +262,7 @@ static void test_attention(kn_pool *pool) {
             free(y);
         }
         for (int i = 0; i < n_seq; i++) free(tables[i]);
-        free(perm); free(kf); free(vf); free(kc); free(vc); free(q); free(ref); free(scratch);
+        free(perm); free(kf); free(vf); free(kc); free(vc); free(q); free(ref); free(scratch); free(sinks);
     }
     /* F16 store rounds like the reference conversion */
     float src[40];
