@@ -59,9 +59,16 @@ static const struct { const char *hf, *gg; } llama_layer[] = {
     {"embeddings.LayerNorm.weight", "token_embd_norm.weight"}, {"embeddings.LayerNorm.bias", "token_embd_norm.bias"},
 };
 
+/* gpt-oss's own (after the layer prefix); its post-attention norm keeps GGUF's gpt-oss name */
+static const struct { const char *hf, *gg; } oss_layer[] = {
+    {"self_attn.o_proj.bias", "attn_output.bias"},    {"self_attn.sinks", "attn_sinks.weight"},
+    {"mlp.router.weight", "ffn_gate_inp.weight"},     {"mlp.router.bias", "ffn_gate_inp.bias"},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+};
+
 /* The GGUF name of a Hugging Face tensor name, or 0 when the model does not
  * use it (position_ids, the BERT pooler, rotary caches). */
-static int map_name(int encoder, const char *hf, char *out, size_t len) {
+static int map_name(int encoder, int oss, const char *hf, char *out, size_t len) {
     char n[256];
     snprintf(n, sizeof n, "%s", hf);
     /* old BERT checkpoints: LayerNorm.gamma / beta; saved from a task model: "bert." */
@@ -91,6 +98,11 @@ static int map_name(int encoder, const char *hf, char *out, size_t len) {
                 }
             return 0;
         }
+        for (size_t i = 0; !encoder && oss && i < sizeof oss_layer / sizeof oss_layer[0]; i++)
+            if (!strcmp(rest, oss_layer[i].hf)) {
+                snprintf(out, len, "blk.%lu.%s", l, oss_layer[i].gg);
+                return 1;
+            }
         size_t nt = encoder ? sizeof bert_layer / sizeof bert_layer[0] : sizeof llama_layer / sizeof llama_layer[0];
         for (size_t i = 0; i < nt; i++) {
             const char *h = encoder ? bert_layer[i].hf : llama_layer[i].hf;
@@ -299,18 +311,53 @@ static int add_part(hfq_set *q, int p, const char *name, const cm_st_tensor *t, 
     return 0;
 }
 
+/* gpt-oss's experts as OpenAI ships them: per layer, gate and up interleaved row by row (even rows gate)
+ * in one tensor, each row MXFP4 blocks of 32 (16 bytes, element 2i in byte i's low nibble and 2i+1 in its
+ * high one) with their E8M0 scales apart, and the biases likewise interleaved. */
+enum { OSS_GU_B, OSS_GU_S, OSS_GU_BIAS, OSS_DN_B, OSS_DN_S, OSS_DN_BIAS, OSS_N };
+static const char *const oss_part_names[OSS_N] = {"gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
+                                                  "down_proj_blocks",    "down_proj_scales",    "down_proj_bias"};
+typedef struct {
+    const cm_st_tensor *p[OSS_N];
+} oss_layer_parts;
+
+/* The layer and part of "model.layers.N.mlp.experts.<part>", or -1. */
+static int oss_part(const char *name, uint32_t n_layer, uint32_t *layer) {
+    const char *lp = "model.layers.";
+    if (strncmp(name, lp, 13)) return -1;
+    char *end;
+    unsigned long l = strtoul(name + 13, &end, 10);
+    if (end == name + 13 || l >= n_layer || strncmp(end, ".mlp.experts.", 13)) return -1;
+    for (int i = 0; i < OSS_N; i++)
+        if (!strcmp(end + 13, oss_part_names[i])) {
+            *layer = (uint32_t)l;
+            return i;
+        }
+    return -1;
+}
+
 static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *file, size_t *cap, hfq_set *q,
-                       char *e, size_t el) {
+                       oss_layer_parts *oss, char *e, size_t el) {
     for (size_t i = 0; i < s->n_tensors; i++) {
         const cm_st_tensor *t = &s->tensors[i];
         char name[64], base[256];
+        uint32_t ol;
+        int op = oss ? oss_part(t->name, m->cfg.n_layer, &ol) : -1;
+        if (op >= 0) {
+            if (oss[ol].p[op]) {
+                snprintf(e, el, "%s: tensor '%s' appears twice", file, t->name);
+                return LLM_EFORMAT;
+            }
+            oss[ol].p[op] = t;
+            continue;
+        }
         int p = q->cfg.method ? cm_hfq_part(t->name, base, sizeof base) : -1;
         if (p >= 0) {
-            int rc = map_name(m->cfg.encoder, base, name, sizeof name) ? add_part(q, p, name, t, file, e, el) : 0;
+            int rc = map_name(m->cfg.encoder, m->cfg.gpt_oss, base, name, sizeof name) ? add_part(q, p, name, t, file, e, el) : 0;
             if (rc) return rc;
             continue;
         }
-        if (!map_name(m->cfg.encoder, t->name, name, sizeof name)) {
+        if (!map_name(m->cfg.encoder, m->cfg.gpt_oss, t->name, name, sizeof name)) {
             /* an encoder's task heads (pooler, cls) are not its embedding; a decoder's every
              * tensor is its math, but for the RoPE table old checkpoints saved (recomputed here) */
             size_t nl = strlen(t->name);
@@ -341,9 +388,119 @@ static int add_tensors(cm_model_file *m, const cm_safetensors *s, const char *fi
     return 0;
 }
 
+static int own_buf(cm_model_file *m, void *p) {
+    void **nb = realloc(m->bufs, sizeof *nb * (size_t)(m->n_bufs + 1));
+    if (!nb) {
+        free(p);
+        return LLM_ENOMEM;
+    }
+    m->bufs = nb;
+    m->bufs[m->n_bufs++] = p;
+    return 0;
+}
+
+static float st_float(const cm_st_tensor *t, size_t i) {
+    const uint8_t *d = t->data;
+    if (t->type == CM_F32) {
+        float f;
+        memcpy(&f, d + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, d + 2 * i, 2);
+    return t->type == CM_F16 ? cm_f16_to_f32(h) : cm_bf16_to_f32(h);
+}
+
+/* Rows row0, row0 + step, ... (n of them) of each expert of an [E][rows][k] MXFP4 blocks + scales pair as a
+ * GGUF MXFP4 tensor [k, n, E] (e, qs[16]: element j in byte j's low nibble, j + 16 in its high one), and the
+ * same rows of the [E][rows] bias as F32 [n, E]. */
+static int oss_tensor(cm_model_file *m, size_t *cap, const cm_st_tensor *bl, const cm_st_tensor *sc,
+                      const cm_st_tensor *bias, uint32_t l, const char *kind, uint64_t E, uint64_t rows, uint64_t k,
+                      uint64_t row0, uint64_t step, char *e, size_t el) {
+    uint64_t n = rows / step, nb = k / 32;
+    if (bl->n_dims != 4 || bl->ne[0] != 16 || bl->ne[1] != nb || bl->ne[2] != rows || bl->ne[3] != E ||
+        strcmp(bl->dtype, "U8") || sc->n_dims != 3 || sc->ne[0] != nb || sc->ne[1] != rows || sc->ne[2] != E ||
+        strcmp(sc->dtype, "U8") || bias->n_dims != 2 || bias->ne[0] != rows || bias->ne[1] != E ||
+        (bias->type != CM_F32 && bias->type != CM_F16 && bias->type != CM_BF16)) {
+        snprintf(e, el, "layer %u: '%s' / '%s' / '%s' are not U8 [%llu, %llu, %llu, 16], U8 [.., %llu] and a float "
+                 "[%llu, %llu]", l, bl->name, sc->name, bias->name, (unsigned long long)E, (unsigned long long)rows,
+                 (unsigned long long)nb, (unsigned long long)nb, (unsigned long long)E, (unsigned long long)rows);
+        return LLM_EFORMAT;
+    }
+    uint8_t *w = malloc(E * n * nb * 17);
+    float *b = malloc(sizeof(float) * E * n);
+    int rc = !w || !b ? LLM_ENOMEM : 0;
+    if (rc) {
+        free(w);
+        free(b);
+        return rc;
+    }
+    if ((rc = own_buf(m, w))) {
+        free(b);
+        return rc;
+    }
+    if ((rc = own_buf(m, b))) return rc;
+    const uint8_t *B = bl->data, *S = sc->data;
+    for (uint64_t x = 0; x < E; x++)
+        for (uint64_t r = 0; r < n; r++) {
+            uint64_t src = x * rows + row0 + r * step;
+            b[x * n + r] = st_float(bias, src);
+            for (uint64_t j = 0; j < nb; j++) {
+                const uint8_t *in = B + (src * nb + j) * 16;
+                uint8_t *o = w + ((x * n + r) * nb + j) * 17, u[32];
+                for (int i = 0; i < 16; i++) u[2 * i] = in[i] & 15, u[2 * i + 1] = in[i] >> 4;
+                o[0] = S[src * nb + j];
+                for (int i = 0; i < 16; i++) o[1 + i] = (uint8_t)(u[i] | u[i + 16] << 4);
+            }
+        }
+    cm_tensor_ref r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.name, sizeof r.name, "blk.%u.ffn_%s_exps.weight", l, kind);
+    r.type = CM_MXFP4;
+    r.n_dims = 3;
+    r.ne[0] = k, r.ne[1] = n, r.ne[2] = E, r.ne[3] = 1;
+    r.data = w;
+    r.nbytes = E * n * nb * 17;
+    if ((rc = push_tensor(m, cap, &r))) return rc;
+    snprintf(r.name, sizeof r.name, "blk.%u.ffn_%s_exps.bias", l, kind);
+    r.type = CM_F32;
+    r.n_dims = 2;
+    r.ne[0] = n, r.ne[1] = E, r.ne[2] = 1;
+    r.data = b;
+    r.nbytes = sizeof(float) * E * n;
+    return push_tensor(m, cap, &r);
+}
+
+/* Every layer's gpt-oss experts into the GGUF tensors the loader reads (llama.cpp's converter does the same). */
+static int oss_convert(cm_model_file *m, size_t *cap, const oss_layer_parts *oss, char *e, size_t el) {
+    const cm_model_config *c = &m->cfg;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const oss_layer_parts *p = &oss[l];
+        for (int i = 0; i < OSS_N; i++)
+            if (!p->p[i]) {
+                snprintf(e, el, "model.layers.%u.mlp.experts.%s is missing (gpt-oss's experts load as MXFP4 blocks, "
+                         "scales and biases)", l, oss_part_names[i]);
+                return LLM_EFORMAT;
+            }
+        int rc;
+        if ((rc = oss_tensor(m, cap, p->p[OSS_GU_B], p->p[OSS_GU_S], p->p[OSS_GU_BIAS], l, "gate", c->n_expert,
+                             2 * (uint64_t)c->hidden, c->dim, 0, 2, e, el)) ||
+            (rc = oss_tensor(m, cap, p->p[OSS_GU_B], p->p[OSS_GU_S], p->p[OSS_GU_BIAS], l, "up", c->n_expert,
+                             2 * (uint64_t)c->hidden, c->dim, 1, 2, e, el)) ||
+            (rc = oss_tensor(m, cap, p->p[OSS_DN_B], p->p[OSS_DN_S], p->p[OSS_DN_BIAS], l, "down", c->n_expert, c->dim,
+                             c->hidden, 0, 1, e, el)))
+            return rc;
+    }
+    return 0;
+}
+
 /* Every AWQ / GPTQ layer into GGUF blocks (and its permutation). */
 static int convert_layers(cm_model_file *m, size_t *cap, const hfq_set *q, char *e, size_t el) {
-    if (q->n && !(m->bufs = calloc(2 * q->n, sizeof *m->bufs))) return LLM_ENOMEM;
+    if (q->n) {
+        void **nb = realloc(m->bufs, sizeof *nb * (size_t)(m->n_bufs + 2 * (int)q->n));
+        if (!nb) return LLM_ENOMEM;
+        m->bufs = nb;
+    }
     for (size_t i = 0; i < q->n; i++) {
         const hfq_layer *l = &q->l[i];
         if (cm_model_tensor(m, l->name)) {
@@ -369,6 +526,7 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
     size_t cap = 0;
     hfq_set q;
     memset(&q, 0, sizeof q);
+    oss_layer_parts *oss_parts = NULL;
     cm_model_file *m = calloc(1, sizeof *m);
     if (!m) return LLM_ENOMEM;
     m->format = CM_FMT_HF;
@@ -387,11 +545,12 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
         goto fail;
     }
     const char *mt = json_string_value(json_object_get(cj, "model_type"));
-    static const char *const types[] = {"bert", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", NULL};
+    static const char *const types[] = {"bert", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss",
+                                        NULL};
     int known = 0;
     for (const char *const *t = types; mt && *t; t++) known |= !strcmp(mt, *t);
-    snprintf(e, sizeof e, "config.json: model_type '%.32s' is not supported (bert, llama, mistral, mixtral, qwen2, "
-             "qwen3, qwen3_moe)", mt ? mt : "");
+    snprintf(e, sizeof e, "config.json: model_type '%.32s' is not supported (bert, gpt_oss, llama, mistral, mixtral, "
+             "qwen2, qwen3, qwen3_moe)", mt ? mt : "");
     int tie = json_is_true(json_object_get(cj, "tie_word_embeddings"));
     if (!known) {
         json_decref(cj);
@@ -399,7 +558,17 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
         goto fail;
     }
     e[0] = 0;
-    rc = cm_hfq_config_parse(cj, &q.cfg, e, sizeof e);
+    /* gpt-oss ships its experts in MXFP4 (quant_method mxfp4, the rest unquantized): read below, not by cm_hf_quant */
+    const char *qm = json_string_value(json_object_get(json_object_get(cj, "quantization_config"), "quant_method"));
+    int oss = !strcmp(mt, "gpt_oss");
+    if (oss && (!qm || strcmp(qm, "mxfp4"))) {
+        snprintf(e, sizeof e, "config.json: a gpt_oss checkpoint loads with its experts in MXFP4 (quant_method mxfp4, "
+                 "as OpenAI ships it), not %.32s", qm ? qm : "unquantized");
+        json_decref(cj);
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
+    rc = oss ? 0 : cm_hfq_config_parse(cj, &q.cfg, e, sizeof e);
     if (!rc && q.cfg.method && !strcmp(mt, "bert")) {
         snprintf(e, sizeof e, "config.json: quantized encoder (bert) checkpoints are not supported");
         rc = LLM_EUNSUP;
@@ -413,6 +582,10 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
     if (!m->cfg.encoder) {
         m->cfg.rope_type = CM_ROPE_NEOX; /* Hugging Face keeps q/k unpermuted: rotate halves */
     } else if ((rc = sentence_config(dir, &m->cfg, e, sizeof e))) {
+        goto fail;
+    }
+    if (oss && !(oss_parts = calloc(m->cfg.n_layer, sizeof *oss_parts))) {
+        rc = LLM_ENOMEM;
         goto fail;
     }
     if ((rc = shard_names(dir, &shards, &n_shards, e, sizeof e))) goto fail;
@@ -429,9 +602,12 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
             goto fail;
         }
         m->n_st++;
-        if ((rc = add_tensors(m, m->st[i], shards[i], &cap, &q, e, sizeof e))) goto fail;
+        if ((rc = add_tensors(m, m->st[i], shards[i], &cap, &q, oss_parts, e, sizeof e))) goto fail;
     }
     if ((rc = convert_layers(m, &cap, &q, e, sizeof e))) goto fail;
+    if (oss_parts && (rc = oss_convert(m, &cap, oss_parts, e, sizeof e))) goto fail;
+    free(oss_parts);
+    oss_parts = NULL;
     free(q.l);
     q.l = NULL;
     m->cfg.tied = !m->cfg.encoder && (tie || !cm_model_tensor(m, "output.weight"));
@@ -443,6 +619,7 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen) {
 fail:
     if (err) snprintf(err, errlen, "%s: %s", dir, e);
     free(q.l);
+    free(oss_parts);
     for (int i = 0; i < n_shards; i++) free(shards[i]);
     free(shards);
     cm_model_close(m);

@@ -49,6 +49,11 @@ static const char *const HF_KEYS_MOE[] = {"num_local_experts", "num_experts", "n
     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
     "router_aux_loss_coef", "router_jitter_noise", NULL};
 
+/* gpt-oss's: honoured (experts_per_token only as num_experts_per_tok; initial_context_length is the YaRN's
+ * original context, which rope_scaling gives), or training settings */
+static const char *const HF_KEYS_OSS[] = {"num_local_experts", "num_experts_per_tok", "experts_per_token",
+    "swiglu_limit", "initial_context_length", "output_router_logits", "router_aux_loss_coef", NULL};
+
 static int listed_key(const char *const *l, const char *key) {
     for (; *l; l++)
         if (!strcmp(*l, key)) return 1;
@@ -82,11 +87,45 @@ static int moe_keys(json_t *o, const char *path, const char *mt, cm_model_config
     return 0;
 }
 
+/* gpt-oss: experts with biases, the clamped SwiGLU, every other layer local (sliding first), as its
+ * config.json spells it and as its code fixes it (alpha 1.702) */
+static int oss_keys(json_t *o, const char *path, cm_model_config *c, char *err, size_t errlen) {
+    c->gpt_oss = 1;
+    c->n_expert = jint(o, "num_local_experts", 0);
+    c->n_expert_used = jint(o, "num_experts_per_tok", jint(o, "experts_per_token", 0));
+    c->expert_norm = 1;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = (float)jnum(o, "swiglu_limit", 7.0);
+    c->swa_window = jint(o, "sliding_window", 0);
+    c->swa_period = 2;
+    uint32_t ept = jint(o, "experts_per_token", c->n_expert_used);
+    if (!c->n_expert || !c->n_expert_used || ept != c->n_expert_used || !c->swa_window) {
+        snprintf(err, errlen, "%s: a gpt_oss config needs num_local_experts, num_experts_per_tok (experts_per_token "
+                 "the same) and sliding_window", path);
+        return LLM_EFORMAT;
+    }
+    json_t *lt = json_object_get(o, "layer_types");
+    for (size_t i = 0; json_is_array(lt) && i < json_array_size(lt); i++) {
+        const char *t = json_string_value(json_array_get(lt, i)), *want = i % 2 ? "full_attention" : "sliding_attention";
+        if (!t || strcmp(t, want)) {
+            snprintf(err, errlen, "%s: layer_types[%zu] = '%.32s': gpt-oss's layers alternate sliding_attention and "
+                     "full_attention, starting with sliding_attention", path, i, t ? t : "?");
+            return LLM_EUNSUP;
+        }
+    }
+    if (json_is_array(lt) && json_array_size(lt) != c->n_layer) {
+        snprintf(err, errlen, "%s: layer_types has %zu entries for %u layers", path, json_array_size(lt), c->n_layer);
+        return LLM_EFORMAT;
+    }
+    return 0;
+}
+
 static int decoder_keys(json_t *o, const char *path, cm_model_config *c, char *err, size_t errlen) {
     const char *key;
     json_t *v;
     json_object_foreach(o, key, v) {
-        int known = listed_key(HF_KEYS, key) || (c->n_expert && listed_key(HF_KEYS_MOE, key));
+        int known = listed_key(HF_KEYS, key) || (c->n_expert && !c->gpt_oss && listed_key(HF_KEYS_MOE, key)) ||
+                    (c->gpt_oss && listed_key(HF_KEYS_OSS, key));
         if (!known && !json_is_null(v) && !json_is_false(v)) {
             char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
             snprintf(err, errlen, "%s: %.60s = %.60s changes the model in a way this engine does not implement: refused "
@@ -105,8 +144,8 @@ static int decoder_keys(json_t *o, const char *path, cm_model_config *c, char *e
                  json_is_true(json_object_get(o, "mlp_bias")) ? "mlp_bias" : "rope_interleaved");
         return LLM_EUNSUP;
     }
-    json_t *lt = json_object_get(o, "layer_types"); /* every layer full attention, or refused */
-    for (size_t i = 0; json_is_array(lt) && i < json_array_size(lt); i++) {
+    json_t *lt = json_object_get(o, "layer_types"); /* every layer full attention, or refused (gpt-oss: oss_keys) */
+    for (size_t i = 0; !c->gpt_oss && json_is_array(lt) && i < json_array_size(lt); i++) {
         const char *t = json_string_value(json_array_get(lt, i));
         if (!t || strcmp(t, "full_attention")) {
             snprintf(err, errlen, "%s: layer_types[%zu] = '%.32s' is not supported (full_attention)", path, i,
@@ -117,7 +156,7 @@ static int decoder_keys(json_t *o, const char *path, cm_model_config *c, char *e
     /* a sliding window: Qwen2 says whether it is used; Mistral's applies whenever it is set */
     json_t *sw = json_object_get(o, "sliding_window");
     json_t *use = json_object_get(o, "use_sliding_window");
-    int windowed = json_is_integer(sw) && (use ? json_is_true(use) : 1);
+    int windowed = !c->gpt_oss && json_is_integer(sw) && (use ? json_is_true(use) : 1);
     if (windowed && json_integer_value(sw) < (json_int_t)c->ctx_len) {
         snprintf(err, errlen, "%s: sliding_window %lld (shorter than max_position_embeddings %u) is not supported for "
                  "%s: sliding-window attention runs only for gemma3", path, (long long)json_integer_value(sw), c->ctx_len,
@@ -150,9 +189,10 @@ int cm_model_config_json(const char *path, cm_model_config *c, char *err, size_t
     const char *mt = json_string_value(json_object_get(o, "model_type"));
     if (!mt) mt = "";
     int q3 = !strcmp(mt, "qwen3") || !strcmp(mt, "qwen3_moe"), moe = !strcmp(mt, "mixtral") || !strcmp(mt, "qwen3_moe");
+    int oss = !strcmp(mt, "gpt_oss");
     snprintf(c->arch, sizeof c->arch, "%s",
              !strcmp(mt, "qwen2") ? "qwen2" : !strcmp(mt, "qwen3") ? "qwen3" : !strcmp(mt, "qwen3_moe") ? "qwen3moe"
-                                                                                                         : "llama");
+                                                                     : oss ? "gpt-oss" : "llama");
     c->qk_norm = q3;
     snprintf(c->name, sizeof c->name, "%s", path);
     c->n_layer = jint(o, "num_hidden_layers", 0);
@@ -168,9 +208,9 @@ int cm_model_config_json(const char *path, cm_model_config *c, char *err, size_t
     c->qkv_bias = !strcmp(c->arch, "qwen2") || json_is_true(json_object_get(o, "attention_bias"));
     c->rope_theta = (float)jnum(o, "rope_theta", 10000);
     c->norm_eps = (float)jnum(o, "rms_norm_eps", 1e-5);
-    c->rope_type = c->qkv_bias || q3 ? CM_ROPE_NEOX : CM_ROPE_NORM;
+    c->rope_type = c->qkv_bias || q3 || oss ? CM_ROPE_NEOX : CM_ROPE_NORM;
     if (strcmp(mt, "bert")) {
-        int rc = moe ? moe_keys(o, path, mt, c, err, errlen) : 0;
+        int rc = moe ? moe_keys(o, path, mt, c, err, errlen) : oss ? oss_keys(o, path, c, err, errlen) : 0;
         if (!rc) rc = decoder_keys(o, path, c, err, errlen);
         if (rc) {
             json_decref(o);

@@ -150,8 +150,7 @@ int cm_hf_open(const char *dir, cm_model_file **out, char *err, size_t errlen);
 int cm_hf_safe_name(const char *name);
 
 /* ---- shapes without a checkpoint (cm_model_dummy.c) --------------------- */
-/* Built-in shapes: llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b, mistral-7b, qwen2-7b,
- * qwen2.5-7b, smollm2-135m (case-insensitive). 0 or LLM_ENOTFOUND. */
+/* Built-in shapes (cm_model_preset_names; case-insensitive). 0 or LLM_ENOTFOUND. */
 int cm_model_preset(const char *name, cm_model_config *out);
 const char *cm_model_preset_names(void);
 /* From a Hugging Face config.json (llama / mistral / qwen2 / bert keys; cm_hf_config.c): every key

@@ -38,11 +38,30 @@ static const struct {
     {"qwen3-30b-a3b", "qwen3moe", 48, 32, 4, 128, 2048, 768, 151936, 40960, 0, 0, 1000000.f, 1e-6f, 128, 8},
     /* Mixtral: llama with 8 experts of 14,336, 2 a token */
     {"mixtral-8x7b", "llama", 32, 32, 8, 128, 4096, 14336, 32000, 32768, 0, 0, 1000000.f, 1e-5f, 8, 2},
+    /* gpt-oss: 32 (120b: 128) experts of 2,880, 4 a token; the rest of the architecture in gpt_oss() */
+    {"gpt-oss-20b", "gpt-oss", 24, 64, 8, 64, 2880, 2880, 201088, 4096, 0, 1, 150000.f, 1e-5f, 32, 4},
+    {"gpt-oss-120b", "gpt-oss", 36, 64, 8, 64, 2880, 2880, 201088, 4096, 0, 1, 150000.f, 1e-5f, 128, 4},
 };
 
+/* gpt-oss's fixed parts (its config.json): every other layer local over 128 positions, the clamped
+ * SwiGLU, YaRN x32 over 4,096 positions (131,072 in all) between unrounded ends */
+static int gpt_oss(cm_model_config *c) {
+    c->gpt_oss = 1;
+    c->swa_window = 128;
+    c->swa_period = 2;
+    c->swiglu_alpha = 1.702f;
+    c->swiglu_limit = 7.f;
+    json_t *rs = json_pack("{s:s, s:f, s:i, s:f, s:f, s:b}", "rope_type", "yarn", "factor", 32.0,
+                           "original_max_position_embeddings", 4096, "beta_fast", 32.0, "beta_slow", 1.0, "truncate", 0);
+    char err[200];
+    int rc = rs ? cm_rope_from_json(rs, c, "gpt-oss", err, sizeof err) : LLM_ENOMEM;
+    json_decref(rs);
+    return rc;
+}
+
 const char *cm_model_preset_names(void) {
-    return "llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b, mistral-7b, mixtral-8x7b, qwen2-7b, "
-           "qwen2.5-7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, smollm2-135m";
+    return "gpt-oss-20b, gpt-oss-120b, llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-8b, llama-3.3-70b, mistral-7b, "
+           "mixtral-8x7b, qwen2-7b, qwen2.5-7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, smollm2-135m";
 }
 
 int cm_model_preset(const char *name, cm_model_config *c) {
@@ -70,6 +89,7 @@ int cm_model_preset(const char *name, cm_model_config *c) {
         c->expert_norm = c->n_expert > 0;
         if (c->ctx_len == 131072 && !strncmp(c->name, "llama-3.", 8))
             c->rs = (cm_rope_scaling){CM_RS_LLAMA3, 8.f, 8192, 1.f, 4.f, 0, 0, 0, 1.f};
+        if (!strcmp(c->arch, "gpt-oss")) return gpt_oss(c);
         return 0;
     }
     return LLM_ENOTFOUND;
@@ -149,7 +169,7 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
         uint64_t k, n, e; /* e: experts (merged [k, n, e], as current GGUFs hold them), 1 otherwise */
         int type;
     };
-    size_t per_layer = 10 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0), nt = 3 + per_layer * c.n_layer;
+    size_t per_layer = 10 + (c.qkv_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (c.gpt_oss ? 6 : 0), nt = 3 + per_layer * c.n_layer;
     struct spec *sp = calloc(nt, sizeof *sp);
     cm_model_file *f = calloc(1, sizeof *f);
     size_t k = 0;
@@ -177,7 +197,15 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
         LAYER("attn_k.weight", D, KVD, wtype);
         LAYER("attn_v.weight", D, KVD, wtype);
         LAYER("attn_output.weight", QD, D, wtype);
-        LAYER("ffn_norm.weight", D, 1, CM_F32);
+        LAYER(c.gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight", D, 1, CM_F32);
+        if (c.gpt_oss) { /* sinks 1 (as norms are), biases 0.02 wide */
+            LAYER("attn_output.bias", D, 1, CM_F32);
+            LAYER("attn_sinks.weight", c.n_head, 1, CM_F32);
+            LAYER("ffn_gate_inp.bias", c.n_expert, 1, CM_F32);
+            LAYER("ffn_gate_exps.bias", H, c.n_expert, CM_F32);
+            LAYER("ffn_up_exps.bias", H, c.n_expert, CM_F32);
+            LAYER("ffn_down_exps.bias", D, c.n_expert, CM_F32);
+        }
         if (c.n_expert) {
             LAYER("ffn_gate_inp.weight", D, c.n_expert, CM_F32);
             LAYER("ffn_gate_exps.weight", D, H, wtype);

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Architectures beyond plain Llama, against an independent reference:
-# tests/ref/arch_ref.py makes tiny random-weight Qwen3, Qwen3-MoE and
-# Mixtral models (GGUF, merged and per-expert expert tensors, and Hugging
+# tests/ref/arch_ref.py makes tiny random-weight Qwen3, Qwen3-MoE, Mixtral
+# and gpt-oss models (GGUF, merged and per-expert expert tensors, and Hugging
 # Face directories) with reference logits from the numpy forward, and models
 # carrying settings the engine does not implement; rope_test holds our
 # logits to the reference (1e-3 relative, top-1 equal) and checks each
-# refusal names its setting. Then the Qwen3-MoE GGUF and the Mixtral
-# directory are served: a worker and a gateway each (a gateway serves one
+# refusal names its setting. Then the Qwen3-MoE GGUF and the Mixtral and
+# gpt-oss directories are served: a worker and a gateway each (a gateway serves one
 # generative model), a completion and a streamed chat from each.
 #   run_arch_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
@@ -27,14 +27,18 @@ print(t["blk.0.ffn_gate_inp.weight"], t["blk.0.ffn_down_exps.weight"], t["blk.0.
 G=$("$BUILD/llmserve" generate --model "$OUT/q4km.gguf" --prompt "Hello" -n 4 --threads 1 2>&1) ||
     { echo "FAIL: the quantized qwen3moe does not generate: $G"; exit 1; }
 echo "ok   quantize Q4_K_M on experts: router F32, ffn_down_exps Q8_0, ffn_gate_exps Q5_0; it generates"
-W1=$((21000 + $$ % 9000)); W2=$((W1 + 1)); G1=$((W1 + 2)); G2=$((W1 + 3))
+W1=$((21000 + $$ % 9000)); W2=$((W1 + 1)); G1=$((W1 + 2)); G2=$((W1 + 3)); W3=$((W1 + 5)); G3=$((W1 + 6))
 "$BUILD/llmserve-worker" --model "$OUT/qwen3moe.gguf" --kv-cache-memory 64MiB --threads 1 --log-level warn \
     --listen tcp://127.0.0.1:$W1 >"$OUT/w1.log" 2>&1 & PIDS+=($!)
 "$BUILD/llmserve-worker" --model "$OUT/hf-mixtral" --kv-cache-memory 64MiB --threads 1 --log-level warn \
     --listen tcp://127.0.0.1:$W2 >"$OUT/w2.log" 2>&1 & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $G1 --workers tcp://127.0.0.1:$W1 --log-level warn >"$OUT/g1.log" 2>&1 & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $G2 --workers tcp://127.0.0.1:$W2 --log-level warn >"$OUT/g2.log" 2>&1 & PIDS+=($!)
-for gw in "qwen3moe $G1" "hf-mixtral $G2"; do
+# gpt-oss from its Hugging Face directory (MXFP4 experts as OpenAI ships them)
+"$BUILD/llmserve-worker" --model "$OUT/hf-gpt-oss" --kv-cache-memory 64MiB --threads 1 --log-level warn \
+    --listen tcp://127.0.0.1:$W3 >"$OUT/w3.log" 2>&1 & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $G3 --workers tcp://127.0.0.1:$W3 --log-level warn >"$OUT/g3.log" 2>&1 & PIDS+=($!)
+for gw in "qwen3moe $G1" "hf-mixtral $G2" "hf-gpt-oss $G3"; do
     set -- $gw
     name=$1 GP=$2
     for _ in $(seq 1 150); do

@@ -166,7 +166,7 @@ def main():
     # the older per-expert layout is the same model as the merged one: the same reference
     assert man[3]["ref"] and json.load(open(os.path.join(OUT, man[3]["ref"])))["checks"][0]["logits"] == \
         json.load(open(os.path.join(OUT, man[2]["ref"])))["checks"][0]["logits"]
-    for name in ("qwen3", "qwen3moe", "mixtral"):
+    for name in ("qwen3", "qwen3moe", "mixtral", "gpt-oss"):
         man.append({"name": "hf " + name, "path": hf(paths[name], "hf-" + name), "ref": name + ".ref.json"})
     # Qwen3-MoE without renormalising the chosen experts' weights (norm_topk_prob false), by its reference
     d = hf(paths["qwen3moe"], "hf-qwen3moe-nonorm", {"norm_topk_prob": False})
@@ -183,6 +183,11 @@ def main():
                                                                              patch), "refuse": key})
     d = hf(paths["mixtral"], "hf-refuse-mixtral", {"norm_topk_prob": False})
     man.append({"name": "hf mixtral norm_topk_prob false", "path": d, "refuse": "norm_topk_prob"})
+    for i, (patch, key) in enumerate((({"layer_types": ["full_attention"] * NL}, "layer_types"),
+                                      ({"quantization_config": None}, "mxfp4"),
+                                      ({"experts_per_token": 2}, "experts_per_token"))):
+        man.append({"name": "hf gpt_oss %s" % json.dumps(patch)[:40], "path": hf(paths["gpt-oss"], "hf-refuse-oss-%d" % i,
+                                                                                  patch), "refuse": key})
     for i, (arch, kv, key) in enumerate((
             ("qwen3moe", [("qwen3moe.expert_shared_feed_forward_length", 64, GGUFValueType.UINT32)],
              "qwen3moe.expert_shared_feed_forward_length"),

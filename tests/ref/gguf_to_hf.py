@@ -62,6 +62,60 @@ PRE = {
 }
 
 
+def hf_mxfp4(raw, rows, k):
+    """GGUF MXFP4 rows [rows, k/32 blocks of (e, qs[16]: element j low nibble, j+16 high)] as OpenAI's
+    checkpoint holds them: blocks [rows, k/32, 16] (element 2i low nibble of byte i, 2i+1 high) and the E8M0
+    scales [rows, k/32] apart; the codes and scales themselves unchanged."""
+    b = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(rows, k // 32, 17)
+    e, qs = b[:, :, 0], b[:, :, 1:]
+    u = np.concatenate([qs & 15, qs >> 4], axis=2)  # element order 0..31
+    return np.ascontiguousarray(u[:, :, 0::2] | (u[:, :, 1::2] << 4)).astype(np.uint8), np.ascontiguousarray(e)
+
+
+def gpt_oss_tensors(r):
+    """gpt-oss under OpenAI's / Hugging Face's names: experts kept MXFP4 with gate and up interleaved row by
+    row (and their biases), the rest dequantized."""
+    out, parts = [], {}
+    layer = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
+             "post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router"}
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    for t in r.tensors:
+        n = t.name
+        if not n.startswith("blk."):
+            w = dequantize(t.data, t.tensor_type).astype(np.float32)
+            out.append((top[n], w.reshape([int(x) for x in reversed(t.shape)])))
+            continue
+        _, l, kind, suffix = n.split(".", 3)
+        if kind.endswith("_exps"):
+            parts[(l, kind[4:-5], suffix)] = t
+            continue
+        w = dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
+        hf = "model.layers.%s.self_attn.sinks" % l if kind == "attn_sinks" else \
+            "model.layers.%s.%s.%s" % (l, layer[kind], suffix)
+        out.append((hf, w))
+    for l in sorted({k[0] for k in parts}):
+        g, u, d = (parts[(l, x, "weight")] for x in ("gate", "up", "down"))
+        E, F, D = int(g.shape[2]), int(g.shape[1]), int(g.shape[0])
+        gb, gs = hf_mxfp4(g.data, E * F, D)
+        ub, us = hf_mxfp4(u.data, E * F, D)
+        blocks = np.empty((E, 2 * F, D // 32, 16), np.uint8)
+        scales = np.empty((E, 2 * F, D // 32), np.uint8)
+        blocks[:, 0::2], blocks[:, 1::2] = gb.reshape(E, F, D // 32, 16), ub.reshape(E, F, D // 32, 16)
+        scales[:, 0::2], scales[:, 1::2] = gs.reshape(E, F, D // 32), us.reshape(E, F, D // 32)
+        bias = np.empty((E, 2 * F), np.float32)
+        bias[:, 0::2] = np.asarray(parts[(l, "gate", "bias")].data).reshape(E, F)
+        bias[:, 1::2] = np.asarray(parts[(l, "up", "bias")].data).reshape(E, F)
+        db, ds = hf_mxfp4(d.data, E * D, F)
+        p = "model.layers.%s.mlp.experts." % l
+        out += [(p + "gate_up_proj_blocks", blocks), (p + "gate_up_proj_scales", scales), (p + "gate_up_proj_bias", bias),
+                (p + "down_proj_blocks", db.reshape(E, D, F // 32, 16)), (p + "down_proj_scales", ds.reshape(E, D, F // 32)),
+                (p + "down_proj_bias", np.asarray(parts[(l, "down", "bias")].data).reshape(E, D).astype(np.float32))]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -71,7 +125,7 @@ def main():
     a = ap.parse_args()
     r = GGUFReader(a.gguf)
     arch = field(r, "general.architecture")
-    if arch not in ("llama", "qwen3", "qwen3moe"):
+    if arch not in ("llama", "qwen3", "qwen3moe", "gpt-oss"):
         sys.exit("gguf_to_hf: architecture %s is not handled here" % arch)
     n_exp = int(field(r, arch + ".expert_count", 0))
     mixtral = arch == "llama" and n_exp > 0
@@ -93,7 +147,9 @@ def main():
                "ffn_down": "mlp.experts.%d.down_proj"})
     tensors = {}
     pending = []
-    for t in r.tensors:
+    if arch == "gpt-oss":
+        pending = gpt_oss_tensors(r)
+    for t in ([] if arch == "gpt-oss" else r.tensors):
         w = dequantize(t.data, t.tensor_type).astype(np.float32)
         w = w.reshape([int(x) for x in reversed(t.shape)]) if len(t.shape) > 1 else w.reshape(-1)
         n = t.name
@@ -116,6 +172,9 @@ def main():
             hf = names[n]
         pending.append((hf, w))
     for hf, w in pending:
+        if w.dtype == np.uint8:  # MXFP4 blocks and scales stay as they are
+            tensors[hf] = w
+            continue
         if a.dtype == "f16":
             w = w.astype(np.float16)
         elif a.dtype == "bf16":  # round to nearest even, stored as the uint16 safetensors' BF16 reads
@@ -126,7 +185,8 @@ def main():
         hdr, off, blobs = {}, 0, []
         for k, v in tensors.items():
             b = v.tobytes()
-            hdr[k] = {"dtype": "BF16", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+            hdr[k] = {"dtype": "U8" if v.dtype == np.uint8 else "BF16", "shape": list(v.shape),
+                      "data_offsets": [off, off + len(b)]}
             blobs.append(b)
             off += len(b)
         h = json.dumps(hdr).encode()
@@ -138,10 +198,11 @@ def main():
     toks = strings(r, "tokenizer.ggml.tokens")
     types = ints(r, "tokenizer.ggml.token_type") or [1] * len(toks)
     merges = strings(r, "tokenizer.ggml.merges")
-    mt = {"llama": "mixtral" if mixtral else "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}[arch]
+    mt = {"llama": "mixtral" if mixtral else "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}[arch]
     config = {
         "architectures": [{"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                           "qwen3_moe": "Qwen3MoeForCausalLM"}[mt]], "model_type": mt, "hidden_size": dim,
+                           "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}[mt]],
+        "model_type": mt, "hidden_size": dim,
         "intermediate_size": int(field(r, arch + ".feed_forward_length")),
         "num_hidden_layers": int(field(r, arch + ".block_count")), "num_attention_heads": n_head,
         "num_key_value_heads": n_kv, "vocab_size": len(toks),
@@ -160,6 +221,20 @@ def main():
         config.update(num_experts=n_exp, num_experts_per_tok=int(field(r, arch + ".expert_used_count")),
                       moe_intermediate_size=int(field(r, arch + ".expert_feed_forward_length")),
                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    elif arch == "gpt-oss":  # as OpenAI's config.json spells it
+        nl, orig = config["num_hidden_layers"], int(field(r, arch + ".rope.scaling.original_context_length"))
+        config.update(num_local_experts=n_exp, num_experts_per_tok=int(field(r, arch + ".expert_used_count")),
+                      experts_per_token=int(field(r, arch + ".expert_used_count")), attention_bias=True,
+                      intermediate_size=int(field(r, arch + ".expert_feed_forward_length")),
+                      sliding_window=int(field(r, arch + ".attention.sliding_window")), swiglu_limit=7.0,
+                      layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(nl)],
+                      initial_context_length=orig, max_position_embeddings=orig * int(field(r, arch + ".rope.scaling.factor")),
+                      rope_scaling={"rope_type": "yarn", "factor": float(field(r, arch + ".rope.scaling.factor")),
+                                    "original_max_position_embeddings": orig, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False},
+                      quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+                          "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+                      router_aux_loss_coef=0.9, output_router_logits=False)
     json.dump(config, open(os.path.join(a.out, "config.json"), "w"), indent=2)
     control = [(i, s) for i, (s, ty) in enumerate(zip(toks, types)) if ty == 3]
     pre = field(r, "tokenizer.ggml.pre", "gpt2")

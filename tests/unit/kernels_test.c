@@ -52,6 +52,8 @@ static void *rand_weight(int type, int64_t n, int64_t k) {
         memcpy(p + o + dof, &d, 2);
         if (mof >= 0) memcpy(p + o + mof, &m, 2);
     }
+    if (type == CM_MXFP4) /* E8M0 scales 2^-10..2^-3 */
+        for (size_t o = 0; o < sz; o += bb) p[o] = (uint8_t)(118 + rnd() % 8);
     if (type == CM_F32)
         for (int64_t i = 0; i < n * k; i++) { float f = frand(); memcpy(p + 4 * i, &f, 4); }
     if (type == CM_F16)
@@ -89,7 +91,7 @@ static void test_quant(void) {
 
 static void test_matmul(kn_pool *pool) {
     static const int types[] = {CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_F32, CM_F16, CM_BF16, CM_Q5_0,
-                                CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
+                                CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K, CM_MXFP4};
     enum { NT = sizeof types / sizeof *types };
     for (int it = 0; it < 5 * NT; it++) {
         int type = types[it % NT];

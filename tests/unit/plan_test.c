@@ -30,6 +30,14 @@ int main(int argc, char **argv) {
     CHECK_RC(tl_model_preset("qwen3-30b-a3b", &x), 0);
     CHECK_NEAR(x.params / 1e9, 30.5, 0.05);
     CHECK_NEAR(x.active_params / 1e9, 3.3, 0.1); /* 3.35 here; "3.3B activated" published */
+    /* gpt-oss (OpenAI's model card: 20.91B and 116.83B, 3.61B and 5.13B active): OpenAI counts the active
+     * parameters without the input embedding table (a token reads one row of it); ours hold it */
+    CHECK_RC(tl_model_preset("gpt-oss-20b", &x), 0);
+    CHECK_NEAR(x.params / 1e9, 20.91, 0.05);
+    CHECK_NEAR((x.active_params - (double)x.vocab * x.dim) / 1e9, 3.61, 0.05);
+    CHECK_RC(tl_model_preset("gpt-oss-120b", &x), 0);
+    CHECK_NEAR(x.params / 1e9, 116.83, 0.1);
+    CHECK_NEAR((x.active_params - (double)x.vocab * x.dim) / 1e9, 5.13, 0.05);
     CHECK_RC(tl_model_preset("qwen3-8b", &x), 0);
     CHECK_NEAR(x.params / 1e9, 8.2, 0.05);
     CHECK(x.active_params == x.params);
