@@ -26,7 +26,7 @@ const gw_flag gw_flags[] = {
      F(model_config), 0, 0},
     {"served-model-name", "NAME", NULL, "the model's name in the API (default: as the workers name it)", K_STR, 1,
      F(served_name), 0, 0},
-    {"chat-template", "NAME", NULL, "chatml|llama2|llama3|mistral|gemma (default: from the model)", K_STR, 1,
+    {"chat-template", "NAME", NULL, "chatml|llama2|llama3|mistral|gemma|harmony (default: from the model)", K_STR, 1,
      F(chat_template), 0, 0},
     {"api-key", "KEY", NULL, "require this key (repeatable; also $LLMSERVE_API_KEY)", K_KEY, 1, F(api_keys), 0, 0},
     {"api-keys-file", "PATH", NULL, "require one of the keys in PATH, one per line (# comments)", K_STR, 1, F(api_keys_file), 0, 0},

@@ -34,7 +34,7 @@ int gw_model_make(cm_tokenizer *tok, const char *chat_template, int override, gw
     m->override = override;
     m->chat_kind = chat_template ? cm_chat_by_name(chat_template) : cm_chat_for(tok);
     if (m->chat_kind < 0) {
-        snprintf(err, errlen, "unknown chat template '%s' (chatml, llama2, llama3, mistral, gemma)", chat_template);
+        snprintf(err, errlen, "unknown chat template '%s' (chatml, llama2, llama3, mistral, gemma, harmony)", chat_template);
         gw_model_unref(m);
         return LLM_EINVAL;
     }

@@ -284,6 +284,10 @@ static void prep_run(gw_job *j) {
     if (p->chat) {
         int tf = cm_tools_format(m->chat_kind);
         q->c.tool_format = tf;
+        q->c.harmony = m->chat_kind == CM_CHAT_HARMONY;
+        if (q->c.harmony && q->c.n_tools && q->c.tool_choice != CM_TOOL_NONE)
+            REFUSE(400, "tools", "invalid_value", "tools: function calling in the harmony format (gpt-oss's commentary "
+                   "channel) is not implemented");
         if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
             REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
         int policy = q->c.context_overflow >= 0 ? q->c.context_overflow : p->overflow;

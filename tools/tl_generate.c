@@ -33,7 +33,7 @@ static void help(FILE *f) {
             "  --prompt TEXT         the prompt (default: read stdin)\n"
             "  --chat                wrap the prompt in the model's chat template as a user turn\n"
             "  --system TEXT         system prompt for --chat / --interactive\n"
-            "  --chat-template NAME  chatml|llama2|llama3|mistral|gemma (default: from the model)\n"
+            "  --chat-template NAME  chatml|llama2|llama3|mistral|gemma|harmony (default: from the model)\n"
             "  -i, --interactive     chat in a loop, one user line per turn\n"
             "  -n, --max-tokens N    tokens to generate (default 128)\n"
             "  --temperature T       0 = greedy (default 0.8)\n"

@@ -73,6 +73,7 @@ void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const ch
     r->prompt_logprobs = req->prompt_logprobs;
     r->score_only = req->score_only;
     if (req->is_chat && req->n_tools && req->tool_choice != CM_TOOL_NONE) r->tools = req->tools, r->n_tools = req->n_tools, r->tool_format = req->tool_format;
+    r->harmony = req->is_chat && req->harmony;
     r->echo = req->echo && echo_text;
     for (int i = 0; i < r->n && r->echo; i++) {
         r->ch[i].offset = echo_len;
@@ -319,9 +320,22 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
             text = rest ? cm_oai_jbytes(rest, strlen(rest)) : json_null();
             free(rest);
         }
+        json_t *reasoning = NULL;
+        if (r->harmony) { /* the analysis channel apart from the content */
+            cm_harmony h;
+            cm_hbuf rb = {0}, cb = {0};
+            cm_harmony_init(&h);
+            cm_harmony_feed(&h, c->text ? c->text : "", c->len, 1, &rb, &cb);
+            json_decref(text);
+            text = cm_oai_jbytes(cb.s ? cb.s : "", cb.n);
+            reasoning = rb.n ? cm_oai_jbytes(rb.s, rb.n) : NULL;
+            cm_hbuf_free(&rb);
+            cm_hbuf_free(&cb);
+        }
         if (r->is_chat)
-            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:o*},s:o,s:s?}", "index", i, "message", "role",
-                                                     "assistant", "content", text, "tool_calls", calls, "logprobs", lp,
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:o*,s:o*},s:o,s:s?}", "index", i, "message", "role",
+                                                     "assistant", "content", text, "reasoning_content", reasoning,
+                                                     "tool_calls", calls, "logprobs", lp,
                                                      "finish_reason", calls ? "tool_calls" : cm_oai_finish_name(c->finish)));
         else {
             if (r->score_only) { /* nothing was asked for beyond the echo: the one generated token goes */
@@ -365,7 +379,22 @@ json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t 
         if (op != offs) free(op);
     }
     json_t *choice;
-    if (r->is_chat) {
+    if (r->is_chat && r->harmony) { /* the piece as harmony settles it: reasoning, content, or held */
+        cm_hbuf rb = {0}, cb = {0};
+        cm_harmony_feed(&c->hs, text ? text : "", len, finish != CM_OAI_FINISH_NONE, &rb, &cb);
+        if (!rb.n && !cb.n && !finish && c->role_sent && json_is_null(lpj)) {
+            json_decref(lpj);
+            return NULL;
+        }
+        json_t *delta = json_object();
+        if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
+        if (rb.n) json_object_set_new(delta, "reasoning_content", cm_oai_jbytes(rb.s, rb.n));
+        if (cb.n || !rb.n) json_object_set_new(delta, "content", cm_oai_jbytes(cb.s ? cb.s : "", cb.n));
+        cm_hbuf_free(&rb);
+        cm_hbuf_free(&cb);
+        choice = json_pack("{s:i,s:o,s:o,s:s?}", "index", index, "delta", delta, "logprobs", lpj, "finish_reason",
+                           cm_oai_finish_name(finish));
+    } else if (r->is_chat) {
         json_t *delta = json_object();
         if (!c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
         json_object_set_new(delta, "content", cm_oai_jbytes(text ? text : "", len));

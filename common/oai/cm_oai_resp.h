@@ -12,6 +12,7 @@
 
 #include "cm_oai.h"
 #include "cm_tokenizer.h"
+#include "cm_harmony.h"
 #include "cm_tools.h"
 
 #include <jansson.h>
@@ -46,6 +47,7 @@ typedef struct {
     int completion_tokens;
     int role_sent;               /* streaming chat: the first delta (with the role) went out */
     cm_tools_stream ts;          /* streaming with tools (Hermes): what of the text went out as deltas */
+    cm_harmony hs;               /* streaming a harmony reply: where its text so far ends */
 } cm_oai_choice;
 
 typedef struct {
@@ -63,6 +65,8 @@ typedef struct {
     int n_plp;
     const cm_oai_tool *tools;    /* borrowed from the request: when set, outputs are parsed for tool calls */
     int n_tools, tool_format;     /* CM_TOOLS_* */
+    int harmony;                 /* chat replies in harmony's channels: the analysis channel becomes the message's
+                                  * reasoning_content (vLLM's field), the rest its content */
     cm_oai_choice ch[CM_OAI_MAX_N];
 } cm_oai_result;
 

@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-static const char *names[CM_CHAT_COUNT] = {"chatml", "llama2", "llama3", "mistral", "gemma"};
+static const char *names[CM_CHAT_COUNT] = {"chatml", "llama2", "llama3", "mistral", "gemma", "harmony"};
 
 int cm_chat_detect(const char *t) {
     if (!t) return CM_CHAT_CHATML;
+    if (strstr(t, "<|channel|>")) return CM_CHAT_HARMONY;
     if (strstr(t, "<|im_start|>")) return CM_CHAT_CHATML;
     if (strstr(t, "<|start_header_id|>")) return CM_CHAT_LLAMA3;
     if (strstr(t, "<start_of_turn>")) return CM_CHAT_GEMMA;
@@ -23,10 +25,13 @@ int cm_chat_for(const cm_tokenizer *t) {
     const char *tmpl = cm_tok_chat_template(t);
     if (tmpl) return cm_chat_detect(tmpl);
     static const struct { const char *marker; int kind; } by_vocab[] = {
-        {"<|im_start|>", CM_CHAT_CHATML}, {"<|start_header_id|>", CM_CHAT_LLAMA3}, {"<start_of_turn>", CM_CHAT_GEMMA}};
+        {"<|channel|>", CM_CHAT_HARMONY}, {"<|im_start|>", CM_CHAT_CHATML}, {"<|start_header_id|>", CM_CHAT_LLAMA3},
+        {"<start_of_turn>", CM_CHAT_GEMMA}};
     for (size_t i = 0; i < sizeof by_vocab / sizeof *by_vocab; i++) {
         int32_t id = cm_tok_lookup(t, by_vocab[i].marker);
-        if (id >= 0 && cm_tok_type(t, id) == CM_TT_CONTROL) return by_vocab[i].kind;
+        /* harmony's markers are user-defined tokens (shown in the output: cm_tok_build) */
+        if (id >= 0 && (cm_tok_type(t, id) == CM_TT_CONTROL || (i == 0 && cm_tok_type(t, id) == CM_TT_USER)))
+            return by_vocab[i].kind;
     }
     return CM_CHAT_CHATML;
 }
@@ -143,6 +148,24 @@ int cm_chat_render(int kind, const char *def_sys, const cm_chat_msg *m, size_t n
             }
             started = 1;
         }
+        break;
+    }
+    case CM_CHAT_HARMONY: { /* as gpt-oss's own template writes it: the system header, the system prompt as
+                              * the developer's instructions, earlier replies on the final channel */
+        char date[16] = "";
+        time_t now = time(NULL);
+        struct tm tmv;
+        if (gmtime_r(&now, &tmv)) strftime(date, sizeof date, "%Y-%m-%d", &tmv);
+        add(&b, "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+                "Knowledge cutoff: 2024-06\nCurrent date: %s\n\nReasoning: medium\n\n# Valid channels: analysis, "
+                "commentary, final. Channel must be included for every message.<|end|>", date);
+        if (sys) add(&b, "<|start|>developer<|message|># Instructions\n\n%s<|end|>", sys);
+        for (size_t i = first; i < n; i++) {
+            if (!strcmp(m[i].role, "assistant")) add(&b, "<|start|>assistant<|channel|>final<|message|>%s<|end|>", m[i].content);
+            else if (!strcmp(m[i].role, "system")) add(&b, "<|start|>developer<|message|># Instructions\n\n%s<|end|>", m[i].content);
+            else add(&b, "<|start|>user<|message|>%s<|end|>", m[i].content);
+        }
+        if (gen) add(&b, "<|start|>assistant");
         break;
     }
     default:

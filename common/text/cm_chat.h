@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 enum { CM_CHAT_CHATML = 0, CM_CHAT_LLAMA2, CM_CHAT_LLAMA3, CM_CHAT_MISTRAL, CM_CHAT_GEMMA,
+       CM_CHAT_HARMONY, /* OpenAI's harmony (gpt-oss): replies come as channels, split by cm_harmony.h */
        CM_CHAT_COUNT };
 
 typedef struct {
@@ -24,7 +25,7 @@ struct cm_tokenizer;
  * from a base model often carries none: Gemma's <start_of_turn>, Llama 3's
  * <|start_header_id|>), else chatml. */
 int cm_chat_for(const struct cm_tokenizer *t);
-/* Family by name ("chatml", "llama2", "llama3", "mistral", "gemma"); -1 if unknown. */
+/* Family by name ("chatml", "llama2", "llama3", "mistral", "gemma", "harmony"); -1 if unknown. */
 int cm_chat_by_name(const char *name);
 const char *cm_chat_name(int kind);
 /* Renders messages; default_system (may be NULL) is used when the first

@@ -161,11 +161,23 @@ int cm_tok_finish(cm_tokenizer *t) {
         if (l > t->max_token_bytes) t->max_token_bytes = l;
     }
     if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
+    /* OpenAI's harmony (gpt-oss): a reply is several messages, each closed by <|end|>, the whole by <|return|>
+     * (or <|call|> for a tool call); so <|end|> ends no generation here (as llama.cpp does), and the markers
+     * that carry the structure are shown in the output text (user-defined, not control) for the chat
+     * layer to split the channels (cm_harmony.h) */
+    int32_t ch = find_text(t, "<|channel|>", 11), rt = find_text(t, "<|return|>", 10);
+    int harmony = ch >= 0 && rt >= 0 && t->type[ch] == CM_TT_CONTROL && t->type[rt] == CM_TT_CONTROL;
     static const char *eog_names[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>",
-                                      "<end_of_turn>", "<|end|>", "<|eom_id|>"};
+                                      "<end_of_turn>", "<|end|>", "<|eom_id|>", "<|return|>", "<|call|>"};
     for (size_t i = 0; i < sizeof eog_names / sizeof eog_names[0] && t->n_eog < 8; i++) {
+        if (harmony && !strcmp(eog_names[i], "<|end|>")) continue;
         int32_t id = find_text(t, eog_names[i], strlen(eog_names[i]));
         if (id >= 0 && id != t->eos && t->type[id] == CM_TT_CONTROL) t->eog[t->n_eog++] = id;
+    }
+    static const char *shown[] = {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"};
+    for (size_t i = 0; harmony && i < sizeof shown / sizeof shown[0]; i++) {
+        int32_t id = find_text(t, shown[i], strlen(shown[i]));
+        if (id >= 0 && t->type[id] == CM_TT_CONTROL) t->type[id] = CM_TT_USER;
     }
     return 0;
 }

@@ -56,6 +56,26 @@ for gw in "qwen3moe $G1" "hf-mixtral $G2" "hf-gpt-oss $G3"; do
         { echo "FAIL: $name streamed chat: $S"; cat "$OUT"/*.log; exit 1; }
     echo "ok   $name served through a gateway: a completion of 6 tokens and a streamed chat"
 done
+# gpt-oss's harmony format: its vocabulary's markers pick the template; a reply held to harmony's shape by a
+# regex comes back split, the analysis channel as reasoning_content and the final one as content, streamed or not
+RX='<\\|channel\\|>analysis<\\|message\\|>[a-z]{2,6} [a-z]{2,6}<\\|end\\|><\\|start\\|>assistant<\\|channel\\|>final<\\|message\\|>[a-z]{2,6} [a-z]{2,6}'
+HB="{\"model\": \"hf-gpt-oss\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 46, \"temperature\": 0, \"guided_regex\": \"$RX\""
+H1=$(curl -s -m 60 "http://127.0.0.1:$G3/v1/chat/completions" -H 'Content-Type: application/json' -d "$HB}" | "$VENV/bin/python" -c '
+import json, sys; m = json.load(sys.stdin)["choices"][0]["message"]; print(json.dumps([m.get("reasoning_content"), m["content"]]))')
+H2=$(curl -sN -m 60 "http://127.0.0.1:$G3/v1/chat/completions" -H 'Content-Type: application/json' -d "$HB, \"stream\": true}" | "$VENV/bin/python" -c '
+import json, sys
+r = c = ""
+for l in sys.stdin:
+    if l.startswith("data: {"):
+        d = json.loads(l[6:])["choices"][0]["delta"]
+        r += d.get("reasoning_content") or ""
+        c += d.get("content") or ""
+print(json.dumps([r, c]))')
+echo "$H1" | "$VENV/bin/python" -c '
+import json, re, sys; r, c = json.loads(sys.stdin.read())
+sys.exit(0 if r and c and re.fullmatch("[a-z]+ [a-z]+", r) and re.fullmatch("[a-z]+ [a-z]+", c) else 1)' && [ "$H1" = "$H2" ] ||
+    { echo "FAIL: harmony reply split: $H1, streamed $H2"; cat "$OUT/w3.log" "$OUT/g3.log"; exit 1; }
+echo "ok   gpt-oss harmony: reasoning_content and content split, the same streamed: $H1"
 # expert parallelism through llmserve serve: 2 ranks, 4 experts each, the same greedy text as one rank
 SP=$((W1 + 4))
 "$BUILD/llmserve" serve "$OUT/qwen3moe.gguf" --port $SP --tensor-parallel-size 2 --enable-expert-parallel --threads 1 \

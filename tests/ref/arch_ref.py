@@ -31,6 +31,9 @@ from tiny_gguf import vocab_size, write_gguf  # noqa: E402
 
 SRC, OUT = sys.argv[1], sys.argv[2]
 DIM, NH, NKV, NL, E, K = 64, 4, 2, 2, 8, 2
+HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+HARMONY_TEMPLATE = ("{# gpt-oss (a stand-in: the engine reads the family from its markers) #}{% for m in messages %}"
+                    "<|start|>{{ m.role }}<|channel|>final<|message|>{{ m.content }}<|end|>{% endfor %}")
 GPT_OSS_KV = [("gpt-oss.expert_count", E, GGUFValueType.UINT32), ("gpt-oss.expert_used_count", 4, GGUFValueType.UINT32),
               ("gpt-oss.expert_feed_forward_length", 32, GGUFValueType.UINT32),
               ("gpt-oss.attention.sliding_window", 8, GGUFValueType.UINT32),
@@ -149,8 +152,9 @@ def main():
         ("mixtral-per-expert", "llama", 16, 64,
          [("llama.expert_count", E, GGUFValueType.UINT32), ("llama.expert_used_count", K, GGUFValueType.UINT32)],
          weights(vocab, 16, 64, experts=E, merged=False, seed=3)),
-        # gpt-oss: 8 experts of 32, 4 a token, MXFP4; a window of 8 on layer 0; YaRN x4 over 32 positions
-        ("gpt-oss", "gpt-oss", 16, 32, GPT_OSS_KV, gpt_oss_weights(vocab, 16, 32, E)),
+        # gpt-oss: 8 experts of 32, 4 a token, MXFP4; a window of 8 on layer 0; YaRN x4 over 32 positions;
+        # harmony's tokens at the vocabulary's end
+        ("gpt-oss", "gpt-oss", 16, 32, GPT_OSS_KV, gpt_oss_weights(vocab + len(HARMONY), 16, 32, E)),
     ]
     paths = {}
     for name, arch, hd, hid, kv, ts in models:
@@ -160,7 +164,10 @@ def main():
             hp["feed_forward_length"] = 4 * hid  # the dense width the file states and no layer uses
         if arch == "gpt-oss":  # a base whose YaRN blend ends fall between pairs (rounding them out would show)
             hp["rope_freq_base"] = 10000.0
-        write_gguf(p, SRC, arch, hp, ts, kv)
+        if arch == "gpt-oss":
+            write_gguf(p, SRC, arch, hp, ts, kv, extra_control=HARMONY, chat_template=HARMONY_TEMPLATE)
+        else:
+            write_gguf(p, SRC, arch, hp, ts, kv)
         paths[name] = p
         man.append({"name": "gguf " + name, "path": p, "ref": reference(p, name, ids)})
     # the older per-expert layout is the same model as the merged one: the same reference
@@ -197,7 +204,8 @@ def main():
              "gpt-oss.attention.sliding_window_pattern"))):
         p = os.path.join(OUT, "refuse-%d.gguf" % i)
         src = models[1] if arch == "qwen3moe" else models[4] if arch == "gpt-oss" else models[0]
-        write_gguf(p, SRC, arch, hparams(src[2], src[3]), src[5], src[4] + kv)
+        write_gguf(p, SRC, arch, hparams(src[2], src[3]), src[5], src[4] + kv,
+                   extra_control=HARMONY if arch == "gpt-oss" else ())
         man.append({"name": "gguf %s" % kv[0][0], "path": p, "refuse": key})
     json.dump(man, open(os.path.join(OUT, "manifest.json"), "w"), indent=1)
     print("arch_ref: %d models in %s" % (len(man), OUT))

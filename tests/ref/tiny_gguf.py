@@ -9,10 +9,11 @@ def vocab_size(src):
     return len(GGUFReader(src).fields["tokenizer.ggml.tokens"].contents())
 
 
-def write_gguf(path, src, arch, hp, tensors, kv=()):
+def write_gguf(path, src, arch, hp, tensors, kv=(), extra_control=(), chat_template=None):
     """hp: {"block_count", "context_length", "embedding_length", "feed_forward_length", "head_count",
     "head_count_kv", "rope_freq_base", "layer_norm_rms_eps", "rope_dimension_count"} and optionally
-    "key_length"; kv: (key, value, GGUFValueType) written as they are; tensors: {name: numpy array}."""
+    "key_length"; kv: (key, value, GGUFValueType) written as they are; tensors: {name: numpy array};
+    extra_control: tokens added at the vocabulary's end as control tokens; chat_template: in place of src's."""
     r = GGUFReader(src)
     w = GGUFWriter(path, arch)
     w.add_name("%s-test" % arch)
@@ -31,13 +32,20 @@ def write_gguf(path, src, arch, hp, tensors, kv=()):
     for k, v, t in kv:
         w.add_key_value(k, v, t)
     for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
+        if not name.startswith("tokenizer.") or (name == "tokenizer.chat_template" and chat_template):
             continue
         t = f.types[0]
         if t == GGUFValueType.ARRAY:
-            w.add_key_value(name, f.contents(), t, sub_type=f.types[-1])
+            v = f.contents()
+            if name == "tokenizer.ggml.tokens":
+                v = v + list(extra_control)
+            elif name == "tokenizer.ggml.token_type":
+                v = v + [3] * len(extra_control)
+            w.add_key_value(name, v, t, sub_type=f.types[-1])
         else:
             w.add_key_value(name, f.contents(), t)
+    if chat_template:
+        w.add_key_value("tokenizer.chat_template", chat_template, GGUFValueType.STRING)
     for name, a in tensors.items():
         if isinstance(a, tuple):  # (float array, GGMLQuantizationType): stored quantized by the gguf package
             q = quantize(a[0], a[1])

@@ -8,6 +8,8 @@
 #include "cm_oai_resp.h"
 #include "cm_grammar.h"
 #include "cm_tools.h"
+#include "cm_harmony.h"
+#include "cm_chat.h"
 #include "gw.h"
 #include "gw_auth.h"
 #include "gw_conf.h"
@@ -587,6 +589,90 @@ static void cache(void) {
     CHECK_INT(c.n, 0);
 }
 
+/* gpt-oss's harmony replies: the analysis channel is the reasoning, final (and commentary) the content, the
+ * markers neither; fed whole or in pieces of any size, the same split */
+static void harmony_split(const char *text, size_t piece, char **reasoning, char **content) {
+    cm_harmony h;
+    cm_hbuf r = {0}, c = {0};
+    cm_harmony_init(&h);
+    size_t n = strlen(text);
+    for (size_t i = 0; i < n; i += piece)
+        CHECK_RC(cm_harmony_feed(&h, text + i, n - i < piece ? n - i : piece, 0, &r, &c), 0);
+    CHECK_RC(cm_harmony_feed(&h, "", 0, 1, &r, &c), 0);
+    *reasoning = strdup(r.s ? r.s : "");
+    *content = strdup(c.s ? c.s : "");
+    cm_hbuf_free(&r);
+    cm_hbuf_free(&c);
+}
+
+static void test_harmony(void) {
+    static const struct { const char *text, *reasoning, *content; } cases[] = {
+        {"<|channel|>analysis<|message|>The user greets. Answer <b>x</b> < 3.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>Hello! 2 <| 3, a <|ret token<|return|>",
+         "The user greets. Answer <b>x</b> < 3.", "Hello! 2 <| 3, a <|ret token"},
+        {"<|channel|>final<|message|>only an answer", "", "only an answer"},
+        {"no channels at all, <|end|>kept?", "", "no channels at all, "}, /* plain text: a marker still ends it */
+        {"<|channel|>analysis<|message|>thinking, then cut off", "thinking, then cut off", ""},
+        {"<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json"
+         "<|message|>{\"x\": 1}<|call|>", "a", "{\"x\": 1}"},
+        {"<|chan", "", "<|chan"}, /* a marker's start that never completes is text */
+        {"", "", ""},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (size_t piece = 1; piece <= 300; piece = piece < 8 ? piece + 1 : piece * 5) {
+            char *r, *c;
+            harmony_split(cases[k].text, piece, &r, &c);
+            if (strcmp(r, cases[k].reasoning) || strcmp(c, cases[k].content))
+                fprintf(stderr, "harmony case %zu piece %zu: reasoning '%s' content '%s'\n", k, piece, r, c);
+            CHECK(!strcmp(r, cases[k].reasoning) && !strcmp(c, cases[k].content));
+            free(r);
+            free(c);
+        }
+    /* the prompt as gpt-oss's template writes it: system header, the system prompt as the developer's
+     * instructions, earlier replies on the final channel, then the reply's start */
+    cm_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}};
+    char *text = NULL;
+    CHECK_RC(cm_chat_render(CM_CHAT_HARMONY, NULL, m, 3, 1, &text), 0);
+    CHECK(text && !strncmp(text, "<|start|>system<|message|>You are ChatGPT", 41));
+    CHECK(text && strstr(text, "Reasoning: medium\n\n# Valid channels: analysis, commentary, final."));
+    const char *tail = "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|><|start|>user<|message|>Hi<|end|>"
+                       "<|start|>assistant<|channel|>final<|message|>Hello.<|end|><|start|>assistant";
+    CHECK(text && strlen(text) > strlen(tail) && !strcmp(text + strlen(text) - strlen(tail), tail));
+    free(text);
+    CHECK_INT(cm_chat_detect("{% for m in messages %}<|start|>{{ m.role }}<|channel|>final{% endfor %}"), CM_CHAT_HARMONY);
+    /* a chat response: reasoning_content beside the content, in the message and in the stream's deltas */
+    cm_oai_completion req;
+    memset(&req, 0, sizeof req);
+    req.is_chat = 1;
+    req.n = 1;
+    req.harmony = 1;
+    req.logprobs = -1;
+    cm_oai_result res;
+    cm_oai_result_init(&res, &req, "chatcmpl-1", "m", 0, NULL, 0);
+    const char *out = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>ans";
+    CHECK_RC(cm_oai_result_add(&res, 0, out, strlen(out), NULL, 0, NULL), 0);
+    res.ch[0].finish = CM_OAI_FINISH_STOP;
+    json_t *j = cm_oai_response_json(&res, NULL);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "content")), "ans"));
+    CHECK(!strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "think"));
+    json_decref(j);
+    cm_oai_result_free(&res);
+    cm_oai_result_init(&res, &req, "chatcmpl-2", "m", 0, NULL, 0);
+    char rs[64] = "", cs[64] = "";
+    for (size_t i = 0, n = strlen(out); i <= n; i += 7) {
+        int fin = i + 7 > n;
+        json_t *ch = cm_oai_chunk_json(&res, 0, out + i, fin ? n - i : 7, NULL, 0, fin ? CM_OAI_FINISH_STOP : 0, NULL);
+        json_t *d = ch ? json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "delta") : NULL;
+        const char *a = json_string_value(json_object_get(d, "reasoning_content")), *b = json_string_value(json_object_get(d, "content"));
+        if (a) strncat(rs, a, sizeof rs - strlen(rs) - 1);
+        if (b) strncat(cs, b, sizeof cs - strlen(cs) - 1);
+        json_decref(ch);
+    }
+    CHECK(!strcmp(rs, "think") && !strcmp(cs, "ans"));
+    cm_oai_result_free(&res);
+}
+
 int main(void) {
     cache();
     limits();
@@ -599,5 +685,6 @@ int main(void) {
     test_tools();
     test_tool_formats();
     test_tool_stream();
+    test_harmony();
     return tst_done("gateway_test");
 }
