@@ -120,7 +120,8 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     "                              llama-3.3-70b, mistral-7b, mixtral-8x7b, qwen2-7b, qwen2.5-7b,\n" \
     "                              qwen3-8b, qwen3-32b, qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b,\n" \
     "                              smollm2-135m) or a\n"                                          \
-    "                              config.json path (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe)\n" \
+    "                              config.json path (gpt_oss, llama, mistral, mixtral, qwen2, qwen3,\n" \
+    "                              qwen3_moe)\n"                                                    \
     "  --dtype T                   dummy weight type: f16 (default), bf16, f32, q8_0, q4_0, q4_1\n" \
     "  --dummy-seed N              seed of the dummy weights (default 0)\n"
 

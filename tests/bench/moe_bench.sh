@@ -18,7 +18,8 @@ SRC=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
 PY=${PYTHON:-$BIN/.venv-ref/bin/python}
 [ -x "$PY" ] || PY=python3
 GG=${MOE_GGUF:-$BIN/moe-bench.gguf}
-[ -f "$GG" ] || "$PY" "$ROOT/tests/bench/moe_gguf.py" "$SRC" "$GG"
+# MOE_ARGS: moe_gguf.py's shape flags (--gpt-oss: gpt-oss with MXFP4 experts), for a MOE_GGUF of their own
+[ -f "$GG" ] || "$PY" "$ROOT/tests/bench/moe_gguf.py" "$SRC" "$GG" ${MOE_ARGS:-}
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 declare -A R
 for rep in $(seq 1 "$REPS"); do

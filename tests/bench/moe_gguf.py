@@ -2,12 +2,15 @@
 """A Mixtral-shaped GGUF scaled to a small machine, random Q4_0 weights, for
 moe_bench.sh: both engines read the same file.
 
-    moe_gguf.py SOURCE.gguf OUT.gguf [--layers N] [--dim D] [--expert-ffn H] [--experts E] [--used K]
+    moe_gguf.py SOURCE.gguf OUT.gguf [--layers N] [--dim D] [--expert-ffn H] [--experts E] [--used K] [--gpt-oss]
 
 llama architecture with experts (as llama.cpp's converter writes Mixtral):
 merged blk.N.ffn_{gate,up,down}_exps tensors, an F32 router, Q4_0 matrices
 (random codes, scale 1/sqrt(row length) as the dummy loader's), F32 norms.
-SOURCE lends its tokenizer (and so the vocabulary size)."""
+--gpt-oss: gpt-oss instead (as llama.cpp's converter writes it): MXFP4
+experts (random codes, scales near 1/sqrt(row length)) with F32 biases, a
+router bias, attention biases and sinks, every other layer a 128-position
+window, YaRN. SOURCE lends its tokenizer (and so the vocabulary size)."""
 import argparse
 
 import numpy as np
@@ -22,6 +25,15 @@ def q4_0(rng, rows, k):
     return b.reshape(rows, nb * 18)
 
 
+def mxfp4(rng, rows, k):
+    """[rows, k/32 * 17] bytes of MXFP4 blocks: an E8M0 scale (the largest code, 12, near 3/sqrt(k)) and 16
+    bytes of random nibbles."""
+    nb = k // 32
+    b = rng.integers(0, 256, size=(rows, nb, 17), dtype=np.uint8)
+    b[:, :, 0] = int(round(128 + np.log2(3 / np.sqrt(k) / 12)))
+    return b.reshape(rows, nb * 17)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("src")
@@ -33,14 +45,22 @@ def main():
     ap.add_argument("--expert-ffn", type=int, default=3584)
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--used", type=int, default=2)
+    ap.add_argument("--gpt-oss", action="store_true")
     a = ap.parse_args()
     r = GGUFReader(a.src)
     vocab = len(r.fields["tokenizer.ggml.tokens"].contents())
     D, H, E, hd = a.dim, a.expert_ffn, a.experts, a.dim // a.heads
-    w = GGUFWriter(a.out, "llama")
-    w.add_name("mixtral-shaped")
+    oss = a.gpt_oss
+    w = GGUFWriter(a.out, "gpt-oss" if oss else "llama")
+    w.add_name("gpt-oss-shaped" if oss else "mixtral-shaped")
+    if oss:
+        w.add_key_value("gpt-oss.expert_feed_forward_length", H, GGUFValueType.UINT32)
+        w.add_key_value("gpt-oss.attention.sliding_window", 128, GGUFValueType.UINT32)
+        w.add_key_value("gpt-oss.rope.scaling.type", "yarn", GGUFValueType.STRING)
+        w.add_key_value("gpt-oss.rope.scaling.factor", 32.0, GGUFValueType.FLOAT32)
+        w.add_key_value("gpt-oss.rope.scaling.original_context_length", 4096, GGUFValueType.UINT32)
     w.add_block_count(a.layers)
-    w.add_context_length(4096)
+    w.add_context_length(131072 if oss else 4096)
     w.add_embedding_length(D)
     w.add_feed_forward_length(H)
     w.add_head_count(a.heads)
@@ -67,15 +87,31 @@ def main():
     for l in range(a.layers):
         p = "blk.%d." % l
         w.add_tensor(p + "attn_norm.weight", ones(D))
-        w.add_tensor(p + "ffn_norm.weight", ones(D))
+        w.add_tensor(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), ones(D))
+        if oss:
+            b = lambda *n: (0.02 * rng.standard_normal(n)).astype(np.float32)
+            w.add_tensor(p + "attn_q.bias", b(D))
+            w.add_tensor(p + "attn_k.bias", b(a.kv_heads * hd))
+            w.add_tensor(p + "attn_v.bias", b(a.kv_heads * hd))
+            w.add_tensor(p + "attn_output.bias", b(D))
+            w.add_tensor(p + "attn_sinks.weight", ones(a.heads))
+            w.add_tensor(p + "ffn_gate_inp.bias", b(E))
+            w.add_tensor(p + "ffn_gate_exps.bias", b(E, H))
+            w.add_tensor(p + "ffn_up_exps.bias", b(E, H))
+            w.add_tensor(p + "ffn_down_exps.bias", b(E, D))
+            mx = GGMLQuantizationType.MXFP4
+            w.add_tensor(p + "ffn_gate_exps.weight", mxfp4(rng, E * H, D).reshape(E, H, -1), raw_dtype=mx)
+            w.add_tensor(p + "ffn_up_exps.weight", mxfp4(rng, E * H, D).reshape(E, H, -1), raw_dtype=mx)
+            w.add_tensor(p + "ffn_down_exps.weight", mxfp4(rng, E * D, H).reshape(E, D, -1), raw_dtype=mx)
         w.add_tensor(p + "attn_q.weight", q4_0(rng, D, D), raw_dtype=q)
         w.add_tensor(p + "attn_k.weight", q4_0(rng, a.kv_heads * hd, D), raw_dtype=q)
         w.add_tensor(p + "attn_v.weight", q4_0(rng, a.kv_heads * hd, D), raw_dtype=q)
         w.add_tensor(p + "attn_output.weight", q4_0(rng, D, D), raw_dtype=q)
         w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((E, D)) / np.sqrt(D)).astype(np.float32))
-        w.add_tensor(p + "ffn_gate_exps.weight", q4_0(rng, E * H, D).reshape(E, H, -1), raw_dtype=q)
-        w.add_tensor(p + "ffn_up_exps.weight", q4_0(rng, E * H, D).reshape(E, H, -1), raw_dtype=q)
-        w.add_tensor(p + "ffn_down_exps.weight", q4_0(rng, E * D, H).reshape(E, D, -1), raw_dtype=q)
+        if not oss:
+            w.add_tensor(p + "ffn_gate_exps.weight", q4_0(rng, E * H, D).reshape(E, H, -1), raw_dtype=q)
+            w.add_tensor(p + "ffn_up_exps.weight", q4_0(rng, E * H, D).reshape(E, H, -1), raw_dtype=q)
+            w.add_tensor(p + "ffn_down_exps.weight", q4_0(rng, E * D, H).reshape(E, D, -1), raw_dtype=q)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
