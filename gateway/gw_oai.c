@@ -145,7 +145,8 @@ static int render_tokens(const gw_model *m, gw_req *q, struct cm_oai_msg *msgs, 
     int rc = cm_tools_render(&q->c, q->c.tool_format, m->default_system, &tp);
     q->c.messages = all, q->c.n_messages = n_all;
     if (rc) return LLM_ENOMEM;
-    rc = cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
+    rc = q->c.continue_final_message ? cm_chat_render_open(m->chat_kind, m->default_system, tp.msgs, tp.n, &text)
+                                     : cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
     cm_tools_free(&tp);
     if (rc || !text) return LLM_EFORMAT;
     rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, limit, ids, nt);

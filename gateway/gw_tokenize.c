@@ -70,7 +70,9 @@ static void tokenize(tjob *j, json_t *o) {
         if ((rc = cm_oai_parse_chat(j->body, j->len, &c, perr, sizeof perr, &param))) FAIL(400, param, "%s", perr);
         cm_tools_prompt tp;
         if (cm_tools_render(&c, cm_tools_format(j->m->chat_kind), j->m->default_system, &tp)) FAIL(500, NULL, "out of memory");
-        rc = cm_chat_render(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n, c.add_generation_prompt, &text);
+        rc = c.continue_final_message ? cm_chat_render_open(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n, &text)
+                                      : cm_chat_render(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n,
+                                                       c.add_generation_prompt, &text);
         cm_tools_free(&tp);
         if (rc || !text) FAIL(400, "messages", "cannot render the messages with the %s chat template", cm_chat_name(j->m->chat_kind));
         rc = cm_tok_encode(t, text, strlen(text), add, 1, &ids, &n);

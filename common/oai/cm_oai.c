@@ -278,7 +278,7 @@ static int parse_sampling(json_t *o, cm_oai_completion *c, char *err, size_t err
     c->field = (int)v;
 #define BOOL(name, field)                                                                          \
     if ((rc = get_bool(o, name, &c->field, err, errlen))) FAILED(name);
-    NUM("temperature", 0, 100, temperature)
+    NUM("temperature", 0, 2, temperature) /* OpenAI's range */
     NUM("top_p", 1e-9, 1, top_p)
     NUM("min_p", 0, 1, min_p)
     NUM("presence_penalty", -2, 2, presence_penalty)
@@ -380,14 +380,15 @@ static const char *const HONOURED[] = {
     "stop_token_ids", "logit_bias", "cache_salt", "user", "prompt_logprobs", "logprobs", "functions", "function_call",
     "guided_whitespace_pattern", NULL};
 static const char *const COMPLETION_ONLY[] = {"prompt", "echo", "suffix", NULL};
-static const char *const CHAT_ONLY[] = {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt", "tools",
+static const char *const CHAT_ONLY[] = {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
+                                        "continue_final_message", "tools",
                                         "tool_choice", "parallel_tool_calls", "context_overflow", NULL};
 /* accepted only at this value (JSON), or, for NULL, at any value (identifiers, hints) */
 static const struct { const char *name, *ok; } SETTLED[] = {
     {"metadata", NULL}, {"safety_identifier", NULL}, {"prompt_cache_key", NULL}, {"request_id", NULL},
     {"guided_decoding_backend", NULL}, {"service_tier", NULL}, {"store", "false"},
     {"skip_special_tokens", "true"}, {"spaces_between_special_tokens", "true"}, {"include_stop_str_in_output", "false"},
-    {"use_beam_search", "false"}, {"length_penalty", "1"}, {"continue_final_message", "false"},
+    {"use_beam_search", "false"}, {"length_penalty", "1"},
     {"return_tokens_as_token_ids", "false"}, {"add_special_tokens", "false"}, {"modalities", "[\"text\"]"},
     {"logits_processors", "[]"}, {"bad_words", "[]"}, {"allowed_token_ids", "null"}, {"truncate_prompt_tokens", "null"},
     {"audio", "null"}, {"prediction", "null"}, {"reasoning_effort", "null"}, {"verbosity", "null"},
@@ -753,6 +754,12 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     if (v && !lp) BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     c->logprobs = lp ? (int)v : -1;
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
+    if ((rc = get_bool(o, "continue_final_message", &c->continue_final_message, err, errlen))) FAILED("continue_final_message");
+    if (c->continue_final_message && c->add_generation_prompt) /* as vLLM: the two contradict each other */
+        BAD("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true: set "
+            "'add_generation_prompt': false to continue the final message");
+    if (c->continue_final_message && (!c->n_messages || strcmp(c->messages[c->n_messages - 1].role, "assistant")))
+        BAD("continue_final_message", "'continue_final_message' needs the last message to be the assistant's");
     json_t *co = json_object_get(o, "context_overflow");
     if (co && !json_is_null(co) && (c->context_overflow = cm_oai_overflow_parse(json_string_value(co))) < 0)
         BAD("context_overflow", "'context_overflow' must be 'error', 'truncate-left', 'middle-out' or 'summarize'");

@@ -92,6 +92,7 @@ typedef struct {
     } *messages;
     int n_messages;
     int add_generation_prompt;
+    int continue_final_message;  /* vLLM's: the last message (the assistant's) left open, continued by the reply */
     int context_overflow;        /* CM_OVERFLOW_*, or -1: the server's --context-overflow (llmserve's field) */
     cm_oai_tool *tools;
     int n_tools;

@@ -176,7 +176,7 @@ static json_t *logprobs_json(const cm_oai_result *r, const cm_oai_lp *lp, const 
                                                      (double)lp[i].logprob, "bytes", token_bytes(tok, lp[i].token),
                                                      "top_logprobs", tops));
         }
-        return json_pack("{s:o}", "content", content);
+        return json_pack("{s:o,s:n}", "content", content, "refusal"); /* the spec requires refusal (null) */
     }
     json_t *toks = json_array(), *vals = json_array(), *tops = json_array(), *o = json_array();
     if (r->echo && r->prompt && r->n_prompt) { /* the prompt's tokens first: the first has no logprob */
@@ -333,8 +333,9 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
             cm_hbuf_free(&cb);
         }
         if (r->is_chat)
-            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:o*,s:o*},s:o,s:s?}", "index", i, "message", "role",
-                                                     "assistant", "content", text, "reasoning_content", reasoning,
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:n,s:o*,s:o*},s:o,s:s?}", "index", i, "message",
+                                                     "role", "assistant", "content", text, "refusal",
+                                                     "reasoning_content", reasoning,
                                                      "tool_calls", calls, "logprobs", lp,
                                                      "finish_reason", calls ? "tool_calls" : cm_oai_finish_name(c->finish)));
         else {

@@ -179,3 +179,31 @@ int cm_chat_render(int kind, const char *def_sys, const cm_chat_msg *m, size_t n
     *out = b.s;
     return 0;
 }
+
+int cm_chat_render_open(int kind, const char *def_sys, const cm_chat_msg *m, size_t n, char **out) {
+    *out = NULL;
+    if (!n || !m[n - 1].role || strcmp(m[n - 1].role, "assistant") || !m[n - 1].content) return LLM_EINVAL;
+    /* the family's own rendering with a mark in place of the last content, cut there: whatever the family
+     * closes a turn with goes, and the content follows as it was */
+    static const char mark[] = "\x01llmserve-open-turn\x01";
+    cm_chat_msg *c = malloc(sizeof *c * n);
+    if (!c) return LLM_ENOMEM;
+    memcpy(c, m, sizeof *c * n);
+    c[n - 1].content = mark;
+    char *text = NULL;
+    int rc = cm_chat_render(kind, def_sys, c, n, 0, &text);
+    free(c);
+    if (rc) return rc;
+    char *at = NULL;
+    for (char *p = strstr(text, mark); p; p = strstr(p + 1, mark)) at = p;
+    size_t head = at ? (size_t)(at - text) : 0, cl = strlen(m[n - 1].content);
+    char *o = at ? malloc(head + cl + 1) : NULL;
+    if (o) {
+        memcpy(o, text, head);
+        memcpy(o + head, m[n - 1].content, cl + 1);
+    }
+    free(text);
+    if (!o) return at ? LLM_ENOMEM : LLM_EINVAL;
+    *out = o;
+    return 0;
+}

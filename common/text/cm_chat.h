@@ -32,6 +32,9 @@ const char *cm_chat_name(int kind);
  * message is not a system one. *out is malloc'd. LLM_EINVAL on an unknown role. */
 int cm_chat_render(int kind, const char *default_system, const cm_chat_msg *m, size_t n,
                    int add_generation_prompt, char **out);
+/* The same with the last message, the assistant's, left open (vLLM's continue_final_message): the prompt
+ * ends with its content, which the reply continues. LLM_EINVAL when the last message is not the assistant's. */
+int cm_chat_render_open(int kind, const char *default_system, const cm_chat_msg *m, size_t n, char **out);
 /* The default system prompt embedded in a ChatML template, malloc'd, or NULL. */
 char *cm_chat_default_system(const char *tmpl);
 

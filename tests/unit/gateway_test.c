@@ -284,6 +284,18 @@ static void responses(void) {
         {"{\"prompt\":\"x\",\"messages\":[]}", "messages"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", "echo"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"high\"}", "reasoning_effort"},
+        /* OpenAI's ranges */
+        {"{\"prompt\":\"x\",\"temperature\":5}", "temperature"},
+        {"{\"prompt\":\"x\",\"top_p\":1.5}", "top_p"},
+        {"{\"prompt\":\"x\",\"presence_penalty\":-3}", "presence_penalty"},
+        {"{\"prompt\":\"x\",\"frequency_penalty\":2.5}", "frequency_penalty"},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"5\":101}}", "logit_bias"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs"},
+        /* continue_final_message: without add_generation_prompt false, or with no assistant message last */
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y\"}],"
+         "\"continue_final_message\":true}", "continue_final_message"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"continue_final_message\":true,"
+         "\"add_generation_prompt\":false}", "continue_final_message"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         int chat = refused[i].body[2] == 'm';
@@ -292,6 +304,27 @@ static void responses(void) {
         CHECK_RC(rc, LLM_EINVAL);
         CHECK(param && !strcmp(param, refused[i].param));
     }
+    /* continue_final_message: the prompt ends with the assistant's text, left open in every family */
+    const char cont[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
+                        "\"The answer is\"}],\"continue_final_message\":true,\"add_generation_prompt\":false}";
+    CHECK_RC(cm_oai_parse_chat(cont, sizeof cont - 1, &req, err, sizeof err, &param), 0);
+    CHECK(req.continue_final_message && !req.add_generation_prompt);
+    cm_oai_completion_free(&req);
+    static const char *const open_ends[] = {"<|im_start|>assistant\nThe answer is", "[/INST] The answer is",
+                                            "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is",
+                                            "[/INST] The answer is", "<start_of_turn>model\nThe answer is",
+                                            "<|start|>assistant<|channel|>final<|message|>The answer is"};
+    cm_chat_msg cm2[2] = {{"user", "Hi"}, {"assistant", "The answer is"}};
+    for (int k = 0; k < CM_CHAT_COUNT; k++) {
+        char *ot = NULL;
+        CHECK_RC(cm_chat_render_open(k, NULL, cm2, 2, &ot), 0);
+        size_t tl = ot ? strlen(ot) : 0, el = strlen(open_ends[k]);
+        if (!(tl >= el && !strcmp(ot + tl - el, open_ends[k]))) fprintf(stderr, "open turn, %s: '%s'\n", cm_chat_name(k), ot);
+        CHECK(tl >= el && !strcmp(ot + tl - el, open_ends[k]));
+        free(ot);
+    }
+    char *t0 = NULL;
+    CHECK_RC(cm_chat_render_open(CM_CHAT_CHATML, NULL, cm2, 1, &t0), LLM_EINVAL); /* the user's last */
     /* structured outputs become a grammar the gateway has read */
     const char so[] = "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
                       "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}}";
