@@ -11,6 +11,7 @@
 #include "cm_time.h"
 #include "cm_tokenizer.h"
 #include "gw_auth.h"
+#include "gw_cors.h"
 #include "gw_cache.h"
 #include "gw_conf.h"
 #include "gw_hist.h"
@@ -90,6 +91,7 @@ typedef struct gw {
     struct event *tail_401;      /* reports the rest of a burst once it is over */
     gw_conf conf;
     gw_auth auth;
+    gw_cors cors;
     gw_limits lim;
     gw_metrics m;
     struct event_base *base;

@@ -47,6 +47,12 @@ const gw_flag gw_flags[] = {
     {"route-lambda", "L", "64", "prefix routing: tokens of cache worth one queued request", K_DBL, 1, F(lambda), 0, 1e9},
     {"max-connections", "N", "0", "open client connections (0: the file descriptor limit less a reserve)", K_INT, 1,
      F(max_connections), 0, 1 << 24},
+    {"allowed-origins", "LIST", "*", "CORS: origins a browser may call from (a JSON list as vLLM takes it, or a comma list; "
+     "* any)", K_STR, 1, F(allowed_origins), 0, 0},
+    {"allowed-methods", "LIST", "*", "CORS: methods a preflight allows (* any)", K_STR, 1, F(allowed_methods), 0, 0},
+    {"allowed-headers", "LIST", "*", "CORS: request headers a preflight allows (* any)", K_STR, 1, F(allowed_headers), 0, 0},
+    {"allow-credentials", NULL, NULL, "CORS: allow credentials (the reply names the origin, never *)", K_ON, 1,
+     F(allow_credentials), 0, 0},
     {"tokenizer-threads", "N", "2", "threads that parse, template and tokenize off the event loop", K_INT, 1,
      F(tokenizer_threads), 1, 256},
     {"tokenizer-queue", "N", "256", "requests waiting for a tokenizer thread before 503", K_INT, 1, F(tokenizer_queue), 1,

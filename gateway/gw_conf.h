@@ -35,6 +35,8 @@ typedef struct {
     int scache, scache_size, scache_sampled;
     const char *context_overflow; /* error|truncate-left|middle-out */
     double scache_threshold, scache_ttl;
+    const char *allowed_origins, *allowed_methods, *allowed_headers; /* CORS (gw_cors.h) */
+    int allow_credentials;
 } gw_conf;
 
 /* One flag. serve: 1 when `llmserve serve` forwards it to its gateway. */

@@ -1,4 +1,5 @@
 #include "gw_http.h"
+#include "gw_cors.h"
 #include "cm_log.h"
 #include "cm_time.h"
 #include "cm_oai_resp.h"
@@ -587,6 +588,38 @@ static void on_complete(struct evhttp_request *req, void *arg) {
 }
 
 /* The header checks evhttp does not make. NULL when fine. */
+/* A request with an Origin: a preflight is answered here (1); any other from an allowed origin gets its
+ * Access-Control headers on whatever reply it gets (0). */
+static int cors(gw_http *h, gw_conn *c, struct evhttp_request *req) {
+    struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    const char *origin = evhttp_find_header(in, "Origin");
+    if (!origin) return 0;
+    const char *method = evhttp_find_header(in, "Access-Control-Request-Method");
+    int vary;
+    const char *allow = gw_cors_allow_origin(h->o.cors, origin, &vary);
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_OPTIONS && method) {
+        char methods[256], headers[1024], why[64];
+        if (gw_cors_preflight(h->o.cors, origin, method, evhttp_find_header(in, "Access-Control-Request-Headers"), methods,
+                              sizeof methods, headers, sizeof headers, why, sizeof why)) {
+            gw_http_body(c, 400, "text/plain; charset=utf-8", why, strlen(why));
+            return 1;
+        }
+        gw_http_header(c, "Access-Control-Allow-Origin", allow);
+        if (vary) gw_http_header(c, "Vary", "Origin");
+        if (h->o.cors->credentials) gw_http_header(c, "Access-Control-Allow-Credentials", "true");
+        gw_http_header(c, "Access-Control-Allow-Methods", methods);
+        if (headers[0]) gw_http_header(c, "Access-Control-Allow-Headers", headers);
+        gw_http_header(c, "Access-Control-Max-Age", "600");
+        gw_http_body(c, 200, "text/plain; charset=utf-8", "OK", 2);
+        return 1;
+    }
+    if (!gw_cors_origin_ok(h->o.cors, origin)) return 0;
+    gw_http_header(c, "Access-Control-Allow-Origin", allow);
+    if (vary) gw_http_header(c, "Vary", "Origin");
+    if (h->o.cors->credentials) gw_http_header(c, "Access-Control-Allow-Credentials", "true");
+    return 0;
+}
+
 static const char *bad_header(struct evhttp_request *req) {
     struct evkeyvalq *in = evhttp_request_get_input_headers(req);
     if (req->major == 1 && req->minor >= 1 && !evhttp_find_header(in, "Host")) return "HTTP/1.1 request without Host";
@@ -626,6 +659,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         gw_http_error(c, 400, bad, NULL, "bad_request");
         return;
     }
+    if (h->o.cors && cors(h, c, req)) return;
     const char *uri = evhttp_request_get_uri(req);
     char path[512];
     snprintf(path, sizeof path, "%s", uri ? uri : "/");

@@ -48,6 +48,7 @@ typedef struct {
     void (*handler)(void *ctx, gw_http_req *r);
     void (*on_status)(void *ctx, int status); /* every reply's status, once */
     void *ctx;
+    const struct gw_cors *cors;  /* CORS (gw_cors.h): preflights answered, Allow-Origin on replies; NULL: none */
 } gw_http_opts;
 
 int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out, char *err, size_t errlen);

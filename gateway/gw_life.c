@@ -151,8 +151,11 @@ int gw_start(gw *g, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot start the event loop or the tokenizer threads");
         return LLM_ENOMEM;
     }
+    if ((rc = gw_cors_init(&g->cors, c->allowed_origins, c->allowed_methods, c->allowed_headers, c->allow_credentials,
+                           err, errlen)))
+        return rc;
     gw_http_opts ho = {c->host, c->port, (size_t)c->max_body, c->header_timeout, c->body_timeout, c->max_connections,
-                       gw_oai_handle, on_status, g};
+                       gw_oai_handle, on_status, g, &g->cors};
     if (gw_http_create(g->base, &ho, &g->http, err, errlen)) {
         if (!err[0]) snprintf(err, errlen, "cannot start the HTTP server");
         return LLM_EIO;
@@ -185,5 +188,6 @@ void gw_stop(gw *g) {
     gw_sums_free(&g->sums);
     gw_limits_free(&g->lim);
     gw_auth_free(&g->auth);
+    gw_cors_free(&g->cors);
     gw_conf_free(&g->conf);
 }

@@ -14,6 +14,7 @@
 #include "cm_tools.h"
 #include "gw_tokq.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <xxhash.h>
 #include <stdio.h>
@@ -748,9 +749,32 @@ static void list_loras(gw *g, json_t *data) {
     }
 }
 
-static void handle_models(gw *g, gw_http_req *r) {
+/* A path's %XX escapes decoded (a model name may hold '/' or spaces); 0 on a bad escape. */
+static int unescape(const char *s, char *out, size_t len) {
+    size_t o = 0;
+    for (; *s && o + 1 < len; s++) {
+        if (*s != '%') {
+            out[o++] = *s;
+            continue;
+        }
+        unsigned v;
+        if (!isxdigit((unsigned char)s[1]) || !isxdigit((unsigned char)s[2]) || sscanf(s + 1, "%2x", &v) != 1 || !v) return 0;
+        out[o++] = (char)v;
+        s += 2;
+    }
+    out[o] = 0;
+    return !*s;
+}
+
+/* /v1/models, or /v1/models/{id} (OpenAI's retrieve: the one entry, 404 naming the model when none). */
+static void handle_models(gw *g, gw_http_req *r, const char *id) {
     int key;
     if (!authorized(g, r, &key)) return;
+    char want[256];
+    if (id && !unescape(id, want, sizeof want)) {
+        gw_http_error(r->conn, 400, "the model id in the path is not well escaped", "model", "invalid_value");
+        return;
+    }
     json_t *data = json_array();
     if (g->served[0])
         json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", g->served, "object", "model", "created",
@@ -761,6 +785,21 @@ static void handle_models(gw *g, gw_http_req *r) {
         json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i,s:i}", "id", g->eserved, "object", "model", "created",
                                               (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",
                                               g->emax_len, "embedding_dimensions", g->edim));
+    if (id) {
+        for (size_t i = 0; i < json_array_size(data); i++) {
+            json_t *m = json_array_get(data, i);
+            if (!strcmp(json_string_value(json_object_get(m, "id")), want)) {
+                gw_http_json(r->conn, 200, m);
+                json_decref(data);
+                return;
+            }
+        }
+        json_decref(data);
+        char msg[400];
+        snprintf(msg, sizeof msg, "The model `%.200s` does not exist.", want);
+        gw_http_error(r->conn, 404, msg, "model", "model_not_found");
+        return;
+    }
     json_t *j = json_pack("{s:s,s:o}", "object", "list", "data", data);
     gw_http_json(r->conn, 200, j);
     json_decref(j);
@@ -791,9 +830,9 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
         int key;
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
         else if (authorized(g, r, &key)) gw_embed_handle(g, r, key);
-    } else if (!strcmp(r->path, "/v1/models")) {
+    } else if (!strcmp(r->path, "/v1/models") || (!strncmp(r->path, "/v1/models/", 11) && r->path[11])) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
-        else handle_models(g, r);
+        else handle_models(g, r, r->path[10] ? r->path + 11 : NULL);
     } else if (!strcmp(r->path, "/health") || !strcmp(r->path, "/ready")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_health(g, r);

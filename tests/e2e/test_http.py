@@ -306,6 +306,43 @@ def auth_log_checks(port):
           % (warned, told))
 
 
+def api_checks(port, oport):
+    """CORS as vLLM answers it (preflights, Allow-Origin on replies; a gateway limited to one origin refuses
+    the others by name) and GET /v1/models/{id}."""
+    def one(p, req, timeout=10):
+        c = Conn(p)
+        try:
+            c.send(req)
+            return c.response(timeout=timeout)
+        finally:
+            c.close()
+    pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    st, h, b = one(port, request("OPTIONS", "/v1/chat/completions", headers=pre))
+    check(st == 200 and h.get("access-control-allow-origin") == "*" and "POST" in h.get("access-control-allow-methods", "")
+          and h.get("access-control-allow-headers") == "authorization, content-type" and h.get("access-control-max-age") == "600",
+          "CORS: a preflight is answered (%d %s)" % (st, {k: v for k, v in h.items() if k.startswith("access")}))
+    st, h, b = one(port, request("GET", "/v1/models", key=KEY, headers={"Origin": "https://app.example"}))
+    check(st == 200 and h.get("access-control-allow-origin") == "*", "CORS: a reply carries Access-Control-Allow-Origin")
+    st, h, b = one(oport, request("OPTIONS", "/v1/completions", headers=pre))
+    check(st == 400 and b"Disallowed CORS origin" in b, "CORS: another origin's preflight refused by name (%d %s)" % (st, b[:60]))
+    st, h, b = one(oport, request("OPTIONS", "/v1/completions", headers=dict(pre, Origin="https://ok.example")))
+    check(st == 200 and h.get("access-control-allow-origin") == "https://ok.example" and h.get("vary") == "Origin"
+          and h.get("access-control-allow-credentials") == "true", "CORS: the listed origin is named back, with credentials")
+    st, h, b = one(oport, request("GET", "/v1/models", key=KEY, headers={"Origin": "https://evil.example"}))
+    check(st == 200 and "access-control-allow-origin" not in h, "CORS: no Allow-Origin for an origin not listed")
+    st, h, b = one(port, request("OPTIONS", "/v1/completions"))
+    check(st == 405, "OPTIONS without a preflight's headers is no preflight (%d)" % st)
+    st, _, b = one(port, request("GET", "/v1/models", key=KEY))
+    mid = json.loads(b)["data"][0]["id"]
+    st, _, b = one(port, request("GET", "/v1/models/" + mid, key=KEY))
+    j = json.loads(b) if st == 200 else {}
+    check(st == 200 and j.get("id") == mid and j.get("object") == "model", "GET /v1/models/{id} retrieves the model")
+    st, _, b = one(port, request("GET", "/v1/models/no%20such", key=KEY))
+    check(st == 404 and json.loads(b)["error"]["code"] == "model_not_found" and "no such" in json.loads(b)["error"]["message"],
+          "GET /v1/models/{id} of an unknown model: 404 naming it")
+
+
 def rss_mb(pid):
     for ln in open("/proc/%d/status" % pid):
         if ln.startswith("VmRSS:"):
@@ -342,6 +379,10 @@ def main():
         error_stream_checks(tp)
         framing_checks(gp)
         auth_log_checks(gp)
+        op = BASE + 15
+        gateway(op, wp, "--allowed-origins", '["https://ok.example"]', "--allow-credentials")
+        if wait_up(op):
+            api_checks(gp, op)
         g2 = gateway(BASE + 14, wp, "--log-level", "warn")  # the default 8 MiB body limit
         if wait_up(BASE + 14):
             memory_checks(BASE + 14, g2.pid)
