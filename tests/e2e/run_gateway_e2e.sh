@@ -13,6 +13,8 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import openai" 2>/dev
     python3 -m venv "$VENV" >/dev/null 2>&1 || { echo "python3 venv unavailable"; exit 77; }
     "$VENV/bin/pip" install -q openai >/dev/null 2>&1 || { echo "pip install openai failed (offline?)"; exit 77; }
 fi
+# the response shapes' validator (test_gateway.py says so and goes on without it)
+"$VENV/bin/python" -c "import jsonschema" 2>/dev/null || "$VENV/bin/pip" install -q jsonschema >/dev/null 2>&1 || true
 BASE=$((20000 + $$ % 12000))  # below the ephemeral range (32768+): a client socket can hold a port up there
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }

@@ -93,6 +93,56 @@ check(all(t.logprob <= 0 and abs(t.logprob - t.top_logprobs[0].logprob) < 1e-4 f
 clp = client.completions.create(model=model, prompt="Hello", max_tokens=4, temperature=0, logprobs=2)
 check(len(clp.choices[0].logprobs.tokens) == 4 and len(clp.choices[0].logprobs.top_logprobs[0]) >= 1, "completion logprobs")
 
+# ---- every response shape against the SDK's types as JSON schemas ---------------
+# (jsonschema the validator; the SDK relaxes some of the spec's required fields, put back here from the OpenAPI
+# description: a chat message requires role, content and refusal, chat logprobs content and refusal)
+try:
+    import jsonschema
+except ImportError:
+    jsonschema = None
+    print("jsonschema not installed: response shapes not validated")
+if jsonschema:
+    from openai.types import Completion, Model
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    def schema(model_type, required=()):
+        sc = model_type.model_json_schema()
+        for name, fields in required:
+            d = sc["$defs"][name]
+            d["required"] = sorted(set(d.get("required", [])) | set(fields))
+        return sc
+
+    chat_schema = schema(ChatCompletion, [("ChatCompletionMessage", ["role", "content", "refusal"]),
+                                          ("ChoiceLogprobs", ["content", "refusal"])])
+
+    def valid(sc, body, what):
+        try:
+            jsonschema.validate(body, sc)
+            check(True, what)
+        except jsonschema.ValidationError as e:
+            check(False, "%s: %s at %s" % (what, e.message[:200], list(e.absolute_path)))
+
+    cbody = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0}
+    for extra, what in (({}, "chat"), ({"logprobs": True, "top_logprobs": 2}, "chat with logprobs"),
+                        ({"n": 2, "temperature": 0.8, "seed": 3}, "chat with n=2")):
+        st_, _, d = raw(GW, "POST", "/v1/chat/completions", json.dumps(dict(cbody, **extra)))
+        valid(chat_schema, json.loads(d), "schema: %s response" % what)
+    st_, _, d = raw(GW, "POST", "/v1/chat/completions", json.dumps(dict(cbody, stream=True, logprobs=True, top_logprobs=1,
+                                                                     stream_options={"include_usage": True})))
+    chunks = [json.loads(l[6:]) for l in d.decode().splitlines() if l.startswith("data: {")]
+    chunk_schema = schema(ChatCompletionChunk)
+    for i, ch in enumerate(chunks):
+        valid(chunk_schema, ch, "schema: chat stream chunk %d" % i)
+    st_, _, d = raw(GW, "POST", "/v1/completions", json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4,
+                                                               "logprobs": 2, "temperature": 0}))
+    valid(schema(Completion), json.loads(d), "schema: completion response")
+    st_, _, d = raw(GW, "GET", "/v1/models")
+    for m in json.loads(d)["data"]:
+        valid(schema(Model), m, "schema: /v1/models entry %s" % m["id"])
+    st_, _, d = raw(GW, "GET", "/v1/models/" + urllib.parse.quote(model, safe=""))
+    valid(schema(Model), json.loads(d), "schema: /v1/models/{id}")
+    print("response shapes validated against the SDK's types (jsonschema)")
+
 # ---- errors: OpenAI's shape, right status, nothing else affected -----------
 def expect(exc_type, fn, what):
     try:
