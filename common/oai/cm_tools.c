@@ -379,11 +379,24 @@ int cm_tools_parse(int format, const cm_oai_tool *tools, int n_tools, const char
     size_t rn = 0;
     json_t *arr = json_array();
     while (p < end) {
-        const char *o = find(p, end, OPEN), *cl = o ? find(o + strlen(OPEN), end, CLOSE) : NULL;
+        const char *o = find(p, end, OPEN), *cl = NULL;
         size_t lc = strlen(CLOSE);
         if (!o) break;
-        if (!cl) cl = end, lc = 0; /* the output ended inside the block: a whole call still counts */
-        json_t *j = json_loadb(o + strlen(OPEN), (size_t)(cl - o - strlen(OPEN)), 0, NULL);
+        /* the block's JSON read as JSON (a closing tag inside a string is the string's, as the streamed parse
+         * reads it), then the closing tag; what does not read so is found by the tag alone */
+        const char *js = skip_ws(o + strlen(OPEN), end);
+        json_error_t je;
+        json_t *j = json_loadb(js, (size_t)(end - js), JSON_DISABLE_EOF_CHECK, &je);
+        if (j) {
+            const char *after = skip_ws(js + je.position, end);
+            if ((size_t)(end - after) >= lc && !memcmp(after, CLOSE, lc)) cl = after;
+            else if (after == end) cl = end, lc = 0; /* the output ended inside the block: a whole call still counts */
+            else json_decref(j), j = NULL;
+        }
+        if (!j) {
+            if (!(cl = find(o + strlen(OPEN), end, CLOSE))) cl = end, lc = 0;
+            j = json_loadb(o + strlen(OPEN), (size_t)(cl - o - strlen(OPEN)), 0, NULL);
+        }
         json_t *name = json_object_get(j, "name"), *args = json_object_get(j, "arguments");
         if (!args) args = json_object_get(j, "parameters");
         int ok = add_call(arr, tools, n_tools, name, args, seed);

@@ -479,6 +479,8 @@ static void test_tool_stream(void) {
         "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}",
         "text then <tool_",
         "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>\n\nDone.",
+        /* the closing tag inside the arguments is the arguments' text, streamed or not */
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"s\": \"a</tool_call>b\"}}\n</tool_call>",
     };
     unsigned rng = 12345;
     for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
@@ -487,6 +489,10 @@ static void test_tool_stream(void) {
         json_t *calls;
         char *content;
         CHECK_RC(cm_tools_parse(CM_TOOLS_HERMES, tools, 2, t, len, 99, &calls, &content), 0);
+        if (strstr(t, "a</tool_call>b"))
+            CHECK(json_array_size(calls) == 1 && !content &&
+                  strstr(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")),
+                         "a</tool_call>b"));
         for (int split = 0; split < 20; split++) {
             tool_events e;
             memset(&e, 0, sizeof e);
