@@ -119,6 +119,8 @@ typedef struct gw {
     gw_worker w[GW_MAX_WORKERS];
     int n_workers, rr, tick;
     char dns_name[256], dns_port[16];
+    int ready_once;              /* /health has said ready: the groups of --workers settled since (gw_oai.c) */
+    double started;              /* when the gateway started (cm_now) */
     nng_socket pull;
     char reply[256], id[64];
     struct event *recv_ev, *tick_ev, *lost_ev;

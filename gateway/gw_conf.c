@@ -1,6 +1,7 @@
 #include "gw_conf.h"
 #include "cm_log.h"
 #include "cm_oai.h"
+#include "cm_harmony.h"
 #include "cm_parse.h"
 
 #include <getopt.h>
@@ -41,6 +42,10 @@ const gw_flag gw_flags[] = {
     {"ttft-timeout", "S", "0", "time to first token before 504 (0: off)", K_DBL, 1, F(ttft_timeout), 0, 86400},
     {"request-timeout", "S", "600", "whole request (0: off)", K_DBL, 1, F(request_timeout), 0, 86400 * 7},
     {"idle-timeout", "S", "60", "gap between streamed tokens (0: off)", K_DBL, 1, F(idle_timeout), 0, 86400},
+    {"reasoning-parser", "NAME", NULL, "deepseek_r1|qwen3 (vLLM's names): the reply's reasoning (its think tags) goes to "
+     "reasoning_content, the rest to content", K_STR, 1, F(reasoning_parser), 0, 0},
+    {"startup-wait", "S", "600", "at the start, /health and /ready answer 503 (loading) until every group of --workers has "
+     "its model up (or refused), for up to S", K_DBL, 1, F(startup_wait), 0, 86400},
     {"shutdown-timeout", "S", "30", "on SIGTERM, let in-flight requests finish for up to S", K_DBL, 1, F(shutdown_timeout), 0,
      86400},
     {"routing", "prefix|least-load|round-robin", "prefix", "how a worker group is picked", K_ROUTE, 1, F(routing), 0, 0},
@@ -172,6 +177,10 @@ int gw_conf_parse(gw_conf *c, int argc, char **argv) {
     if (cm_oai_overflow_parse(c->context_overflow) < 0) {
         fprintf(stderr, "llmserve-gateway: --context-overflow expects error, truncate-left, middle-out or summarize, not '%s'\n",
                 c->context_overflow);
+        return 2;
+    }
+    if (c->reasoning_parser && cm_reason_parser(c->reasoning_parser) < 0) {
+        fprintf(stderr, "llmserve-gateway: --reasoning-parser expects deepseek_r1 or qwen3, not '%s'\n", c->reasoning_parser);
         return 2;
     }
     int dummy = !strcmp(c->load_format, "dummy");

@@ -37,6 +37,8 @@ typedef struct {
     double scache_threshold, scache_ttl;
     const char *allowed_origins, *allowed_methods, *allowed_headers; /* CORS (gw_cors.h) */
     int allow_credentials;
+    double startup_wait;         /* /health waits this long at the start for every group of --workers */
+    const char *reasoning_parser; /* deepseek_r1 | qwen3: chat replies' think tags into reasoning_content */
 } gw_conf;
 
 /* One flag. serve: 1 when `llmserve serve` forwards it to its gateway. */

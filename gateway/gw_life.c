@@ -145,6 +145,7 @@ int gw_start(gw *g, char *err, size_t errlen) {
     if (c->scache) gw_cache_init(&g->cache, c->scache_size, c->scache_ttl, (float)c->scache_threshold, 0);
     int rc;
     if ((c->model || c->model_config) && (rc = load_override(g, err, errlen))) return rc;
+    g->started = cm_now();
     snprintf(g->id, sizeof g->id, "gw%x%lx", (unsigned)getpid(), (long)time(NULL) & 0xffff);
     g->base = event_base_new();
     if (!g->base || gw_tokq_create(g->base, c->tokenizer_threads, c->tokenizer_queue, &g->tokq)) {

@@ -1,6 +1,7 @@
 #include "gw_oai.h"
 #include "cm_time.h"
 #include "cm_chat.h"
+#include "cm_harmony.h"
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_metrics.h"
@@ -62,6 +63,7 @@ typedef struct {
     char tenant[64];
     gw_model *emodel;
     int overflow;                /* --context-overflow */
+    int reasoning;               /* --reasoning-parser: CM_REASON_R1, _QWEN3, or NONE */
 } prep;
 
 #define REFUSE(st, prm, cd, ...)                                                                   \
@@ -148,6 +150,7 @@ static int render_tokens(const gw_model *m, gw_req *q, struct cm_oai_msg *msgs, 
     if (rc) return LLM_ENOMEM;
     rc = q->c.continue_final_message ? cm_chat_render_open(m->chat_kind, m->default_system, tp.msgs, tp.n, &text)
                                      : cm_chat_render(m->chat_kind, m->default_system, tp.msgs, tp.n, q->c.add_generation_prompt, &text);
+    if (!rc && !q->c.enable_thinking && q->c.add_generation_prompt) rc = cm_chat_no_thinking(m->chat_kind, &text);
     cm_tools_free(&tp);
     if (rc || !text) return LLM_EFORMAT;
     rc = cm_tok_encode_limit(m->tok, text, strlen(text), -1, 1, limit, ids, nt);
@@ -286,10 +289,19 @@ static void prep_run(gw_job *j) {
     if (p->chat) {
         int tf = cm_tools_format(m->chat_kind);
         q->c.tool_format = tf;
-        q->c.harmony = m->chat_kind == CM_CHAT_HARMONY;
-        if (q->c.harmony && q->c.n_tools && q->c.tool_choice != CM_TOOL_NONE)
+        q->c.reasoning = m->chat_kind == CM_CHAT_HARMONY ? CM_REASON_HARMONY : p->reasoning;
+        int tools_on = q->c.n_tools && q->c.tool_choice != CM_TOOL_NONE;
+        if (q->c.reasoning == CM_REASON_HARMONY && tools_on)
             REFUSE(400, "tools", "invalid_value", "tools: function calling in the harmony format (gpt-oss's commentary "
                    "channel) is not implemented");
+        if (!q->c.enable_thinking && !(q->c.reasoning == CM_REASON_QWEN3 && m->chat_kind == CM_CHAT_CHATML))
+            REFUSE(400, "chat_template_kwargs", "invalid_value", "chat_template_kwargs.enable_thinking false is honoured "
+                   "with --reasoning-parser qwen3 on a ChatML template (Qwen3's), not here");
+        if ((q->c.reasoning == CM_REASON_R1 || q->c.reasoning == CM_REASON_QWEN3) && q->c.enable_thinking &&
+            (tools_on || q->c.grammar))
+            REFUSE(400, tools_on ? "tools" : q->c.grammar_from, "invalid_value", "%s after the model's reasoning is not "
+                   "implemented (the grammar would hold the reasoning too): set chat_template_kwargs.enable_thinking false",
+                   tools_on ? "tool calling" : "structured output");
         if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
             REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
         int policy = q->c.context_overflow >= 0 ? q->c.context_overflow : p->overflow;
@@ -720,6 +732,7 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
     snprintf(p->b.loras, sizeof p->b.loras, "%s", g->loras);
     p->b.max_len = g->max_model_len;
     p->overflow = cm_oai_overflow_parse(g->conf.context_overflow);
+    p->reasoning = g->conf.reasoning_parser ? cm_reason_parser(g->conf.reasoning_parser) : CM_REASON_NONE;
     if ((p->cache = g->conf.scache)) {
         p->cache_sampled = g->conf.scache_sampled;
         snprintf(p->tenant, sizeof p->tenant, "%s", gw_auth_tag(&g->auth, key));
@@ -805,11 +818,17 @@ static void handle_models(gw *g, gw_http_req *r, const char *id) {
     json_decref(j);
 }
 
+/* Ready (200) once a group is up and, at the start, every group of --workers has settled (its model accepted
+ * or refused), so a client is not told ready while a model one of them serves is still loading; a group not
+ * there within --startup-wait no longer holds it. After that, while any group is up. */
 static void handle_health(gw *g, gw_http_req *r) {
-    int up = gw_pool_count_up(g);
-    const char *st = g->draining ? "draining" : up ? "ok" : "unavailable";
-    json_t *j = json_pack("{s:s,s:i,s:i}", "status", st, "workers_up", up, "workers", g->n_workers);
-    gw_http_json(r->conn, up && !g->draining ? 200 : 503, j);
+    int up = gw_pool_count_up(g), loading = 0;
+    if (!g->ready_once && cm_now() - g->started < g->conf.startup_wait) loading = gw_pool_count_loading(g);
+    if (up && !loading && !g->draining) g->ready_once = 1;
+    const char *st = g->draining ? "draining" : loading && up ? "loading" : up ? "ok" : "unavailable";
+    json_t *j = json_pack("{s:s,s:i,s:i,s:i}", "status", st, "workers_up", up, "workers", g->n_workers,
+                          "workers_loading", loading);
+    gw_http_json(r->conn, up && !loading && !g->draining ? 200 : 503, j);
     json_decref(j);
 }
 

@@ -32,6 +32,12 @@ int gw_pool_count_up(const gw *g) {
     return n;
 }
 
+int gw_pool_count_loading(const gw *g) {
+    int n = 0;
+    for (int i = 0; !g->dns_name[0] && i < g->n_workers; i++) n += !g->w[i].gone && !g->w[i].accepted && !g->w[i].refused[0];
+    return n;
+}
+
 int gw_pool_send(gw *g, int i, pr_env *e) {
     if (i < 0 || i >= g->n_workers || g->w[i].gone) return LLM_EIO;
     return pr_send(g->w[i].push, e, NNG_FLAG_NONBLOCK);

@@ -39,6 +39,9 @@ int gw_pool_routable_embed(const gw *g, int i);    /* an embedding group */
 int gw_pool_send(gw *g, int i, pr_env *e);
 void gw_pool_cancel(gw *g, int i, uint64_t rid);
 int gw_pool_count_up(const gw *g);
+/* Groups of --workers not yet settled (their model accepted or refused): still loading, or not reached yet.
+ * 0 with --workers-dns (a group found later is a scale-up, not a start). */
+int gw_pool_count_loading(const gw *g);
 
 /* NAME is on a "\nNAME\nNAME\n" list (gw_worker.loras, gw.loras). */
 int gw_pool_has_lora(const char *list, const char *name);

@@ -56,13 +56,15 @@ static void tokenize(tjob *j, json_t *o) {
         if (!json_is_boolean(v)) FAIL(400, "return_token_strs", "'return_token_strs' must be true or false");
         want_strs = json_is_true(v);
     }
-    static const char *const refused[] = {"chat_template", "chat_template_kwargs", "mm_processor_kwargs", NULL};
+    static const char *const refused[] = {"chat_template", "mm_processor_kwargs", NULL};
     for (const char *const *r = refused; *r; r++)
         if ((v = json_object_get(o, *r)) && !json_is_null(v)) FAIL(400, *r, "'%s' is not supported", *r);
     json_t *prompt = json_object_get(o, "prompt"), *msgs = json_object_get(o, "messages");
     if (!!prompt == !!msgs) FAIL(400, prompt ? "messages" : "prompt", "give either 'prompt' or 'messages'");
     if (prompt) {
         if (!json_is_string(prompt)) FAIL(400, "prompt", "'prompt' must be a string");
+        if ((v = json_object_get(o, "chat_template_kwargs")) && !json_is_null(v))
+            FAIL(400, "chat_template_kwargs", "'chat_template_kwargs' goes with 'messages'");
         rc = cm_tok_encode(t, json_string_value(prompt), json_string_length(prompt), add, 1, &ids, &n);
     } else {
         const char *param = NULL;
@@ -73,6 +75,7 @@ static void tokenize(tjob *j, json_t *o) {
         rc = c.continue_final_message ? cm_chat_render_open(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n, &text)
                                       : cm_chat_render(j->m->chat_kind, j->m->default_system, tp.msgs, tp.n,
                                                        c.add_generation_prompt, &text);
+        if (!rc && !c.enable_thinking && c.add_generation_prompt) rc = cm_chat_no_thinking(j->m->chat_kind, &text);
         cm_tools_free(&tp);
         if (rc || !text) FAIL(400, "messages", "cannot render the messages with the %s chat template", cm_chat_name(j->m->chat_kind));
         rc = cm_tok_encode(t, text, strlen(text), add, 1, &ids, &n);

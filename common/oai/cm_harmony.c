@@ -11,11 +11,18 @@ enum { HM_START = 0, HM_HEADER, HM_BODY };
 
 static const char *const MARKERS[] = {"<|end|>", "<|return|>", "<|call|>", "<|start|>", "<|channel|>", NULL};
 
-void cm_harmony_init(cm_harmony *h) { memset(h, 0, sizeof *h); }
+void cm_harmony_init(cm_harmony *h) { cm_reason_init(h, CM_REASON_HARMONY); }
 
-void cm_hbuf_free(cm_hbuf *b) {
-    free(b->s);
-    memset(b, 0, sizeof *b);
+void cm_reason_init(cm_harmony *h, int kind) {
+    memset(h, 0, sizeof *h);
+    h->kind = kind;
+}
+
+int cm_reason_parser(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "deepseek_r1")) return CM_REASON_R1;
+    if (!strcmp(name, "qwen3")) return CM_REASON_QWEN3;
+    return -1;
 }
 
 static void put(cm_hbuf *b, const char *s, size_t n) {
@@ -56,6 +63,52 @@ static int hold(cm_harmony *h, const char *s, size_t n) {
     return 1;
 }
 
+enum { HM_DONE = 3 }; /* think tags: after </think>, content to the end */
+
+/* <think> ... </think>: deepseek_r1 starts in the reasoning (a <think> it writes anyway is dropped), qwen3 only
+ * when the reply starts with <think>. */
+static void think_feed(cm_harmony *h, const char *w, size_t len, int final, cm_hbuf *R, cm_hbuf *C) {
+    size_t i = 0;
+    while (i < len) {
+        const char *p = w + i;
+        size_t left = len - i;
+        if (h->state == HM_START) {
+            int mk = match(p, left, "<think>");
+            if (mk == 1 && !final && hold(h, p, left)) return;
+            if (mk == 2) i += 7;
+            h->reasoning = mk == 2 || h->kind == CM_REASON_R1;
+            h->state = h->reasoning ? HM_BODY : HM_DONE;
+            continue;
+        }
+        if (h->state == HM_DONE) {
+            put(C, p, left);
+            return;
+        }
+        const char *lt = memchr(p, '<', left);
+        size_t tl = lt ? (size_t)(lt - p) : left;
+        put(R, p, tl);
+        if (!lt) return;
+        i += tl;
+        left -= tl;
+        int mk = match(lt, left, "</think>");
+        if (mk == 2) {
+            h->state = HM_DONE;
+            h->reasoning = 0;
+            i += 8;
+        } else if (mk == 1 && !final && hold(h, lt, left)) {
+            return;
+        } else {
+            put(R, lt, 1);
+            i++;
+        }
+    }
+}
+
+void cm_hbuf_free(cm_hbuf *b) {
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}
+
 int cm_harmony_feed(cm_harmony *h, const char *s, size_t n, int final, cm_hbuf *R, cm_hbuf *C) {
     size_t len = h->n_hold + n;
     char *w = malloc(len + 1);
@@ -64,6 +117,10 @@ int cm_harmony_feed(cm_harmony *h, const char *s, size_t n, int final, cm_hbuf *
     if (n) memcpy(w + h->n_hold, s, n);
     h->n_hold = 0;
     size_t i = 0;
+    if (h->kind != CM_REASON_HARMONY) {
+        think_feed(h, w, len, final, R, C);
+        i = len;
+    }
     while (i < len) {
         const char *p = w + i;
         size_t left = len - i;

@@ -91,6 +91,7 @@ static void defaults(cm_oai_completion *c) {
     c->logprobs = -1;
     c->prompt_logprobs = -1;
     c->add_generation_prompt = 1;
+    c->enable_thinking = 1;
     c->context_overflow = -1;
 }
 
@@ -381,7 +382,7 @@ static const char *const HONOURED[] = {
     "guided_whitespace_pattern", NULL};
 static const char *const COMPLETION_ONLY[] = {"prompt", "echo", "suffix", NULL};
 static const char *const CHAT_ONLY[] = {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
-                                        "continue_final_message", "tools",
+                                        "continue_final_message", "chat_template_kwargs", "tools",
                                         "tool_choice", "parallel_tool_calls", "context_overflow", NULL};
 /* accepted only at this value (JSON), or, for NULL, at any value (identifiers, hints) */
 static const struct { const char *name, *ok; } SETTLED[] = {
@@ -392,7 +393,7 @@ static const struct { const char *name, *ok; } SETTLED[] = {
     {"return_tokens_as_token_ids", "false"}, {"add_special_tokens", "false"}, {"modalities", "[\"text\"]"},
     {"logits_processors", "[]"}, {"bad_words", "[]"}, {"allowed_token_ids", "null"}, {"truncate_prompt_tokens", "null"},
     {"audio", "null"}, {"prediction", "null"}, {"reasoning_effort", "null"}, {"verbosity", "null"},
-    {"web_search_options", "null"}, {"documents", "null"}, {"chat_template", "null"}, {"chat_template_kwargs", "null"},
+    {"web_search_options", "null"}, {"documents", "null"}, {"chat_template", "null"},
     {"mm_processor_kwargs", "null"}, {"structural_tag", "null"}, {"kv_transfer_params", "null"}, {"vllm_xargs", "null"},
     {"thinking_token_budget", "null"}, {"echo", "false"}};
 
@@ -755,6 +756,18 @@ int cm_oai_parse_chat(const char *body, size_t len, cm_oai_completion *c, char *
     c->logprobs = lp ? (int)v : -1;
     if ((rc = get_bool(o, "add_generation_prompt", &c->add_generation_prompt, err, errlen))) FAILED("add_generation_prompt");
     if ((rc = get_bool(o, "continue_final_message", &c->continue_final_message, err, errlen))) FAILED("continue_final_message");
+    json_t *kw = json_object_get(o, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) { /* the template's switches we honour: enable_thinking */
+        const char *kk;
+        json_t *kv;
+        if (!json_is_object(kw)) BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        json_object_foreach(kw, kk, kv) {
+            if (strcmp(kk, "enable_thinking"))
+                BAD("chat_template_kwargs", "chat_template_kwargs.%.40s is not supported (enable_thinking)", kk);
+            if (!json_is_boolean(kv)) BAD("chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false");
+            c->enable_thinking = json_is_true(kv);
+        }
+    }
     if (c->continue_final_message && c->add_generation_prompt) /* as vLLM: the two contradict each other */
         BAD("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true: set "
             "'add_generation_prompt': false to continue the final message");

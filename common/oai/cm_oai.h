@@ -100,8 +100,9 @@ typedef struct {
     int tool_named;              /* CM_TOOL_NAMED: the index in tools */
     int parallel_tool_calls;     /* default 1 */
     int tool_format;             /* CM_TOOLS_* (cm_tools.h): the model's family, set by the caller after parsing */
-    int harmony;                 /* a chat with a harmony model (gpt-oss): replies split into reasoning and content
-                                  * (cm_harmony.h); set by the caller */
+    int reasoning;               /* CM_REASON_* (cm_harmony.h): how a chat reply splits into reasoning and content
+                                  * (harmony models, --reasoning-parser); set by the caller */
+    int enable_thinking;         /* chat_template_kwargs.enable_thinking: 1 (default) or 0 */
 } cm_oai_completion;
 
 /* A chat history longer than the context: refuse (400), drop the oldest

@@ -73,7 +73,8 @@ void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const ch
     r->prompt_logprobs = req->prompt_logprobs;
     r->score_only = req->score_only;
     if (req->is_chat && req->n_tools && req->tool_choice != CM_TOOL_NONE) r->tools = req->tools, r->n_tools = req->n_tools, r->tool_format = req->tool_format;
-    r->harmony = req->is_chat && req->harmony;
+    r->reasoning = req->is_chat ? req->reasoning : CM_REASON_NONE;
+    for (int i = 0; i < CM_OAI_MAX_N; i++) cm_reason_init(&r->ch[i].hs, r->reasoning);
     r->echo = req->echo && echo_text;
     for (int i = 0; i < r->n && r->echo; i++) {
         r->ch[i].offset = echo_len;
@@ -321,10 +322,10 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
             free(rest);
         }
         json_t *reasoning = NULL;
-        if (r->harmony) { /* the analysis channel apart from the content */
+        if (r->reasoning) { /* the reasoning apart from the content */
             cm_harmony h;
             cm_hbuf rb = {0}, cb = {0};
-            cm_harmony_init(&h);
+            cm_reason_init(&h, r->reasoning);
             cm_harmony_feed(&h, c->text ? c->text : "", c->len, 1, &rb, &cb);
             json_decref(text);
             text = cm_oai_jbytes(cb.s ? cb.s : "", cb.n);
@@ -380,7 +381,7 @@ json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t 
         if (op != offs) free(op);
     }
     json_t *choice;
-    if (r->is_chat && r->harmony) { /* the piece as harmony settles it: reasoning, content, or held */
+    if (r->is_chat && r->reasoning) { /* the piece as the splitter settles it: reasoning, content, or held */
         cm_hbuf rb = {0}, cb = {0};
         cm_harmony_feed(&c->hs, text ? text : "", len, finish != CM_OAI_FINISH_NONE, &rb, &cb);
         if (!rb.n && !cb.n && !finish && c->role_sent && json_is_null(lpj)) {

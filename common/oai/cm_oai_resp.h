@@ -65,8 +65,8 @@ typedef struct {
     int n_plp;
     const cm_oai_tool *tools;    /* borrowed from the request: when set, outputs are parsed for tool calls */
     int n_tools, tool_format;     /* CM_TOOLS_* */
-    int harmony;                 /* chat replies in harmony's channels: the analysis channel becomes the message's
-                                  * reasoning_content (vLLM's field), the rest its content */
+    int reasoning;               /* CM_REASON_*: chat replies split, the reasoning (harmony's analysis channel, think
+                                  * tags) into the message's reasoning_content (vLLM's field), the rest its content */
     cm_oai_choice ch[CM_OAI_MAX_N];
 } cm_oai_result;
 

@@ -207,3 +207,14 @@ int cm_chat_render_open(int kind, const char *def_sys, const cm_chat_msg *m, siz
     *out = o;
     return 0;
 }
+
+int cm_chat_no_thinking(int kind, char **text) {
+    static const char empty[] = "<think>\n\n</think>\n\n";
+    if (kind != CM_CHAT_CHATML) return LLM_EINVAL;
+    size_t n = strlen(*text);
+    char *t = realloc(*text, n + sizeof empty);
+    if (!t) return LLM_ENOMEM;
+    memcpy(t + n, empty, sizeof empty);
+    *text = t;
+    return 0;
+}

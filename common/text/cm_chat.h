@@ -35,6 +35,9 @@ int cm_chat_render(int kind, const char *default_system, const cm_chat_msg *m, s
 /* The same with the last message, the assistant's, left open (vLLM's continue_final_message): the prompt
  * ends with its content, which the reply continues. LLM_EINVAL when the last message is not the assistant's. */
 int cm_chat_render_open(int kind, const char *default_system, const cm_chat_msg *m, size_t n, char **out);
+/* chat_template_kwargs.enable_thinking false, as Qwen3's template writes it: an empty think block after the
+ * generation prompt of a ChatML rendering (*text grows). LLM_EINVAL for other families. */
+int cm_chat_no_thinking(int kind, char **text);
 /* The default system prompt embedded in a ChatML template, malloc'd, or NULL. */
 char *cm_chat_default_system(const char *tmpl);
 

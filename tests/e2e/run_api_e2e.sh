@@ -3,7 +3,8 @@
 # loopback, the `openai` client, `jsonschema` as the reference validator
 # (both in the e2e venv in the build folder), and `llmserve perplexity` as
 # the reference for prompt scoring. Runs test_structured.py,
-# test_scoring.py, test_tools.py, test_trimming.py, test_langchain.py (langchain-openai) and test_lmeval.py
+# test_scoring.py, test_tools.py, test_trimming.py, test_reasoning.py (a
+# second gateway with --reasoning-parser qwen3), test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL [quick]
@@ -26,8 +27,11 @@ trap cleanup EXIT
 "$BUILD/llmserve-worker" --model "$MODEL" --kv-cache-memory 512MiB --max-model-len 2048 --log-level warn \
     --listen tcp://127.0.0.1:$BASE & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $((BASE + 1)) --workers tcp://127.0.0.1:$BASE --log-level warn & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $((BASE + 2)) --workers tcp://127.0.0.1:$BASE --reasoning-parser qwen3 --log-level warn \
+    & PIDS+=($!)
 for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$((BASE + 1))/health" >/dev/null 2>&1 && break
+    curl -sf "http://127.0.0.1:$((BASE + 1))/health" >/dev/null 2>&1 && curl -sf "http://127.0.0.1:$((BASE + 2))/health" \
+        >/dev/null 2>&1 && break
     sleep 0.2
 done
 rc=0
@@ -42,6 +46,15 @@ took scoring
 took tools
 "$VENV/bin/python" "$HERE/test_trimming.py" || rc=1
 took trimming
+GW=http://127.0.0.1:$((BASE + 2)) "$VENV/bin/python" "$HERE/test_reasoning.py" || rc=1
+took reasoning
+# a parser we do not have is refused at the start, by name
+RP=$("$BUILD/llmserve-gateway" --port 0 --reasoning-parser granite 2>&1)
+if echo "$RP" | grep -q "reasoning-parser expects"; then
+    echo "ok   --reasoning-parser granite refused by name"
+else
+    echo "FAIL --reasoning-parser granite not refused"; rc=1
+fi
 if [ -n "$QUICK" ]; then
     echo "quick: the LangChain and lm-eval clients are left to the plain build (they add no server path)"
 elif "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/pip" install -q langchain-openai >/dev/null 2>&1; then

@@ -19,7 +19,7 @@ expect 2 "needs --model-config" -- --load-format dummy
 expect 2 "add --load-format dummy" -- --model-config llama-3-8b
 expect 2 "load-format expects auto or dummy" -- --load-format safetensors
 expect 2 "dtype expects" -- --load-format dummy --model-config smollm2-135m --dtype q9_9
-expect 2 "presets: llama-2-7b" -- --load-format dummy --model-config no-such-model
+expect 2 "unknown model preset 'no-such-model' (presets: gpt-oss-20b" -- --load-format dummy --model-config no-such-model
 echo '{"hidden_size": 64}' > "$OUT/bad.json"
 expect 2 "needs num_hidden_layers" -- --load-format dummy --model-config "$OUT/bad.json"
 # a valid but absurd shape (about 280 TB) is refused before any memory is touched

@@ -343,6 +343,59 @@ def api_checks(port, oport):
           "GET /v1/models/{id} of an unknown model: 404 naming it")
 
 
+def startup_checks(up):
+    """At the start the gateway is not ready while a group of --workers has not come up: a model only it
+    serves may still be loading. Once all have, a group lost later does not unready it while another serves;
+    --startup-wait bounds the wait for a group that never comes."""
+    late, gp, never, gq = BASE + 21, BASE + 20, BASE + 23, BASE + 22
+    def health(port):
+        c = Conn(port, timeout=2)
+        try:
+            c.send(request("GET", "/health"))
+            st, _, d = c.response(timeout=5)
+            return st, json.loads(d)
+        finally:
+            c.close()
+    for port, late_port, extra in ((gp, late, []), (gq, never, ["--startup-wait", "2"])):
+        start([BUILD + "/llmserve-gateway", "--port", str(port), "--workers", "tcp://127.0.0.1:%d,tcp://127.0.0.1:%d"
+               % (up, late_port), "--log-level", "info"] + extra, "gateway-%d.log" % port)
+    seen, t = None, time.time()
+    while time.time() - t < 30 and not seen:
+        try:
+            st, j = health(gp)
+            seen = (st, j["status"], j["workers_loading"]) if j["workers_up"] >= 1 else None
+        except (OSError, Hung, EOFError, ValueError):
+            pass
+        time.sleep(0.1)
+    check(seen == (503, "loading", 1), "startup: one group up, one not yet: /health 503 'loading' (%s)" % (seen,))
+    c = Conn(gp)
+    c.send(request("GET", "/ready"))
+    check(c.response(timeout=5)[0] == 503, "startup: /ready says the same")
+    c.send(gen(stream=False))
+    check(c.response(timeout=30)[0] == 200, "startup: requests are served meanwhile by the group that is up")
+    c.close()
+    lw = start([BUILD + "/llmserve-worker", "--model", MODEL, "--listen", "tcp://127.0.0.1:%d" % late, "--kv-cache-memory",
+                "64MiB", "--max-model-len", "512", "--threads", "1", "--log-level", "warn"], "worker-late.log")
+    t, ok = time.time(), False
+    while time.time() - t < 120 and not ok:
+        try:
+            st, j = health(gp)
+            ok = st == 200 and j["workers_up"] == 2
+        except (OSError, Hung, EOFError, ValueError):
+            pass
+        time.sleep(0.2)
+    check(ok, "startup: ready once the late group is up")
+    lw.terminate()
+    lw.wait()
+    time.sleep(1)
+    check(health(gp)[0] == 200, "startup: a group lost after the start does not unready the gateway")
+    t, ok = time.time(), False
+    while time.time() - t < 30 and not ok:
+        ok = health(gq)[0] == 200
+        time.sleep(0.2)
+    check(ok, "startup: --startup-wait 2 stops waiting for a group that never comes")
+
+
 def rss_mb(pid):
     for ln in open("/proc/%d/status" % pid):
         if ln.startswith("VmRSS:"):
@@ -379,6 +432,7 @@ def main():
         error_stream_checks(tp)
         framing_checks(gp)
         auth_log_checks(gp)
+        startup_checks(wp)
         op = BASE + 15
         gateway(op, wp, "--allowed-origins", '["https://ok.example"]', "--allow-credentials")
         if wait_up(op):

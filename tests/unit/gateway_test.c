@@ -291,6 +291,9 @@ static void responses(void) {
         {"{\"prompt\":\"x\",\"frequency_penalty\":2.5}", "frequency_penalty"},
         {"{\"prompt\":\"x\",\"logit_bias\":{\"5\":101}}", "logit_bias"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"custom\":1}}", "chat_template_kwargs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}",
+         "chat_template_kwargs"},
         /* continue_final_message: without add_generation_prompt false, or with no assistant message last */
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y\"}],"
          "\"continue_final_message\":true}", "continue_final_message"},
@@ -630,10 +633,10 @@ static void cache(void) {
 
 /* gpt-oss's harmony replies: the analysis channel is the reasoning, final (and commentary) the content, the
  * markers neither; fed whole or in pieces of any size, the same split */
-static void harmony_split(const char *text, size_t piece, char **reasoning, char **content) {
+static void reason_split(int kind, const char *text, size_t piece, char **reasoning, char **content) {
     cm_harmony h;
     cm_hbuf r = {0}, c = {0};
-    cm_harmony_init(&h);
+    cm_reason_init(&h, kind);
     size_t n = strlen(text);
     for (size_t i = 0; i < n; i += piece)
         CHECK_RC(cm_harmony_feed(&h, text + i, n - i < piece ? n - i : piece, 0, &r, &c), 0);
@@ -660,13 +663,41 @@ static void test_harmony(void) {
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (size_t piece = 1; piece <= 300; piece = piece < 8 ? piece + 1 : piece * 5) {
             char *r, *c;
-            harmony_split(cases[k].text, piece, &r, &c);
+            reason_split(CM_REASON_HARMONY, cases[k].text, piece, &r, &c);
             if (strcmp(r, cases[k].reasoning) || strcmp(c, cases[k].content))
                 fprintf(stderr, "harmony case %zu piece %zu: reasoning '%s' content '%s'\n", k, piece, r, c);
             CHECK(!strcmp(r, cases[k].reasoning) && !strcmp(c, cases[k].content));
             free(r);
             free(c);
         }
+    /* --reasoning-parser's think tags: deepseek_r1 starts in the reasoning (its template opened <think>), qwen3
+     * only when the reply starts with <think> */
+    static const struct { int kind; const char *text, *reasoning, *content; } think[] = {
+        {CM_REASON_R1, "Let me think. 2 < 3.</think>\n\nThe answer is 4.", "Let me think. 2 < 3.", "\n\nThe answer is 4."},
+        {CM_REASON_R1, "<think>\nhmm</think>ok", "\nhmm", "ok"},
+        {CM_REASON_R1, "cut off in thought </thin", "cut off in thought </thin", ""},
+        {CM_REASON_QWEN3, "<think>\nWhy <b>?\n</think>\n\nBecause.</think>", "\nWhy <b>?\n", "\n\nBecause.</think>"},
+        {CM_REASON_QWEN3, "No thinking here, <think> later is text", "", "No thinking here, <think> later is text"},
+        {CM_REASON_QWEN3, "<thi", "", "<thi"},
+    };
+    for (size_t k = 0; k < sizeof think / sizeof think[0]; k++)
+        for (size_t piece = 1; piece <= 64; piece = piece < 8 ? piece + 1 : piece * 4) {
+            char *r, *c;
+            reason_split(think[k].kind, think[k].text, piece, &r, &c);
+            if (strcmp(r, think[k].reasoning) || strcmp(c, think[k].content))
+                fprintf(stderr, "think case %zu piece %zu: reasoning '%s' content '%s'\n", k, piece, r, c);
+            CHECK(!strcmp(r, think[k].reasoning) && !strcmp(c, think[k].content));
+            free(r);
+            free(c);
+        }
+    CHECK_INT(cm_reason_parser("deepseek_r1"), CM_REASON_R1);
+    CHECK_INT(cm_reason_parser("qwen3"), CM_REASON_QWEN3);
+    CHECK_INT(cm_reason_parser("granite"), -1);
+    char *nt = strdup("<|im_start|>assistant\n");
+    CHECK_RC(cm_chat_no_thinking(CM_CHAT_CHATML, &nt), 0);
+    CHECK(nt && !strcmp(nt, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    CHECK_RC(cm_chat_no_thinking(CM_CHAT_LLAMA3, &nt), LLM_EINVAL);
+    free(nt);
     /* the prompt as gpt-oss's template writes it: system header, the system prompt as the developer's
      * instructions, earlier replies on the final channel, then the reply's start */
     cm_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}};
@@ -684,7 +715,7 @@ static void test_harmony(void) {
     memset(&req, 0, sizeof req);
     req.is_chat = 1;
     req.n = 1;
-    req.harmony = 1;
+    req.reasoning = CM_REASON_HARMONY;
     req.logprobs = -1;
     cm_oai_result res;
     cm_oai_result_init(&res, &req, "chatcmpl-1", "m", 0, NULL, 0);

@@ -1,0 +1,46 @@
+"""--reasoning-parser qwen3 against a real gateway and worker (the default
+model's ChatML template, as Qwen3's): a reply without think tags is all
+content; chat_template_kwargs.enable_thinking false puts Qwen3's empty think
+block after the generation prompt (read back through /tokenize and
+/detokenize); structured output with the reasoning on is refused by name, and
+runs once thinking is off; unknown template switches are refused. Where the
+splitting itself is checked: gateway_test (every chunking of think-tagged
+replies) and arch_e2e (harmony, end to end). GW: a gateway started with
+--reasoning-parser qwen3."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from apiutil import check, finish, model_id, post  # noqa: E402
+
+M = model_id()
+MSG = [{"role": "user", "content": "Say hi."}]
+
+st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 8, "temperature": 0})
+msg = j.get("choices", [{}])[0].get("message", {}) if st == 200 else {}
+check(st == 200 and msg.get("content") and "reasoning_content" not in msg,
+      "qwen3 parser: a reply without <think> is all content (%d %s)" % (st, msg))
+
+ids = {}
+for think in (True, False):
+    st, j = post("/tokenize", {"model": M, "messages": MSG, "chat_template_kwargs": {"enable_thinking": think}})
+    ids[think] = j.get("tokens", []) if st == 200 else []
+st, j = post("/detokenize", {"model": M, "tokens": ids[False]})
+check(st == 200 and j.get("prompt", "").endswith("assistant\n<think>\n\n</think>\n\n")
+      and len(ids[False]) > len(ids[True]),
+      "enable_thinking false: Qwen3's empty think block after the generation prompt (%d -> %d tokens)"
+      % (len(ids[True]), len(ids[False])))
+
+rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "properties": {
+    "a": {"type": "integer"}}, "required": ["a"]}}}
+st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "response_format": rf})
+check(st == 400 and j["error"]["param"] == "response_format" and "enable_thinking" in j["error"]["message"],
+      "structured output with the reasoning on: refused by name (%d %s)" % (st, j.get("error", {}).get("message")))
+st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "response_format": rf,
+                                      "chat_template_kwargs": {"enable_thinking": False}})
+check(st == 200 and j["choices"][0]["message"]["content"].startswith("{"),
+      "structured output with thinking off runs (%d)" % st)
+st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 4,
+                                      "chat_template_kwargs": {"documents": []}})
+check(st == 400 and j["error"]["param"] == "chat_template_kwargs", "an unknown template switch is refused by name")
+finish("reasoning")
