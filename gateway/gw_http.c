@@ -48,6 +48,7 @@ struct gw_conn {
     int streaming;
     void (*gone)(void *);
     void *arg;
+    gw_http_filter filter;         /* another API's shapes at the edge, or all NULL */
 };
 
 struct gw_http {
@@ -427,7 +428,13 @@ static void mark_ours(const gw_conn *c) {
 /* The gw_conn's one end, whichever way the reply or the client ended. */
 static void conn_free(gw_conn *c) {
     if (c->streaming) c->h->streams--;
+    if (c->filter.free) c->filter.free(c->filter.ctx);
     free(c);
+}
+
+void gw_http_set_filter(gw_conn *c, const gw_http_filter *f) {
+    if (c->filter.free) c->filter.free(c->filter.ctx);
+    c->filter = *f;
 }
 
 static void conn_end(gw_conn *c) {
@@ -455,7 +462,9 @@ void gw_http_body(gw_conn *c, int status, const char *ctype, const char *data, s
 }
 
 void gw_http_json(gw_conn *c, int status, const json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
+    json_t *f = c->filter.reply ? c->filter.reply(c->filter.ctx, status, j) : NULL;
+    char *s = json_dumps(f ? f : j, JSON_COMPACT);
+    json_decref(f);
     size_t n = s ? strlen(s) : 0;
     char *body = malloc(n + 2);
     if (body) {
@@ -489,10 +498,11 @@ void gw_http_stream_begin(gw_conn *c) {
     c->h->streams++;
 }
 
-void gw_http_stream_event(gw_conn *c, const json_t *j) {
+void gw_http_stream_named(gw_conn *c, const char *event, const json_t *j) {
     char *s = json_dumps(j, JSON_COMPACT);
     struct evbuffer *b = evbuffer_new();
     if (b) {
+        if (event) evbuffer_add_printf(b, "event: %s\n", event);
         evbuffer_add_printf(b, "data: %s\n\n", s ? s : "{}");
         evhttp_send_reply_chunk(c->req, b);
         evbuffer_free(b);
@@ -500,8 +510,14 @@ void gw_http_stream_event(gw_conn *c, const json_t *j) {
     free(s);
 }
 
+void gw_http_stream_event(gw_conn *c, const json_t *j) {
+    if (c->filter.event) c->filter.event(c->filter.ctx, c, j);
+    else gw_http_stream_named(c, NULL, j);
+}
+
 void gw_http_stream_end(gw_conn *c) {
-    struct evbuffer *b = evbuffer_new();
+    struct evbuffer *b = c->filter.end ? NULL : evbuffer_new();
+    if (c->filter.end) c->filter.end(c->filter.ctx, c);
     if (b) {
         evbuffer_add_printf(b, "data: [DONE]\n\n");
         evhttp_send_reply_chunk(c->req, b);
@@ -674,6 +690,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
                                : m == EVHTTP_REQ_HEAD ? GW_M_HEAD : GW_M_OTHER,
                      .path = path,
                      .authorization = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
+                     .x_api_key = evhttp_find_header(evhttp_request_get_input_headers(req), "x-api-key"),
                      .body = len ? (const char *)evbuffer_pullup(in, -1) : "",
                      .body_len = len,
                      .peer = peer ? peer : "-",

@@ -33,6 +33,7 @@ typedef struct {
     int method;
     const char *path;            /* without the query */
     const char *authorization;   /* header value or NULL */
+    const char *x_api_key;       /* Anthropic's key header, or NULL */
     const char *body;            /* not NUL-terminated */
     size_t body_len;
     const char *peer;            /* client address */
@@ -52,6 +53,21 @@ typedef struct {
 } gw_http_opts;
 
 int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out, char *err, size_t errlen);
+
+/* Another API's shapes at the edge of one reply (gw_anthropic.c): every JSON reply passes through reply
+ * (status, the OpenAI-shaped body; a new body to send, or NULL to send it as it is), every stream event through
+ * event (which writes what it makes with gw_http_stream_named), and the stream's end through end (instead of
+ * data: [DONE]); free with the connection. */
+typedef struct {
+    json_t *(*reply)(void *ctx, int status, const json_t *j);
+    void (*event)(void *ctx, gw_conn *c, const json_t *j);
+    void (*end)(void *ctx, gw_conn *c);
+    void (*free)(void *ctx);
+    void *ctx;
+} gw_http_filter;
+void gw_http_set_filter(gw_conn *c, const gw_http_filter *f);
+/* An SSE event with a name (event: NAME), unfiltered. */
+void gw_http_stream_named(gw_conn *c, const char *event, const json_t *j);
 void gw_http_free(gw_http *h);
 int gw_http_open_connections(const gw_http *h);
 /* Replies streaming now: begun and not yet ended (by their end or the client's). */

@@ -6,6 +6,8 @@
 #include "cm_log.h"
 #include "gw_metrics.h"
 #include "gw_admit.h"
+#include "gw_anthropic.h"
+#include "gw_models.h"
 #include "gw_batch.h"
 #include "gw_embed.h"
 #include "gw_lora.h"
@@ -15,7 +17,6 @@
 #include "cm_tools.h"
 #include "gw_tokq.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <xxhash.h>
 #include <stdio.h>
@@ -745,77 +746,31 @@ static void handle_generate(gw *g, gw_http_req *r, int chat) {
     gw_admit_submit(g, &p->b, prep_gone);
 }
 
-/* /v1/models' entries for the LoRA adapters, as vLLM lists them: each its own model, its parent the base. */
-static void list_loras(gw *g, json_t *data) {
-    for (const char *p = g->loras; *p;) {
-        const char *e = strchr(p + 1, '\n');
-        if (*p != '\n' || !e) break;
-        if (e > p + 1) {
-            char name[64];
-            snprintf(name, sizeof name, "%.*s", (int)(e - p - 1), p + 1);
-            json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:i}", "id", name, "object", "model",
-                                                  "created", (json_int_t)time(NULL), "owned_by", "llmserve", "root", name,
-                                                  "parent", g->served, "max_model_len", g->max_model_len));
-        }
-        p = e;
-        if (!p[1]) break;
+/* Anthropic's Messages API: the request rewritten as a chat one and the replies rewritten back
+ * (gw_anthropic.h); x-api-key is a key as Authorization: Bearer is. */
+static void handle_messages(gw *g, gw_http_req *r, int count) {
+    if (gw_anth_attach(r->conn, count)) {
+        gw_http_error(r->conn, 500, "out of memory", NULL, "internal_error");
+        return;
     }
-}
-
-/* A path's %XX escapes decoded (a model name may hold '/' or spaces); 0 on a bad escape. */
-static int unescape(const char *s, char *out, size_t len) {
-    size_t o = 0;
-    for (; *s && o + 1 < len; s++) {
-        if (*s != '%') {
-            out[o++] = *s;
-            continue;
-        }
-        unsigned v;
-        if (!isxdigit((unsigned char)s[1]) || !isxdigit((unsigned char)s[2]) || sscanf(s + 1, "%2x", &v) != 1 || !v) return 0;
-        out[o++] = (char)v;
-        s += 2;
+    char err[400], auth[600], *body = NULL;
+    const char *param = NULL;
+    size_t len = 0;
+    if (gw_anth_request(r->body, r->body_len, count, &body, &len, err, sizeof err, &param)) {
+        gw_http_error(r->conn, 400, err, param, "invalid_value"); /* in Anthropic's shape, by the filter */
+        return;
     }
-    out[o] = 0;
-    return !*s;
-}
-
-/* /v1/models, or /v1/models/{id} (OpenAI's retrieve: the one entry, 404 naming the model when none). */
-static void handle_models(gw *g, gw_http_req *r, const char *id) {
+    gw_http_req a = *r;
+    if (!a.authorization && a.x_api_key) {
+        snprintf(auth, sizeof auth, "Bearer %.500s", a.x_api_key);
+        a.authorization = auth;
+    }
+    a.body = body;
+    a.body_len = len;
     int key;
-    if (!authorized(g, r, &key)) return;
-    char want[256];
-    if (id && !unescape(id, want, sizeof want)) {
-        gw_http_error(r->conn, 400, "the model id in the path is not well escaped", "model", "invalid_value");
-        return;
-    }
-    json_t *data = json_array();
-    if (g->served[0])
-        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", g->served, "object", "model", "created",
-                                              (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",
-                                              g->max_model_len));
-    if (g->served[0]) list_loras(g, data);
-    if (g->eserved[0] && g->emax_len) /* the embedding model: /v1/embeddings */
-        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:i,s:i}", "id", g->eserved, "object", "model", "created",
-                                              (json_int_t)time(NULL), "owned_by", "llmserve", "max_model_len",
-                                              g->emax_len, "embedding_dimensions", g->edim));
-    if (id) {
-        for (size_t i = 0; i < json_array_size(data); i++) {
-            json_t *m = json_array_get(data, i);
-            if (!strcmp(json_string_value(json_object_get(m, "id")), want)) {
-                gw_http_json(r->conn, 200, m);
-                json_decref(data);
-                return;
-            }
-        }
-        json_decref(data);
-        char msg[400];
-        snprintf(msg, sizeof msg, "The model `%.200s` does not exist.", want);
-        gw_http_error(r->conn, 404, msg, "model", "model_not_found");
-        return;
-    }
-    json_t *j = json_pack("{s:s,s:o}", "object", "list", "data", data);
-    gw_http_json(r->conn, 200, j);
-    json_decref(j);
+    if (!count) handle_generate(g, &a, 1);
+    else if (authorized(g, &a, &key)) gw_tokenize_handle(g, &a, GW_TOK_TOKENIZE);
+    free(body);
 }
 
 /* Ready (200) once a group is up and, at the start, every group of --workers has settled (its model accepted
@@ -845,13 +800,17 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
     if (!strcmp(r->path, "/v1/chat/completions") || !strcmp(r->path, "/v1/completions")) {
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
         else handle_generate(g, r, r->path[4] == 'c' && r->path[5] == 'h');
+    } else if (!strcmp(r->path, "/v1/messages") || !strcmp(r->path, "/v1/messages/count_tokens")) {
+        if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
+        else handle_messages(g, r, r->path[12] == '/');
     } else if (!strcmp(r->path, "/v1/embeddings")) {
         int key;
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
         else if (authorized(g, r, &key)) gw_embed_handle(g, r, key);
     } else if (!strcmp(r->path, "/v1/models") || (!strncmp(r->path, "/v1/models/", 11) && r->path[11])) {
+        int key;
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
-        else handle_models(g, r, r->path[10] ? r->path + 11 : NULL);
+        else if (authorized(g, r, &key)) gw_models_handle(g, r, r->path[10] ? r->path + 11 : NULL);
     } else if (!strcmp(r->path, "/health") || !strcmp(r->path, "/ready")) {
         if (!get) gw_http_method_not_allowed(r->conn, "GET, HEAD");
         else handle_health(g, r);

@@ -4,7 +4,8 @@
 # (both in the e2e venv in the build folder), and `llmserve perplexity` as
 # the reference for prompt scoring. Runs test_structured.py,
 # test_scoring.py, test_tools.py, test_trimming.py, test_reasoning.py (a
-# second gateway with --reasoning-parser qwen3), test_langchain.py (langchain-openai) and test_lmeval.py
+# second gateway with --reasoning-parser qwen3), test_anthropic.py (the
+# `anthropic` SDK against a third, with an API key), test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL [quick]
@@ -29,6 +30,7 @@ trap cleanup EXIT
 "$BUILD/llmserve-gateway" --port $((BASE + 1)) --workers tcp://127.0.0.1:$BASE --log-level warn & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $((BASE + 2)) --workers tcp://127.0.0.1:$BASE --reasoning-parser qwen3 --log-level warn \
     & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $((BASE + 3)) --workers tcp://127.0.0.1:$BASE --api-key k-anth --log-level warn & PIDS+=($!)
 for _ in $(seq 1 300); do
     curl -sf "http://127.0.0.1:$((BASE + 1))/health" >/dev/null 2>&1 && curl -sf "http://127.0.0.1:$((BASE + 2))/health" \
         >/dev/null 2>&1 && break
@@ -48,6 +50,12 @@ took tools
 took trimming
 GW=http://127.0.0.1:$((BASE + 2)) "$VENV/bin/python" "$HERE/test_reasoning.py" || rc=1
 took reasoning
+if "$VENV/bin/python" -c "import anthropic" 2>/dev/null || "$VENV/bin/pip" install -q anthropic >/dev/null 2>&1; then
+    GW=http://127.0.0.1:$((BASE + 3)) KEY=k-anth "$VENV/bin/python" "$HERE/test_anthropic.py" || rc=1
+    took anthropic
+else
+    echo "skip anthropic: pip install anthropic failed (offline?)"
+fi
 # a parser we do not have is refused at the start, by name
 RP=$("$BUILD/llmserve-gateway" --port 0 --reasoning-parser granite 2>&1)
 if echo "$RP" | grep -q "reasoning-parser expects"; then
