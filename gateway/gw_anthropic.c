@@ -210,6 +210,7 @@ typedef struct {
     int blocks;               /* blocks started */
     int in_tokens, out_tokens;
     const char *stop;         /* stop_reason, once the finish came */
+    char *stop_seq;           /* the stop sequence that ended it, or NULL */
 } anth;
 
 static const char *error_type(int status) {
@@ -237,7 +238,8 @@ void gw_anth_error(gw_conn *c, int status, const char *msg) {
     json_decref(j);
 }
 
-static const char *stop_reason(const char *finish) {
+static const char *stop_reason(const char *finish, const json_t *stop) {
+    if (json_is_string(stop)) return "stop_sequence"; /* vLLM's stop_reason: the stop string that matched */
     if (!finish) return "end_turn";
     if (!strcmp(finish, "length")) return "max_tokens";
     if (!strcmp(finish, "tool_calls")) return "tool_use";
@@ -276,10 +278,11 @@ static json_t *on_reply(void *ctx, int status, const json_t *j) {
         json_array_append_new(content, json_pack("{s:s,s:O,s:O,s:o}", "type", "tool_use", "id", json_object_get(tc, "id"),
                                                  "name", json_object_get(fn, "name"), "input", input ? input : json_object()));
     }
-    return json_pack("{s:o,s:s,s:s,s:O,s:o,s:s,s:n,s:o}", "id", msg_id(j), "type", "message", "role", "assistant", "model",
+    const json_t *sr = json_object_get(ch, "stop_reason");
+    return json_pack("{s:o,s:s,s:s,s:O,s:o,s:s,s:O,s:o}", "id", msg_id(j), "type", "message", "role", "assistant", "model",
                      json_object_get(j, "model"), "content", content, "stop_reason",
-                     stop_reason(json_string_value(json_object_get(ch, "finish_reason"))), "stop_sequence", "usage",
-                     usage(json_object_get(j, "usage")));
+                     stop_reason(json_string_value(json_object_get(ch, "finish_reason")), sr), "stop_sequence",
+                     json_is_string(sr) ? sr : json_null(), "usage", usage(json_object_get(j, "usage")));
 }
 
 static void ev(gw_conn *c, const char *name, json_t *j) {
@@ -346,7 +349,11 @@ static void on_event(void *ctx, gw_conn *c, const json_t *j) {
             ev(c, "content_block_delta", json_pack("{s:s,s:i,s:{s:s,s:O}}", "type", "content_block_delta", "index", a->open,
                                                    "delta", "type", "input_json_delta", "partial_json", x));
     }
-    if ((x = json_object_get(ch, "finish_reason")) && json_is_string(x)) a->stop = stop_reason(json_string_value(x));
+    if ((x = json_object_get(ch, "finish_reason")) && json_is_string(x)) {
+        const json_t *sr = json_object_get(ch, "stop_reason");
+        a->stop = stop_reason(json_string_value(x), sr);
+        if (json_is_string(sr) && !a->stop_seq) a->stop_seq = strdup(json_string_value(sr));
+    }
 }
 
 static void on_end(void *ctx, gw_conn *c) {
@@ -354,10 +361,16 @@ static void on_end(void *ctx, gw_conn *c) {
     if (a->errored) return;
     if (!a->started) start(a, c, json_object());
     close_block(a, c);
-    ev(c, "message_delta", json_pack("{s:s,s:{s:s,s:n},s:{s:i,s:i}}", "type", "message_delta", "delta", "stop_reason",
-                                     a->stop ? a->stop : "end_turn", "stop_sequence", "usage", "input_tokens", a->in_tokens,
-                                     "output_tokens", a->out_tokens));
+    ev(c, "message_delta", json_pack("{s:s,s:{s:s,s:s?},s:{s:i,s:i}}", "type", "message_delta", "delta", "stop_reason",
+                                     a->stop ? a->stop : "end_turn", "stop_sequence", a->stop_seq, "usage", "input_tokens",
+                                     a->in_tokens, "output_tokens", a->out_tokens));
     ev(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+static void anth_free(void *ctx) {
+    anth *a = ctx;
+    free(a->stop_seq);
+    free(a);
 }
 
 int gw_anth_attach(gw_conn *c, int count) {
@@ -365,7 +378,7 @@ int gw_anth_attach(gw_conn *c, int count) {
     if (!a) return LLM_ENOMEM;
     a->count = count;
     a->open = -1;
-    gw_http_filter f = {on_reply, on_event, on_end, free, a};
+    gw_http_filter f = {on_reply, on_event, on_end, anth_free, a};
     gw_http_set_filter(c, &f);
     return 0;
 }

@@ -485,6 +485,8 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
         q->t_last = t;
     }
     cm_oai_choice *ch = &q->res.ch[c->index];
+    if (c->has_finish && c->has_stop_string) ch->stop_kind = CM_OAI_STOP_STRING, ch->stop_val = c->stop_string;
+    else if (c->has_finish && c->has_stop_token) ch->stop_kind = CM_OAI_STOP_TOKEN, ch->stop_val = c->stop_token;
     if (c->usage) {
         ch->completion_tokens = c->usage->completion_tokens;
         q->res.cached_tokens = c->usage->has_cached_tokens ? c->usage->cached_tokens : 0;

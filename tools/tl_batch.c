@@ -61,6 +61,8 @@ static void on_output(const wk_engine *e, line *ln, const wk_output *o) {
     cm_oai_result_add(&ln->res, o->index, o->text, o->text_len, n_lp ? lp : NULL, n_lp, tok);
     cm_oai_choice *c = &ln->res.ch[o->index];
     if (o->finish) c->finish = finish_code(o->finish);
+    if (o->finish && o->stop_str >= 0) c->stop_kind = CM_OAI_STOP_STRING, c->stop_val = o->stop_str;
+    else if (o->finish && o->stop_tok >= 0) c->stop_kind = CM_OAI_STOP_TOKEN, c->stop_val = o->stop_tok;
     c->completion_tokens = o->completion_tokens;
     ln->res.prompt_tokens = o->prompt_tokens;
     ln->res.cached_tokens = o->cached_tokens;

@@ -275,7 +275,8 @@ static int emit(wk_engine *e, wk_seq *s) {
     GROW(e->otext, e->cap_otext, e->n_otext + tl);
     if (r->p.logprobs >= 0 || nplp) GROW(e->olp, e->cap_olp, e->n_olp + nt + nplp);
     out_rec *o = &e->outs[e->n_outs++];
-    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, e->n_otext, tl, -1, 0, 0};
+    *o = (out_rec){r->id, s->index, nt, e->n_otok, -1, s->finish, r->n_prompt, n_gen, r->cached, s->stop_str, s->stop_tok,
+                   e->n_otext, tl, -1, 0, 0};
     if (nplp) {
         o->plp_off = e->n_olp;
         o->n_plp = nplp;
@@ -322,8 +323,8 @@ int wk_engine_outputs(wk_engine *e, const wk_output **out) {
         e->view[i] = (wk_output){o->id, o->index, o->n_tokens, e->otok + o->tok_off,
                                  o->lp_off >= 0 ? e->olp + o->lp_off : NULL,
                                  o->plp_off >= 0 ? e->olp + o->plp_off : NULL, o->n_plp, e->otext + o->text_off,
-                                 o->text_len, o->finish, o->prompt_tokens, o->completion_tokens, o->cached_tokens,
-                                 o->last};
+                                 o->text_len, o->finish, o->stop_str, o->stop_tok, o->prompt_tokens,
+                                 o->completion_tokens, o->cached_tokens, o->last};
     }
     *out = e->view;
     e->drained = 1;
@@ -337,6 +338,7 @@ static wk_seq *seq_new(wk_req *r, int index, const int32_t *tok, int n) {
     if (!s) return NULL;
     s->req = r;
     s->index = index;
+    s->stop_str = s->stop_tok = -1;
     s->cap = r->n_prompt + (r->p.max_tokens > 0 ? r->p.max_tokens : 16) + 1;
     s->tok = malloc(sizeof(int32_t) * (size_t)s->cap);
     if (!s->tok) {
@@ -562,6 +564,8 @@ static int accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp) {
     int n_gen = s->n_tok - r->n_prompt;
     if (is_stop_token(e, r, t)) {
         s->finish = WK_FINISH_STOP;
+        for (int i = 0; i < r->p.n_stop_ids; i++) /* one of the request's: vLLM reports it */
+            if (r->p.stop_ids[i] == t) s->stop_tok = t;
     } else {
         const char *piece;
         size_t pl = 0;
@@ -573,15 +577,18 @@ static int accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp) {
             /* a stop string may begin in text emitted by earlier tokens */
             size_t from = before > r->max_stop - 1 ? before - (r->max_stop - 1) : 0, best = (size_t)-1;
             s->text[s->text_len] = 0;
+            int which = -1;
             for (int i = 0; i < r->p.n_stop; i++) {
                 const char *hit = strstr(s->text + from, r->p.stop[i]);
-                if (hit && (size_t)(hit - s->text) < best) best = (size_t)(hit - s->text);
+                if (hit && (size_t)(hit - s->text) < best) best = (size_t)(hit - s->text), which = i;
             }
             if (best != (size_t)-1 && !s->gs) {
                 s->text_len = best;
                 s->finish = WK_FINISH_STOP;
+                s->stop_str = which;
             } else if (best != (size_t)-1 && cm_gstate_complete(s->gs)) {
                 s->finish = WK_FINISH_STOP; /* under a grammar: once the output is whole, and never cut */
+                s->stop_str = which;
             }
         }
     }

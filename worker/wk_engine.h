@@ -107,6 +107,8 @@ typedef struct {
     const char *text;             /* new text (not NUL-terminated) */
     size_t text_len;
     int finish;                   /* WK_FINISH_* */
+    int stop_str;                 /* with STOP: the stop string that matched (index), or -1 */
+    int32_t stop_tok;             /* with STOP: the stop_token_ids entry that ended it, or -1 (EOS: both -1) */
     int prompt_tokens, completion_tokens, cached_tokens;
     int last;                     /* the request's last output: every choice has ended, the id is free */
 } wk_output;

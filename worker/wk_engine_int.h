@@ -26,6 +26,8 @@ typedef struct {
     wk_bseq bs;
     uint64_t rng;
     int state, finish;
+    int stop_str;            /* the stop string that ended it (index into the request's), or -1 */
+    int32_t stop_tok;        /* the stop_token_ids entry that ended it, or -1 */
     uint64_t order;          /* admission counter: newest preempted first */
     cm_detok dt;
     char *text;              /* generated text so far (stop strings cut it) */
@@ -63,6 +65,8 @@ struct wk_req {
 typedef struct {
     uint64_t id;
     int index, n_tokens, tok_off, lp_off, finish, prompt_tokens, completion_tokens, cached_tokens;
+    int stop_str;
+    int32_t stop_tok;
     size_t text_off, text_len;
     int plp_off, n_plp;
     int last;                /* the request's last output */

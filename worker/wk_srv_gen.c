@@ -206,6 +206,8 @@ static void send_outputs(server *s) {
         if (o[i].finish) {
             ch.has_finish = 1;
             ch.finish = finish_code(o[i].finish);
+            if (o[i].stop_str >= 0) ch.has_stop_string = 1, ch.stop_string = o[i].stop_str;
+            if (o[i].stop_tok >= 0) ch.has_stop_token = 1, ch.stop_token = o[i].stop_tok;
             if (sl->timed_out && o[i].finish == WK_FINISH_ABORT) {
                 ch.finish = LLMSERVE__FINISH_REASON__FINISH_TIMEOUT;
                 ch.error = "deadline exceeded";

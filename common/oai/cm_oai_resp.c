@@ -74,6 +74,8 @@ void cm_oai_result_init(cm_oai_result *r, const cm_oai_completion *req, const ch
     r->score_only = req->score_only;
     if (req->is_chat && req->n_tools && req->tool_choice != CM_TOOL_NONE) r->tools = req->tools, r->n_tools = req->n_tools, r->tool_format = req->tool_format;
     r->reasoning = req->is_chat ? req->reasoning : CM_REASON_NONE;
+    r->stop = req->stop;
+    r->n_stop = req->n_stop;
     for (int i = 0; i < CM_OAI_MAX_N; i++) cm_reason_init(&r->ch[i].hs, r->reasoning);
     r->echo = req->echo && echo_text;
     for (int i = 0; i < r->n && r->echo; i++) {
@@ -240,6 +242,14 @@ json_t *cm_oai_usage_json(const cm_oai_result *r) {
 
 static json_t *chunk_envelope(const cm_oai_result *r, json_t *choices);
 
+/* vLLM's stop_reason: the stop string that matched, the stop token id, or null. */
+static json_t *stop_reason_json(const cm_oai_result *r, const cm_oai_choice *c) {
+    if (c->stop_kind == CM_OAI_STOP_STRING && c->stop_val >= 0 && c->stop_val < r->n_stop && r->stop)
+        return json_string(r->stop[c->stop_val]);
+    if (c->stop_kind == CM_OAI_STOP_TOKEN) return json_integer(c->stop_val);
+    return json_null();
+}
+
 /* Tool call ids: from the response id and the choice, so a response reads the same twice. */
 static unsigned long long call_seed(const cm_oai_result *r, int index) {
     unsigned long long h = 1469598103934665603ull;
@@ -334,18 +344,20 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
             cm_hbuf_free(&cb);
         }
         if (r->is_chat)
-            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:n,s:o*,s:o*},s:o,s:s?}", "index", i, "message",
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:n,s:o*,s:o*},s:o,s:s?,s:o}", "index", i, "message",
                                                      "role", "assistant", "content", text, "refusal",
                                                      "reasoning_content", reasoning,
                                                      "tool_calls", calls, "logprobs", lp,
-                                                     "finish_reason", calls ? "tool_calls" : cm_oai_finish_name(c->finish)));
+                                                     "finish_reason", calls ? "tool_calls" : cm_oai_finish_name(c->finish),
+                                                     "stop_reason", stop_reason_json(r, c)));
         else {
             if (r->score_only) { /* nothing was asked for beyond the echo: the one generated token goes */
                 json_decref(text);
                 text = cm_oai_jbytes(c->text ? c->text : "", c->len >= c->lp_text0 ? c->lp_text0 : c->len);
             }
-            json_t *ch = json_pack("{s:i,s:o,s:o,s:s?}", "index", i, "text", text, "logprobs", lp, "finish_reason",
-                                   r->score_only ? "length" : cm_oai_finish_name(c->finish));
+            json_t *ch = json_pack("{s:i,s:o,s:o,s:s?,s:o}", "index", i, "text", text, "logprobs", lp, "finish_reason",
+                                   r->score_only ? "length" : cm_oai_finish_name(c->finish), "stop_reason",
+                                   stop_reason_json(r, c));
             json_t *pl = prompt_logprobs_json(r, tok);
             if (pl) json_object_set_new(ch, "prompt_logprobs", pl);
             json_array_append_new(choices, ch);
@@ -407,6 +419,7 @@ json_t *cm_oai_chunk_json(cm_oai_result *r, int index, const char *text, size_t 
                            lpj, "finish_reason", cm_oai_finish_name(finish));
     }
     c->role_sent = 1;
+    if (finish) json_object_set_new(choice, "stop_reason", stop_reason_json(r, c));
     json_t *arr = json_array();
     json_array_append_new(arr, choice);
     return chunk_envelope(r, arr);

@@ -48,7 +48,11 @@ typedef struct {
     int role_sent;               /* streaming chat: the first delta (with the role) went out */
     cm_tools_stream ts;          /* streaming with tools (Hermes): what of the text went out as deltas */
     cm_harmony hs;               /* streaming a harmony reply: where its text so far ends */
+    int stop_kind, stop_val;     /* what stopped it (CM_OAI_STOP_*): the request's stop string (index) or stop token */
 } cm_oai_choice;
+
+/* vLLM's stop_reason: the stop string or stop_token_ids entry that ended a choice (null: EOS, length, ...) */
+enum { CM_OAI_STOP_NONE = 0, CM_OAI_STOP_STRING = 1, CM_OAI_STOP_TOKEN = 2 };
 
 typedef struct {
     const char *id, *model;      /* borrowed: live as long as the result */
@@ -65,6 +69,8 @@ typedef struct {
     int n_plp;
     const cm_oai_tool *tools;    /* borrowed from the request: when set, outputs are parsed for tool calls */
     int n_tools, tool_format;     /* CM_TOOLS_* */
+    char *const *stop;           /* borrowed: the request's stop strings (stop_reason names the one that matched) */
+    int n_stop;
     int reasoning;               /* CM_REASON_*: chat replies split, the reasoning (harmony's analysis channel, think
                                   * tags) into the message's reasoning_content (vLLM's field), the rest its content */
     cm_oai_choice ch[CM_OAI_MAX_N];

@@ -78,6 +78,21 @@ check(streamed == plain["content"][0]["text"] and ev[-2][1]["delta"]["stop_reaso
       ev[-2][1]["usage"]["output_tokens"] == plain["usage"]["output_tokens"],
       "greedy: the streamed text, stop_reason and usage equal the whole reply's")
 
+# stop_sequences: the one that matched comes back, streamed and not
+ss = c.messages.create(model=M, max_tokens=40, messages=[{"role": "user", "content": "Count from 1 to 10."}],
+                       stop_sequences=["5", "7"])
+with c.messages.stream(model=M, max_tokens=40, messages=[{"role": "user", "content": "Count from 1 to 10."}],
+                       stop_sequences=["5", "7"]) as s:
+    sf = s.get_final_message()
+check((ss.stop_reason == "stop_sequence" and ss.stop_sequence in ("5", "7")) or
+      (ss.stop_reason != "stop_sequence" and ss.stop_sequence is None),
+      "stop_sequences: stop_reason %s, stop_sequence %r" % (ss.stop_reason, ss.stop_sequence))
+st, j = raw("/v1/messages", {"model": M, "max_tokens": 40, "temperature": 0, "stop_sequences": [","],
+                             "messages": [{"role": "user", "content": "List three colors, separated by commas."}]})
+check(st == 200 and j["stop_reason"] == "stop_sequence" and j["stop_sequence"] == ","
+      and "," not in j["content"][0]["text"] if j.get("content") else False,
+      "greedy with stop_sequences [',']: stop_reason stop_sequence, stop_sequence ',' (%s)" % j.get("stop_reason"))
+
 # tools: forced, then a tool_result round trip
 tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]

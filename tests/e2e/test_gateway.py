@@ -85,6 +85,12 @@ full = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=2
 st = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"])
 check(st.choices[0].finish_reason == "stop" and full.choices[0].text.startswith(st.choices[0].text)
       and " 7" not in st.choices[0].text, "stop string: %r" % st.choices[0].text)
+# vLLM's stop_reason: the stop string that matched, streamed and not; null when none did
+sst = [ch for ch in client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0,
+                                              stop=[" 9", " 7"], stream=True) if ch.choices and ch.choices[0].finish_reason]
+check(getattr(st.choices[0], "stop_reason", None) == " 7" and getattr(full.choices[0], "stop_reason", "x") is None
+      and sst and getattr(sst[-1].choices[0], "stop_reason", None) == " 7",
+      "stop_reason names the stop string (%r), null without one" % getattr(st.choices[0], "stop_reason", None))
 lp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
                                     temperature=0, logprobs=True, top_logprobs=3)
 content = lp.choices[0].logprobs.content

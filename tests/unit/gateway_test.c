@@ -213,7 +213,8 @@ static void responses(void) {
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     const char *want =
         "{\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"logprobs\":{\"text_offset\":[0,1],\"token_logprobs\":[-0.5,"
-        "-0.25],\"tokens\":[\"a\",\"c\"],\"top_logprobs\":[{\"b\":-1.0},{}]},\"text\":\"ac\"}],\"created\":7,\"id\":\"cmpl-1\","
+        "-0.25],\"tokens\":[\"a\",\"c\"],\"top_logprobs\":[{\"b\":-1.0},{}]},\"stop_reason\":null,\"text\":\"ac\"}],"
+        "\"created\":7,\"id\":\"cmpl-1\","
         "\"model\":\"m\",\"object\":\"text_completion\",\"usage\":{\"completion_tokens\":2,\"prompt_tokens\":2,"
         "\"prompt_tokens_details\":{\"cached_tokens\":0},\"total_tokens\":4}}";
     CHECK(s && !strcmp(s, want));
@@ -237,7 +238,8 @@ static void responses(void) {
     const char *gold[] = {
         "{\"choices\":[{\"delta\":{\"content\":\"He\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0,\"logprobs\":null}],"
         "\"created\":9,\"id\":\"chatcmpl-3\",\"model\":\"m\",\"object\":\"chat.completion.chunk\"}",
-        "{\"choices\":[{\"delta\":{\"content\":\"y\"},\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null}],"
+        "{\"choices\":[{\"delta\":{\"content\":\"y\"},\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,"
+        "\"stop_reason\":null}],"
         "\"created\":9,\"id\":\"chatcmpl-3\",\"model\":\"m\",\"object\":\"chat.completion.chunk\"}"};
     json_t *c1 = cm_oai_chunk_json(&r, 0, "He", 2, NULL, 0, 0, t);
     CHECK(cm_oai_chunk_json(&r, 0, "", 0, NULL, 0, 0, t) == NULL); /* nothing new: no event */
