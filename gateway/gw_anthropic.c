@@ -114,8 +114,8 @@ int gw_anth_request(const char *body, size_t len, int count, char **out, size_t 
                 text[tl] = 0;
             } else if (!strcmp(bt, "tool_use") && !strcmp(role, "assistant") &&
                        json_is_string(json_object_get(b, "id")) && json_is_string(json_object_get(b, "name"))) {
-                char *args = json_dumps(json_object_get(b, "input") ? json_object_get(b, "input") : json_object(),
-                                        JSON_COMPACT | JSON_ENCODE_ANY);
+                const json_t *in = json_object_get(b, "input");
+                char *args = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{}");
                 json_array_append_new(calls, json_pack("{s:O,s:s,s:{s:O,s:s}}", "id", json_object_get(b, "id"), "type",
                                                        "function", "function", "name", json_object_get(b, "name"),
                                                        "arguments", args ? args : "{}"));
@@ -165,8 +165,8 @@ int gw_anth_request(const char *body, size_t len, int count, char **out, size_t 
             }
             json_t *fn = json_pack("{s:O}", "name", json_object_get(tool, "name"));
             if (json_is_string(json_object_get(tool, "description"))) json_object_set(fn, "description", json_object_get(tool, "description"));
-            json_object_set(fn, "parameters", json_is_object(json_object_get(tool, "input_schema"))
-                                                  ? json_object_get(tool, "input_schema") : json_object());
+            json_t *schema = json_object_get(tool, "input_schema");
+            json_object_set_new(fn, "parameters", json_is_object(schema) ? json_incref(schema) : json_object());
             json_array_append_new(tools, json_pack("{s:s,s:o}", "type", "function", "function", fn));
         }
         json_object_set_new(r, "tools", tools);
