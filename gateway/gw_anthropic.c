@@ -63,7 +63,7 @@ int gw_anth_request(const char *body, size_t len, int count, char **out, size_t 
     char *t = NULL;
     if (!json_is_object(o)) BAD(NULL, "the body is not a JSON object%s%s", o ? "" : ": ", o ? "" : je.text);
     json_object_foreach(o, k, v)
-        if (!known(k) && !json_is_null(v)) BAD(k, "%s: this field is not supported", k);
+        if (!known(k) && !json_is_null(v)) BAD(NULL, "%.64s: this field is not supported", k); /* (k dies with o) */
     if ((v = json_object_get(o, "model")) && !json_is_string(v)) BAD("model", "model: must be a string");
     if (v) json_object_set(r, "model", v);
     v = json_object_get(o, "max_tokens");
