@@ -48,17 +48,18 @@ M = json.loads(urllib.request.urlopen(r, timeout=10).read())["data"][0]["id"]
 c = anthropic.Anthropic(base_url=GW, api_key=KEY, max_retries=0)
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
 
-m = c.messages.create(model=M, max_tokens=24, system="Answer in one short sentence.", messages=MSG)
+G = {"extra_body": {"temperature": 0}}  # greedy (the SDK no longer has the field; the server still takes it)
+m = c.messages.create(model=M, max_tokens=24, system="Answer in one short sentence.", messages=MSG, **G)
 check(m.id.startswith("msg_") and m.role == "assistant" and m.content and m.content[0].type == "text" and m.content[0].text
       and m.stop_reason in ("end_turn", "max_tokens") and m.usage.input_tokens > 0 and m.usage.output_tokens > 0,
       "SDK create: a text block, stop_reason %s, usage %d in / %d out" % (m.stop_reason, m.usage.input_tokens,
                                                                           m.usage.output_tokens))
-m4 = c.messages.create(model=M, max_tokens=4, messages=MSG)
+m4 = c.messages.create(model=M, max_tokens=4, messages=MSG, **G)
 check(m4.stop_reason == "max_tokens" and m4.usage.output_tokens == 4, "max_tokens 4: stop_reason max_tokens, 4 tokens out")
 n = c.messages.count_tokens(model=M, system="Answer in one short sentence.", messages=MSG)
 check(n.input_tokens == m.usage.input_tokens, "count_tokens: %d, as create's input_tokens %d" % (n.input_tokens,
                                                                                                 m.usage.input_tokens))
-with c.messages.stream(model=M, max_tokens=16, messages=MSG) as s:
+with c.messages.stream(model=M, max_tokens=16, messages=MSG, **G) as s:
     text = "".join(s.text_stream)
     fm = s.get_final_message()
 check(text and fm.content[0].text == text and fm.stop_reason in ("end_turn", "max_tokens") and fm.usage.output_tokens > 0,
@@ -80,9 +81,9 @@ check(streamed == plain["content"][0]["text"] and ev[-2][1]["delta"]["stop_reaso
 
 # stop_sequences: the one that matched comes back, streamed and not
 ss = c.messages.create(model=M, max_tokens=40, messages=[{"role": "user", "content": "Count from 1 to 10."}],
-                       stop_sequences=["5", "7"])
+                       stop_sequences=["5", "7"], **G)
 with c.messages.stream(model=M, max_tokens=40, messages=[{"role": "user", "content": "Count from 1 to 10."}],
-                       stop_sequences=["5", "7"]) as s:
+                       stop_sequences=["5", "7"], **G) as s:
     sf = s.get_final_message()
 check((ss.stop_reason == "stop_sequence" and ss.stop_sequence in ("5", "7")) or
       (ss.stop_reason != "stop_sequence" and ss.stop_sequence is None),
@@ -97,7 +98,7 @@ check(st == 200 and j["stop_reason"] == "stop_sequence" and j["stop_sequence"] =
 tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 t = c.messages.create(model=M, max_tokens=64, tools=tools, tool_choice={"type": "tool", "name": "get_weather"},
-                      messages=[{"role": "user", "content": "Weather in Oslo?"}])
+                      messages=[{"role": "user", "content": "Weather in Oslo?"}], **G)
 use = [b for b in t.content if b.type == "tool_use"]
 check(t.stop_reason == "tool_use" and use and use[0].name == "get_weather" and isinstance(use[0].input, dict) and
       "city" in use[0].input, "forced tool use: a tool_use block with its input (%s)" % (use[0].input if use else None))
