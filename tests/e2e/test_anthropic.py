@@ -85,9 +85,10 @@ ss = c.messages.create(model=M, max_tokens=40, messages=[{"role": "user", "conte
 with c.messages.stream(model=M, max_tokens=40, messages=[{"role": "user", "content": "Count from 1 to 10."}],
                        stop_sequences=["5", "7"], **G) as s:
     sf = s.get_final_message()
-check((ss.stop_reason == "stop_sequence" and ss.stop_sequence in ("5", "7")) or
-      (ss.stop_reason != "stop_sequence" and ss.stop_sequence is None),
-      "stop_sequences: stop_reason %s, stop_sequence %r" % (ss.stop_reason, ss.stop_sequence))
+check(((ss.stop_reason == "stop_sequence" and ss.stop_sequence in ("5", "7")) or
+       (ss.stop_reason != "stop_sequence" and ss.stop_sequence is None)) and
+      (sf.stop_reason, sf.stop_sequence) == (ss.stop_reason, ss.stop_sequence),
+      "SDK stop_sequences, streamed and not: stop_reason %s, stop_sequence %r" % (ss.stop_reason, ss.stop_sequence))
 st, j = raw("/v1/messages", {"model": M, "max_tokens": 40, "temperature": 0, "stop_sequences": [","],
                              "messages": [{"role": "user", "content": "List three colors, separated by commas."}]})
 check(st == 200 and j["stop_reason"] == "stop_sequence" and j["stop_sequence"] == ","
