@@ -82,6 +82,7 @@ struct gw_tokq;
 struct gw_pool_ops;
 struct gw_req;
 struct gw_lora_op;
+struct gw_rstore;
 
 typedef struct gw {
     unsigned long long bad_msgs; /* undecodable or unauthenticated messages since the last log line */
@@ -97,6 +98,7 @@ typedef struct gw {
     struct event_base *base;
     struct gw_http *http;
     struct gw_tokq *tokq;
+    struct gw_rstore *rstore;    /* stored Responses (gw_rstore.h) */
     /* the model */
     gw_model *model;             /* NULL until a worker's ModelInfo (or an override) */
     char served[256];            /* the API's model name ("" until known) */

@@ -260,7 +260,7 @@ static json_t *usage(const json_t *u) {
                      json_integer_value(json_object_get(u, "completion_tokens")));
 }
 
-static json_t *on_reply(void *ctx, int status, const json_t *j) {
+static json_t *on_reply(void *ctx, gw_conn *c, int status, const json_t *j) {
     anth *a = ctx;
     const json_t *e = json_object_get(j, "error");
     if (status != 200 || e) return error_json(status == 200 ? 500 : status, json_string_value(json_object_get(e, "message")));

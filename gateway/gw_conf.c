@@ -44,6 +44,15 @@ const gw_flag gw_flags[] = {
     {"idle-timeout", "S", "60", "gap between streamed tokens (0: off)", K_DBL, 1, F(idle_timeout), 0, 86400},
     {"reasoning-parser", "NAME", NULL, "deepseek_r1|qwen3 (vLLM's names): the reply's reasoning (its think tags) goes to "
      "reasoning_content, the rest to content", K_STR, 1, F(reasoning_parser), 0, 0},
+    {"response-store", "URL", "memory", "where /v1/responses keeps stored responses: memory (this gateway's, bounded) or "
+     "redis://[:PASSWORD@]HOST[:PORT][/DB] (shared by every gateway that names it)", K_STR, 1, F(response_store), 0, 0},
+    {"response-store-ttl", "S", "86400", "stored responses expire after S", K_DBL, 1, F(response_store_ttl), 1, 86400.0 * 3650},
+    {"response-store-size", "N", "10000", "the memory store holds at most N responses (the oldest go first)", K_INT, 1,
+     F(response_store_size), 1, 1 << 24},
+    {"response-store-bytes", "N", "268435456", "and at most N bytes of them", K_SIZE, 1, F(response_store_bytes), 4096,
+     1099511627776.0},
+    {"response-store-timeout", "S", "5", "Redis: each store operation's deadline (then 503)", K_DBL, 1,
+     F(response_store_timeout), 0.01, 3600},
     {"startup-wait", "S", "600", "at the start, /health and /ready answer 503 (loading) until every group of --workers has "
      "its model up (or refused), for up to S", K_DBL, 1, F(startup_wait), 0, 86400},
     {"shutdown-timeout", "S", "30", "on SIGTERM, let in-flight requests finish for up to S", K_DBL, 1, F(shutdown_timeout), 0,

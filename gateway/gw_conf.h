@@ -39,6 +39,9 @@ typedef struct {
     int allow_credentials;
     double startup_wait;         /* /health waits this long at the start for every group of --workers */
     const char *reasoning_parser; /* deepseek_r1 | qwen3: chat replies' think tags into reasoning_content */
+    const char *response_store;  /* memory | redis://... (gw_rstore.h) */
+    double response_store_ttl, response_store_bytes, response_store_timeout;
+    int response_store_size;
 } gw_conf;
 
 /* One flag. serve: 1 when `llmserve serve` forwards it to its gateway. */

@@ -49,6 +49,10 @@ struct gw_conn {
     void (*gone)(void *);
     void *arg;
     gw_http_filter filter;         /* another API's shapes at the edge, or all NULL */
+    int held;                      /* gw_http_hold: 1 asked, 2 a reply waits for gw_http_release */
+    int held_status;               /* the held body's (0: a held stream end) */
+    char *held_body;
+    size_t held_len;
 };
 
 struct gw_http {
@@ -429,6 +433,7 @@ static void mark_ours(const gw_conn *c) {
 static void conn_free(gw_conn *c) {
     if (c->streaming) c->h->streams--;
     if (c->filter.free) c->filter.free(c->filter.ctx);
+    free(c->held_body);
     free(c);
 }
 
@@ -462,7 +467,7 @@ void gw_http_body(gw_conn *c, int status, const char *ctype, const char *data, s
 }
 
 void gw_http_json(gw_conn *c, int status, const json_t *j) {
-    json_t *f = c->filter.reply ? c->filter.reply(c->filter.ctx, status, j) : NULL;
+    json_t *f = c->filter.reply ? c->filter.reply(c->filter.ctx, c, status, j) : NULL;
     char *s = json_dumps(f ? f : j, JSON_COMPACT);
     json_decref(f);
     size_t n = s ? strlen(s) : 0;
@@ -471,9 +476,22 @@ void gw_http_json(gw_conn *c, int status, const json_t *j) {
         if (s) memcpy(body, s, n);
         body[n++] = '\n';
     }
+    if (c->held) { /* the filter sends it at gw_http_release */
+        c->held = 2;
+        c->held_status = status;
+        c->held_body = body;
+        c->held_len = body ? n : 0;
+        free(s);
+        return;
+    }
     gw_http_body(c, status, "application/json", body ? body : "", body ? n : 0);
     free(body);
     free(s);
+}
+
+void gw_http_hold(gw_conn *c) {
+    c->held = 1;
+    c->gone = NULL; /* whoever answered is done with it */
 }
 
 void gw_http_error(gw_conn *c, int status, const char *msg, const char *param, const char *code) {
@@ -515,9 +533,36 @@ void gw_http_stream_event(gw_conn *c, const json_t *j) {
     else gw_http_stream_named(c, NULL, j);
 }
 
+static void stream_close(gw_conn *c);
+
 void gw_http_stream_end(gw_conn *c) {
-    struct evbuffer *b = c->filter.end ? NULL : evbuffer_new();
     if (c->filter.end) c->filter.end(c->filter.ctx, c);
+    if (c->held) {
+        c->held = 2;
+        c->held_status = 0;
+        return;
+    }
+    stream_close(c);
+}
+
+void gw_http_release(gw_conn *c) {
+    if (c->held != 2) {
+        c->held = 0;
+        return;
+    }
+    c->held = 0;
+    if (c->held_status) {
+        char *b = c->held_body;
+        c->held_body = NULL;
+        gw_http_body(c, c->held_status, "application/json", b ? b : "", b ? c->held_len : 0);
+        free(b);
+    } else {
+        stream_close(c);
+    }
+}
+
+static void stream_close(gw_conn *c) {
+    struct evbuffer *b = c->filter.end ? NULL : evbuffer_new();
     if (b) {
         evbuffer_add_printf(b, "data: [DONE]\n\n");
         evhttp_send_reply_chunk(c->req, b);
@@ -687,7 +732,8 @@ static void on_request(struct evhttp_request *req, void *arg) {
     ev_uint16_t port = 0;
     evhttp_connection_get_peer(evc, &peer, &port);
     gw_http_req r = {.method = m == EVHTTP_REQ_GET ? GW_M_GET : m == EVHTTP_REQ_POST ? GW_M_POST
-                               : m == EVHTTP_REQ_HEAD ? GW_M_HEAD : GW_M_OTHER,
+                               : m == EVHTTP_REQ_HEAD ? GW_M_HEAD
+                               : m == EVHTTP_REQ_DELETE ? GW_M_DELETE : GW_M_OTHER,
                      .path = path,
                      .authorization = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
                      .x_api_key = evhttp_find_header(evhttp_request_get_input_headers(req), "x-api-key"),

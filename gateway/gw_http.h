@@ -27,7 +27,7 @@
 typedef struct gw_http gw_http;
 typedef struct gw_conn gw_conn;
 
-enum { GW_M_GET = 1, GW_M_POST, GW_M_HEAD, GW_M_OTHER };
+enum { GW_M_GET = 1, GW_M_POST, GW_M_HEAD, GW_M_DELETE, GW_M_OTHER };
 
 typedef struct {
     int method;
@@ -59,13 +59,19 @@ int gw_http_create(struct event_base *base, const gw_http_opts *o, gw_http **out
  * event (which writes what it makes with gw_http_stream_named), and the stream's end through end (instead of
  * data: [DONE]); free with the connection. */
 typedef struct {
-    json_t *(*reply)(void *ctx, int status, const json_t *j);
+    json_t *(*reply)(void *ctx, gw_conn *c, int status, const json_t *j);
     void (*event)(void *ctx, gw_conn *c, const json_t *j);
     void (*end)(void *ctx, gw_conn *c);
     void (*free)(void *ctx);
     void *ctx;
 } gw_http_filter;
 void gw_http_set_filter(gw_conn *c, const gw_http_filter *f);
+/* Inside a filter's reply or end: the reply's end (the body, or the stream's end) waits until gw_http_release,
+ * so that the filter can first finish something of its own (a response stored where another gateway reads it).
+ * Whoever answered sees the reply ended; the gw_conn lives on for the filter, and the client going away meanwhile
+ * calls what the filter sets with gw_http_on_gone (after it holds). */
+void gw_http_hold(gw_conn *c);
+void gw_http_release(gw_conn *c);
 /* An SSE event with a name (event: NAME), unfiltered. */
 void gw_http_stream_named(gw_conn *c, const char *event, const json_t *j);
 void gw_http_free(gw_http *h);

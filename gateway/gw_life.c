@@ -11,6 +11,7 @@
 #include "gw_embed.h"
 #include "gw_lora.h"
 #include "gw_http.h"
+#include "gw_rstore.h"
 #include "gw_life.h"
 #include "gw_metrics.h"
 #include "gw_oai.h"
@@ -155,6 +156,9 @@ int gw_start(gw *g, char *err, size_t errlen) {
     if ((rc = gw_cors_init(&g->cors, c->allowed_origins, c->allowed_methods, c->allowed_headers, c->allow_credentials,
                            err, errlen)))
         return rc;
+    if ((rc = gw_rstore_open(g->base, c->response_store, c->response_store_ttl, c->response_store_size,
+                             (size_t)c->response_store_bytes, c->response_store_timeout, &g->rstore, err, errlen)))
+        return rc;
     gw_http_opts ho = {c->host, c->port, (size_t)c->max_body, c->header_timeout, c->body_timeout, c->max_connections,
                        gw_oai_handle, on_status, g, &g->cors};
     if (gw_http_create(g->base, &ho, &g->http, err, errlen)) {
@@ -176,6 +180,8 @@ void gw_stop(gw *g) {
     gw_tokq_free(g->tokq); /* finishes queued jobs: their done() answers or frees them */
     g->tokq = NULL;
     if (g->req_list) gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");
+    gw_rstore_free(g->rstore); /* its pending operations end their replies */
+    g->rstore = NULL;
     gw_http_free(g->http);
     g->http = NULL;
     if (g->base) gw_pool_stop(g);

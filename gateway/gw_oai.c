@@ -7,6 +7,7 @@
 #include "gw_metrics.h"
 #include "gw_admit.h"
 #include "gw_anthropic.h"
+#include "gw_responses.h"
 #include "gw_models.h"
 #include "gw_batch.h"
 #include "gw_embed.h"
@@ -773,6 +774,20 @@ static void handle_messages(gw *g, gw_http_req *r, int count) {
     free(body);
 }
 
+/* The Responses API (gw_responses.h): its chat requests run as /v1/chat/completions ones. */
+static void generate_chat(void *ctx, gw_http_req *r) { handle_generate(ctx, r, 1); }
+
+static void handle_responses(gw *g, gw_http_req *r) {
+    int key;
+    const char *id = r->path[13] ? r->path + 14 : NULL;
+    if (!id && r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
+    else if (id && r->method != GW_M_GET && r->method != GW_M_HEAD && r->method != GW_M_DELETE)
+        gw_http_method_not_allowed(r->conn, "GET, HEAD, DELETE");
+    else if (!authorized(g, r, &key)) return;
+    else if (!id) gw_resp_create(g->rstore, r, gw_auth_tag(&g->auth, key), generate_chat, g);
+    else gw_resp_lookup(g->rstore, r, gw_auth_tag(&g->auth, key), id, r->method == GW_M_DELETE);
+}
+
 /* Ready (200) once a group is up and, at the start, every group of --workers has settled (its model accepted
  * or refused), so a client is not told ready while a model one of them serves is still loading; a group not
  * there within --startup-wait no longer holds it. After that, while any group is up. */
@@ -803,6 +818,8 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
     } else if (!strcmp(r->path, "/v1/messages") || !strcmp(r->path, "/v1/messages/count_tokens")) {
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");
         else handle_messages(g, r, r->path[12] == '/');
+    } else if (!strcmp(r->path, "/v1/responses") || (!strncmp(r->path, "/v1/responses/", 14) && r->path[14])) {
+        handle_responses(g, r);
     } else if (!strcmp(r->path, "/v1/embeddings")) {
         int key;
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");

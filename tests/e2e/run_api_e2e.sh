@@ -5,7 +5,8 @@
 # the reference for prompt scoring. Runs test_structured.py,
 # test_scoring.py, test_tools.py, test_trimming.py, test_reasoning.py (a
 # second gateway with --reasoning-parser qwen3), test_anthropic.py (the
-# `anthropic` SDK against a third, with an API key), test_langchain.py (langchain-openai) and test_lmeval.py
+# `anthropic` SDK against a third, with an API key), test_responses.py (the
+# Responses API through the `openai` SDK, against the third with two keys), test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL [quick]
@@ -30,7 +31,7 @@ trap cleanup EXIT
 "$BUILD/llmserve-gateway" --port $((BASE + 1)) --workers tcp://127.0.0.1:$BASE --log-level warn & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $((BASE + 2)) --workers tcp://127.0.0.1:$BASE --reasoning-parser qwen3 --log-level warn \
     & PIDS+=($!)
-"$BUILD/llmserve-gateway" --port $((BASE + 3)) --workers tcp://127.0.0.1:$BASE --api-key k-anth --log-level warn & PIDS+=($!)
+"$BUILD/llmserve-gateway" --port $((BASE + 3)) --workers tcp://127.0.0.1:$BASE --api-key k-anth --api-key k-two --log-level warn & PIDS+=($!)
 for _ in $(seq 1 300); do
     curl -sf "http://127.0.0.1:$((BASE + 1))/health" >/dev/null 2>&1 && curl -sf "http://127.0.0.1:$((BASE + 2))/health" \
         >/dev/null 2>&1 && break
@@ -56,6 +57,8 @@ if "$VENV/bin/python" -c "import anthropic" 2>/dev/null || "$VENV/bin/pip" insta
 else
     echo "skip anthropic: pip install anthropic failed (offline?)"
 fi
+GW=http://127.0.0.1:$((BASE + 3)) KEY=k-anth KEY2=k-two "$VENV/bin/python" "$HERE/test_responses.py" || rc=1
+took responses
 # a parser we do not have is refused at the start, by name
 RP=$("$BUILD/llmserve-gateway" --port 0 --reasoning-parser granite 2>&1)
 if echo "$RP" | grep -q "reasoning-parser expects"; then
