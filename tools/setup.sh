@@ -23,12 +23,12 @@ JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 MODEL_DIR="$ROOT/models"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 DEB_PACKAGES=(build-essential cmake pkg-config libevent-dev libnng-dev libprotobuf-c-dev
-              protobuf-c-compiler libjansson-dev libxxhash-dev python3 python3-pip)
+              protobuf-c-compiler libjansson-dev libxxhash-dev libhiredis-dev python3 python3-pip)
 # only for `test`: libFuzzer (clang), the e2e tests (curl, a venv for the
 # openai client), promtool (prometheus) to check /metrics, haproxy for the cluster test and haproxy and
 # nginx for the pooling-proxy test, podman (runc, mmdebstrap for a base image, uidmap) to build and run the CPU image,
-# catatonit for the pods `podman kube play` makes of the manifests
-TEST_PACKAGES=(clang curl python3-venv prometheus haproxy nginx-light podman runc catatonit mmdebstrap uidmap)
+# catatonit for the pods `podman kube play` makes of the manifests, redis-server for the shared response store
+TEST_PACKAGES=(clang curl python3-venv prometheus haproxy nginx-light podman runc catatonit mmdebstrap uidmap redis-server)
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -6,7 +6,8 @@
 # test_scoring.py, test_tools.py, test_trimming.py, test_reasoning.py (a
 # second gateway with --reasoning-parser qwen3), test_anthropic.py (the
 # `anthropic` SDK against a third, with an API key), test_responses.py (the
-# Responses API through the `openai` SDK, against the third with two keys), test_langchain.py (langchain-openai) and test_lmeval.py
+# Responses API through the `openai` SDK, against the third with two keys;
+# test_responses_cluster.py: two gateways sharing Redis, two groups, haproxy), test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL [quick]
@@ -59,6 +60,10 @@ else
 fi
 GW=http://127.0.0.1:$((BASE + 3)) KEY=k-anth KEY2=k-two "$VENV/bin/python" "$HERE/test_responses.py" || rc=1
 took responses
+# the same across a cluster: two gateways sharing a real Redis, two groups, haproxy (skips without redis-server)
+"$VENV/bin/python" "$HERE/test_responses_cluster.py" "$BUILD" "$MODEL"
+case $? in 0) ;; 77) echo "skip responses cluster: redis-server not installed" ;; *) rc=1 ;; esac
+took responses-cluster
 # a parser we do not have is refused at the start, by name
 RP=$("$BUILD/llmserve-gateway" --port 0 --reasoning-parser granite 2>&1)
 if echo "$RP" | grep -q "reasoning-parser expects"; then

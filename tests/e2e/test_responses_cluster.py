@@ -1,0 +1,229 @@
+"""The Responses API across a cluster: two gateways sharing a real Redis
+(--response-store redis://:PASSWORD@HOST:PORT/DB, a password and a database
+of its own), two worker groups, haproxy in front (when it is
+installed), driven by the `openai` SDK.
+
+- A conversation continued turn by turn through alternating gateways (and
+  through haproxy) gives the same greedy replies as the whole conversation
+  sent at once; each turn is retrievable from every gateway at once, a
+  streamed one as soon as its last event has arrived; a delete through one
+  gateway is seen by the other.
+- Redis frozen (SIGSTOP): a retrieve ends with 503 within the store's
+  deadline, a stored create still answers, and chat requests through the same
+  gateway are not held up; thawed, all works again.
+- Redis killed: 503 at once; restarted, the gateways connect again by
+  themselves.
+- A gateway with the default memory store does not see the cluster's
+  responses; a bad --response-store URL is refused at the start by name.
+
+  test_responses_cluster.py BUILD_DIR MODEL
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("GW", "-")
+from apiutil import check, finish  # noqa: E402
+
+import openai  # noqa: E402
+
+BUILD, MODEL = sys.argv[1], sys.argv[2]
+REDIS = shutil.which("redis-server")
+if not REDIS:
+    print("skip: redis-server is not installed (apt-get install redis-server, or tools/setup.sh test)")
+    sys.exit(77)
+TMP = tempfile.mkdtemp(prefix="llmserve-resp-")
+PROCS = []
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def start(args, name):
+    log = open(os.path.join(TMP, name + ".log"), "w")
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    return p
+
+
+def wait_health(port, what, t=60):
+    end = time.time() + t
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as f:
+                if f.status == 200:
+                    return True
+        except Exception:
+            pass
+        time.sleep(0.2)
+    print("FAIL %s not healthy; logs in %s" % (what, TMP))
+    return False
+
+
+def redis_start(port):
+    p = start([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+               "--daemonize", "no", "--requirepass", "s3cret"], "redis")
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return p
+        except OSError:
+            time.sleep(0.05)
+    return p
+
+
+def cleanup():
+    for p in PROCS:
+        try:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+        except OSError:
+            pass
+    for p in PROCS:
+        p.wait()
+
+
+try:
+    RP = free_port()
+    redis = redis_start(RP)
+    W = [free_port(), free_port()]
+    for i, w in enumerate(W):
+        start([BUILD + "/llmserve-worker", "--model", MODEL, "--kv-cache-memory", "256MiB", "--max-model-len", "2048",
+               "--log-level", "warn", "--listen", "tcp://127.0.0.1:%d" % w], "worker%d" % i)
+    workers = ",".join("tcp://127.0.0.1:%d" % w for w in W)
+    GP = [free_port(), free_port(), free_port()]
+    store = ["--response-store", "redis://:s3cret@127.0.0.1:%d/2" % RP, "--response-store-timeout", "1"]
+    for i in range(2):
+        start([BUILD + "/llmserve-gateway", "--port", str(GP[i]), "--workers", workers, "--api-key", "k",
+               "--log-level", "warn"] + store, "gateway%d" % i)
+    start([BUILD + "/llmserve-gateway", "--port", str(GP[2]), "--workers", workers, "--api-key", "k", "--log-level",
+           "warn"], "gateway-memory")
+    ok = all(wait_health(p, "gateway %d" % p) for p in GP)
+    # haproxy round robin over the two Redis gateways
+    LB = None
+    if shutil.which("haproxy") and ok:
+        LB = free_port()
+        cfg = os.path.join(TMP, "haproxy.cfg")
+        with open(cfg, "w") as f:
+            f.write("global\n  maxconn 256\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 120s\n"
+                    "  timeout server 120s\nfrontend fe\n  bind 127.0.0.1:%d\n  default_backend gws\n"
+                    "backend gws\n  balance roundrobin\n  server g0 127.0.0.1:%d\n  server g1 127.0.0.1:%d\n"
+                    % (LB, GP[0], GP[1]))
+        start(["haproxy", "-f", cfg, "-db"], "haproxy")
+        time.sleep(0.5)
+    else:
+        print("note: haproxy not installed: the conversation alternates between the gateways directly")
+    if not ok:
+        sys.exit(1)
+
+    def cl(port):
+        return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="k", timeout=60, max_retries=0)
+
+    g0, g1, gm = cl(GP[0]), cl(GP[1]), cl(GP[2])
+    M = g0.models.list().data[0].id
+    G = {"temperature": 0, "max_output_tokens": 16}
+
+    # ---- a conversation through alternating gateways = the whole conversation at once ----------------
+    turns = ["What is the capital of France?", "And of Germany?", "And of Italy?", "Which of them is largest?"]
+    path = [g0, g1, cl(LB) if LB else g0, g1]
+    prev, history, same = None, [], True
+    for i, (t, c) in enumerate(zip(turns, path)):
+        r = c.responses.create(model=M, input=t, previous_response_id=prev, **G)
+        history += [{"role": "user", "content": t}]
+        whole = g0.responses.create(model=M, input=history, store=False, **G)
+        same = same and r.output_text == whole.output_text
+        history += [{"role": "assistant", "content": r.output_text}]
+        for other in (g0, g1):
+            got = other.responses.retrieve(r.id)
+            same = same and got.output_text == r.output_text and got.previous_response_id == prev
+        prev = r.id
+    check(same, "4 turns through gateway 0, 1, %s, 1: each the whole conversation's greedy reply, each retrievable "
+          "from both gateways at once" % ("haproxy" if LB else "0"))
+    with g1.responses.stream(model=M, input="One more: and of Spain?", previous_response_id=prev, **G) as s:
+        for _ in s:
+            pass
+        fin = s.get_final_response()
+    got = g0.responses.retrieve(fin.id)
+    check(got.output_text == fin.output_text and got.previous_response_id == prev,
+          "a stream through gateway 1: retrievable from gateway 0 as soon as its last event has come")
+    g0.responses.delete(fin.id)
+    try:
+        g1.responses.retrieve(fin.id)
+        check(False, "deleted through gateway 0: gateway 1 still has it")
+    except openai.NotFoundError:
+        check(True, "deleted through gateway 0: gone from gateway 1 too")
+    try:
+        gm.responses.retrieve(prev)
+        check(False, "the memory-store gateway sees a Redis-stored response")
+    except openai.NotFoundError:
+        check(True, "a gateway with the memory store does not see the cluster's responses (404)")
+
+    # ---- Redis frozen: deadlines, and nothing else held up -------------------------------------------
+    redis.send_signal(signal.SIGSTOP)
+    chat_times = []
+
+    def chats():
+        for _ in range(3):
+            t0 = time.time()
+            g0.chat.completions.create(model=M, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       temperature=0)
+            chat_times.append(time.time() - t0)
+
+    th = threading.Thread(target=chats)
+    t0 = time.time()
+    th.start()
+    try:
+        g0.responses.retrieve(prev)
+        check(False, "Redis frozen: a retrieve succeeded")
+    except openai.APIStatusError as e:
+        check(e.status_code == 503 and time.time() - t0 < 5,
+              "Redis frozen: a retrieve ends with 503 within the 1 s deadline (%.1f s)" % (time.time() - t0))
+    t0 = time.time()
+    r = g0.responses.create(model=M, input="Hello", **G)
+    check(r.output_text and time.time() - t0 < 15, "Redis frozen: a stored create still answers (%.1f s; not stored)"
+          % (time.time() - t0))
+    th.join(60)
+    check(len(chat_times) == 3 and max(chat_times) < 10, "chat requests through the same gateway meanwhile: %s s"
+          % ["%.1f" % x for x in chat_times])
+    redis.send_signal(signal.SIGCONT)
+    time.sleep(0.3)
+    got = g1.responses.retrieve(prev)
+    check(got.id == prev, "Redis thawed: the conversation is there again")
+
+    # ---- Redis killed, then back: the gateways connect again by themselves ------------------------------
+    redis.kill()
+    redis.wait()
+    t0 = time.time()
+    try:
+        g1.responses.retrieve(prev)
+        check(False, "Redis gone: a retrieve succeeded")
+    except openai.APIStatusError as e:
+        check(e.status_code == 503 and time.time() - t0 < 3, "Redis gone: 503 at once (%.2f s)" % (time.time() - t0))
+    redis = redis_start(RP)
+    r = g0.responses.create(model=M, input="Hello again", **G)
+    got = g1.responses.retrieve(r.id)
+    check(got.output_text == r.output_text, "Redis back (empty, no persistence): stored and read again through both")
+
+    # ---- a bad URL is refused at the start ----------------------------------------------------------
+    out = subprocess.run([BUILD + "/llmserve-gateway", "--port", "0", "--workers", workers, "--response-store",
+                          "mongodb://x"], capture_output=True, text=True, timeout=20)
+    check(out.returncode != 0 and "--response-store" in out.stderr, "--response-store mongodb://x: refused at the start "
+          "(%s)" % out.stderr.strip()[:100])
+finally:
+    cleanup()
+    if not [1 for x in sys.exc_info() if x]:
+        shutil.rmtree(TMP, ignore_errors=True)
+finish("test_responses_cluster")
