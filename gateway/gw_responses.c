@@ -17,10 +17,11 @@ static const char *const KNOWN[] = {"model", "input", "instructions", "tools", "
                                     "metadata", "parallel_tool_calls", "user", "safety_identifier", "prompt_cache_key",
                                     "service_tier", "truncation", "reasoning", "include", "background", "top_logprobs",
                                     "stream_options", "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                                    "repetition_penalty", NULL};
+                                    "repetition_penalty", "structured_outputs", NULL};
 /* passed to the chat request as they are (its parse checks them) */
 static const char *const SAME[] = {"model", "temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k",
-                                   "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", NULL};
+                                   "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                                   "structured_outputs", NULL}; /* (vLLM's: a regex, a choice, a grammar) */
 
 #define BAD(p, ...)                                                                                \
     do {                                                                                           \

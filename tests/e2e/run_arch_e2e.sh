@@ -76,6 +76,24 @@ import json, re, sys; r, c = json.loads(sys.stdin.read())
 sys.exit(0 if r and c and re.fullmatch("[a-z]+ [a-z]+", r) and re.fullmatch("[a-z]+ [a-z]+", c) else 1)' && [ "$H1" = "$H2" ] ||
     { echo "FAIL: harmony reply split: $H1, streamed $H2"; cat "$OUT/w3.log" "$OUT/g3.log"; exit 1; }
 echo "ok   gpt-oss harmony: reasoning_content and content split, the same streamed: $H1"
+# the same through the Responses API: a reasoning item (its text the analysis channel) and a message item, and
+# streamed, the reasoning as response.reasoning_text.delta events
+RB="{\"model\": \"hf-gpt-oss\", \"input\": \"Hi\", \"max_output_tokens\": 46, \"temperature\": 0, \"structured_outputs\": {\"regex\": \"$RX\"}"
+R1=$(curl -s -m 60 "http://127.0.0.1:$G3/v1/responses" -H 'Content-Type: application/json' -d "$RB}" | "$VENV/bin/python" -c '
+import json, sys; o = json.load(sys.stdin)["output"]
+print(json.dumps([o[0]["type"], o[0]["content"][0]["text"], o[1]["type"], o[1]["content"][0]["text"]]))')
+R2=$(curl -sN -m 60 "http://127.0.0.1:$G3/v1/responses" -H 'Content-Type: application/json' -d "$RB, \"stream\": true}" | "$VENV/bin/python" -c '
+import json, sys
+r = c = ""
+for l in sys.stdin:
+    if l.startswith("data: {"):
+        d = json.loads(l[6:])
+        r += d["delta"] if d["type"] == "response.reasoning_text.delta" else ""
+        c += d["delta"] if d["type"] == "response.output_text.delta" else ""
+print(json.dumps(["reasoning", r, "message", c]))')
+[ "$R1" = "$R2" ] && [ "$R1" = "$(echo "$H1" | "$VENV/bin/python" -c 'import json, sys; r, c = json.load(sys.stdin); print(json.dumps(["reasoning", r, "message", c]))')" ] ||
+    { echo "FAIL: harmony through /v1/responses: $R1, streamed $R2 (chat: $H1)"; cat "$OUT/g3.log"; exit 1; }
+echo "ok   gpt-oss harmony through /v1/responses: a reasoning item and a message, the same streamed: $R1"
 # expert parallelism through llmserve serve: 2 ranks, 4 experts each, the same greedy text as one rank
 SP=$((W1 + 4))
 "$BUILD/llmserve" serve "$OUT/qwen3moe.gguf" --port $SP --tensor-parallel-size 2 --enable-expert-parallel --threads 1 \
