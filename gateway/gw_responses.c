@@ -183,9 +183,8 @@ static int text_format(const json_t *text, json_t *chat, char *err, size_t errle
         return 0;
     }
     if (ty && !strcmp(ty, "json_schema") && json_is_object(json_object_get(f, "schema"))) {
-        json_t *js = json_pack("{s:O,s:O}", "name", json_is_string(json_object_get(f, "name")) ? json_object_get(f, "name")
-                                                                                               : json_string("response"),
-                               "schema", json_object_get(f, "schema"));
+        const char *nm = json_string_value(json_object_get(f, "name"));
+        json_t *js = json_pack("{s:s,s:O}", "name", nm ? nm : "response", "schema", json_object_get(f, "schema"));
         json_object_set_new(chat, "response_format", json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js));
         return 0;
     }
