@@ -1,5 +1,6 @@
 #include "gw_metrics.h"
 #include "gw_http.h"
+#include "gw_rstore.h"
 #include "gw_pool.h"
 #include "gw_tokq.h"
 
@@ -159,6 +160,18 @@ char *gw_metrics_text(const gw *g, size_t *len) {
         counter(o, "llmserve:semantic_cache_expired_total", "Answers dropped past --semantic-cache-ttl.", c->expired);
         gauge(o, "llmserve:semantic_cache_entries", "Answers in the cache.", "", c->n);
         gauge(o, "llmserve:semantic_cache_bytes", "Memory the cached answers and vectors hold.", "", (double)c->bytes);
+    }
+    if (g->rstore) { /* /v1/responses' store */
+        gw_rstore_stats r;
+        gw_rstore_stats_get(g->rstore, &r);
+        counter(o, "llmserve:response_store_puts_total", "Responses stored (store: true).", r.puts);
+        counter(o, "llmserve:response_store_gets_total", "Stored responses asked for (retrieve, previous_response_id).", r.gets);
+        counter(o, "llmserve:response_store_deletes_total", "Stored responses deleted.", r.deletes);
+        counter(o, "llmserve:response_store_errors_total",
+                "Store operations that failed (Redis unreachable, past --response-store-timeout, refused).", r.errors);
+        counter(o, "llmserve:response_store_evicted_total", "Memory store: responses dropped early by its bounds.", r.evicted);
+        gauge(o, "llmserve:response_store_entries", "Memory store: responses held.", "", r.entries);
+        gauge(o, "llmserve:response_store_bytes", "Memory store: bytes held.", "", (double)r.bytes);
     }
     if (g->http) {
         gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", gw_http_open_streams(g->http));

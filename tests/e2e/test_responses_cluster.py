@@ -212,6 +212,11 @@ try:
         check(False, "Redis gone: a retrieve succeeded")
     except openai.APIStatusError as e:
         check(e.status_code == 503 and time.time() - t0 < 3, "Redis gone: 503 at once (%.2f s)" % (time.time() - t0))
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % GP[1], timeout=10) as f:
+        met = dict(l.rsplit(" ", 1) for l in f.read().decode().splitlines() if l.startswith("llmserve:response_store_"))
+    check(float(met.get("llmserve:response_store_errors_total", 0)) >= 1
+          and float(met.get("llmserve:response_store_gets_total", 0)) >= 4,
+          "/metrics: the store's failures and reads counted (%s)" % {k.split(":")[1]: v for k, v in met.items()})
     redis = redis_start(RP)
     r = g0.responses.create(model=M, input="Hello again", **G)
     got = g1.responses.retrieve(r.id)
