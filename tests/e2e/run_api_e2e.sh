@@ -7,7 +7,8 @@
 # second gateway with --reasoning-parser qwen3), test_anthropic.py (the
 # `anthropic` SDK against a third, with an API key), test_responses.py (the
 # Responses API through the `openai` SDK, against the third with two keys;
-# test_responses_cluster.py: two gateways sharing Redis, two groups, haproxy), test_langchain.py (langchain-openai) and test_lmeval.py
+# test_responses_cluster.py: two gateways sharing Redis, two groups, haproxy),
+# test_agents.py (the OpenAI Agents SDK on the Responses API), test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL [quick]
@@ -78,6 +79,15 @@ elif "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/p
     took langchain
 else
     echo "skip langchain: pip install langchain-openai failed (offline?)"
+fi
+if [ -n "$QUICK" ]; then
+    :
+elif "$VENV/bin/python" -c "import agents" 2>/dev/null || "$VENV/bin/pip" install -q openai-agents >/dev/null 2>&1; then
+    MID=$(curl -s "http://127.0.0.1:$((BASE + 1))/v1/models" | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+    GW=http://127.0.0.1:$((BASE + 3)) KEY=k-anth MODEL_ID=$MID "$VENV/bin/python" "$HERE/test_agents.py" || rc=1
+    took agents
+else
+    echo "skip agents: pip install openai-agents failed (offline?)"
 fi
 if [ -n "$QUICK" ]; then
     :
