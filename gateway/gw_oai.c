@@ -8,6 +8,7 @@
 #include "gw_admit.h"
 #include "gw_anthropic.h"
 #include "gw_responses.h"
+#include "gw_score.h"
 #include "gw_models.h"
 #include "gw_batch.h"
 #include "gw_embed.h"
@@ -788,6 +789,29 @@ static void handle_responses(gw *g, gw_http_req *r) {
     else gw_resp_lookup(g->rstore, r, gw_auth_tag(&g->auth, key), id, r->method == GW_M_DELETE);
 }
 
+/* vLLM's /v1/score and /v1/rerank over the embedding model (gw_score.h): one embeddings request, its reply
+ * rewritten. */
+static void handle_score(gw *g, gw_http_req *r, int rerank) {
+    int key;
+    if (r->method != GW_M_POST) {
+        gw_http_method_not_allowed(r->conn, "POST");
+        return;
+    }
+    if (!authorized(g, r, &key)) return;
+    char err[400], *body = NULL;
+    const char *param = NULL;
+    int rc = gw_score_request(r->conn, r->body, r->body_len, rerank, &body, err, sizeof err, &param);
+    if (rc) {
+        gw_http_error(r->conn, rc == LLM_EINVAL ? 400 : 500, err, param, rc == LLM_EINVAL ? "invalid_value" : "internal_error");
+        return;
+    }
+    gw_http_req a = *r;
+    a.body = body;
+    a.body_len = strlen(body);
+    gw_embed_handle(g, &a, key);
+    free(body);
+}
+
 /* Ready (200) once a group is up and, at the start, every group of --workers has settled (its model accepted
  * or refused), so a client is not told ready while a model one of them serves is still loading; a group not
  * there within --startup-wait no longer holds it. After that, while any group is up. */
@@ -820,6 +844,10 @@ void gw_oai_handle(void *ctx, gw_http_req *r) {
         else handle_messages(g, r, r->path[12] == '/');
     } else if (!strcmp(r->path, "/v1/responses") || (!strncmp(r->path, "/v1/responses/", 14) && r->path[14])) {
         handle_responses(g, r);
+    } else if (!strcmp(r->path, "/v1/score") || !strcmp(r->path, "/score")) {
+        handle_score(g, r, 0);
+    } else if (!strcmp(r->path, "/v1/rerank") || !strcmp(r->path, "/rerank") || !strcmp(r->path, "/v2/rerank")) {
+        handle_score(g, r, 1);
     } else if (!strcmp(r->path, "/v1/embeddings")) {
         int key;
         if (r->method != GW_M_POST) gw_http_method_not_allowed(r->conn, "POST");

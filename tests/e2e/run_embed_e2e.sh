@@ -3,7 +3,8 @@
 # --embedding-model (two worker groups behind one gateway), driven by the
 # `openai` client and plain HTTP (test_embeddings.py), checked against the
 # independent reference in tests/data/minilm_golden.json; langchain-openai's
-# OpenAIEmbeddings too when it can be installed. Then the same with
+# OpenAIEmbeddings too when it can be installed; /v1/score and /v1/rerank
+# (test_score.py, the cohere SDK when it installs). Then the same with
 # --semantic-cache (test_semcache.py).
 #   run_embed_e2e.sh BUILD_DIR CHAT_MODEL EMBED_MODEL_DIR
 # Exit 77 (skipped) when a model or the packages cannot be had.
@@ -34,6 +35,10 @@ done
 export GW=http://127.0.0.1:$PORT GOLDEN="$HERE/../data/minilm_golden.json"
 rc=0
 "$VENV/bin/python" "$HERE/test_embeddings.py" || rc=1
+# /v1/score and /v1/rerank over the same groups (the cohere SDK too, when it installs)
+"$VENV/bin/python" -c "import cohere" 2>/dev/null || "$VENV/bin/pip" install -q cohere >/dev/null 2>&1 ||
+    echo "note: pip install cohere failed (offline?): its rerank call is skipped"
+"$VENV/bin/python" "$HERE/test_score.py" || rc=1
 if "$VENV/bin/python" -c "import langchain_openai" 2>/dev/null || "$VENV/bin/pip" install -q langchain-openai >/dev/null 2>&1; then
     LANGCHAIN=1 "$VENV/bin/python" "$HERE/test_embeddings.py" langchain || rc=1
 else

@@ -1,5 +1,6 @@
 /* Fuzz target: Responses API request bodies (gw_responses.c), as the gateway
- * rewrites them into chat requests. Byte 0 'p': the bytes up to the first
+ * rewrites them into chat requests; and /v1/score ('s') and /v1/rerank ('r')
+ * bodies (gw_score.c), rewritten into embeddings requests. Byte 0 'p': the bytes up to the first
  * NUL are a stored record (previous_response_id's conversation, as a
  * store gives it back, which may be anything) and the rest the body; any
  * other byte 0: the rest is the body. A body is rewritten or refused with
@@ -8,6 +9,7 @@
 #include "cm_error.h"
 #include "cm_oai.h"
 #include "gw_responses.h"
+#include "gw_score.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -27,6 +29,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!size) return 0;
     const char *body = (const char *)data + 1, *prev = NULL;
+    if (data[0] == 's' || data[0] == 'r') {
+        char err[400] = "", *out = NULL;
+        const char *param = NULL;
+        int rc = gw_score_request(NULL, body, size - 1, data[0] == 'r', &out, err, sizeof err, &param);
+        EXPECT(rc == 0 || rc == LLM_EINVAL || rc == LLM_ENOMEM);
+        EXPECT(rc ? !out && err[0] && (!param || strlen(param) < 64) : out != NULL);
+        json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+        EXPECT(!out || json_array_size(json_object_get(j, "input")) >= 2);
+        json_decref(j);
+        free(out);
+        return 0;
+    }
     size_t len = size - 1, plen = 0;
     if (data[0] == 'p') {
         const char *nul = memchr(body, 0, len);
