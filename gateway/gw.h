@@ -83,6 +83,7 @@ struct gw_pool_ops;
 struct gw_req;
 struct gw_lora_op;
 struct gw_rstore;
+struct gw_jobs;
 
 typedef struct gw {
     unsigned long long bad_msgs; /* undecodable or unauthenticated messages since the last log line */
@@ -99,6 +100,10 @@ typedef struct gw {
     struct gw_http *http;
     struct gw_tokq *tokq;
     struct gw_rstore *rstore;    /* stored Responses (gw_rstore.h) */
+    struct gw_jobs *jobs;        /* batch jobs (gw_jobs.h) */
+    char files_dir[4096];        /* --files-dir, or its default */
+    char files_off[300];         /* why files and batches are off (the folder could not be made), or "" */
+    char internal_token[72];     /* the bearer of this gateway's own requests (batch jobs): random at start */
     /* the model */
     gw_model *model;             /* NULL until a worker's ModelInfo (or an override) */
     char served[256];            /* the API's model name ("" until known) */

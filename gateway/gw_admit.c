@@ -1,4 +1,6 @@
 #include "gw_admit.h"
+#include "cm_log.h"
+#include "cm_time.h"
 
 #include "gw_req.h"
 
@@ -105,5 +107,43 @@ int gw_admit_limits(gw *g, gw_req *q, double need, const char *param, const char
         gw_req_finish(q, 429, "rate limit reached; retry after the time in Retry-After", "rate_limit_exceeded");
         return 1;
     }
+    return 0;
+}
+
+/* ---- authentication -------------------------------------------------------- */
+
+static void tail_401(evutil_socket_t fd, short what, void *arg) {
+    gw *g = arg;
+    (void)fd;
+    (void)what;
+    if (!g->quiet_401) return;
+    CM_WARN("401: %lu more failed API-key checks after the last line", g->quiet_401);
+    g->quiet_401 = 0;
+    g->logged_401 = cm_now();
+}
+
+int gw_admit_authorized(gw *g, gw_http_req *r, int *key) {
+    if (gw_auth_check(&g->auth, r->authorization, key)) return 1;
+    const char *a = r->authorization;
+    size_t tl = strlen(g->internal_token);
+    if (tl && a && !strncmp(a, "Bearer ", 7) && strlen(a + 7) == tl && !memcmp(a + 7, g->internal_token, tl)) {
+        *key = -1; /* this gateway's own batch jobs */
+        return 1;
+    }
+    double t = cm_now();
+    if (t - g->logged_401 >= 1.0) { /* one line a second at most: a key scanner must not flood the warnings */
+        CM_WARN("401: %s API key from %s on %s (%lu more since the last line)", r->authorization ? "wrong" : "no", r->peer,
+                r->path, g->quiet_401);
+        g->logged_401 = t;
+        g->quiet_401 = 0;
+    } else if (g->quiet_401++ == 0) { /* the first held back: its burst's count goes out once the second is over */
+        if (!g->tail_401) g->tail_401 = evtimer_new(g->base, tail_401, g);
+        struct timeval tv = {1, 100000};
+        if (g->tail_401) evtimer_add(g->tail_401, &tv);
+    }
+    if (g->conf.log_requests) /* the access log has every request, refused ones too */
+        CM_INFO("request - key=- worker=-1 in=0 out=0 cached=0 ttft=-1.0ms total=0.0ms status=401 code=invalid_api_key "
+                "peer=%s path=%.128s", r->peer, r->path);
+    gw_http_error(r->conn, 401, "missing or invalid API key (Authorization: Bearer KEY)", NULL, "invalid_api_key");
     return 0;
 }

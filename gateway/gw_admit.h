@@ -38,6 +38,9 @@ void gw_prep_refuse(gw_prep *p, int status, const char *param, const char *code,
 
 /* 1 when the gateway takes new requests; 0 after answering 503 (draining). */
 int gw_admit_open(gw *g, gw_http_req *r);
+/* r's API key checked: 1 with *key its index (-1: none needed, or the internal caller), or 0 after a 401
+ * (logged at most once a second). */
+int gw_admit_authorized(gw *g, gw_http_req *r, int *key);
 /* A request for a handler, with p (calloc'd by the caller, size bytes, a
  * gw_prep first) filled: the body copied, the model held. NULL (a 500
  * answered, p freed) when memory runs out. */

@@ -53,6 +53,10 @@ const gw_flag gw_flags[] = {
      1099511627776.0},
     {"response-store-timeout", "S", "5", "Redis: each store operation's deadline (then 503)", K_DBL, 1,
      F(response_store_timeout), 0.01, 3600},
+    {"files-dir", "DIR", NULL, "where /v1/files and /v1/batches keep files and batch jobs (default $TMPDIR/llmserve-files; "
+     "share one volume between the gateways of a cluster)", K_STR, 1, F(files_dir), 0, 0},
+    {"batch-concurrency", "N", "4", "requests of batch jobs in flight at once from this gateway (at priority 1, after "
+     "interactive ones)", K_INT, 1, F(batch_concurrency), 1, 4096},
     {"startup-wait", "S", "600", "at the start, /health and /ready answer 503 (loading) until every group of --workers has "
      "its model up (or refused), for up to S", K_DBL, 1, F(startup_wait), 0, 86400},
     {"shutdown-timeout", "S", "30", "on SIGTERM, let in-flight requests finish for up to S", K_DBL, 1, F(shutdown_timeout), 0,

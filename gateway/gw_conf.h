@@ -42,6 +42,8 @@ typedef struct {
     const char *response_store;  /* memory | redis://... (gw_rstore.h) */
     double response_store_ttl, response_store_bytes, response_store_timeout;
     int response_store_size;
+    const char *files_dir;       /* /v1/files and /v1/batches (gw_files.h, gw_jobs.h) */
+    int batch_concurrency;
 } gw_conf;
 
 /* One flag. serve: 1 when `llmserve serve` forwards it to its gateway. */

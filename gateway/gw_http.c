@@ -737,6 +737,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
                      .path = path,
                      .authorization = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"),
                      .x_api_key = evhttp_find_header(evhttp_request_get_input_headers(req), "x-api-key"),
+                     .content_type = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Type"),
                      .body = len ? (const char *)evbuffer_pullup(in, -1) : "",
                      .body_len = len,
                      .peer = peer ? peer : "-",

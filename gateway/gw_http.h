@@ -34,6 +34,7 @@ typedef struct {
     const char *path;            /* without the query */
     const char *authorization;   /* header value or NULL */
     const char *x_api_key;       /* Anthropic's key header, or NULL */
+    const char *content_type;    /* or NULL */
     const char *body;            /* not NUL-terminated */
     size_t body_len;
     const char *peer;            /* client address */

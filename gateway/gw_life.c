@@ -12,14 +12,16 @@
 #include "gw_lora.h"
 #include "gw_http.h"
 #include "gw_rstore.h"
+#include "gw_jobs.h"
 #include "gw_life.h"
 #include "gw_metrics.h"
-#include "gw_oai.h"
+#include "gw_router.h"
 #include "gw_pool.h"
 #include "gw_req.h"
 #include "gw_tokq.h"
 
 #include <malloc.h>
+#include <sys/random.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,11 +162,25 @@ int gw_start(gw *g, char *err, size_t errlen) {
                              (size_t)c->response_store_bytes, c->response_store_timeout, &g->rstore, err, errlen)))
         return rc;
     gw_http_opts ho = {c->host, c->port, (size_t)c->max_body, c->header_timeout, c->body_timeout, c->max_connections,
-                       gw_oai_handle, on_status, g, &g->cors};
+                       gw_router_handle, on_status, g, &g->cors};
     if (gw_http_create(g->base, &ho, &g->http, err, errlen)) {
         if (!err[0]) snprintf(err, errlen, "cannot start the HTTP server");
         return LLM_EIO;
     }
+    /* batch jobs: their requests come back in through our own port, with a bearer only this process knows */
+    unsigned char tb[32];
+    if (getrandom(tb, sizeof tb, 0) != (ssize_t)sizeof tb) {
+        snprintf(err, errlen, "no random bytes for the internal token");
+        return LLM_EIO;
+    }
+    for (int i = 0; i < 32; i++) snprintf(g->internal_token + 2 * i, 3, "%02x", tb[i]);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g->files_dir, sizeof g->files_dir, "%s", c->files_dir ? c->files_dir : "");
+    if (!c->files_dir) snprintf(g->files_dir, sizeof g->files_dir, "%s/llmserve-files", tmp && *tmp ? tmp : "/tmp");
+    /* without a writable folder the rest serves on: /v1/files and /v1/batches answer 503 saying why */
+    if (gw_jobs_start(g->base, g->files_dir, c->host, gw_http_port(g->http), g->internal_token, c->batch_concurrency,
+                      &g->jobs, g->files_off, sizeof g->files_off))
+        CM_WARN("/v1/files and /v1/batches are off: %s", g->files_off);
     static const gw_pool_ops ops = {gw_req_on_chunk, gw_embed_on_result, gw_req_worker_lost, gw_lora_on_result};
     if ((rc = gw_pool_start(g, &ops, err, errlen))) return rc;
     return 0;
@@ -180,6 +196,8 @@ void gw_stop(gw *g) {
     gw_tokq_free(g->tokq); /* finishes queued jobs: their done() answers or frees them */
     g->tokq = NULL;
     if (g->req_list) gw_req_fail_all(g, 503, "the gateway is shutting down", "shutting_down");
+    gw_jobs_free(g->jobs); /* its batches stay in the directory for the next gateway */
+    g->jobs = NULL;
     gw_rstore_free(g->rstore); /* its pending operations end their replies */
     g->rstore = NULL;
     gw_http_free(g->http);

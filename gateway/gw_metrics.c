@@ -1,6 +1,7 @@
 #include "gw_metrics.h"
 #include "gw_http.h"
 #include "gw_rstore.h"
+#include "gw_jobs.h"
 #include "gw_pool.h"
 #include "gw_tokq.h"
 
@@ -172,6 +173,18 @@ char *gw_metrics_text(const gw *g, size_t *len) {
         counter(o, "llmserve:response_store_evicted_total", "Memory store: responses dropped early by its bounds.", r.evicted);
         gauge(o, "llmserve:response_store_entries", "Memory store: responses held.", "", r.entries);
         gauge(o, "llmserve:response_store_bytes", "Memory store: bytes held.", "", (double)r.bytes);
+    }
+    if (g->jobs) { /* batch jobs */
+        gw_jobs_stats b;
+        gw_jobs_stats_get(g->jobs, &b);
+        gauge(o, "llmserve:batches_running", "Batch jobs this gateway runs now.", "", b.running);
+        gauge(o, "llmserve:batch_requests_pending", "Their requests not yet finished.", "", b.pending);
+        evbuffer_add_printf(o, "# HELP llmserve:batch_requests_total Batch requests finished, by result.\n"
+                               "# TYPE llmserve:batch_requests_total counter\n"
+                               "llmserve:batch_requests_total{result=\"completed\"} %llu\n"
+                               "llmserve:batch_requests_total{result=\"failed\"} %llu\n",
+                            (unsigned long long)b.completed, (unsigned long long)b.failed);
+        counter(o, "llmserve:batch_requests_retried_total", "Batch requests tried again after a 429 or 503.", b.retried);
     }
     if (g->http) {
         gauge(o, "llmserve:open_streams", "Streaming responses in progress.", "", gw_http_open_streams(g->http));

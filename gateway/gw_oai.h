@@ -1,5 +1,4 @@
-/* gw_oai.h - the OpenAI API's handlers: routes, authentication, and for
- * completions and chat the request flow parse -> template -> tokenize (on a
+/* gw_oai.h - completions and chat: the request flow parse -> template -> tokenize (on a
  * tokenizer thread, with the context length as a limit that stops early) ->
  * validation against the vocabulary -> rate limits -> gw_req_start. Every
  * refusal before the first byte of a reply is a plain HTTP error, so a
@@ -10,6 +9,7 @@
 #include "gw.h"
 #include "gw_http.h"
 
-void gw_oai_handle(void *g, gw_http_req *r);
+/* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1), r->body its body; authorized here. */
+void gw_oai_generate(gw *g, gw_http_req *r, int chat);
 
 #endif

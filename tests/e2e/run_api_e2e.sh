@@ -8,7 +8,8 @@
 # `anthropic` SDK against a third, with an API key), test_responses.py (the
 # Responses API through the `openai` SDK, against the third with two keys;
 # test_responses_cluster.py: two gateways sharing Redis, two groups, haproxy),
-# test_agents.py (the OpenAI Agents SDK on the Responses API), test_langchain.py (langchain-openai) and test_lmeval.py
+# test_agents.py (the OpenAI Agents SDK on the Responses API), test_batches.py
+# (files and batch jobs: two gateways, cancel, a gateway killed mid-batch), test_langchain.py (langchain-openai) and test_lmeval.py
 # (lm-evaluation-harness) against the same gateway; the last two skip, saying
 # so, when their packages cannot be installed.
 #   run_api_e2e.sh BUILD_DIR MODEL [quick]
@@ -65,6 +66,9 @@ took responses
 "$VENV/bin/python" "$HERE/test_responses_cluster.py" "$BUILD" "$MODEL"
 case $? in 0) ;; 77) echo "skip responses cluster: redis-server not installed" ;; *) rc=1 ;; esac
 took responses-cluster
+# files and batch jobs: two gateways sharing a files directory; cancel; a gateway killed mid-batch
+"$VENV/bin/python" "$HERE/test_batches.py" "$BUILD" "$MODEL" || rc=1
+took batches
 # a parser we do not have is refused at the start, by name
 RP=$("$BUILD/llmserve-gateway" --port 0 --reasoning-parser granite 2>&1)
 if echo "$RP" | grep -q "reasoning-parser expects"; then
