@@ -45,8 +45,7 @@ typedef struct call {
     struct call *prev, *next;
     struct gw_jobs *js;
     job *j;
-    int li;
-    struct evhttp_connection *conn;
+    int li, slot;                /* its line; the connection it went on */
     struct evhttp_request *req;
 } call;
 
@@ -56,6 +55,8 @@ struct gw_jobs {
     int port, concurrency, inflight;
     job *jobs;
     call *calls;
+    struct evhttp_connection **conn; /* one kept-alive connection to ourselves per request in flight */
+    call **on;                   /* what each carries now, or NULL */
     struct event *tick;
     double retry_at;             /* after a 429/503: no new sends before this */
     gw_jobs_stats st;
@@ -327,6 +328,7 @@ static void on_done(struct evhttp_request *req, void *arg) {
     int status = req ? evhttp_request_get_response_code(req) : 0;
     js->inflight--;
     j->inflight--;
+    js->on[c->slot] = NULL;
     call_unlink(js, c);
     if (status == 429 || status == 503 || status == 0) { /* later, not the line's answer */
         j->lines[c->li].state = L_TODO;
@@ -343,20 +345,22 @@ static void on_done(struct evhttp_request *req, void *arg) {
 }
 
 static int send_line(gw_jobs *js, job *j, int li) {
+    int slot = 0;
+    while (slot < js->concurrency && js->on[slot]) slot++;
+    if (slot == js->concurrency) return LLM_EAGAIN;
+    if (!js->conn[slot] && !(js->conn[slot] = evhttp_connection_base_new(js->base, NULL, js->host, (ev_uint16_t)js->port)))
+        return LLM_ENOMEM;
+    evhttp_connection_set_timeout(js->conn[slot], 3600);
     call *c = calloc(1, sizeof *c);
     if (!c) return LLM_ENOMEM;
     c->js = js;
     c->j = j;
     c->li = li;
-    c->conn = evhttp_connection_base_new(js->base, NULL, js->host, (ev_uint16_t)js->port);
-    c->req = c->conn ? evhttp_request_new(on_done, c) : NULL;
-    if (!c->req) {
-        if (c->conn) evhttp_connection_free(c->conn);
+    c->slot = slot;
+    if (!(c->req = evhttp_request_new(on_done, c))) {
         free(c);
         return LLM_ENOMEM;
     }
-    evhttp_connection_free_on_completion(c->conn);
-    evhttp_connection_set_timeout(c->conn, 3600);
     struct evkeyvalq *h = evhttp_request_get_output_headers(c->req);
     char auth[200];
     snprintf(auth, sizeof auth, "Bearer %s", js->token);
@@ -365,11 +369,11 @@ static int send_line(gw_jobs *js, job *j, int li) {
     evhttp_add_header(h, "Authorization", auth);
     evbuffer_add(evhttp_request_get_output_buffer(c->req), j->lines[li].body, strlen(j->lines[li].body));
     const char *url = json_string_value(json_object_get(j->obj, "endpoint"));
-    if (evhttp_make_request(c->conn, c->req, EVHTTP_REQ_POST, url) != 0) { /* frees the request */
-        evhttp_connection_free(c->conn);
+    if (evhttp_make_request(js->conn[slot], c->req, EVHTTP_REQ_POST, url) != 0) { /* frees the request */
         free(c);
         return LLM_EIO;
     }
+    js->on[slot] = c;
     c->next = js->calls;
     if (js->calls) js->calls->prev = c;
     js->calls = c;
@@ -615,7 +619,7 @@ static void list(gw_jobs *js, gw_http_req *r, const char *tenant) {
         n++;
     }
     if (d) closedir(d);
-    qsort(all, n, sizeof *all, by_created);
+    if (n) qsort(all, n, sizeof *all, by_created);
     json_t *data = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(data, all[i]);
     free(all);
@@ -694,10 +698,14 @@ int gw_jobs_start(struct event_base *base, const char *dir, const char *host, in
     snprintf(js->token, sizeof js->token, "%s", token);
     js->port = port;
     js->concurrency = concurrency < 1 ? 1 : concurrency;
+    js->conn = calloc((size_t)js->concurrency, sizeof *js->conn);
+    js->on = calloc((size_t)js->concurrency, sizeof *js->on);
     js->tick = event_new(base, -1, EV_PERSIST, on_tick, js);
     struct timeval sec = {1, 0};
-    if (!js->tick || event_add(js->tick, &sec)) {
+    if (!js->conn || !js->on || !js->tick || event_add(js->tick, &sec)) {
         if (js->tick) event_free(js->tick);
+        free(js->conn);
+        free(js->on);
         free(js);
         return LLM_ENOMEM;
     }
@@ -716,13 +724,15 @@ void gw_jobs_stats_get(const gw_jobs *js, gw_jobs_stats *st) {
 
 void gw_jobs_free(gw_jobs *js) {
     if (!js) return;
+    for (int i = 0; i < js->concurrency; i++)
+        if (js->conn[i]) evhttp_connection_free(js->conn[i]); /* its request with it, without its callback */
     while (js->calls) {
         call *c = js->calls;
         js->calls = c->next;
-        evhttp_cancel_request(c->req);
-        evhttp_connection_free(c->conn);
         free(c);
     }
+    free(js->conn);
+    free(js->on);
     while (js->jobs) {
         job *j = js->jobs;
         js->jobs = j->next;

@@ -33,3 +33,27 @@ def model_id():
 def finish(name):
     print("%s: %d checks failed" % (name, len(failures)))
     sys.exit(1 if failures else 0)
+
+
+def stop_and_check_logs(procs, logdir, what):
+    """SIGTERM each process still running (a sanitizer build then runs its leak check), wait, then fail on any
+    sanitizer report in the logs of logdir."""
+    import glob
+    import signal
+    import subprocess
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    bad = []
+    for f in glob.glob(logdir + "/*.log"):
+        text = open(f, errors="replace").read()
+        if "runtime error:" in text or "ERROR: AddressSanitizer" in text or "ERROR: LeakSanitizer" in text:
+            bad.append(os.path.basename(f))
+    check(not bad, "%s: no sanitizer report in the processes' logs%s" % (what, (" (" + ", ".join(bad) + ")") if bad else ""))

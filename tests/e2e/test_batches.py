@@ -32,7 +32,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GW", "-")
-from apiutil import check, finish  # noqa: E402
+from apiutil import check, finish, stop_and_check_logs  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -215,9 +215,10 @@ try:
     check('llmserve:batch_requests_total{result="completed"}' in m and "llmserve:batches_running 0" in m,
           "/metrics: batch requests counted, no batch running")
 finally:
-    for p in PROCS.values():
-        p.kill()
-        p.wait()
-if not [1 for x in sys.exc_info() if x]:
+    stop_and_check_logs(list(PROCS.values()), TMP, "batches")
+import apiutil  # noqa: E402
+if not apiutil.failures:
     shutil.rmtree(TMP, ignore_errors=True)
+else:
+    print("logs kept in", TMP)
 finish("test_batches")

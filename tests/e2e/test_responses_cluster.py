@@ -31,7 +31,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GW", "-")
-from apiutil import check, finish  # noqa: E402
+from apiutil import check, finish, stop_and_check_logs  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -86,14 +86,7 @@ def redis_start(port):
 
 
 def cleanup():
-    for p in PROCS:
-        try:
-            p.send_signal(signal.SIGCONT)
-            p.kill()
-        except OSError:
-            pass
-    for p in PROCS:
-        p.wait()
+    stop_and_check_logs(PROCS, TMP, "responses cluster")
 
 
 try:
