@@ -11,6 +11,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"serve", "serve", tl_serve_main, "OpenAI-compatible server: a gateway and a worker group, supervised"},
+    {"batch", "batch", tl_run_batch_main, "an OpenAI batch file run offline (vLLM's run_batch): -i IN.jsonl -o OUT.jsonl"},
     {"generate", "generate", tl_generate_main, "generate text from a prompt or a chat (streams to stdout)"},
     {"perplexity", "perplexity", tl_perplexity_main, "negative log-likelihood and perplexity of a text file"},
     {"embed", "embed", tl_embed_main, "sentence embeddings of texts (a BERT-family Hugging Face model)"},

@@ -9,6 +9,7 @@ int tl_generate_main(int argc, char **argv);
 int tl_perplexity_main(int argc, char **argv);
 int tl_embed_main(int argc, char **argv);
 int tl_serve_main(int argc, char **argv);
+int tl_run_batch_main(int argc, char **argv);
 int tl_plan_main(int argc, char **argv);
 int tl_cost_main(int argc, char **argv);
 int tl_bench_main(int argc, char **argv);

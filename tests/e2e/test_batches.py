@@ -157,6 +157,27 @@ try:
     except openai.NotFoundError:
         check(True, "files.delete: gone (404) through the other gateway")
 
+    # ---- the same file offline: llmserve batch (vLLM's run_batch shape) ----------------------------------------
+    fin, fout = os.path.join(TMP, "in.jsonl"), os.path.join(TMP, "out.jsonl")
+    with open(fin, "w") as fo:
+        fo.write("\n".join(json.dumps(x) for x in reqs) + "\n")
+    r = subprocess.run([BUILD + "/llmserve", "batch", "-i", fin, "-o", fout, MODEL, "--kv-cache-memory", "256MiB",
+                        "--max-model-len", "2048", "--log-level", "warn"], capture_output=True, text=True, timeout=300)
+    off = [json.loads(x) for x in open(fout)] if r.returncode == 0 else []
+    check(r.returncode == 0 and [x["custom_id"] for x in off] == [x["custom_id"] for x in reqs]
+          and all(x["response"]["body"] == out[x["custom_id"]]["response"]["body"] or
+                  x["response"]["body"]["choices"][0]["message"]["content"] ==
+                  out[x["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"]
+                  for x in off if x["custom_id"] in out)
+          and off[-1]["response"]["status_code"] == 400,
+          "llmserve batch -i -o: the same answers offline, in input order (%s)" % r.stderr.strip().splitlines()[-1:])
+    with open(fin, "a") as fo:
+        fo.write('{"custom_id": "q0", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n')
+    r = subprocess.run([BUILD + "/llmserve", "batch", "-i", fin, "-o", fout, MODEL], capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode != 0 and "line 14: custom_id: used twice" in r.stderr,
+          "llmserve batch: a bad file is refused before the model loads, naming its line (%s)" % r.stderr.strip()[:80])
+
     # ---- validation and refusals ---------------------------------------------------------------------------
     fb = upload(g0, [reqs[0], {"custom_id": "x", "method": "GET", "url": "/v1/chat/completions", "body": {}}])
     bb = g0.batches.create(input_file_id=fb.id, endpoint="/v1/chat/completions", completion_window="24h")
