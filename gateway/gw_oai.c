@@ -2,6 +2,7 @@
 #include "cm_time.h"
 #include "cm_chat.h"
 #include "cm_harmony.h"
+#include "cm_grammar.h"
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_metrics.h"
@@ -300,11 +301,18 @@ static void prep_run(gw_job *j) {
         if (!q->c.enable_thinking && !(q->c.reasoning == CM_REASON_QWEN3 && m->chat_kind == CM_CHAT_CHATML))
             REFUSE(400, "chat_template_kwargs", "invalid_value", "chat_template_kwargs.enable_thinking false is honoured "
                    "with --reasoning-parser qwen3 on a ChatML template (Qwen3's), not here");
-        if ((q->c.reasoning == CM_REASON_R1 || q->c.reasoning == CM_REASON_QWEN3) && q->c.enable_thinking &&
-            (tools_on || q->c.grammar))
-            REFUSE(400, tools_on ? "tools" : q->c.grammar_from, "invalid_value", "%s after the model's reasoning is not "
-                   "implemented (the grammar would hold the reasoning too): set chat_template_kwargs.enable_thinking false",
-                   tools_on ? "tool calling" : "structured output");
+        int thinks = (q->c.reasoning == CM_REASON_R1 || q->c.reasoning == CM_REASON_QWEN3) && q->c.enable_thinking;
+        if (thinks && tools_on)
+            REFUSE(400, "tools", "invalid_value", "tool calling after the model's reasoning is not implemented: set "
+                   "chat_template_kwargs.enable_thinking false");
+        if (thinks && q->c.grammar) { /* the answer after the reasoning is held to the grammar, the reasoning is free */
+            char *w = NULL;
+            rc = cm_grammar_after(q->c.grammar, strlen(q->c.grammar), q->c.reasoning == CM_REASON_QWEN3 ? "<think>" : NULL,
+                                  "</think>", &w);
+            if (rc) REFUSE(500, NULL, "internal_error", "out of memory");
+            free(q->c.grammar);
+            q->c.grammar = w;
+        }
         if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
             REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
         int policy = q->c.context_overflow >= 0 ? q->c.context_overflow : p->overflow;

@@ -548,6 +548,7 @@ int cm_grammar_parse(const char *text, size_t len, cm_grammar **out, char *err, 
     if (!g) return LLM_ENOMEM;
     rd r = {g, text, text, text + len, err, errlen, 0, 0, 0};
     g->root = -1;
+    int outer = -1;
     uint8_t *nul = NULL;
     for (;;) {
         skip_space(&r);
@@ -570,8 +571,10 @@ int cm_grammar_parse(const char *text, size_t len, cm_grammar **out, char *err, 
             snprintf(err, errlen, "grammar %d:%d: rule '%s' is not defined", g->rules[i].line, g->rules[i].col, g->rules[i].name);
             goto fail;
         }
-        if (g->rules[i].name && !strcmp(g->rules[i].name, "root")) g->root = i;
+        if (g->rules[i].name && !strcmp(g->rules[i].name, "root") && g->root < 0) g->root = i;
+        if (g->rules[i].name && !strcmp(g->rules[i].name, CM_GRAMMAR_OUTER_ROOT)) outer = i;
     }
+    if (outer >= 0) g->root = outer; /* a wrapper around the grammar's own root (cm_grammar_after) */
     if (g->root < 0) {
         snprintf(err, errlen, "the grammar has no 'root' rule");
         goto fail;
@@ -592,3 +595,78 @@ fail:
 
 int cm_grammar_rules(const cm_grammar *g) { return g->n_rules; }
 int cm_grammar_elements(const cm_grammar *g) { return g->n_el; }
+
+/* ---- a grammar that starts after a reasoning block ---------------------------------------------- */
+
+/* Appends printf-style text to *b (len *n, capacity *cap). */
+static int app(char **b, size_t *n, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int app(char **b, size_t *n, size_t *cap, const char *fmt, ...) {
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int k = vsnprintf(*b ? *b + *n : NULL, *b ? *cap - *n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return LLM_ENOMEM;
+        if (*b && *n + (size_t)k < *cap) {
+            *n += (size_t)k;
+            return 0;
+        }
+        size_t nc = (*cap + (size_t)k + 256) * 2;
+        char *nb = realloc(*b, nc);
+        if (!nb) return LLM_ENOMEM;
+        *b = nb;
+        *cap = nc;
+    }
+}
+
+int cm_grammar_after(const char *gbnf, size_t len, const char *open, const char *close, char **out) {
+    *out = NULL;
+    size_t m = strlen(close);
+    if (!m || m > 32 || (open && strlen(open) > 32)) return LLM_EINVAL;
+    for (size_t i = 0; i < m; i++)
+        if ((unsigned char)close[i] < 0x20 || (unsigned char)close[i] > 0x7e) return LLM_EINVAL;
+    /* KMP: fail[i] the longest proper border of close[0..i) */
+    int fail[33] = {0};
+    for (size_t i = 1, k = 0; i < m; i++) {
+        while (k && close[i] != close[k]) k = (size_t)fail[k];
+        if (close[i] == close[k]) k++;
+        fail[i + 1] = (int)k;
+    }
+    char set[33] = "";
+    size_t ns = 0;
+    for (size_t i = 0; i < m; i++)
+        if (!memchr(set, close[i], ns)) set[ns++] = close[i];
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    /* state i: i bytes of close matched; each byte of close's alphabet goes where KMP says, any other to 0 */
+    for (size_t i = 0; i < m && !rc; i++) {
+        rc = app(&b, &n, &cap, "llmserve-after-%zu ::= [^", i);
+        for (size_t c = 0; c < ns && !rc; c++) rc = app(&b, &n, &cap, "\\x%02X", (unsigned char)set[c]);
+        if (!rc) rc = app(&b, &n, &cap, "] llmserve-after-0");
+        for (size_t c = 0; c < ns && !rc; c++) {
+            size_t k = i;
+            while (k && close[k] != set[c]) k = (size_t)fail[k];
+            if (close[k] == set[c]) k++;
+            if (k == m) rc = app(&b, &n, &cap, " | \"\\x%02X\"", (unsigned char)set[c]);
+            else rc = app(&b, &n, &cap, " | \"\\x%02X\" llmserve-after-%zu", (unsigned char)set[c], k);
+        }
+        if (!rc) rc = app(&b, &n, &cap, "\n");
+    }
+    if (!rc) rc = app(&b, &n, &cap, "%s ::= [ \\t\\n]* ", CM_GRAMMAR_OUTER_ROOT);
+    if (!rc && open) { /* the block is optional: the model may answer at once */
+        rc = app(&b, &n, &cap, "(\"");
+        for (const char *o = open; !rc && *o; o++) rc = app(&b, &n, &cap, "\\x%02X", (unsigned char)*o);
+        if (!rc) rc = app(&b, &n, &cap, "\" llmserve-after-0 [ \\t\\n]*)? root\n");
+    } else if (!rc) {
+        rc = app(&b, &n, &cap, "llmserve-after-0 [ \\t\\n]* root\n");
+    }
+    if (!rc && len > (size_t)INT32_MAX) rc = LLM_EINVAL;
+    if (!rc) rc = app(&b, &n, &cap, "%.*s", (int)len, gbnf);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *out = b;
+    return 0;
+}

@@ -36,9 +36,18 @@ typedef struct cm_grammar cm_grammar;
 typedef struct cm_gstate cm_gstate;
 typedef struct cm_vtrie cm_vtrie;
 
+/* A rule of this name, when the text defines one, is the start instead of root (cm_grammar_after's wrapper). */
+#define CM_GRAMMAR_OUTER_ROOT "llmserve-root"
+
 /* Reads GBNF text; on error err says what and where (line:column). */
 int cm_grammar_parse(const char *text, size_t len, cm_grammar **out, char *err, size_t errlen);
 void cm_grammar_free(cm_grammar *g);
+/* The GBNF of gbnf (len bytes) put after a reasoning block: any text up to and including the first close (the
+ * block's end, printable ASCII, at most 32 bytes), then optional whitespace, then gbnf's root. open non-NULL:
+ * the block is optional and starts with open (Qwen3's "<think>"; the model may also answer at once); NULL: the
+ * output starts inside the block (DeepSeek-R1, whose template opens it). The text inside is any text without
+ * close (a KMP automaton as right-recursive rules, which the matcher runs as tail calls). *out malloc'd. */
+int cm_grammar_after(const char *gbnf, size_t len, const char *open, const char *close, char **out);
 /* Sizes, for logs and tests. */
 int cm_grammar_rules(const cm_grammar *g);
 int cm_grammar_elements(const cm_grammar *g);

@@ -5,15 +5,32 @@ block after the generation prompt (read back through /tokenize and
 /detokenize); structured output with the reasoning on is refused by name, and
 runs once thinking is off; unknown template switches are refused. Where the
 splitting itself is checked: gateway_test (every chunking of think-tagged
-replies) and arch_e2e (harmony, end to end). GW: a gateway started with
+replies) and arch_e2e (harmony, end to end); structured output with the
+reasoning on holds the answer after the think block to the grammar
+(cm_grammar_after; its think automaton in grammar_test). GW: a gateway started with
 --reasoning-parser qwen3."""
+import json
 import os
 import sys
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from apiutil import check, finish, model_id, post  # noqa: E402
 
 M = model_id()
+
+
+def post_stream(path, body):
+    """(status, the content deltas joined) of a streamed chat request."""
+    from apiutil import GW
+    r = urllib.request.Request(GW + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    out = ""
+    with urllib.request.urlopen(r, timeout=120) as f:
+        for line in f.read().decode().splitlines():
+            if line.startswith("data: {"):
+                ch = json.loads(line[6:])["choices"]
+                out += (ch[0]["delta"].get("content") or "") if ch else ""
+        return f.status, out
 MSG = [{"role": "user", "content": "Say hi."}]
 
 st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 8, "temperature": 0})
@@ -33,9 +50,25 @@ check(st == 200 and j.get("prompt", "").endswith("assistant\n<think>\n\n</think>
 
 rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "properties": {
     "a": {"type": "integer"}}, "required": ["a"]}}}
-st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "response_format": rf})
-check(st == 400 and j["error"]["param"] == "response_format" and "enable_thinking" in j["error"]["message"],
-      "structured output with the reasoning on: refused by name (%d %s)" % (st, j.get("error", {}).get("message")))
+# structured output with the reasoning on: the grammar holds the answer after the think block (which stays free;
+# the block itself is checked in grammar_test, every byte case); this model answers at once, so the grammar
+# applies from the first token
+msg_json = [{"role": "user", "content": "Describe Paris as JSON."}]
+st, j = post("/v1/chat/completions", {"model": M, "messages": msg_json, "max_tokens": 40, "temperature": 0,
+                                      "response_format": rf})
+try:
+    ans = json.loads(j["choices"][0]["message"]["content"]) if st == 200 else None
+except ValueError:
+    ans = None
+check(isinstance(ans, dict) and isinstance(ans.get("a"), int),
+      "structured output with the reasoning on: the answer follows the schema (%d %s)" % (st, str(j)[:120]))
+st, d = post_stream("/v1/chat/completions", {"model": M, "messages": msg_json, "max_tokens": 40, "temperature": 0,
+                                             "response_format": rf, "stream": True})
+check(st == 200 and d == j["choices"][0]["message"]["content"], "the same streamed (%r)" % d[:60])
+st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "tool_choice": "required",
+                                      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})
+check(st == 400 and j["error"]["param"] == "tools" and "enable_thinking" in j["error"]["message"],
+      "tool calling with the reasoning on: refused by name (%d %s)" % (st, j.get("error", {}).get("message")))
 st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "response_format": rf,
                                       "chat_template_kwargs": {"enable_thinking": False}})
 check(st == 200 and j["choices"][0]["message"]["content"].startswith("{"),

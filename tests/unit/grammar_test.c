@@ -515,7 +515,44 @@ static void test_masks(const char *model) {
     cm_gguf_close(gg);
 }
 
+/* cm_grammar_after: the answer's grammar after a reasoning block: any text up to the first close, which
+ * ends it wherever it appears (a prefix of it, or a stray open byte, does not), then the grammar. */
+static void test_after(void) {
+    static const char base[] = "root ::= \"{\" [a-z]* \"}\"\n";
+    char *qwen = NULL, *r1 = NULL;
+    CHECK_RC(cm_grammar_after(base, strlen(base), "<think>", "</think>", &qwen), 0);
+    CHECK_RC(cm_grammar_after(base, strlen(base), NULL, "</think>", &r1), 0);
+    const char *qy[] = {"{ab}", "\n{ab}", "<think>hi</think>{ab}", "<think>hi</think>\n\n{ab}", "<think></think>{}",
+                        "<think>a<</think>{x}", "<think></thi</thin</think>{x}", "<think>\xc3\xa9t\xc3\xa9 </ think></think>{x}",
+                        "<think><think></think>{x}", NULL};
+    const char *qn[] = {"<think>x</think>y", "<think>x</think>{x}</think>", "<think>{x}", "<think>x</think >{x}",
+                        "{ab}</think>", "y{ab}", NULL};
+    table(qwen, qy, qn);
+    const char *ry[] = {"plan</think>{a}", "</think>\n{a}", "a</t</think>{}", NULL};
+    const char *rn[] = {"{a}", "<think>x</think>", "x</think>{a}</think>", NULL};
+    table(r1, ry, rn);
+    /* a long reasoning: right recursion runs as tail calls, the stack stays flat */
+    cm_grammar *g;
+    char err[200];
+    cm_gstate *st;
+    CHECK_RC(cm_grammar_parse(r1, strlen(r1), &g, err, sizeof err), 0);
+    CHECK_RC(cm_gstate_new(g, &st), 0);
+    int ok = 1;
+    for (int i = 0; i < 20000 && ok; i++) ok = !cm_gstate_feed(st, i % 7 ? "word " : "<th ", i % 7 ? 5 : 4);
+    CHECK(ok && !cm_gstate_complete(st));
+    CHECK_RC(cm_gstate_feed(st, "</think>{ok}", 12), 0);
+    CHECK(cm_gstate_complete(st));
+    cm_gstate_free(st);
+    cm_grammar_free(g);
+    char *bad = NULL;
+    CHECK_RC(cm_grammar_after(base, strlen(base), NULL, "", &bad), LLM_EINVAL);
+    CHECK_RC(cm_grammar_after(base, strlen(base), NULL, "\n</x>", &bad), LLM_EINVAL); /* printable ASCII only */
+    free(qwen);
+    free(r1);
+}
+
 int main(int argc, char **argv) {
+    test_after();
     test_gbnf();
     test_schemas();
     test_fuzz(300);
