@@ -116,12 +116,6 @@ static json_t *shown(json_t *m) {
 
 /* ---- multipart/form-data ------------------------------------------------------------- */
 
-typedef struct {
-    const char *file, *purpose;
-    size_t file_len, purpose_len;
-    char filename[256];
-} form;
-
 static const char *find(const char *h, size_t hl, const char *n, size_t nl) {
     return nl <= hl ? memmem(h, hl, n, nl) : NULL;
 }
@@ -147,7 +141,7 @@ static int param(const char *s, const char *e, const char *p, char *out, size_t 
     return 0;
 }
 
-static int parse_form(const char *ctype, const char *b, size_t len, form *f, char *err, size_t errlen) {
+int gw_files_form(const char *ctype, const char *b, size_t len, gw_form *f, char *err, size_t errlen) {
     char bound[200] = "--";
     memset(f, 0, sizeof *f);
     if (!ctype || strncasecmp(ctype, "multipart/form-data", 19) ||
@@ -197,9 +191,9 @@ static int parse_form(const char *ctype, const char *b, size_t len, form *f, cha
 /* ---- the endpoints ----------------------------------------------------------------------- */
 
 static void upload(const char *dir, gw_http_req *r, const char *tenant) {
-    form f;
+    gw_form f;
     char err[300], id[64], path[4200], purpose[32] = "";
-    if (parse_form(r->content_type, r->body, r->body_len, &f, err, sizeof err)) {
+    if (gw_files_form(r->content_type, r->body, r->body_len, &f, err, sizeof err)) {
         gw_http_error(r->conn, 400, err, "file", "invalid_request_error");
         return;
     }

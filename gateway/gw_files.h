@@ -31,6 +31,14 @@ void gw_file_data_path(const char *dir, const char *id, char *out, size_t n);
 int gw_file_publish(const char *dir, const char *id, const char *filename, const char *purpose, const char *tenant);
 /* A new id: "file-" and 24 hex digits (prefix: another, e.g. "batch_"). */
 void gw_files_new_id(char *out, size_t n, const char *prefix);
+/* A multipart/form-data upload: the file part's bytes and name, and purpose's bytes (pointers into b). LLM_EINVAL
+ * with err when it is not one, or has no file part. */
+typedef struct {
+    const char *file, *purpose;
+    size_t file_len, purpose_len;
+    char filename[256];
+} gw_form;
+int gw_files_form(const char *ctype, const char *b, size_t len, gw_form *f, char *err, size_t errlen);
 /* Writes s to path through a temporary file and a rename (the directory entry is whole or absent). */
 int gw_files_write_atomic(const char *path, const char *s, size_t len);
 

@@ -1,6 +1,8 @@
 /* Fuzz target: Responses API request bodies (gw_responses.c), as the gateway
  * rewrites them into chat requests; and /v1/score ('s') and /v1/rerank ('r')
- * bodies (gw_score.c), rewritten into embeddings requests. Byte 0 'p': the bytes up to the first
+ * bodies (gw_score.c), rewritten into embeddings requests; and /v1/files
+ * uploads ('m': a Content-Type line, then a multipart/form-data body;
+ * gw_files.c). Byte 0 'p': the bytes up to the first
  * NUL are a stored record (previous_response_id's conversation, as a
  * store gives it back, which may be anything) and the rest the body; any
  * other byte 0: the rest is the body. A body is rewritten or refused with
@@ -10,6 +12,7 @@
 #include "cm_oai.h"
 #include "gw_responses.h"
 #include "gw_score.h"
+#include "gw_files.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -29,6 +32,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!size) return 0;
     const char *body = (const char *)data + 1, *prev = NULL;
+    if (data[0] == 'm') {
+        const char *nl = memchr(body, '\n', size - 1);
+        if (!nl) return 0;
+        char ctype[300];
+        size_t cl = (size_t)(nl - body) < sizeof ctype - 1 ? (size_t)(nl - body) : sizeof ctype - 1;
+        memcpy(ctype, body, cl);
+        ctype[cl] = 0;
+        const char *b = nl + 1, *end = (const char *)data + size;
+        gw_form f;
+        char err[300] = "";
+        if (gw_files_form(ctype, b, (size_t)(end - b), &f, err, sizeof err)) {
+            EXPECT(err[0]);
+            return 0;
+        }
+        EXPECT(f.file >= b && f.file + f.file_len <= end && strlen(f.filename) < sizeof f.filename);
+        EXPECT(!f.purpose || (f.purpose >= b && f.purpose + f.purpose_len <= end));
+        return 0;
+    }
     if (data[0] == 's' || data[0] == 'r') {
         char err[400] = "", *out = NULL;
         const char *param = NULL;
