@@ -14,7 +14,8 @@
  * reaches the same store finds it. Stored responses belong to the API key
  * that made them.
  *
- * GET /v1/responses/{id} and DELETE /v1/responses/{id} read and remove them. */
+ * GET /v1/responses/{id} and DELETE /v1/responses/{id} read and remove them;
+ * GET /v1/responses/{id}/input_items lists the conversation that led to one. */
 #ifndef GW_RESPONSES_H
 #define GW_RESPONSES_H
 
@@ -26,12 +27,7 @@ typedef void (*gw_resp_generate)(void *ctx, gw_http_req *r);
 
 /* POST /v1/responses from an authorized client; tenant: its key's tag. */
 void gw_resp_create(gw_rstore *st, gw_http_req *r, const char *tenant, gw_resp_generate gen, void *ctx);
-/* GET (del 0) or DELETE (del 1) /v1/responses/{id}. */
+/* GET (del 0) or DELETE (del 1) /v1/responses/{id}; GET /v1/responses/{id}/input_items (id: "ID/input_items"). */
 void gw_resp_lookup(gw_rstore *st, gw_http_req *r, const char *tenant, const char *id, int del);
-
-/* The chat request of a Responses one (for the tests and the fuzzer): prev the stored record of
- * previous_response_id or NULL. LLM_EINVAL with err and *param. */
-int gw_resp_chat_body(const char *body, size_t len, const char *prev, size_t prev_len, char **out, char *err,
-                      size_t errlen, const char **param);
 
 #endif

@@ -94,6 +94,13 @@ whole = c.responses.create(model=M, max_output_tokens=24, **G, instructions=None
     {"role": "user", "content": "What is the capital of France?"},
     {"role": "assistant", "content": r.output_text}, {"role": "user", "content": "And of Germany?"}])
 check(whole.output_text == r2.output_text, "continued = the whole conversation sent as items: %r" % r2.output_text[:40])
+its = c.responses.input_items.list(r2.id).data
+check([(i.type, getattr(i, "role", None)) for i in its] == [("message", "user"), ("message", "assistant"),
+                                                             ("message", "user")]
+      and its[0].content[0].text == "And of Germany?" and its[1].content[0].text == r.output_text,
+      "input_items: the conversation that led to it, newest first (instructions are not carried)")
+st, d = raw(None, method="GET", path="/v1/responses/%s/input_items" % r2.id)
+check(st == 200 and json.loads(d)["object"] == "list", "raw input_items")
 got = c.responses.retrieve(r.id)
 check(got.id == r.id and got.output_text == r.output_text, "retrieve: the stored response")
 st, d = raw(None, method="GET", path="/v1/responses/" + r.id)

@@ -10,7 +10,7 @@
  * that the chat parser then reads (or refuses) as it reads any request. */
 #include "cm_error.h"
 #include "cm_oai.h"
-#include "gw_responses.h"
+#include "gw_resp_in.h"
 #include "gw_score.h"
 #include "gw_files.h"
 
