@@ -57,3 +57,41 @@ def stop_and_check_logs(procs, logdir, what):
         if "runtime error:" in text or "ERROR: AddressSanitizer" in text or "ERROR: LeakSanitizer" in text:
             bad.append(os.path.basename(f))
     check(not bad, "%s: no sanitizer report in the processes' logs%s" % (what, (" (" + ", ".join(bad) + ")") if bad else ""))
+
+
+def free_port():
+    """A loopback port free now (the kernel's choice)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthy(port, t=60):
+    """True once http://127.0.0.1:PORT/health answers 200, within t seconds."""
+    import time
+    end = time.time() + t
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as f:
+                if f.status == 200:
+                    return True
+        except Exception:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def sse_events(sse):
+    """[(event, data)] of a named-event SSE body."""
+    out = []
+    for block in sse.split("\n\n"):
+        name = data = None
+        for line in block.splitlines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+        if name:
+            out.append((name, data))
+    return out

@@ -9,7 +9,7 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from apiutil import GW, check, finish, model_id  # noqa: E402
+from apiutil import GW, check, finish, sse_events, model_id  # noqa: E402
 
 import anthropic  # noqa: E402
 
@@ -26,21 +26,6 @@ def raw(path, body, key=KEY, stream=False):
             return f.status, d if stream else json.loads(d)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def events(sse):
-    """[(event, data)] of an SSE body."""
-    out = []
-    for block in sse.split("\n\n"):
-        name = data = None
-        for line in block.splitlines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-        if name:
-            out.append((name, data))
-    return out
 
 
 r = urllib.request.Request(GW + "/v1/models", headers={"Authorization": "Bearer " + KEY})
@@ -69,7 +54,7 @@ check(text and fm.content[0].text == text and fm.stop_reason in ("end_turn", "ma
 body = {"model": M, "max_tokens": 12, "messages": MSG, "temperature": 0}
 st, plain = raw("/v1/messages", body)
 st2, sse = raw("/v1/messages", dict(body, stream=True), stream=True)
-ev = events(sse)
+ev = sse_events(sse)
 names = [e for e, _ in ev]
 streamed = "".join(d["delta"]["text"] for e, d in ev if e == "content_block_delta")
 check(st == 200 and st2 == 200 and names[:3] == ["message_start", "ping", "content_block_start"] and

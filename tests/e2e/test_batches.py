@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GW", "-")
-from apiutil import check, finish, stop_and_check_logs  # noqa: E402
+from apiutil import check, finish, free_port, healthy, stop_and_check_logs  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -42,30 +41,9 @@ FILES = os.path.join(TMP, "files")
 PROCS = {}
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start(name, args):
     log = open(os.path.join(TMP, name + ".log"), "a")
     PROCS[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-
-
-def healthy(port, t=60):
-    end = time.time() + t
-    while time.time() < end:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as f:
-                if f.status == 200:
-                    return True
-        except Exception:
-            pass
-        time.sleep(0.2)
-    return False
 
 
 W = free_port()

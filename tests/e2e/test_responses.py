@@ -12,7 +12,7 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from apiutil import GW, check, finish  # noqa: E402
+from apiutil import GW, check, finish, sse_events  # noqa: E402
 
 import jsonschema  # noqa: E402
 import openai  # noqa: E402
@@ -47,20 +47,6 @@ def raw(body, key=KEY, method="POST", path="/v1/responses"):
             return f.status, d
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def events(sse):
-    out = []
-    for block in sse.split("\n\n"):
-        name = data = None
-        for line in block.splitlines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-        if name:
-            out.append((name, data))
-    return out
 
 
 # ---- create ------------------------------------------------------------------------------
@@ -136,7 +122,7 @@ with c.responses.stream(model=M, input="What is the capital of France?", instruc
 check(deltas == r.output_text and final.output_text == r.output_text and final.status == r.status,
       "SDK stream: the deltas and the final response as the unstreamed one")
 st, d = raw({"model": M, "input": "Say hi.", "max_output_tokens": 6, "temperature": 0, "stream": True})
-ev = events(d)
+ev = sse_events(d)
 names = [n for n, _ in ev]
 check(st == 200 and names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                                   "response.content_part.added"] and names[-4:] == [

@@ -31,7 +31,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("GW", "-")
-from apiutil import check, finish, stop_and_check_logs  # noqa: E402
+from apiutil import check, finish, free_port, healthy, stop_and_check_logs  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -44,14 +44,6 @@ TMP = tempfile.mkdtemp(prefix="llmserve-resp-")
 PROCS = []
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start(args, name):
     log = open(os.path.join(TMP, name + ".log"), "w")
     p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -60,15 +52,8 @@ def start(args, name):
 
 
 def wait_health(port, what, t=60):
-    end = time.time() + t
-    while time.time() < end:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as f:
-                if f.status == 200:
-                    return True
-        except Exception:
-            pass
-        time.sleep(0.2)
+    if healthy(port, t):
+        return True
     print("FAIL %s not healthy; logs in %s" % (what, TMP))
     return False
 
