@@ -3,6 +3,7 @@
 #include "wk_cuda.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -22,6 +23,7 @@ void wk_engine_opts_default(wk_engine_opts *o) {
     o->prefix_caching = 1;
     o->gpu_memory_utilization = 0.9f; /* vLLM's default */
     o->max_step_ms = 250;
+    o->starve_ms = 10000;
     wk_spec_config_default(&o->spec);
 }
 
@@ -429,6 +431,7 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
     if (!r) return LLM_ENOMEM;
     r->id = id;
     r->arrival = ++e->arrivals;
+    r->queued_at = cm_now();
     r->p = *p;
     wk_lora_ref(e->m, r->p.lora, 1); /* the adapter stays while the request does */
     r->n_prompt = n_prompt;

@@ -77,6 +77,9 @@ typedef struct wk_engine_opts {
     float gpu_memory_utilization; /* CUDA backend; unused on the CPU */
     float max_step_ms;            /* a step's time target: prefill chunks are sized to it from the measured cost
                                      per token (decodes always advance); 0: tokens only. Default 250 */
+    float starve_ms;              /* a waiting request of a lower priority that has waited this long is admitted
+                                     before the higher ones (they pass it; they do not stop it). Default 10000;
+                                     0: strict priorities */
     wk_spec_config spec;          /* speculative decoding (wk_spec.h); off by default */
     wk_model *draft;              /* spec.method WK_SPEC_DRAFT: the draft model, loaded by the caller (same
                                      vocabulary and tokenizer as the target, one rank); not owned */
@@ -118,6 +121,7 @@ typedef struct {
     int blocks_total, blocks_free, blocks_cached;
     uint64_t prefix_queries, prefix_hits;  /* tokens */
     uint64_t steps, tokens_computed, tokens_generated, preemptions;
+    uint64_t starved;             /* admissions of a lower priority ahead of higher ones, past starve_ms */
     uint64_t requests_finished, requests_aborted;
     size_t kv_bytes_per_token;
     float ms_per_token;           /* measured cost of a token in a step (moving average; 0: not yet known) */

@@ -47,6 +47,7 @@ typedef struct {
 
 struct wk_req {
     uint64_t id, arrival;
+    double queued_at;             /* cm_now() when added: how long it has waited (wk_engine_opts.starve_ms) */
     int at;                  /* its index in the engine's reqs */
     wk_params p;
     char *stop_buf;          /* the stop strings, copied */

@@ -3,6 +3,7 @@
 #include "wk_engine_int.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #include <string.h>
 
@@ -199,6 +200,20 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
     int prefill_budget = budget;
     e->st.step_token_budget = decoded + budget;
     if ((rc = plan_running(e, 0, 0, &budget, &preempted))) return rc;
+    /* no starvation: the first lower-priority request that has waited starve_ms goes to the head */
+    if (e->o.starve_ms > 0 && e->n_waiting > 1) {
+        double now = cm_now();
+        int top = e->waiting[0]->req->p.priority;
+        for (int i = 1; i < e->n_waiting; i++) {
+            wk_seq *s = e->waiting[i];
+            if (s->req->p.priority > top && (now - s->req->queued_at) * 1e3 >= e->o.starve_ms) {
+                memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)i);
+                e->waiting[0] = s;
+                e->st.starved++;
+                break;
+            }
+        }
+    }
     /* admit waiting requests into what is left; not in a step that had to preempt */
     while (!preempted && e->n_waiting && budget > 0) {
         wk_seq *s = e->waiting[0];

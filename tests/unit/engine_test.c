@@ -69,6 +69,45 @@ static void test_batched_equals_alone(void) {
     fprintf(stderr, "  batched == alone: %d/%d prompts, %llu steps\n", same, N, (unsigned long long)st.steps);
 }
 
+/* Priorities: lower first, strictly while starve_ms is 0; a lower priority that has waited starve_ms goes
+ * first (batch work passed by interactive work, never stopped by it). One seat, so the order of the requests'
+ * ends is the order of their admissions. */
+static int first_done(wk_engine *e) {
+    for (int guard = 0; guard < 10000; guard++) {
+        if (wk_engine_step(e) < 0) return -1;
+        const wk_output *out;
+        int n = wk_engine_outputs(e, &out);
+        for (int i = 0; i < n; i++)
+            if (out[i].last) return (int)out[i].id;
+    }
+    return -1;
+}
+
+static void test_starvation(void) {
+    int32_t p[2][16];
+    prompt(100, 16, p[0]);
+    prompt(300, 16, p[1]);
+    char err[256];
+    for (int aged = 0; aged < 2; aged++) {
+        wk_engine_opts o;
+        wk_engine *e;
+        opts(&o, 512, 1);
+        o.starve_ms = aged ? 1 : 0;
+        CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
+        wk_params lo = greedy(3), hi = greedy(3);
+        lo.priority = 1; /* a batch request, queued first */
+        CHECK_RC(wk_engine_add(e, 7, p[0], 16, &lo, err, sizeof err), 0);
+        usleep(5000);
+        CHECK_RC(wk_engine_add(e, 8, p[1], 16, &hi, err, sizeof err), 0);
+        CHECK_INT(first_done(e), aged ? 7 : 8);
+        CHECK_INT(first_done(e), aged ? 8 : 7);
+        wk_engine_stats st;
+        wk_engine_get_stats(e, &st);
+        CHECK_INT(st.starved, aged ? 1 : 0);
+        wk_engine_free(e);
+    }
+}
+
 static void test_prefix_cache(void) {
     enum { PRE = 1000, SUF = 24 };
     static int32_t a[PRE + SUF], b[PRE + SUF];
@@ -652,6 +691,7 @@ int main(int argc, char **argv) {
     test_resume();
     test_sampling();
     test_prefix_cache();
+    test_starvation();
     if (!UNDER_TSAN) { /* under ThreadSanitizer, 20 times slower: the thread pool's races show in the tests above */
         test_preemption();
         test_batched_equals_alone();
