@@ -62,7 +62,8 @@ else
 fi
 GW=http://127.0.0.1:$((BASE + 3)) KEY=k-anth KEY2=k-two "$VENV/bin/python" "$HERE/test_responses.py" || rc=1
 took responses
-# the same across a cluster: two gateways sharing a real Redis, two groups, haproxy (skips without redis-server)
+# the same across a cluster: two gateways sharing a real Redis, two groups, haproxy (skips without redis-server),
+# and every other endpoint through it (score and rerank with the embedding group of $LLMSERVE_EMBED_MODEL)
 "$VENV/bin/python" "$HERE/test_responses_cluster.py" "$BUILD" "$MODEL"
 case $? in 0) ;; 77) echo "skip responses cluster: redis-server not installed" ;; *) rc=1 ;; esac
 took responses-cluster

@@ -1,4 +1,4 @@
-"""The Responses API across a cluster: two gateways sharing a real Redis
+"""The Responses API (and every other endpoint) across a cluster: two gateways sharing a real Redis
 (--response-store redis://:PASSWORD@HOST:PORT/DB, a password and a database
 of its own), two worker groups, haproxy in front (when it is
 installed), driven by the `openai` SDK.
@@ -13,6 +13,11 @@ installed), driven by the `openai` SDK.
   gateway are not held up; thawed, all works again.
 - Redis killed: 503 at once; restarted, the gateways connect again by
   themselves.
+- Chat, completions, Anthropic's messages and count_tokens (and, with
+  LLMSERVE_EMBED_MODEL, an embedding group's embeddings, score and rerank)
+  through each gateway and the balancer; files uploaded through one
+  gateway, a batch created through the other (a shared --files-dir),
+  polled and downloaded through the balancer.
 - A gateway with the default memory store does not see the cluster's
   responses; a bad --response-store URL is refused at the start by name.
 
@@ -82,8 +87,18 @@ try:
         start([BUILD + "/llmserve-worker", "--model", MODEL, "--kv-cache-memory", "256MiB", "--max-model-len", "2048",
                "--log-level", "warn", "--listen", "tcp://127.0.0.1:%d" % w], "worker%d" % i)
     workers = ",".join("tcp://127.0.0.1:%d" % w for w in W)
+    EMB = os.environ.get("LLMSERVE_EMBED_MODEL", "")
+    if os.path.isfile(os.path.join(EMB, "config.json")):  # an embedding group too, for score and rerank
+        WE = free_port()
+        start([BUILD + "/llmserve-worker", "--model", EMB, "--log-level", "warn", "--listen", "tcp://127.0.0.1:%d" % WE],
+              "worker-embed")
+        workers += ",tcp://127.0.0.1:%d" % WE
+    else:
+        EMB = ""
+        print("note: no embedding model (LLMSERVE_EMBED_MODEL): score and rerank not run through the cluster")
     GP = [free_port(), free_port(), free_port()]
-    store = ["--response-store", "redis://:s3cret@127.0.0.1:%d/2" % RP, "--response-store-timeout", "1"]
+    store = ["--response-store", "redis://:s3cret@127.0.0.1:%d/2" % RP, "--response-store-timeout", "1",
+             "--files-dir", os.path.join(TMP, "files")]
     for i in range(2):
         start([BUILD + "/llmserve-gateway", "--port", str(GP[i]), "--workers", workers, "--api-key", "k",
                "--log-level", "warn"] + store, "gateway%d" % i)
@@ -148,6 +163,54 @@ try:
         check(False, "the memory-store gateway sees a Redis-stored response")
     except openai.NotFoundError:
         check(True, "a gateway with the memory store does not see the cluster's responses (404)")
+
+    # ---- every other endpoint through the cluster: both gateways and the balancer ---------------------------
+    import io
+    import json
+    hdr = {"Content-Type": "application/json", "Authorization": "Bearer k"}
+
+    def post(port, path, body, extra=None):
+        r = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), json.dumps(body).encode(),
+                                   dict(hdr, **(extra or {})))
+        try:
+            with urllib.request.urlopen(r, timeout=60) as f:
+                return f.status, json.loads(f.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    ports = [GP[0], GP[1]] + ([LB] if LB else [])
+    okk = True
+    for port in ports:
+        st1, a = post(port, "/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "Hi"}],
+                                                     "max_tokens": 4, "temperature": 0})
+        st2, b = post(port, "/v1/completions", {"model": M, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        st3, m = post(port, "/v1/messages", {"model": M, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]},
+                      {"anthropic-version": "2023-06-01"})
+        st4, n = post(port, "/v1/messages/count_tokens", {"model": M, "messages": [{"role": "user", "content": "Hi"}]})
+        okk = okk and (st1, st2, st3, st4) == (200, 200, 200, 200) and m["type"] == "message" and n["input_tokens"] > 0
+        if EMB:
+            emb_id = os.path.basename(EMB.rstrip("/"))
+            st5, e = post(port, "/v1/embeddings", {"model": emb_id, "input": ["a", "b"]})
+            st6, sc = post(port, "/v1/score", {"model": emb_id, "text_1": "a cat", "text_2": ["a cat", "a car"]})
+            st7, rr = post(port, "/v1/rerank", {"model": emb_id, "query": "a cat", "documents": ["a car", "a cat"]})
+            okk = okk and (st5, st6, st7) == (200, 200, 200) and abs(sc["data"][0]["score"] - 1) < 1e-5 \
+                and rr["results"][0]["index"] == 1
+    check(okk, "chat, completions, messages, count_tokens%s through gateway 0, 1%s" % (
+        ", embeddings, score, rerank" if EMB else "", " and haproxy" if LB else ""))
+    f = g0.files.create(file=("b.jsonl", io.BytesIO("\n".join(json.dumps(
+        {"custom_id": "x%d" % i, "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": M, "messages": [{"role": "user", "content": "Count to %d" % i}], "max_tokens": 4}})
+        for i in range(6)).encode())), purpose="batch")
+    bt = g1.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    lbc = cl(LB) if LB else g0
+    for _ in range(200):
+        bt = lbc.batches.retrieve(bt.id)
+        if bt.status in ("completed", "failed", "cancelled", "expired"):
+            break
+        time.sleep(0.3)
+    outl = lbc.files.content(bt.output_file_id).text.splitlines() if bt.output_file_id else []
+    check(bt.status == "completed" and len(outl) == 6, "files and a batch: uploaded through gateway 0, created through 1, "
+          "polled and downloaded through %s" % ("haproxy" if LB else "0"))
 
     # ---- Redis frozen: deadlines, and nothing else held up -------------------------------------------
     redis.send_signal(signal.SIGSTOP)
