@@ -301,11 +301,12 @@ static void prep_run(gw_job *j) {
         if (!q->c.enable_thinking && !(q->c.reasoning == CM_REASON_QWEN3 && m->chat_kind == CM_CHAT_CHATML))
             REFUSE(400, "chat_template_kwargs", "invalid_value", "chat_template_kwargs.enable_thinking false is honoured "
                    "with --reasoning-parser qwen3 on a ChatML template (Qwen3's), not here");
+        if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
+            REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
+        /* a thinking model: the answer after its reasoning is held to the grammar (structured output, forced tool
+         * calls), the reasoning is free; calls are read from the content (cm_oai_resp.c) */
         int thinks = (q->c.reasoning == CM_REASON_R1 || q->c.reasoning == CM_REASON_QWEN3) && q->c.enable_thinking;
-        if (thinks && tools_on)
-            REFUSE(400, "tools", "invalid_value", "tool calling after the model's reasoning is not implemented: set "
-                   "chat_template_kwargs.enable_thinking false");
-        if (thinks && q->c.grammar) { /* the answer after the reasoning is held to the grammar, the reasoning is free */
+        if (thinks && q->c.grammar) {
             char *w = NULL;
             rc = cm_grammar_after(q->c.grammar, strlen(q->c.grammar), q->c.reasoning == CM_REASON_QWEN3 ? "<think>" : NULL,
                                   "</think>", &w);
@@ -313,8 +314,6 @@ static void prep_run(gw_job *j) {
             free(q->c.grammar);
             q->c.grammar = w;
         }
-        if (tf != CM_TOOLS_HERMES && (rc = cm_oai_tools_grammar(&q->c, tf, perr, sizeof perr)))
-            REFUSE(rc == LLM_ENOMEM ? 500 : 400, "tools", rc == LLM_ENOMEM ? "internal_error" : "invalid_value", "%s", perr);
         int policy = q->c.context_overflow >= 0 ? q->c.context_overflow : p->overflow;
         if (policy != CM_OVERFLOW_ERROR) { /* the budget leaves room for the answer */
             int L = p->b.max_len, room = q->c.max_tokens ? q->c.max_tokens : (L / 4 < 256 ? L / 4 : 256);

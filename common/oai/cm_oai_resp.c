@@ -257,6 +257,27 @@ static unsigned long long call_seed(const cm_oai_result *r, int index) {
     return h ^ (unsigned long long)index;
 }
 
+/* A chat choice's text as the reasoning parser splits it (whole; final: the end has come): the reasoning and
+ * the content. Without a parser the content is the text as it is. Tool calls are read from the content. */
+static void split(const cm_oai_result *r, const cm_oai_choice *c, int final, cm_hbuf *rb, cm_hbuf *cb) {
+    memset(rb, 0, sizeof *rb);
+    memset(cb, 0, sizeof *cb);
+    if (!r->reasoning) {
+        cb->s = (char *)(c->text ? c->text : "");
+        cb->n = c->len;
+        return;
+    }
+    cm_harmony h;
+    cm_reason_init(&h, r->reasoning);
+    cm_harmony_feed(&h, c->text ? c->text : "", c->len, final, rb, cb);
+}
+
+static void split_free(const cm_oai_result *r, cm_hbuf *rb, cm_hbuf *cb) {
+    if (!r->reasoning) return;
+    cm_hbuf_free(rb);
+    cm_hbuf_free(cb);
+}
+
 json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_tokenizer *tok) {
     (void)tok;
     json_t *out = json_array();
@@ -264,11 +285,15 @@ json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_toke
     const cm_oai_choice *c = &r->ch[index];
     json_t *calls = NULL;
     char *rest = NULL;
-    cm_tools_parse(r->tool_format, r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, index), &calls, &rest);
+    cm_hbuf rb, cb;
+    split(r, c, 1, &rb, &cb);
+    cm_tools_parse(r->tool_format, r->tools, r->n_tools, cb.s ? cb.s : "", cb.n, call_seed(r, index), &calls, &rest);
     json_t *delta = json_pack("{s:s}", "role", "assistant");
+    if (rb.n) json_object_set_new(delta, "reasoning_content", cm_oai_jbytes(rb.s, rb.n));
     if (!calls || rest) json_object_set_new(delta, "content", calls ? cm_oai_jbytes(rest, strlen(rest))
-                                                                    : cm_oai_jbytes(c->text ? c->text : "", c->len));
+                                                                    : cm_oai_jbytes(cb.s ? cb.s : "", cb.n));
     free(rest);
+    split_free(r, &rb, &cb);
     json_t *one = json_array();
     json_array_append_new(one, json_pack("{s:i,s:o,s:n,s:n}", "index", index, "delta", delta, "logprobs", "finish_reason"));
     json_array_append_new(out, chunk_envelope(r, one));
@@ -322,26 +347,24 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
         const cm_oai_choice *c = &r->ch[i];
         json_t *text = cm_oai_jbytes(c->text ? c->text : "", c->len);
         json_t *lp = r->logprobs >= 0 ? logprobs_json(r, c->lp, c->lp_offset, c->n_lp, tok) : json_null();
-        json_t *calls = NULL;
+        json_t *calls = NULL, *reasoning = NULL;
         char *rest = NULL;
-        if (r->is_chat && r->tools)
-            cm_tools_parse(r->tool_format, r->tools, r->n_tools, c->text ? c->text : "", c->len, call_seed(r, i), &calls, &rest);
+        cm_hbuf rb, cb;
+        if (r->is_chat) { /* the reasoning apart from the content; calls are read from the content */
+            split(r, c, 1, &rb, &cb);
+            if (r->reasoning) {
+                json_decref(text);
+                text = cm_oai_jbytes(cb.s ? cb.s : "", cb.n);
+                reasoning = rb.n ? cm_oai_jbytes(rb.s, rb.n) : NULL;
+            }
+            if (r->tools)
+                cm_tools_parse(r->tool_format, r->tools, r->n_tools, cb.s ? cb.s : "", cb.n, call_seed(r, i), &calls, &rest);
+            split_free(r, &rb, &cb);
+        }
         if (calls) { /* the content is what is left around the calls, or null */
             json_decref(text);
             text = rest ? cm_oai_jbytes(rest, strlen(rest)) : json_null();
             free(rest);
-        }
-        json_t *reasoning = NULL;
-        if (r->reasoning) { /* the reasoning apart from the content */
-            cm_harmony h;
-            cm_hbuf rb = {0}, cb = {0};
-            cm_reason_init(&h, r->reasoning);
-            cm_harmony_feed(&h, c->text ? c->text : "", c->len, 1, &rb, &cb);
-            json_decref(text);
-            text = cm_oai_jbytes(cb.s ? cb.s : "", cb.n);
-            reasoning = rb.n ? cm_oai_jbytes(rb.s, rb.n) : NULL;
-            cm_hbuf_free(&rb);
-            cm_hbuf_free(&cb);
         }
         if (r->is_chat)
             json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:n,s:o*,s:o*},s:o,s:s?,s:o}", "index", i, "message",
@@ -464,8 +487,16 @@ json_t *cm_oai_tool_stream_json(cm_oai_result *r, int index, int final) {
     if (index < 0 || index >= r->n) return out;
     cm_oai_choice *c = &r->ch[index];
     tool_stream_ctx x = {r, index, out};
-    cm_tools_stream_feed(&c->ts, r->tools, r->n_tools, c->text ? c->text : "", c->len, final, call_seed(r, index),
-                         on_tool_event, &x);
+    cm_hbuf rb, cb;
+    split(r, c, final, &rb, &cb); /* the reasoning goes out as it settles; calls are read from the content */
+    if (rb.n > c->reason_sent) {
+        tool_delta(&x, json_pack("{s:o}", "reasoning_content", cm_oai_jbytes(rb.s + c->reason_sent, rb.n - c->reason_sent)),
+                   NULL);
+        c->reason_sent = rb.n;
+    }
+    cm_tools_stream_feed(&c->ts, r->tools, r->n_tools, cb.s ? cb.s : "", cb.n, final, call_seed(r, index), on_tool_event,
+                         &x);
+    split_free(r, &rb, &cb);
     if (final) tool_delta(&x, json_object(), c->ts.n_calls ? "tool_calls" : cm_oai_finish_name(c->finish));
     return out;
 }

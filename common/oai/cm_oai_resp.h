@@ -48,6 +48,7 @@ typedef struct {
     int role_sent;               /* streaming chat: the first delta (with the role) went out */
     cm_tools_stream ts;          /* streaming with tools (Hermes): what of the text went out as deltas */
     cm_harmony hs;               /* streaming a harmony reply: where its text so far ends */
+    size_t reason_sent;          /* streaming with tools and a reasoning parser: reasoning bytes sent */
     int stop_kind, stop_val;     /* what stopped it (CM_OAI_STOP_*): the request's stop string (index) or stop token */
 } cm_oai_choice;
 

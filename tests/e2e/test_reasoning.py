@@ -7,7 +7,8 @@ runs once thinking is off; unknown template switches are refused. Where the
 splitting itself is checked: gateway_test (every chunking of think-tagged
 replies) and arch_e2e (harmony, end to end); structured output with the
 reasoning on holds the answer after the think block to the grammar
-(cm_grammar_after; its think automaton in grammar_test). GW: a gateway started with
+(cm_grammar_after; its think automaton in grammar_test), and so are forced
+tool calls, read from the content after the reasoning. GW: a gateway started with
 --reasoning-parser qwen3."""
 import json
 import os
@@ -15,14 +16,13 @@ import sys
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from apiutil import check, finish, model_id, post  # noqa: E402
+from apiutil import GW, check, finish, model_id, post  # noqa: E402
 
 M = model_id()
 
 
 def post_stream(path, body):
     """(status, the content deltas joined) of a streamed chat request."""
-    from apiutil import GW
     r = urllib.request.Request(GW + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
     out = ""
     with urllib.request.urlopen(r, timeout=120) as f:
@@ -65,10 +65,29 @@ check(isinstance(ans, dict) and isinstance(ans.get("a"), int),
 st, d = post_stream("/v1/chat/completions", {"model": M, "messages": msg_json, "max_tokens": 40, "temperature": 0,
                                              "response_format": rf, "stream": True})
 check(st == 200 and d == j["choices"][0]["message"]["content"], "the same streamed (%r)" % d[:60])
-st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "tool_choice": "required",
-                                      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})
-check(st == 400 and j["error"]["param"] == "tools" and "enable_thinking" in j["error"]["message"],
-      "tool calling with the reasoning on: refused by name (%d %s)" % (st, j.get("error", {}).get("message")))
+# a forced tool call with the reasoning on: the call under the grammar after the think block, read from the
+# content (a think block that mentions <tool_call> is gateway_test's); streamed, the same call
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+tb = {"model": M, "messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 60, "temperature": 0,
+      "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+st, j = post("/v1/chat/completions", tb)
+calls = j["choices"][0]["message"].get("tool_calls") if st == 200 else None
+check(calls and calls[0]["function"]["name"] == "get_weather" and "city" in json.loads(calls[0]["function"]["arguments"])
+      and j["choices"][0]["finish_reason"] == "tool_calls",
+      "a forced tool call with the reasoning on: %s" % (calls[0]["function"]["arguments"] if calls else str(j)[:100]))
+r = urllib.request.Request(GW + "/v1/chat/completions", json.dumps(dict(tb, stream=True)).encode(),
+                           {"Content-Type": "application/json"})
+args, names = "", []
+with urllib.request.urlopen(r, timeout=120) as f:
+    for line in f.read().decode().splitlines():
+        if line.startswith("data: {"):
+            ch = json.loads(line[6:])["choices"]
+            for tc in (ch[0]["delta"].get("tool_calls") or []) if ch else []:
+                names += [tc["function"]["name"]] if tc.get("id") else []
+                args += tc["function"].get("arguments") or ""
+check(names == ["get_weather"] and calls and json.loads(args) == json.loads(calls[0]["function"]["arguments"]),
+      "the same call streamed")
 st, j = post("/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 16, "response_format": rf,
                                       "chat_template_kwargs": {"enable_thinking": False}})
 check(st == 200 and j["choices"][0]["message"]["content"].startswith("{"),

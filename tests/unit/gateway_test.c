@@ -745,7 +745,69 @@ static void test_harmony(void) {
     cm_oai_result_free(&res);
 }
 
+/* A thinking model's tool call: the reasoning (which may mention <tool_call>) apart, the call read from the
+ * content, whole and streamed (Hermes, in 7-byte pieces). */
+static void test_reasoning_tools(void) {
+    cm_oai_tool tools[1] = {{"add", NULL, NULL}};
+    cm_oai_completion req;
+    memset(&req, 0, sizeof req);
+    req.is_chat = 1;
+    req.n = 1;
+    req.logprobs = -1;
+    req.reasoning = CM_REASON_QWEN3;
+    req.tools = tools;
+    req.n_tools = 1;
+    req.tool_choice = CM_TOOL_REQUIRED;
+    req.tool_format = CM_TOOLS_HERMES;
+    const char *out = "<think>I should call add. <tool_call> not yet</think>\n<tool_call>\n{\"name\": \"add\", "
+                      "\"arguments\": {\"a\": 1}}\n</tool_call>";
+    cm_oai_result res;
+    cm_oai_result_init(&res, &req, "chatcmpl-9", "m", 0, NULL, 0);
+    CHECK_RC(cm_oai_result_add(&res, 0, out, strlen(out), NULL, 0, NULL), 0);
+    res.ch[0].finish = CM_OAI_FINISH_STOP;
+    json_t *j = cm_oai_response_json(&res, NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0), *msg = json_object_get(ch, "message");
+    json_t *calls = json_object_get(msg, "tool_calls");
+    CHECK(json_array_size(calls) == 1 && json_is_null(json_object_get(msg, "content")));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "name")) ?
+                      json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "name")) : "",
+                  "add"));
+    CHECK(json_string_value(json_object_get(msg, "reasoning_content")) &&
+          !strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "I should call add. <tool_call> not yet"));
+    CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls"));
+    json_decref(j);
+    cm_oai_result_free(&res);
+    /* streamed */
+    cm_oai_result_init(&res, &req, "chatcmpl-10", "m", 0, NULL, 0);
+    char rs[128] = "", args[128] = "", name[32] = "";
+    int n_calls = 0;
+    for (size_t i = 0, n = strlen(out); i <= n; i += 7) {
+        int fin = i + 7 > n;
+        CHECK_RC(cm_oai_result_add(&res, 0, out + i, fin ? n - i : 7, NULL, 0, NULL), 0);
+        if (fin) res.ch[0].finish = CM_OAI_FINISH_STOP;
+        json_t *a = cm_oai_tool_stream_json(&res, 0, fin);
+        for (size_t k = 0; k < json_array_size(a); k++) {
+            json_t *d = json_object_get(json_array_get(json_object_get(json_array_get(a, k), "choices"), 0), "delta");
+            const char *r = json_string_value(json_object_get(d, "reasoning_content"));
+            if (r) strncat(rs, r, sizeof rs - strlen(rs) - 1);
+            CHECK(!json_string_length(json_object_get(d, "content")));
+            json_t *tc = json_array_get(json_object_get(d, "tool_calls"), 0), *fn = json_object_get(tc, "function");
+            if (json_object_get(tc, "id")) n_calls++, snprintf(name, sizeof name, "%s", json_string_value(json_object_get(fn, "name")));
+            if (json_string_value(json_object_get(fn, "arguments")))
+                strncat(args, json_string_value(json_object_get(fn, "arguments")), sizeof args - strlen(args) - 1);
+        }
+        json_decref(a);
+    }
+    CHECK(!strcmp(rs, "I should call add. <tool_call> not yet"));
+    CHECK(n_calls == 1 && !strcmp(name, "add"));
+    json_t *aj = json_loads(args, 0, NULL);
+    CHECK(json_integer_value(json_object_get(aj, "a")) == 1);
+    json_decref(aj);
+    cm_oai_result_free(&res);
+}
+
 int main(void) {
+    test_reasoning_tools();
     cache();
     limits();
     auth();
