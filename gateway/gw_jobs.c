@@ -2,6 +2,7 @@
 #include "cm_error.h"
 #include "cm_log.h"
 #include "gw_files.h"
+#include "cm_idmap.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define MAX_LINES 50000
 #define WINDOW_S (24 * 3600)
@@ -58,6 +60,7 @@ struct gw_jobs {
     struct evhttp_connection **conn; /* one kept-alive connection to ourselves per request in flight */
     call **on;                   /* what each carries now, or NULL */
     struct event *tick;
+    cm_idmap ended;              /* batches seen finished (XXH3 of the id): the look each second skips them */
     double retry_at;             /* after a 429/503: no new sends before this */
     gw_jobs_stats st;
 };
@@ -434,8 +437,7 @@ static void dispatch(gw_jobs *js) {
     }
     for (job *j = js->jobs, *nx; j; j = nx) { /* the ones with nothing left */
         nx = j->next;
-        int left = 0;
-        for (int i = 0; i < j->n && !left; i++) left = j->lines[i].state != L_DONE;
+        int left = j->n - j->ok - j->failed; /* (every line done is counted in one of the two) */
         if (!j->inflight && (j->cancelling || !left)) finish_job(js, j, j->cancelling ? "cancelled" : "completed");
     }
 }
@@ -474,11 +476,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
         snprintf(id, sizeof id, "%.*s", (int)(n - 5), e->d_name);
         int mine = 0;
         for (job *j = js->jobs; j && !mine; j = j->next) mine = !strcmp(j->id, id);
-        if (mine) continue;
+        uint64_t h = XXH3_64bits(id, strlen(id));
+        if (mine || cm_idmap_get(&js->ended, h)) continue;
         path_of(js, id, ".json", p, sizeof p);
         json_t *o = json_load_file(p, 0, NULL);
         const char *st = json_string_value(json_object_get(o, "status"));
         if (st && (!strcmp(st, "in_progress") || !strcmp(st, "cancelling") || !strcmp(st, "finalizing"))) adopt(js, id, NULL);
+        else if (st) cm_idmap_put(&js->ended, h, js); /* finished for good (a failed put only costs a look) */
         json_decref(o);
     }
     if (d) closedir(d);
@@ -743,5 +747,6 @@ void gw_jobs_free(gw_jobs *js) {
         job_free(j); /* its lock goes: the next gateway to look adopts it */
     }
     event_free(js->tick);
+    cm_idmap_free(&js->ended);
     free(js);
 }
