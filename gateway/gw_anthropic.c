@@ -155,8 +155,8 @@ int gw_anth_request(const char *body, size_t len, int count, char **out, size_t 
     }
     json_object_set(r, "messages", msgs);
     if ((v = json_object_get(o, "tools")) && !json_is_null(v)) {
-        json_t *tools = json_array(), *tool;
         if (!json_is_array(v)) BAD("tools", "tools: a list");
+        json_t *tools = json_array(), *tool;
         json_array_foreach(v, i, tool) {
             const char *ty = json_string_value(json_object_get(tool, "type"));
             if ((ty && strcmp(ty, "custom")) || !json_is_string(json_object_get(tool, "name"))) {
