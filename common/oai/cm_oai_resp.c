@@ -257,11 +257,6 @@ static unsigned long long call_seed(const cm_oai_result *r, int index) {
     return h ^ (unsigned long long)index;
 }
 
-/* A chat choice's finish_reason: tool_calls when it made calls, unless max_tokens cut it (a call may be cut). */
-static const char *finish_of(const cm_oai_choice *c, int calls) {
-    return calls && c->finish != CM_OAI_FINISH_LENGTH ? "tool_calls" : cm_oai_finish_name(c->finish);
-}
-
 /* A chat choice's text as the reasoning parser splits it (whole; final: the end has come): the reasoning and
  * the content. Without a parser the content is the text as it is. Tool calls are read from the content. */
 static void split(const cm_oai_result *r, const cm_oai_choice *c, int final, cm_hbuf *rb, cm_hbuf *cb) {
@@ -311,7 +306,7 @@ json_t *cm_oai_tool_chunks_json(const cm_oai_result *r, int index, const cm_toke
     }
     json_t *fin = json_array();
     json_array_append_new(fin, json_pack("{s:i,s:{},s:n,s:s?}", "index", index, "delta", "logprobs", "finish_reason",
-                                         finish_of(c, calls != NULL)));
+                                         calls ? "tool_calls" : cm_oai_finish_name(c->finish)));
     json_array_append_new(out, chunk_envelope(r, fin));
     json_decref(calls);
     return out;
@@ -376,7 +371,7 @@ json_t *cm_oai_response_json(const cm_oai_result *r, const cm_tokenizer *tok) {
                                                      "role", "assistant", "content", text, "refusal",
                                                      "reasoning_content", reasoning,
                                                      "tool_calls", calls, "logprobs", lp,
-                                                     "finish_reason", finish_of(c, calls != NULL),
+                                                     "finish_reason", calls ? "tool_calls" : cm_oai_finish_name(c->finish),
                                                      "stop_reason", stop_reason_json(r, c)));
         else {
             if (r->score_only) { /* nothing was asked for beyond the echo: the one generated token goes */
@@ -502,7 +497,7 @@ json_t *cm_oai_tool_stream_json(cm_oai_result *r, int index, int final) {
     cm_tools_stream_feed(&c->ts, r->tools, r->n_tools, cb.s ? cb.s : "", cb.n, final, call_seed(r, index), on_tool_event,
                          &x);
     split_free(r, &rb, &cb);
-    if (final) tool_delta(&x, json_object(), finish_of(c, c->ts.n_calls > 0));
+    if (final) tool_delta(&x, json_object(), c->ts.n_calls ? "tool_calls" : cm_oai_finish_name(c->finish));
     return out;
 }
 
