@@ -25,6 +25,9 @@ import subprocess
 import tempfile
 import threading
 import time
+import sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
@@ -36,12 +39,6 @@ ap.add_argument("--batch-concurrency", type=int, default=4)
 ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
 build, model = os.path.abspath(a.build), os.path.abspath(a.model)
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 tmp = tempfile.mkdtemp(prefix="llmserve-batchbench-")

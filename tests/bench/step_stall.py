@@ -8,6 +8,9 @@ later a prompt of about 3.8 tokens a word (each run starts differently, so
 nothing of it is cached). Prints the stream's median and longest gap between
 events, and how long the prompt took. Medians over --runs."""
 import argparse, http.client, json, os, socket, statistics, subprocess, tempfile, threading, time
+import sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
@@ -17,12 +20,6 @@ ap.add_argument("--step-ms", default="0,250")
 ap.add_argument("--runs", type=int, default=2)
 a = ap.parse_args()
 build, model = os.path.abspath(a.build), os.path.abspath(a.model)
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def stream(port, gaps):

@@ -11,6 +11,8 @@ figures are medians over every stream of a mode. Also prints the time the
 gateway takes to compile the schema (its p50 over the runs is in the
 request latency; the worker compiles each distinct grammar once)."""
 import argparse, http.client, json, os, socket, statistics, subprocess, sys, tempfile, threading, time
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
@@ -19,14 +21,6 @@ ap.add_argument("--runs", type=int, default=12)
 ap.add_argument("--max-tokens", type=int, default=128)
 ap.add_argument("--concurrency", type=int, default=1)
 a = ap.parse_args()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 tmp = tempfile.mkdtemp(prefix="llmserve-sbench-")

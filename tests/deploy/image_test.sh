@@ -30,7 +30,7 @@ t0=$(date +%s)
 "${PODMAN[@]}" build --quiet --network host --ulimit nofile=1024:1024 --ulimit nproc=4096:4096 \
     --build-arg BASE="$BASE" -f "$ROOT/deploy/docker/Dockerfile.cpu" -t "$TAG" "$ROOT" >/dev/null
 echo "image_test: built $TAG in $(( $(date +%s) - t0 )) s, $("${PODMAN[@]}" image inspect "$TAG" --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}')"
-PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PORT=$(cd "$ROOT/tests" && "$PY" -c 'from ports import free_port; print(free_port())')
 NAME=llmserve-image-test-$$
 cleanup() { "${PODMAN[@]}" rm -f "$NAME" >/dev/null 2>&1 || true; }
 trap cleanup EXIT

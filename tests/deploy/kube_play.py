@@ -20,6 +20,8 @@ import copy, json, os, socket, subprocess, sys, tempfile, threading, time, urlli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 import yaml  # noqa: E402
 import gen  # noqa: E402
 
@@ -38,12 +40,6 @@ def check(cond, what):
     if not cond:
         failures.append(what)
     print(("ok  " if cond else "FAIL") + " " + what, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(port, path, timeout=3):

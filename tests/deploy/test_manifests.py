@@ -27,6 +27,8 @@ import copy, json, os, re, shutil, socket, subprocess, sys, tempfile, time, urll
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 try:
     import yaml
     import jsonschema
@@ -298,10 +300,6 @@ def flag_checks(name, objs):
 
 
 # ---- the loopback cluster from the manifests' own flags -------------------------
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loopback(objs):

@@ -4,6 +4,8 @@ import json
 import os
 import sys
 import urllib.request
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 
 GW = os.environ["GW"]
 failures = []
@@ -57,14 +59,6 @@ def stop_and_check_logs(procs, logdir, what):
         if "runtime error:" in text or "ERROR: AddressSanitizer" in text or "ERROR: LeakSanitizer" in text:
             bad.append(os.path.basename(f))
     check(not bad, "%s: no sanitizer report in the processes' logs%s" % (what, (" (" + ", ".join(bad) + ")") if bad else ""))
-
-
-def free_port():
-    """A loopback port free now (the kernel's choice)."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthy(port, t=60):

@@ -18,6 +18,8 @@ It prints one line per check and the figures; exit 1 if any check fails.
 The step time is the healthy streams' median gap between tokens while the
 storm ran. Bounded: loopback only, every socket has a timeout."""
 import argparse, http.client, json, os, re, socket, subprocess, sys, tempfile, threading, time
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
@@ -31,12 +33,6 @@ a.build, a.model = os.path.abspath(a.build), os.path.abspath(a.model)
 if not os.path.exists(a.model):
     print("hangup_storm: model %s not found: run tools/setup.sh" % a.model)
     sys.exit(77)
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 wport, gport = free_port(), free_port()

@@ -18,6 +18,8 @@ It prints one line per check and a summary; exit 1 if any check fails. The
 soak is the same with a long --duration and cancellations (docs/tuning.md
 has the figures). Bounded: loopback only, every socket has a timeout."""
 import argparse, http.client, json, os, random, socket, subprocess, sys, tempfile, threading, time
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: ports
+from ports import free_port  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
@@ -37,12 +39,6 @@ if not os.path.exists(a.model):
     sys.exit(77)
 
 KV_MIB = 512
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 wport, gport = free_port(), free_port()
