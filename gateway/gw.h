@@ -66,7 +66,8 @@ typedef struct {
     uint64_t gateways_dropped, aborted_on_drop, messages_refused; /* the group's own counts, all its gateways */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_pos[16]; /* speculative decoding */
     int n_spec_pos;
-    gw_keyset cached;
+    gw_keyset cached;            /* prefix blocks in the group's KV pool */
+    gw_keyset lower[2];          /* and in its lower tiers: host memory, disk (worth less to the router) */
     uint64_t routed, routed_hit_tokens;
     int idx, wake_fd;            /* its index, and where its connection's loss is told (from an NNG thread) */
 } gw_worker;

@@ -63,6 +63,10 @@ const gw_flag gw_flags[] = {
      86400},
     {"routing", "prefix|least-load|round-robin", "prefix", "how a worker group is picked", K_ROUTE, 1, F(routing), 0, 0},
     {"route-lambda", "L", "64", "prefix routing: tokens of cache worth one queued request", K_DBL, 1, F(lambda), 0, 1e9},
+    {"route-memory-tier-weight", "W", "0.8", "prefix routing: what a token cached in a group's host-memory KV tier is worth "
+     "against one in its KV pool (1)", K_DBL, 1, F(tier_weight[0]), 0, 1},
+    {"route-disk-tier-weight", "W", "0.5", "prefix routing: the same for its disk KV tier", K_DBL, 1, F(tier_weight[1]), 0,
+     1},
     {"max-connections", "N", "0", "open client connections (0: the file descriptor limit less a reserve)", K_INT, 1,
      F(max_connections), 0, 1 << 24},
     {"allowed-origins", "LIST", "*", "CORS: origins a browser may call from (a JSON list as vLLM takes it, or a comma list; "

@@ -28,6 +28,7 @@ typedef struct {
     double header_timeout, body_timeout, ttft_timeout, request_timeout, idle_timeout, shutdown_timeout;
     int routing;
     double lambda;
+    double tier_weight[2];       /* prefix routing: a token in a group's memory / disk KV tier, against one in its pool */
     int log_requests, log_prompts, log_level;
     int max_connections;         /* 0: from the file descriptor limit */
     int tokenizer_threads, tokenizer_queue;

@@ -217,6 +217,10 @@ char *gw_metrics_text(const gw *g, size_t *len) {
     GAUGE("gpu_memory_used_bytes", "Device memory in use on the worker group's GPU (0 on CPU workers).",
           g->w[i].gpu_bytes)
     GAUGE("cached_blocks", "Prefix-cache blocks the router knows the group holds.", g->w[i].cached.n)
+    GAUGE("cached_blocks_memory_tier", "Prefix-cache blocks the router knows are in the group's host-memory KV tier.",
+          g->w[i].lower[0].n)
+    GAUGE("cached_blocks_disk_tier", "Prefix-cache blocks the router knows are in the group's disk KV tier.",
+          g->w[i].lower[1].n)
     WCOUNTER("prefix_cache_queries_total", "Prefix cache queries, in tokens.", g->w[i].prefix_queries)
     WCOUNTER("prefix_cache_hits_total", "Prefix cache hits, in tokens.", g->w[i].prefix_hits)
     WCOUNTER("num_preemptions_total", "Sequences preempted on the group.", g->w[i].preemptions)

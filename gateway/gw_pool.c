@@ -287,6 +287,13 @@ static void on_model_info(gw *g, int i, const Llmserve__ModelInfo *mi) {
     update_max_len(g);
 }
 
+/* What the router knew of a group's cached blocks, all tiers. */
+static void forget_cache(gw_worker *w) {
+    gw_keyset_clear(&w->cached);
+    gw_keyset_clear(&w->lower[0]);
+    gw_keyset_clear(&w->lower[1]);
+}
+
 static void on_health(gw *g, int i, const Llmserve__Health *h) {
     if (i < 0) return;
     gw_worker *w = &g->w[i];
@@ -294,7 +301,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
     if (w->incarnation && h->has_incarnation && h->incarnation != w->incarnation) {
         CM_WARN("worker group %s restarted (incarnation %016llx -> %016llx): its requests move or end now", w->addr,
                 (unsigned long long)w->incarnation, (unsigned long long)h->incarnation);
-        gw_keyset_clear(&w->cached);
+        forget_cache(w);
         g->pool_ops->on_lost(g, i, "the worker group serving this request restarted");
         w->accepted = 0;
     }
@@ -393,11 +400,14 @@ static void on_recv(evutil_socket_t fd, short what, void *arg) {
             int from = tag_worker(g, e->kv_events->worker_tag);
             if (from < 0) break;
             gw_worker *w = &g->w[from];
-            if (e->kv_events->full_snapshot) gw_keyset_clear(&w->cached);
+            if (e->kv_events->full_snapshot) forget_cache(w);
             for (size_t i = 0; i < e->kv_events->n_events; i++) {
                 const Llmserve__KvEvent *ev = e->kv_events->events[i];
-                if (ev->kind == LLMSERVE__KV_EVENT__KIND__STORED) gw_keyset_add(&w->cached, ev->key);
-                else gw_keyset_del(&w->cached, ev->key);
+                uint32_t tier = ev->has_tier ? ev->tier : 1;
+                if (tier < 1 || tier > 3) continue; /* a tier this gateway does not know */
+                gw_keyset *set = tier == 1 ? &w->cached : &w->lower[tier - 2];
+                if (ev->kind == LLMSERVE__KV_EVENT__KIND__STORED) gw_keyset_add(set, ev->key);
+                else gw_keyset_del(set, ev->key);
             }
             break;
         }
@@ -504,7 +514,7 @@ static void resolve_workers(gw *g) {
             g->pool_ops->on_lost(g, i, "the worker group serving this request left the service");
             g->w[i].gone = 1;
             g->w[i].alive = g->w[i].accepted = 0;
-            gw_keyset_clear(&g->w[i].cached);
+            forget_cache(&g->w[i]);
             nng_close(g->w[i].push);
         }
     update_max_len(g);
@@ -517,7 +527,7 @@ static void lost(gw *g, int i, const char *what, const char *why) {
     /* its numbers are unknown now: a dead group reports zeros, not its last values */
     w->running = w->waiting = 0;
     w->blocks_total = w->blocks_free = w->rss_bytes = w->gpu_bytes = 0;
-    gw_keyset_clear(&w->cached);
+    forget_cache(w);
     CM_WARN("worker group %s %s; its requests move or end now", w->addr, what);
     g->pool_ops->on_lost(g, i, why);
     update_max_len(g);
@@ -637,6 +647,8 @@ void gw_pool_stop(gw *g) {
         __atomic_store_n(&g->w[i].wake_fd, -1, __ATOMIC_RELEASE); /* closing its socket tells no one */
         if (!g->w[i].gone) nng_close(g->w[i].push);
         free(g->w[i].cached.k);
+        free(g->w[i].lower[0].k);
+        free(g->w[i].lower[1].k);
     }
     nng_close(g->pull);
     if (g->lost_pipe_ok) {

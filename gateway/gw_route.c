@@ -41,10 +41,17 @@ int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, const
         int i = (g->rr + k) % g->n_workers; /* ties go round the ring */
         gw_worker *w = &g->w[i];
         if (!can(g, i, exclude, lora)) continue;
+        /* the chain of blocks the group holds: in its pool, or in a lower tier it loads from (worth less) */
         int hit = 0;
-        while (hit < nb && gw_keyset_has(&w->cached, keys[hit])) hit++;
+        double worth = 0;
+        for (; hit < nb; hit++) {
+            if (gw_keyset_has(&w->cached, keys[hit])) worth += 1;
+            else if (gw_keyset_has(&w->lower[0], keys[hit])) worth += g->conf.tier_weight[0];
+            else if (gw_keyset_has(&w->lower[1], keys[hit])) worth += g->conf.tier_weight[1];
+            else break;
+        }
         double load = (double)(w->inflight + w->waiting);
-        double score = (double)(hit * bs) - g->conf.lambda * load;
+        double score = worth * bs - g->conf.lambda * load;
         if (best < 0 || score > best_score) {
             best = i;
             best_score = score;

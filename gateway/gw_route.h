@@ -1,6 +1,8 @@
 /* gw_route.h - prefix-aware routing. The prompt's full blocks are keyed
  * exactly as workers key them (cm_block_key chain); each group's cached
- * keys come from its KvEvents; the score is cached prefix tokens minus
+ * keys come from its KvEvents, with the tier that holds each; the score is
+ * the cached prefix's tokens (one in the pool counts 1, one in the memory or
+ * disk tier --route-memory-tier-weight or --route-disk-tier-weight) minus
  * lambda times load (in flight + waiting). Only routable groups are picked;
  * ties go round the ring so equal groups share the load. */
 #ifndef GW_ROUTE_H

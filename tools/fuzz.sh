@@ -12,7 +12,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SECS=${1:-10}
 shift || true
-TARGETS=${*:-envelope oai chat tokenizer gguf grammar http hf anth resp}
+TARGETS=${*:-envelope oai chat tokenizer gguf grammar http hf anth resp kvblock}
 command -v clang >/dev/null || { echo "fuzz: clang not found"; exit 77; }
 cmake -S "$ROOT" -B "$ROOT/build-fuzz" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DLLMSERVE_FUZZ=ON \
     -DLLMSERVE_CUDA=OFF -DBUILD_TESTING=ON >/dev/null

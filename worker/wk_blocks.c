@@ -26,6 +26,8 @@ struct wk_blocks {
     wk_kv_event *ev;
     int ev_cap, ev_first, ev_n;
     uint64_t ev_dropped, queries, hits;
+    const wk_blocks_tier_ops *tops;
+    void *tctx;
 };
 
 int wk_blocks_create(int n_blocks, int block_size, int caching, wk_blocks **out) {
@@ -93,14 +95,25 @@ void wk_blocks_count_query(wk_blocks *b, int n, int hit) {
 
 /* ---- events ------------------------------------------------------------ */
 
-static void emit(wk_blocks *b, int type, uint64_t key, uint64_t parent) {
+static void emit_tier(wk_blocks *b, int type, uint64_t key, uint64_t parent, int tier) {
     if (b->ev_n == b->ev_cap) { /* nobody is draining: drop the oldest */
         b->ev_first = (b->ev_first + 1) % b->ev_cap;
         b->ev_n--;
         b->ev_dropped++;
     }
-    b->ev[(b->ev_first + b->ev_n) % b->ev_cap] = (wk_kv_event){type, key, parent};
+    b->ev[(b->ev_first + b->ev_n) % b->ev_cap] = (wk_kv_event){type, key, parent, tier};
     b->ev_n++;
+}
+
+static void emit(wk_blocks *b, int type, uint64_t key, uint64_t parent) { emit_tier(b, type, key, parent, 0); }
+
+void wk_blocks_emit(wk_blocks *b, int type, uint64_t key, uint64_t parent, int tier) {
+    emit_tier(b, type, key, parent, tier);
+}
+
+void wk_blocks_set_tier(wk_blocks *b, const wk_blocks_tier_ops *ops, void *ctx) {
+    b->tops = ops;
+    b->tctx = ctx;
 }
 
 int wk_blocks_events(wk_blocks *b, wk_kv_event *out, int max) {
@@ -167,10 +180,26 @@ static int32_t take(wk_blocks *b) {
     free_unlink(b, i);
     if (b->hashed[i]) {
         emit(b, WK_EV_REMOVED, b->key[i], 0);
+        if (b->tops) /* down a tier before its K/V is overwritten */
+            b->tops->evict(b->tctx, i, b->key[i], b->parent[i], b->salt[i], b->toks + (size_t)i * b->bs);
         unhash(b, i);
     }
     b->ref[i] = 1;
     return i;
+}
+
+/* Block blk now holds the K/V of tokens t under parent and salt: findable, and news to the router. */
+static void hash_in(wk_blocks *b, int32_t blk, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *t) {
+    b->hashed[blk] = 1;
+    b->key[blk] = key;
+    b->parent[blk] = parent;
+    b->salt[blk] = salt;
+    memcpy(b->toks + (size_t)blk * b->bs, t, sizeof(int32_t) * (size_t)b->bs);
+    uint32_t h = (uint32_t)(key & b->bmask);
+    b->hnext[blk] = b->bucket[h];
+    b->bucket[h] = blk;
+    b->n_hashed++;
+    emit(b, WK_EV_STORED, key, parent);
 }
 
 static int grow(wk_bseq *s, int n) {
@@ -189,7 +218,8 @@ static int grow(wk_bseq *s, int n) {
 
 /* ---- sequences --------------------------------------------------------- */
 
-int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n) {
+int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n, int *loaded) {
+    if (loaded) *loaded = 0;
     if (!b->caching || s->n || n <= 1) return 0;
     int max = (n - 1) / b->bs, got = 0;
     uint64_t parent = CM_BLOCK_ROOT;
@@ -197,9 +227,20 @@ int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n) {
         const int32_t *t = tok + (size_t)got * b->bs;
         uint64_t key = cm_block_key(parent, s->salt, t, b->bs);
         int32_t i = lookup(b, key, parent, s->salt, t);
-        if (i < 0) break;
-        if (grow(s, got + 1)) break;
-        if (b->ref[i]++ == 0) free_unlink(b, i);
+        if (i < 0) { /* a lower tier may hold it: into a free block */
+            if (!b->tops || !b->n_free || !b->tops->has(b->tctx, key, parent, s->salt, t) || grow(s, got + 1)) break;
+            i = take(b);
+            if (b->tops->onload(b->tctx, i, key, parent, s->salt, t)) {
+                b->ref[i] = 0;
+                free_push(b, i, 0);
+                break;
+            }
+            hash_in(b, i, key, parent, s->salt, t);
+            if (loaded) *loaded += b->bs;
+        } else {
+            if (grow(s, got + 1)) break;
+            if (b->ref[i]++ == 0) free_unlink(b, i);
+        }
         s->ids[got] = i;
         s->keys[got] = key;
         parent = key;
@@ -257,16 +298,7 @@ void wk_blocks_commit(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n_done) 
         /* a block computed twice (two requests raced on one prefix) stays
          * unkeyed: the first copy is the cached one */
         if (!b->caching || b->hashed[blk] || lookup(b, key, parent, s->salt, t) >= 0) continue;
-        b->hashed[blk] = 1;
-        b->key[blk] = key;
-        b->parent[blk] = parent;
-        b->salt[blk] = s->salt;
-        memcpy(b->toks + (size_t)blk * b->bs, t, sizeof(int32_t) * (size_t)b->bs);
-        uint32_t h = (uint32_t)(key & b->bmask);
-        b->hnext[blk] = b->bucket[h];
-        b->bucket[h] = blk;
-        b->n_hashed++;
-        emit(b, WK_EV_STORED, key, parent);
+        hash_in(b, blk, key, parent, s->salt, t);
     }
 }
 

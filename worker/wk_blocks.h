@@ -33,7 +33,18 @@ enum { WK_EV_STORED = 1, WK_EV_REMOVED = 2 };
 typedef struct {
     int type;
     uint64_t key, parent; /* parent: 0 for removed */
+    int tier;             /* 0: this pool; a lower tier's WK_TIER_* (wk_tier.h) */
 } wk_kv_event;
+
+/* Lower tiers under the pool (wk_tier.h through the engine): a keyed block
+ * about to be evicted is offered to evict (its K/V still intact); a match
+ * that runs out of pooled blocks asks has, then onload to fill a block it
+ * took for the next key (0: filled, and it joins the cache as if computed). */
+typedef struct {
+    void (*evict)(void *ctx, int32_t blk, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
+    int (*has)(void *ctx, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
+    int (*onload)(void *ctx, int32_t blk, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
+} wk_blocks_tier_ops;
 
 typedef struct {
     int32_t src, dst;
@@ -51,15 +62,21 @@ typedef struct wk_blocks wk_blocks;
 int wk_blocks_create(int n_blocks, int block_size, int caching, wk_blocks **out);
 void wk_blocks_free(wk_blocks *b);
 int wk_blocks_block_size(const wk_blocks *b);
+/* Lower tiers (ops borrowed; NULL: none). */
+void wk_blocks_set_tier(wk_blocks *b, const wk_blocks_tier_ops *ops, void *ctx);
+/* Queues an event of a lower tier with the pool's own, in order. */
+void wk_blocks_emit(wk_blocks *b, int type, uint64_t key, uint64_t parent, int tier);
 /* Blocks an allocation can take now (free or evictable). */
 int wk_blocks_available(const wk_blocks *b);
 void wk_blocks_get_stats(const wk_blocks *b, wk_blocks_stats *st);
 
 /* For an empty table: takes the longest chain of cached full blocks that
  * begins tok[0..n), leaving at least one token uncovered (so the step that
- * computes the rest yields logits). Returns the tokens covered (a multiple
- * of the block size), or LLM_ENOMEM. */
-int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n);
+ * computes the rest yields logits); where the pool's chain ends, a lower
+ * tier's blocks continue it (loaded into free blocks). Returns the tokens
+ * covered (a multiple of the block size), or LLM_ENOMEM. *loaded (may be
+ * NULL) gets how many of them came from a lower tier. */
+int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n, int *loaded);
 /* The tokens of tok that wk_blocks_match would find cached now; takes nothing. */
 int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n);
 /* Counts a prefix-cache query of n tokens of which hit were found. */

@@ -154,6 +154,7 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if ((rc = wk_offload_init(e, err, errlen))) goto fail;
     e->eog = malloc(sizeof(int32_t) * 64);
     e->plan = malloc(sizeof *e->plan * (size_t)o->max_num_batched_tokens);
     e->plan_seq = malloc(sizeof *e->plan_seq * (size_t)o->max_num_batched_tokens);
@@ -211,6 +212,7 @@ void wk_engine_free(wk_engine *e) {
     free(e->waiting);
     free(e->running);
     wk_blocks_free(e->blocks);
+    wk_tier_free(e->tier);
     wk_cache_free(e->cache);
     wk_blocks_free(e->dblocks);
     wk_cache_free(e->dcache);

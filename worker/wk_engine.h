@@ -16,6 +16,7 @@
 #define WK_ENGINE_H
 
 #include "wk_blocks.h"
+#include "wk_tier.h"
 #include "wk_model.h"
 #include "cm_gen.h"
 #include "wk_sampler.h"
@@ -80,6 +81,9 @@ typedef struct wk_engine_opts {
     float starve_ms;              /* a waiting request of a lower priority that has waited this long is admitted
                                      before the higher ones (they pass it; they do not stop it). Default 10000;
                                      0: strict priorities */
+    size_t kv_offload_bytes;      /* lower KV tiers (wk_tier.h): host memory, 0: none */
+    const char *kv_offload_dir;   /* and disk (NULL: none), borrowed */
+    size_t kv_offload_disk_bytes; /* default 16 GiB */
     wk_spec_config spec;          /* speculative decoding (wk_spec.h); off by default */
     wk_model *draft;              /* spec.method WK_SPEC_DRAFT: the draft model, loaded by the caller (same
                                      vocabulary and tokenizer as the target, one rank); not owned */
@@ -168,6 +172,10 @@ void wk_engine_get_stats(const wk_engine *e, wk_engine_stats *st);
 int wk_engine_events(wk_engine *e, wk_kv_event *out, int max);
 /* Every key in the prefix cache (a router's full resync). */
 void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key), void *ctx);
+/* The lower KV tiers' blocks, with their tier (WK_TIER_RAM, WK_TIER_DISK); and their counters (LLM_ENOTFOUND:
+ * no tiers). */
+void wk_engine_each_tier_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx);
+int wk_engine_tier_stats(const wk_engine *e, wk_tier_stats *st);
 const wk_model *wk_engine_model(const wk_engine *e);
 /* The same model to change between steps (LoRA adapters loaded and unloaded at run time). */
 wk_model *wk_engine_model_rw(wk_engine *e);

@@ -80,6 +80,7 @@ struct wk_engine {
     wk_engine_opts o;
     wk_cache *cache;
     wk_blocks *blocks;
+    struct wk_tier *tier;    /* lower KV tiers under blocks (wk_offload.c), or NULL */
     wk_sample_ctx sc;
     wk_guide *guide;         /* structured outputs; made by the first request with a grammar */
     int32_t *eog;            /* end-of-generation ids of the vocabulary */
@@ -160,5 +161,9 @@ int wk_draft_step(wk_engine *e);
 void wk_draft_keep(wk_engine *e, wk_seq *s, int n);
 /* Frees a sequence's draft blocks (finished, preempted). */
 void wk_draft_release(wk_engine *e, wk_seq *s);
+
+/* wk_offload.c: the lower KV tiers of --kv-offloading-size / --kv-offloading-dir, if asked (after the
+ * cache and the block pool exist). */
+int wk_offload_init(wk_engine *e, char *err, size_t errlen);
 
 #endif

@@ -86,6 +86,32 @@ int wk_engine_flag(wk_engine_opts *o, int code, const char *arg) {
     case WK_F_SPEC_NMIN: return cm_parse_int("--ngram-prompt-lookup-min", arg, 1, 64, &o->spec.ngram_min);
     case WK_F_SPEC_MAX_BATCH:
         return cm_parse_int("--speculative-disable-by-batch-size", arg, 0, 65536, &o->spec.max_batch);
+    case WK_F_OFFLOAD_SIZE: {
+        char *end;
+        double gib = strtod(arg, &end);
+        if (end != arg && !*end && gib >= 0 && gib <= 1 << 20) { /* a bare number: GiB, as vLLM's flag */
+            o->kv_offload_bytes = (size_t)(gib * 1073741824.0);
+            return 0;
+        }
+        if (wk_parse_size(arg, &o->kv_offload_bytes)) {
+            fprintf(stderr, "llmserve: --kv-offloading-size expects GiB (8) or a size such as 512MiB, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
+    }
+    case WK_F_OFFLOAD_DIR:
+        if (!*arg || strlen(arg) > 400) {
+            fprintf(stderr, "llmserve: --kv-offloading-dir expects a directory (at most 400 bytes)\n");
+            return LLM_EINVAL;
+        }
+        o->kv_offload_dir = arg;
+        return 0;
+    case WK_F_OFFLOAD_DISK:
+        if (wk_parse_size(arg, &o->kv_offload_disk_bytes) || !o->kv_offload_disk_bytes) {
+            fprintf(stderr, "llmserve: --kv-offloading-disk-size expects a size such as 64GiB, not '%s'\n", arg);
+            return LLM_EINVAL;
+        }
+        return 0;
     default: return LLM_EINVAL;
     }
 }

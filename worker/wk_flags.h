@@ -26,6 +26,9 @@ enum {
     WK_F_SPEC_NMAX,
     WK_F_SPEC_NMIN,
     WK_F_SPEC_MAX_BATCH,
+    WK_F_OFFLOAD_SIZE,
+    WK_F_OFFLOAD_DIR,
+    WK_F_OFFLOAD_DISK,
 };
 
 #define WK_ENGINE_LONGOPTS                                                                         \
@@ -43,7 +46,10 @@ enum {
     {"num-speculative-tokens", required_argument, 0, WK_F_SPEC_K},                                \
     {"ngram-prompt-lookup-max", required_argument, 0, WK_F_SPEC_NMAX},                            \
     {"ngram-prompt-lookup-min", required_argument, 0, WK_F_SPEC_NMIN},                            \
-    {"speculative-disable-by-batch-size", required_argument, 0, WK_F_SPEC_MAX_BATCH}
+    {"speculative-disable-by-batch-size", required_argument, 0, WK_F_SPEC_MAX_BATCH},             \
+    {"kv-offloading-size", required_argument, 0, WK_F_OFFLOAD_SIZE},                              \
+    {"kv-offloading-dir", required_argument, 0, WK_F_OFFLOAD_DIR},                                \
+    {"kv-offloading-disk-size", required_argument, 0, WK_F_OFFLOAD_DISK}
 
 #define WK_ENGINE_FLAGS_HELP                                                                       \
     "engine:\n"                                                                                    \
@@ -61,6 +67,14 @@ enum {
     "  --enable-prefix-caching     reuse the K/V of repeated prefixes (default on)\n"            \
     "  --no-enable-prefix-caching\n"                                                             \
     "  --kv-cache-dtype T          auto|f16|bf16|f32|fp8 (default auto = f16; fp8: E4M3, half of f16)\n"   \
+    "  --kv-offloading-size SIZE   a host-memory tier under the KV cache: blocks the cache evicts\n" \
+    "                              are kept there and a prefix found there is loaded back, not\n"  \
+    "                              recomputed. A number is GiB (vLLM's); or bytes with K/M/G/KiB/\n"  \
+    "                              MiB/GiB (default 0: none)\n"                                    \
+    "  --kv-offloading-dir DIR     a disk tier under that (or under the cache): one checksummed\n"  \
+    "                              file per block in DIR/<model fingerprint>/, kept across\n"     \
+    "                              restarts; a bad file is dropped, never served (default none)\n" \
+    "  --kv-offloading-disk-size SIZE  the disk tier's bound (default 16GiB)\n"                \
     "  --speculative-config JSON   speculative decoding, vLLM's spelling: {\"method\": \"ngram\",\n"        \
     "                              \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4,\n"           \
     "                              \"prompt_lookup_min\": 1, \"disable_by_batch_size\": 0} (default off),\n" \

@@ -180,6 +180,16 @@ int main(int argc, char **argv) {
                         "method ngram\n", tp);
         return 2;
     }
+    if ((eo.kv_offload_bytes || eo.kv_offload_dir) && tp > 1) {
+        fprintf(stderr, "llmserve-worker: --kv-offloading-size / --kv-offloading-dir run on one rank for now (each rank "
+                        "would keep its shard of a block); not with --tensor-parallel-size %d\n", tp);
+        return 2;
+    }
+    if (eo.kv_offload_disk_bytes && !eo.kv_offload_dir) {
+        fprintf(stderr, "llmserve-worker: --kv-offloading-disk-size bounds the disk tier of --kv-offloading-dir, "
+                        "which is not given\n");
+        return 2;
+    }
     if (rank >= tp) {
         fprintf(stderr, "llmserve-worker: --rank %d is outside --tensor-parallel-size %d\n", rank, tp);
         return 2;
@@ -216,9 +226,10 @@ int main(int argc, char **argv) {
     int encoder = model && !mo.model_config && cm_model_open(model, &probe, NULL, 0) == 0 && probe->cfg.encoder;
     cm_model_close(probe);
     if (encoder) {
-        if (tp > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU) {
+        if (tp > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU || eo.kv_offload_bytes ||
+            eo.kv_offload_dir) {
             fprintf(stderr, "llmserve-worker: %s is an embedding model: it runs on the CPU, one rank, without "
-                            "speculative decoding\n", model);
+                            "speculative decoding or a KV cache to offload\n", model);
             wk_health_stop(health);
             return 2;
         }

@@ -220,7 +220,7 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
         wk_req *r = s->req;
         int seats = r->forked ? 1 : r->p.n;
         if (e->n_running + seats > e->o.max_num_seqs && e->n_running) break;
-        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok);
+        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok, NULL);
         if (hit < 0) return hit;
         if (hit && r->plp) { /* cached positions have no logits: the prompt is computed whole */
             wk_blocks_release(e->blocks, &s->bs);

@@ -76,7 +76,7 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
         return LLM_ENOMEM;
     }
     int64_t last_check = now_ms(), drain_until = 0, last_metrics = 0;
-    static char mtext[8192]; /* the loop's own: one server a process */
+    static char mtext[16384]; /* the loop's own: one server a process */
     wk_health_set_state(o->health, WK_H_READY);
     for (;;) {
         wk_health_beat(o->health);

@@ -242,7 +242,7 @@ typedef struct {
     size_t n, cap;
 } ev_buf;
 
-static void ev_add(ev_buf *b, int kind, uint64_t key, uint64_t parent) {
+static void ev_add(ev_buf *b, int kind, uint64_t key, uint64_t parent, int tier) {
     if (b->n == b->cap) {
         size_t cap = b->cap ? 2 * b->cap : 256;
         Llmserve__KvEvent *e = realloc(b->ev, sizeof *e * cap);
@@ -255,11 +255,17 @@ static void ev_add(ev_buf *b, int kind, uint64_t key, uint64_t parent) {
     b->ev[b->n].key = key;
     b->ev[b->n].has_parent = parent != 0;
     b->ev[b->n].parent = parent;
+    b->ev[b->n].has_tier = tier > 1;
+    b->ev[b->n].tier = (uint32_t)tier;
     b->n++;
 }
 
 static void key_cb(void *ctx, uint64_t key) {
-    ev_add(ctx, LLMSERVE__KV_EVENT__KIND__STORED, key, 0);
+    ev_add(ctx, LLMSERVE__KV_EVENT__KIND__STORED, key, 0, 1);
+}
+
+static void tier_key_cb(void *ctx, uint64_t key, int tier) {
+    ev_add(ctx, LLMSERVE__KV_EVENT__KIND__STORED, key, 0, tier);
 }
 
 static void send_events(server *s, ev_buf *b, int snapshot, int only_gw) {
@@ -293,13 +299,14 @@ static void publish_events(server *s) {
     while ((n = wk_engine_events(s->e, ev, 512)) > 0)
         for (int i = 0; i < n; i++)
             ev_add(&b, ev[i].type == WK_EV_STORED ? LLMSERVE__KV_EVENT__KIND__STORED : LLMSERVE__KV_EVENT__KIND__REMOVED,
-                   ev[i].key, ev[i].parent);
+                   ev[i].key, ev[i].parent, ev[i].tier ? ev[i].tier : 1);
     if (b.n) send_events(s, &b, 0, -1);
     for (int g = 0; g < MAX_GATEWAYS; g++) {
         if (!s->gw[g].used || !s->gw[g].snapshot_due) continue;
         s->gw[g].snapshot_due = 0;
         b.n = 0;
         wk_engine_each_key(s->e, key_cb, &b);
+        wk_engine_each_tier_key(s->e, tier_key_cb, &b);
         send_events(s, &b, 1, g);
     }
     free(b.ev);
@@ -416,6 +423,21 @@ static void gen_stats_extra(const server *s, const wk_engine_stats *es, Llmserve
         memcpy(pos, es->spec_accepted_pos, sizeof(uint64_t) * (size_t)k);
         st->n_spec_accepted_per_pos = (size_t)k;
         st->spec_accepted_per_pos = pos;
+    }
+    wk_tier_stats ts;
+    if (!wk_engine_tier_stats(s->e, &ts)) {
+        SET(kv_tier_ram_blocks, ts.ram_blocks);
+        SET(kv_tier_disk_blocks, ts.disk_blocks);
+        SET(kv_tier_ram_bytes, ts.ram_bytes);
+        SET(kv_tier_disk_bytes, ts.disk_bytes);
+        SET(kv_tier_ram_hits, ts.ram_hits);
+        SET(kv_tier_disk_hits, ts.disk_hits);
+        SET(kv_tier_bytes_out, ts.bytes_out);
+        SET(kv_tier_bytes_in, ts.bytes_in);
+        SET(kv_tier_corrupt, ts.corrupt);
+        SET(kv_tier_write_errors, ts.write_errors);
+        SET(kv_tier_dropped, ts.dropped);
+        SET(kv_tier_load_ms_sum, ts.load_ms_sum);
     }
     uint64_t gpu = 0;
     if (wk_engine_model(s->e)->device == WK_DEV_CUDA && !wk_cuda_mem_used(&gpu)) SET(gpu_memory_used_bytes, gpu);

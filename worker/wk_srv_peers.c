@@ -436,6 +436,51 @@ static void metric(char *b, size_t cap, size_t *n, const char *name, const char 
     if (k > 0) *n += (size_t)k < cap - *n ? (size_t)k : cap - *n;
 }
 
+/* A family of two series that differ in one label (besides the model's). */
+static void metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+                    const char *model, const char *label, const char *l1, double v1, const char *l2, double v2) {
+    if (*n >= cap) return;
+    int k = snprintf(b + *n, cap - *n,
+                     "# HELP %s %s\n# TYPE %s %s\n%s{model_name=\"%.200s\",%s=\"%s\"} %.17g\n"
+                     "%s{model_name=\"%.200s\",%s=\"%s\"} %.17g\n",
+                     name, help, name, type, name, model, label, l1, v1, name, model, label, l2, v2);
+    if (k > 0) *n += (size_t)k < cap - *n ? (size_t)k : cap - *n;
+}
+
+/* The lower KV tiers' series, when the group has them. */
+static void tier_metrics(const server *s, const Llmserve__Stats *st, const char *model, const char *lab, char *b,
+                         size_t cap, size_t *n) {
+    if (!st->has_kv_tier_ram_blocks) return;
+    double bs = (double)wk_engine_options(s->e)->block_size;
+    metric(b, cap, n, "vllm:external_prefix_cache_hits_total", "counter",
+           "Prompt tokens loaded from the lower KV tiers, not computed.", lab,
+           bs * (double)(st->kv_tier_ram_hits + st->kv_tier_disk_hits));
+    metric2(b, cap, n, "llmserve:kv_tier_hit_tokens_total", "counter", "Prompt tokens loaded back from a lower KV tier.",
+            model, "tier", "memory", bs * (double)st->kv_tier_ram_hits, "disk", bs * (double)st->kv_tier_disk_hits);
+    metric2(b, cap, n, "llmserve:kv_tier_blocks", "gauge", "KV blocks held in a lower tier.", model, "tier", "memory",
+            (double)st->kv_tier_ram_blocks, "disk", (double)st->kv_tier_disk_blocks);
+    metric2(b, cap, n, "llmserve:kv_tier_bytes", "gauge", "Bytes a lower KV tier holds.", model, "tier", "memory",
+            (double)st->kv_tier_ram_bytes, "disk", (double)st->kv_tier_disk_bytes);
+    metric(b, cap, n, "llmserve:kv_tier_offload_bytes_total", "counter", "K/V bytes moved down from the pool.", lab,
+           (double)st->kv_tier_bytes_out);
+    metric(b, cap, n, "llmserve:kv_tier_load_bytes_total", "counter", "K/V bytes loaded back into the pool.", lab,
+           (double)st->kv_tier_bytes_in);
+    if (*n < cap) {
+        int k = snprintf(b + *n, cap - *n,
+                         "# HELP llmserve:kv_tier_load_seconds Time to load a block back from a lower tier.\n"
+                         "# TYPE llmserve:kv_tier_load_seconds summary\n"
+                         "llmserve:kv_tier_load_seconds_sum%s %.17g\nllmserve:kv_tier_load_seconds_count%s %.17g\n",
+                         lab, st->kv_tier_load_ms_sum / 1e3, lab, (double)(st->kv_tier_ram_hits + st->kv_tier_disk_hits));
+        if (k > 0) *n += (size_t)k < cap - *n ? (size_t)k : cap - *n;
+    }
+    metric(b, cap, n, "llmserve:kv_tier_corrupt_total", "counter", "Block files refused as truncated or corrupt.", lab,
+           (double)st->kv_tier_corrupt);
+    metric(b, cap, n, "llmserve:kv_tier_write_errors_total", "counter", "Block files that could not be written.", lab,
+           (double)st->kv_tier_write_errors);
+    metric(b, cap, n, "llmserve:kv_tier_dropped_total", "counter", "Blocks dropped from the last tier.", lab,
+           (double)st->kv_tier_dropped);
+}
+
 size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, size_t cap) {
     char lab[300];
     const char *model = s->o->model_name ? s->o->model_name : "unknown";
@@ -468,5 +513,6 @@ size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, 
            (double)st->gateways_dropped);
     metric(b, cap, &n, "llmserve:worker_messages_refused_total", "counter", "Messages refused.", lab,
            (double)st->messages_refused);
+    tier_metrics(s, st, model, lab, b, cap, &n);
     return n;
 }

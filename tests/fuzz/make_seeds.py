@@ -217,3 +217,9 @@ put("hf", "tiny-wordpiece", json.dumps({
     "post_processor": {"type": "TemplateProcessing", "single": [
         {"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
         {"SpecialToken": {"id": "[SEP]", "type_id": 0}}]}}))
+
+
+# ---- KV disk tier block files (fuzz_kvblock: first byte odd makes a valid file of the rest, then damages it)
+put("kvblock", "valid", bytes([1]) + bytes(range(7, 7 + 40)))
+put("kvblock", "valid-damaged", bytes([3]) + bytes(range(40)) + bytes([70, 0, 0x10]))
+put("kvblock", "raw-junk", bytes([0]) + b"LLMSKVB1" + bytes(120))

@@ -174,6 +174,53 @@ static void route(void) {
     free(g);
 }
 
+/* The tiers a group holds a prefix in: its pool beats its memory tier, which beats its disk tier, which beats
+ * a miss; a chain continues across tiers (the worker loads the rest from below). */
+static void route_tiers(void) {
+    gw *g = calloc(1, sizeof *g);
+    g->n_workers = 3;
+    g->conf.routing = GW_ROUTE_PREFIX;
+    g->conf.lambda = 2;
+    g->conf.tier_weight[0] = 0.8;
+    g->conf.tier_weight[1] = 0.5;
+    for (int i = 0; i < 3; i++) {
+        g->w[i].alive = g->w[i].ready = g->w[i].accepted = 1;
+        g->w[i].block_size = 4;
+    }
+    int32_t tok[20];
+    for (int i = 0; i < 20; i++) tok[i] = 300 + i;
+    uint64_t key[4], parent = CM_BLOCK_ROOT;
+    for (int b = 0; b < 4; b++) key[b] = parent = cm_block_key(parent, 0, tok + 4 * b, 4);
+    for (int b = 0; b < 4; b++) { /* group 0: all in its pool; 1: in memory; 2: on disk */
+        gw_keyset_add(&g->w[0].cached, key[b]);
+        gw_keyset_add(&g->w[1].lower[0], key[b]);
+        gw_keyset_add(&g->w[2].lower[1], key[b]);
+    }
+    int hit;
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 0);
+    CHECK_INT(hit, 16);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 1); /* without the pool's holder: memory before disk */
+    CHECK_INT(hit, 16);
+    gw_keyset_del(&g->w[1].lower[0], key[2]); /* memory tier's chain cut after 2 blocks: 6.4 < disk's 8 */
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 2);
+    CHECK_INT(hit, 16);
+    gw_keyset_add(&g->w[1].cached, key[2]); /* the pool holds block 2 and memory the rest: 4*(0.8+0.8+1+0.8) */
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 1);
+    g->w[2].inflight = 1;
+    g->w[1].inflight = 1;
+    /* a disk hit still beats a miss at the same load: group 0 gone, a fresh group without the prefix */
+    gw_keyset_clear(&g->w[1].cached);
+    gw_keyset_clear(&g->w[1].lower[0]);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 2);
+    CHECK_INT(hit, 16);
+    for (int i = 0; i < 3; i++) {
+        free(g->w[i].cached.k);
+        free(g->w[i].lower[0].k);
+        free(g->w[i].lower[1].k);
+    }
+    free(g);
+}
+
 static void conf(void) {
     gw_conf c;
     char *ok[] = {"gw", "--port", "9000", "--api-key", "a", "--api-key", "b", "--routing", "least-load", "--no-log-requests"};
@@ -814,6 +861,7 @@ int main(void) {
     map();
     sums();
     route();
+    route_tiers();
     conf();
     responses();
     test_tools();

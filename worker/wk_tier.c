@@ -1,0 +1,559 @@
+#include "wk_tier.h"
+#include "wk_blocks.h"
+#include "cm_error.h"
+#include "cm_hash.h"
+#include "cm_log.h"
+#include "cm_time.h"
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static const char MAGIC[8] = {'L', 'L', 'M', 'S', 'K', 'V', 'B', '1'};
+
+/* A block held in memory, on disk, or both (the disk tier is written through: what memory holds is on disk
+ * too, unless a write failed, so a kill loses nothing the disk could keep). */
+typedef struct {
+    uint64_t key, parent, salt;
+    int32_t hnext;             /* hash chain */
+    int32_t prev[2], next[2];  /* neighbours in the memory [0] and disk [1] lists (prev: less recently used) */
+    uint8_t in[2];             /* held in memory, on disk */
+    uint8_t used;              /* 0: a free slot */
+    char *data;                /* in memory: the payload */
+} ent;
+
+typedef struct {
+    int32_t head, tail; /* head: least recently used */
+    uint64_t n, bytes;
+} lru;
+
+struct wk_tier {
+    wk_tier_opts o;
+    char *dir;             /* disk_dir/<fingerprint>, or NULL */
+    size_t file_bytes;     /* one block file */
+    ent *e;
+    int32_t *toks;         /* [cap][block_size] */
+    int cap, n_used;
+    int32_t free_slot;     /* free slots chained through hnext */
+    int32_t *bucket;
+    uint32_t bmask;
+    lru l[2];              /* memory, disk */
+    char *scratch;         /* one block file */
+    wk_tier_stats st;
+};
+
+/* ---- index --------------------------------------------------------------- */
+
+static void event(wk_tier *t, int type, int32_t i, int tier) {
+    if (t->o.event) t->o.event(t->o.ctx, type, t->e[i].key, type == WK_EV_STORED ? t->e[i].parent : 0, tier);
+}
+
+static int same(const wk_tier *t, int32_t i, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    const ent *x = &t->e[i];
+    return x->key == key && x->parent == parent && x->salt == salt &&
+           !memcmp(t->toks + (size_t)i * t->o.block_size, tok, sizeof(int32_t) * (size_t)t->o.block_size);
+}
+
+/* The slot holding key, whatever its tokens, or -1. */
+static int32_t by_key(const wk_tier *t, uint64_t key) {
+    if (!t->bucket) return -1;
+    for (int32_t i = t->bucket[key & t->bmask]; i >= 0; i = t->e[i].hnext)
+        if (t->e[i].key == key) return i;
+    return -1;
+}
+
+static int grow(wk_tier *t) {
+    int cap = t->cap ? 2 * t->cap : 256;
+    ent *e = realloc(t->e, sizeof *e * (size_t)cap);
+    if (!e) return LLM_ENOMEM;
+    t->e = e;
+    int32_t *tk = realloc(t->toks, sizeof *tk * (size_t)cap * (size_t)t->o.block_size);
+    if (!tk) return LLM_ENOMEM;
+    t->toks = tk;
+    uint32_t nb = 1;
+    while (nb < 2u * (uint32_t)cap) nb <<= 1;
+    int32_t *b = malloc(sizeof *b * nb);
+    if (!b) return LLM_ENOMEM;
+    free(t->bucket);
+    t->bucket = b;
+    t->bmask = nb - 1;
+    for (uint32_t i = 0; i < nb; i++) b[i] = -1;
+    for (int32_t i = 0; i < t->cap; i++) /* rehash the used slots */
+        if (t->e[i].used) {
+            uint32_t h = (uint32_t)(t->e[i].key & t->bmask);
+            t->e[i].hnext = b[h];
+            b[h] = i;
+        }
+    for (int32_t i = cap - 1; i >= t->cap; i--) {
+        t->e[i] = (ent){0};
+        t->e[i].hnext = t->free_slot;
+        t->free_slot = i;
+    }
+    t->cap = cap;
+    return 0;
+}
+
+/* List k: 0 memory, 1 disk. */
+static void lru_unlink(wk_tier *t, int32_t i, int k) {
+    ent *x = &t->e[i];
+    lru *l = &t->l[k];
+    if (x->prev[k] >= 0) t->e[x->prev[k]].next[k] = x->next[k];
+    else l->head = x->next[k];
+    if (x->next[k] >= 0) t->e[x->next[k]].prev[k] = x->prev[k];
+    else l->tail = x->prev[k];
+    l->n--;
+    l->bytes -= k ? t->file_bytes : t->o.block_bytes;
+    x->in[k] = 0;
+}
+
+static void lru_push(wk_tier *t, int32_t i, int k) {
+    ent *x = &t->e[i];
+    lru *l = &t->l[k];
+    x->in[k] = 1;
+    x->prev[k] = l->tail;
+    x->next[k] = -1;
+    if (l->tail >= 0) t->e[l->tail].next[k] = i;
+    else l->head = i;
+    l->tail = i;
+    l->n++;
+    l->bytes += k ? t->file_bytes : t->o.block_bytes;
+}
+
+static void touch(wk_tier *t, int32_t i) {
+    for (int k = 0; k < 2; k++)
+        if (t->e[i].in[k]) {
+            lru_unlink(t, i, k);
+            lru_push(t, i, k);
+        }
+}
+
+/* A slot for a new block (not yet in a tier's list), or -1. */
+static int32_t slot_new(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    if (t->free_slot < 0 && grow(t)) return -1;
+    int32_t i = t->free_slot;
+    t->free_slot = t->e[i].hnext;
+    t->e[i] = (ent){.key = key, .parent = parent, .salt = salt, .prev = {-1, -1}, .next = {-1, -1}, .used = 1};
+    memcpy(t->toks + (size_t)i * t->o.block_size, tok, sizeof(int32_t) * (size_t)t->o.block_size);
+    uint32_t h = (uint32_t)(key & t->bmask);
+    t->e[i].hnext = t->bucket[h];
+    t->bucket[h] = i;
+    t->n_used++;
+    return i;
+}
+
+static void slot_free(wk_tier *t, int32_t i) {
+    int32_t *p = &t->bucket[t->e[i].key & t->bmask];
+    while (*p != i) p = &t->e[*p].hnext;
+    *p = t->e[i].hnext;
+    free(t->e[i].data);
+    t->e[i] = (ent){0};
+    t->e[i].hnext = t->free_slot;
+    t->free_slot = i;
+    t->n_used--;
+}
+
+/* ---- block files --------------------------------------------------------- */
+
+static void put_u32(char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (char)(v >> (8 * i));
+}
+static void put_u64(char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get_u64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static void header(char *h, int bs, uint64_t fp, uint64_t key, uint64_t parent, uint64_t salt, size_t payload) {
+    memset(h, 0, WK_TIER_HEADER);
+    memcpy(h, MAGIC, 8);
+    put_u32(h + 8, 1);
+    put_u32(h + 12, (uint32_t)bs);
+    put_u64(h + 16, fp);
+    put_u64(h + 24, key);
+    put_u64(h + 32, parent);
+    put_u64(h + 40, salt);
+    put_u64(h + 48, payload);
+}
+
+static uint64_t checksum(const void *h, const void *tok, size_t tok_len, const void *payload, size_t len) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, h, WK_TIER_HEADER); /* with its checksum field zero */
+    XXH3_64bits_update(&st, tok, tok_len);
+    XXH3_64bits_update(&st, payload, len);
+    return XXH3_64bits_digest(&st);
+}
+
+/* The header fields that name the block and its shape, checked against this store. */
+static int header_ok(const unsigned char *h, int block_size, size_t block_bytes, uint64_t fp) {
+    return !memcmp(h, MAGIC, 8) && get_u32(h + 8) == 1 && get_u32(h + 12) == (uint32_t)block_size &&
+           get_u64(h + 16) == fp && get_u64(h + 48) == (uint64_t)block_bytes;
+}
+
+int wk_tier_check_file(const void *buf, size_t len, int block_size, size_t block_bytes, uint64_t fingerprint) {
+    const unsigned char *p = buf;
+    size_t tl = sizeof(int32_t) * (size_t)block_size;
+    if (block_size <= 0 || len != WK_TIER_HEADER + tl + block_bytes || !header_ok(p, block_size, block_bytes, fingerprint))
+        return LLM_EIO;
+    char h[WK_TIER_HEADER];
+    memcpy(h, p, WK_TIER_HEADER);
+    memset(h + 56, 0, 8);
+    if (checksum(h, p + WK_TIER_HEADER, tl, p + WK_TIER_HEADER + tl, block_bytes) != get_u64(p + 56)) return LLM_EIO;
+    int32_t *tok = malloc(tl);
+    if (!tok) return LLM_ENOMEM;
+    memcpy(tok, p + WK_TIER_HEADER, tl); /* the key names these tokens under this parent and salt */
+    int ok = cm_block_key(get_u64(p + 32), get_u64(p + 40), tok, block_size) == get_u64(p + 24);
+    free(tok);
+    return ok ? 0 : LLM_EIO;
+}
+
+static void path_of(const wk_tier *t, uint64_t key, const char *ext, char *out, size_t n) {
+    snprintf(out, n, "%s/%016" PRIx64 "%s", t->dir, key, ext);
+}
+
+/* Writes slot i's block file from payload; 0 or LLM_EIO (nothing left behind). */
+static int write_file(wk_tier *t, int32_t i, const void *payload) {
+    const ent *x = &t->e[i];
+    char h[WK_TIER_HEADER], tmp[600], fin[600];
+    size_t tl = sizeof(int32_t) * (size_t)t->o.block_size;
+    const int32_t *tok = t->toks + (size_t)i * t->o.block_size;
+    header(h, t->o.block_size, t->o.fingerprint, x->key, x->parent, x->salt, t->o.block_bytes);
+    put_u64(h + 56, checksum(h, tok, tl, payload, t->o.block_bytes));
+    path_of(t, x->key, ".tmp", tmp, sizeof tmp);
+    path_of(t, x->key, ".kvb", fin, sizeof fin);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) goto fail;
+    struct iovec iov[3] = {{h, WK_TIER_HEADER}, {(void *)tok, tl}, {(void *)payload, t->o.block_bytes}};
+    size_t want = t->file_bytes, done = 0;
+    int k = 0;
+    while (done < want) {
+        ssize_t w = writev(fd, iov + k, 3 - k);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += (size_t)w;
+        while (k < 3 && (size_t)w >= iov[k].iov_len) w -= (ssize_t)iov[k++].iov_len;
+        if (k < 3) {
+            iov[k].iov_base = (char *)iov[k].iov_base + w;
+            iov[k].iov_len -= (size_t)w;
+        }
+    }
+    if (close(fd) || done != want || rename(tmp, fin)) goto fail;
+    return 0;
+fail:
+    if (!t->st.write_errors++) CM_WARN("KV disk tier: cannot write %s: %s (counted; the block is dropped)", tmp,
+                                        strerror(errno ? errno : EIO));
+    unlink(tmp);
+    return LLM_EIO;
+}
+
+/* Slot i leaves list k (its payload or its file goes); the slot itself when it is held nowhere now. 1 then. */
+static int drop_from(wk_tier *t, int32_t i, int k) {
+    lru_unlink(t, i, k);
+    event(t, WK_EV_REMOVED, i, k ? WK_TIER_DISK : WK_TIER_RAM);
+    if (k) {
+        char p[600];
+        path_of(t, t->e[i].key, ".kvb", p, sizeof p);
+        unlink(p);
+    } else {
+        free(t->e[i].data);
+        t->e[i].data = NULL;
+    }
+    if (t->e[i].in[0] || t->e[i].in[1]) return 0;
+    slot_free(t, i);
+    return 1;
+}
+
+/* Slot i into memory with its payload d (taken). */
+static void add_ram(wk_tier *t, int32_t i, char *d) {
+    while (t->l[0].n && t->l[0].bytes + t->o.block_bytes > t->o.ram_bytes)
+        t->st.dropped += (uint64_t)drop_from(t, t->l[0].head, 0);
+    t->e[i].data = d;
+    lru_push(t, i, 0);
+    event(t, WK_EV_STORED, i, WK_TIER_RAM);
+}
+
+/* Slot i onto disk from payload; 0 or LLM_EIO (not on disk then). */
+static int add_disk(wk_tier *t, int32_t i, const void *payload) {
+    if (!t->dir || t->file_bytes > t->o.disk_bytes) return LLM_EIO;
+    while (t->l[1].n && t->l[1].bytes + t->file_bytes > t->o.disk_bytes)
+        t->st.dropped += (uint64_t)drop_from(t, t->l[1].head, 1);
+    if (write_file(t, i, payload)) return LLM_EIO;
+    lru_push(t, i, 1);
+    event(t, WK_EV_STORED, i, WK_TIER_DISK);
+    return 0;
+}
+
+/* ---- the store ------------------------------------------------------------ */
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+typedef struct {
+    double mtime;
+    int32_t slot;
+} aged;
+
+static int by_age(const void *a, const void *b) {
+    double x = ((const aged *)a)->mtime, y = ((const aged *)b)->mtime;
+    return x < y ? -1 : x > y;
+}
+
+/* Indexes the block files already in the directory, oldest first. */
+static int scan(wk_tier *t) {
+    DIR *d = opendir(t->dir);
+    if (!d) return LLM_EIO;
+    aged *a = NULL;
+    int n = 0, cap = 0, bad = 0, rc = 0;
+    size_t tl = sizeof(int32_t) * (size_t)t->o.block_size;
+    unsigned char *h = malloc(WK_TIER_HEADER + tl);
+    if (!h) rc = LLM_ENOMEM;
+    struct dirent *de;
+    while (!rc && (de = readdir(d))) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", t->dir, de->d_name);
+        if (ends_with(de->d_name, ".tmp")) { /* a write a crash cut short */
+            unlink(p);
+            continue;
+        }
+        if (!ends_with(de->d_name, ".kvb")) continue;
+        uint64_t named = strtoull(de->d_name, NULL, 16);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        struct stat sb;
+        int ok = fd >= 0 && !fstat(fd, &sb) && (size_t)sb.st_size == t->file_bytes &&
+                 pread(fd, h, WK_TIER_HEADER + tl, 0) == (ssize_t)(WK_TIER_HEADER + tl) &&
+                 header_ok(h, t->o.block_size, t->o.block_bytes, t->o.fingerprint) && get_u64(h + 24) == named &&
+                 by_key(t, named) < 0;
+        if (fd >= 0) close(fd);
+        if (ok) {
+            int32_t *tok = (int32_t *)(void *)(h + WK_TIER_HEADER);
+            ok = cm_block_key(get_u64(h + 32), get_u64(h + 40), tok, t->o.block_size) == named;
+        }
+        if (!ok) {
+            unlink(p);
+            bad++;
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            aged *na = realloc(a, sizeof *a * (size_t)cap);
+            if (!na) {
+                rc = LLM_ENOMEM;
+                break;
+            }
+            a = na;
+        }
+        int32_t i = slot_new(t, named, get_u64(h + 32), get_u64(h + 40), (int32_t *)(void *)(h + WK_TIER_HEADER));
+        if (i < 0) {
+            rc = LLM_ENOMEM;
+            break;
+        }
+        a[n++] = (aged){(double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec, i};
+    }
+    closedir(d);
+    if (!rc) {
+        qsort(a, (size_t)n, sizeof *a, by_age);
+        for (int k = 0; k < n; k++) lru_push(t, a[k].slot, 1);
+        while (t->l[1].bytes > t->o.disk_bytes) drop_from(t, t->l[1].head, 1);
+        t->st.corrupt += (uint64_t)bad;
+        if (n || bad)
+            CM_INFO("KV disk tier %s: %" PRIu64 " blocks found (%.1f MiB)%s%d unusable file(s) removed", t->dir,
+                    t->l[1].n, (double)t->l[1].bytes / 1048576.0, bad ? ", " : "", bad);
+    }
+    free(a);
+    free(h);
+    return rc;
+}
+
+static int mkdir_p(const char *path) {
+    char p[600];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(p, 0700) && errno != EEXIST) return -1;
+            *s = '/';
+        }
+    return mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+int wk_tier_create(const wk_tier_opts *o, wk_tier **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (o->block_size <= 0 || !o->block_bytes || (!o->ram_bytes && !o->disk_dir)) {
+        snprintf(err, errlen, "KV tiers: nothing to hold");
+        return LLM_EINVAL;
+    }
+    wk_tier *t = calloc(1, sizeof *t);
+    if (!t) return LLM_ENOMEM;
+    t->o = *o;
+    t->o.disk_dir = NULL;
+    t->free_slot = -1;
+    for (int k = 0; k < 2; k++) t->l[k] = (lru){-1, -1, 0, 0};
+    t->file_bytes = WK_TIER_HEADER + sizeof(int32_t) * (size_t)o->block_size + o->block_bytes;
+    int rc = grow(t);
+    if (!rc && o->disk_dir) {
+        size_t n = strlen(o->disk_dir) + 24;
+        t->dir = malloc(n);
+        t->scratch = malloc(t->file_bytes);
+        if (!t->dir || !t->scratch) rc = LLM_ENOMEM;
+        else {
+            snprintf(t->dir, n, "%s/%016" PRIx64, o->disk_dir, o->fingerprint);
+            char probe[600];
+            snprintf(probe, sizeof probe, "%s/.probe", t->dir);
+            int fd = -1;
+            if (strlen(t->dir) > 500 || mkdir_p(t->dir) || (fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0600)) < 0) {
+                snprintf(err, errlen, "--kv-offloading-dir: cannot write in %s: %s", t->dir,
+                         strlen(t->dir) > 500 ? "path too long" : strerror(errno));
+                rc = LLM_EIO;
+            } else {
+                close(fd);
+                unlink(probe);
+                rc = scan(t);
+                if (rc) snprintf(err, errlen, "--kv-offloading-dir: cannot read %s: %s", t->dir, cm_strerror(rc));
+            }
+        }
+    }
+    if (rc) {
+        if (!err[0]) snprintf(err, errlen, "KV tiers: %s", cm_strerror(rc));
+        wk_tier_free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+void wk_tier_free(wk_tier *t) {
+    if (!t) return;
+    for (int i = 0; i < t->cap; i++) free(t->e[i].data);
+    free(t->e);
+    free(t->toks);
+    free(t->bucket);
+    free(t->scratch);
+    free(t->dir);
+    free(t);
+}
+
+void wk_tier_put(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok,
+                 void (*fill)(void *ctx, void *dst), void *ctx) {
+    int ram = t->o.ram_bytes >= t->o.block_bytes;
+    int32_t i = by_key(t, key);
+    if (i >= 0 && !same(t, i, key, parent, salt, tok)) return; /* another block under its key: that one stays */
+    if (i >= 0 && (t->e[i].in[0] || !ram) && (t->e[i].in[1] || !t->dir)) { /* held where it can be */
+        touch(t, i);
+        return;
+    }
+    if (i < 0 && !ram && !t->dir) return;
+    char *d = malloc(t->o.block_bytes);
+    if (!d) return;
+    fill(ctx, d);
+    if (i >= 0) /* on disk, back into memory too (or in memory, where an earlier write failed) */
+        touch(t, i);
+    else if ((i = slot_new(t, key, parent, salt, tok)) < 0) {
+        free(d);
+        return;
+    } else {
+        t->st.puts++;
+        t->st.bytes_out += t->o.block_bytes;
+    }
+    if (!t->e[i].in[1] && t->dir) add_disk(t, i, d);
+    if (!t->e[i].in[0] && ram) {
+        add_ram(t, i, d);
+        d = NULL;
+    }
+    free(d);
+    if (!t->e[i].in[0] && !t->e[i].in[1]) {
+        slot_free(t, i);
+        t->st.dropped++;
+    }
+}
+
+int wk_tier_find(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    int32_t i = by_key(t, key);
+    if (i < 0 || !same(t, i, key, parent, salt, tok)) return 0;
+    return t->e[i].in[0] ? WK_TIER_RAM : t->e[i].in[1] ? WK_TIER_DISK : 0;
+}
+
+static void count_load(wk_tier *t, double t0) {
+    static const double edge[7] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+    double ms = (cm_now() - t0) * 1e3;
+    int b = 0;
+    while (b < 7 && ms > edge[b]) b++;
+    t->st.load_ms_bucket[b]++;
+    t->st.load_ms_sum += ms;
+    t->st.bytes_in += t->o.block_bytes;
+}
+
+int wk_tier_load(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok,
+                 void (*store)(void *ctx, const void *src), void *ctx) {
+    int32_t i = by_key(t, key);
+    if (i < 0 || !same(t, i, key, parent, salt, tok)) return LLM_ENOTFOUND;
+    double t0 = cm_now();
+    if (t->e[i].in[0]) { /* the pool holds it now: memory lets it go (the disk keeps its copy) */
+        store(ctx, t->e[i].data);
+        t->st.ram_hits++;
+        count_load(t, t0);
+        if (t->e[i].in[1]) touch(t, i);
+        drop_from(t, i, 0);
+        return 0;
+    }
+    if (!t->e[i].in[1]) return LLM_ENOTFOUND;
+    char p[600];
+    path_of(t, key, ".kvb", p, sizeof p);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    size_t got = 0;
+    while (fd >= 0 && got < t->file_bytes) {
+        ssize_t r = pread(fd, t->scratch + got, t->file_bytes - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    struct stat sb;
+    int whole = fd >= 0 && got == t->file_bytes && !fstat(fd, &sb) && (size_t)sb.st_size == t->file_bytes;
+    if (fd >= 0) close(fd);
+    if (!whole || wk_tier_check_file(t->scratch, t->file_bytes, t->o.block_size, t->o.block_bytes, t->o.fingerprint) ||
+        !same(t, i, get_u64((unsigned char *)t->scratch + 24), get_u64((unsigned char *)t->scratch + 32),
+              get_u64((unsigned char *)t->scratch + 40), (const int32_t *)(void *)(t->scratch + WK_TIER_HEADER))) {
+        CM_WARN("KV disk tier: %s is truncated or corrupt: dropped, the block is recomputed", p);
+        t->st.corrupt++;
+        drop_from(t, i, 1);
+        return LLM_EIO;
+    }
+    store(ctx, t->scratch + WK_TIER_HEADER + sizeof(int32_t) * (size_t)t->o.block_size);
+    touch(t, i);
+    t->st.disk_hits++;
+    count_load(t, t0);
+    return 0;
+}
+
+void wk_tier_each_key(const wk_tier *t, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx) {
+    for (int i = 0; i < t->cap; i++)
+        for (int k = 0; k < 2; k++)
+            if (t->e[i].in[k]) fn(ctx, t->e[i].key, k ? WK_TIER_DISK : WK_TIER_RAM);
+}
+
+void wk_tier_get_stats(const wk_tier *t, wk_tier_stats *st) {
+    *st = t->st;
+    st->ram_blocks = t->l[0].n;
+    st->ram_bytes = t->l[0].bytes;
+    st->disk_blocks = t->l[1].n;
+    st->disk_bytes = t->l[1].bytes;
+}
