@@ -60,7 +60,7 @@ static const char *wflags[] = {"device", "tensor-parallel-size", "threads", "max
                                "kv-cache-dtype", "quantization", "rope-scaling", "dtype", "dummy-seed", "load-format", "model-config",
                                "speculative-config", "num-speculative-tokens", "ngram-prompt-lookup-max",
                                "ngram-prompt-lookup-min", "speculative-disable-by-batch-size", "lora-modules", "max-loras",
-                               "max-lora-rank", NULL};
+                               "max-lora-rank", "kv-offloading-size", "kv-offloading-dir", "kv-offloading-disk-size", NULL};
 static const char *both[] = {"served-model-name", "log-level", "shutdown-timeout", "rpc-secret-file", NULL};
 
 static int in(const char *const *set, const char *name) {
@@ -88,6 +88,8 @@ static void help(FILE *f) {
             "  --enable-lora, --lora-modules NAME=PATH, --max-loras N, --max-lora-rank N,\n"
             "  --speculative-config JSON, --num-speculative-tokens K, --ngram-prompt-lookup-max N,\n"
             "  --ngram-prompt-lookup-min M, --speculative-disable-by-batch-size B    engine flags, as in vLLM\n"
+            "  --kv-offloading-size SIZE, --kv-offloading-dir DIR, --kv-offloading-disk-size SIZE\n"
+            "                               KV tiers under the cache: host memory, then disk (llmserve-worker --help)\n"
             "  --served-model-name NAME, --log-level L, --shutdown-timeout S, --rpc-secret-file PATH    both\n"
             "  --embedding-model DIR        also serve /v1/embeddings with this Hugging Face embedding model\n"
             "                               (its own worker group; e.g. models/all-MiniLM-L6-v2)\n"

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ typedef struct {
     int32_t hnext;             /* hash chain */
     int32_t prev[2], next[2];  /* neighbours in the memory [0] and disk [1] lists (prev: less recently used) */
     uint8_t in[2];             /* held in memory, on disk */
+    uint8_t pending;           /* its file is being written (the slot stays till the writer answers) */
     uint8_t used;              /* 0: a free slot */
     char *data;                /* in memory: the payload */
 } ent;
@@ -36,6 +38,15 @@ typedef struct {
     int32_t head, tail; /* head: least recently used */
     uint64_t n, bytes;
 } lru;
+
+/* A block file to write, on the writer thread: its names, then its tokens and payload in the same allocation. */
+typedef struct job {
+    struct job *next;
+    uint64_t key, parent, salt;
+    int ok, err;
+} job;
+
+#define IO_QUEUE_BYTES ((size_t)64 << 20) /* writes queued at most; past it a block is not written */
 
 struct wk_tier {
     wk_tier_opts o;
@@ -50,6 +61,13 @@ struct wk_tier {
     lru l[2];              /* memory, disk */
     char *scratch;         /* one block file */
     wk_tier_stats st;
+    /* the disk writer: the engine's thread queues, it writes, the engine's thread takes the answers */
+    pthread_t io;
+    int io_on, io_stop, io_busy;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, idle;
+    job *todo, *todo_tail, *done;
+    size_t todo_bytes;
 };
 
 /* ---- index --------------------------------------------------------------- */
@@ -229,16 +247,21 @@ static void path_of(const wk_tier *t, uint64_t key, const char *ext, char *out, 
     snprintf(out, n, "%s/%016" PRIx64 "%s", t->dir, key, ext);
 }
 
-/* Writes slot i's block file from payload; 0 or LLM_EIO (nothing left behind). */
-static int write_file(wk_tier *t, int32_t i, const void *payload) {
-    const ent *x = &t->e[i];
+static int32_t *job_tok(job *j) { return (int32_t *)(void *)(j + 1); }
+static char *job_payload(const wk_tier *t, job *j) { return (char *)(job_tok(j) + t->o.block_size); }
+
+/* Writes a block file (on the writer thread: reads only what does not change); 0, or LLM_EIO with *err the
+ * errno and nothing left behind. */
+static int write_file(const wk_tier *t, job *j, int *err) {
     char h[WK_TIER_HEADER], tmp[600], fin[600];
     size_t tl = sizeof(int32_t) * (size_t)t->o.block_size;
-    const int32_t *tok = t->toks + (size_t)i * t->o.block_size;
-    header(h, t->o.block_size, t->o.fingerprint, x->key, x->parent, x->salt, t->o.block_bytes);
+    const int32_t *tok = job_tok(j);
+    const char *payload = job_payload(t, j);
+    header(h, t->o.block_size, t->o.fingerprint, j->key, j->parent, j->salt, t->o.block_bytes);
     put_u64(h + 56, checksum(h, tok, tl, payload, t->o.block_bytes));
-    path_of(t, x->key, ".tmp", tmp, sizeof tmp);
-    path_of(t, x->key, ".kvb", fin, sizeof fin);
+    path_of(t, j->key, ".tmp", tmp, sizeof tmp);
+    path_of(t, j->key, ".kvb", fin, sizeof fin);
+    errno = 0;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) goto fail;
     struct iovec iov[3] = {{h, WK_TIER_HEADER}, {(void *)tok, tl}, {(void *)payload, t->o.block_bytes}};
@@ -258,10 +281,32 @@ static int write_file(wk_tier *t, int32_t i, const void *payload) {
     if (close(fd) || done != want || rename(tmp, fin)) goto fail;
     return 0;
 fail:
-    if (!t->st.write_errors++) CM_WARN("KV disk tier: cannot write %s: %s (counted; the block is dropped)", tmp,
-                                        strerror(errno ? errno : EIO));
+    *err = errno ? errno : EIO;
     unlink(tmp);
     return LLM_EIO;
+}
+
+static void *writer(void *arg) {
+    wk_tier *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (!t->todo && !t->io_stop) pthread_cond_wait(&t->cv, &t->mu);
+        if (!t->todo) break; /* stopping, and every queued block is written */
+        job *j = t->todo;
+        t->todo = j->next;
+        if (!t->todo) t->todo_tail = NULL;
+        t->todo_bytes -= t->file_bytes;
+        t->io_busy = 1;
+        pthread_mutex_unlock(&t->mu);
+        j->ok = write_file(t, j, &j->err) == 0;
+        pthread_mutex_lock(&t->mu);
+        j->next = t->done;
+        t->done = j;
+        t->io_busy = 0;
+        if (!t->todo) pthread_cond_broadcast(&t->idle);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
 }
 
 /* Slot i leaves list k (its payload or its file goes); the slot itself when it is held nowhere now. 1 then. */
@@ -276,7 +321,7 @@ static int drop_from(wk_tier *t, int32_t i, int k) {
         free(t->e[i].data);
         t->e[i].data = NULL;
     }
-    if (t->e[i].in[0] || t->e[i].in[1]) return 0;
+    if (t->e[i].in[0] || t->e[i].in[1] || t->e[i].pending) return 0;
     slot_free(t, i);
     return 1;
 }
@@ -290,15 +335,82 @@ static void add_ram(wk_tier *t, int32_t i, char *d) {
     event(t, WK_EV_STORED, i, WK_TIER_RAM);
 }
 
-/* Slot i onto disk from payload; 0 or LLM_EIO (not on disk then). */
+/* Slot i's file to the writer, from payload (copied); 0 or LLM_EIO (it will not be on disk). */
 static int add_disk(wk_tier *t, int32_t i, const void *payload) {
     if (!t->dir || t->file_bytes > t->o.disk_bytes) return LLM_EIO;
-    while (t->l[1].n && t->l[1].bytes + t->file_bytes > t->o.disk_bytes)
-        t->st.dropped += (uint64_t)drop_from(t, t->l[1].head, 1);
-    if (write_file(t, i, payload)) return LLM_EIO;
-    lru_push(t, i, 1);
-    event(t, WK_EV_STORED, i, WK_TIER_DISK);
+    size_t tl = sizeof(int32_t) * (size_t)t->o.block_size;
+    pthread_mutex_lock(&t->mu);
+    int full = t->todo_bytes + t->file_bytes > IO_QUEUE_BYTES;
+    pthread_mutex_unlock(&t->mu);
+    job *j = full ? NULL : malloc(sizeof *j + tl + t->o.block_bytes);
+    if (!j) { /* the writer is that far behind (or no memory): this block is not written */
+        t->st.write_errors++;
+        return LLM_EIO;
+    }
+    *j = (job){.key = t->e[i].key, .parent = t->e[i].parent, .salt = t->e[i].salt};
+    memcpy(job_tok(j), t->toks + (size_t)i * t->o.block_size, tl);
+    memcpy(job_payload(t, j), payload, t->o.block_bytes);
+    t->e[i].pending = 1;
+    pthread_mutex_lock(&t->mu);
+    if (t->todo_tail) t->todo_tail->next = j;
+    else t->todo = j;
+    t->todo_tail = j;
+    t->todo_bytes += t->file_bytes;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
     return 0;
+}
+
+/* The writer's answers: a block written joins the disk tier (the oldest files go for room), one that failed
+ * is counted and, held nowhere else, dropped. */
+static void poll_io(wk_tier *t) {
+    if (!t->io_on) return;
+    pthread_mutex_lock(&t->mu);
+    job *d = t->done;
+    t->done = NULL;
+    pthread_mutex_unlock(&t->mu);
+    job *r = NULL; /* oldest first */
+    while (d) {
+        job *n = d->next;
+        d->next = r;
+        r = d;
+        d = n;
+    }
+    while (r) {
+        job *j = r;
+        r = r->next;
+        int32_t i = by_key(t, j->key);
+        if (i >= 0 && t->e[i].pending) {
+            t->e[i].pending = 0;
+            if (j->ok) {
+                while (t->l[1].n && t->l[1].bytes + t->file_bytes > t->o.disk_bytes)
+                    t->st.dropped += (uint64_t)drop_from(t, t->l[1].head, 1);
+                lru_push(t, i, 1);
+                event(t, WK_EV_STORED, i, WK_TIER_DISK);
+            } else {
+                if (!t->st.write_errors) {
+                    char p[600];
+                    path_of(t, j->key, ".tmp", p, sizeof p);
+                    CM_WARN("KV disk tier: cannot write %s: %s (counted; the block is not kept on disk)", p,
+                            strerror(j->err));
+                }
+                t->st.write_errors++;
+                if (!t->e[i].in[0] && !t->e[i].in[1]) {
+                    slot_free(t, i);
+                    t->st.dropped++;
+                }
+            }
+        }
+        free(j);
+    }
+}
+
+void wk_tier_flush(wk_tier *t) {
+    if (!t->io_on) return;
+    pthread_mutex_lock(&t->mu);
+    while (t->todo || t->io_busy) pthread_cond_wait(&t->idle, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    poll_io(t);
 }
 
 /* ---- the store ------------------------------------------------------------ */
@@ -371,7 +483,7 @@ static int scan(wk_tier *t) {
     }
     closedir(d);
     if (!rc) {
-        qsort(a, (size_t)n, sizeof *a, by_age);
+        if (n) qsort(a, (size_t)n, sizeof *a, by_age);
         for (int k = 0; k < n; k++) lru_push(t, a[k].slot, 1);
         while (t->l[1].bytes > t->o.disk_bytes) drop_from(t, t->l[1].head, 1);
         t->st.corrupt += (uint64_t)bad;
@@ -432,6 +544,17 @@ int wk_tier_create(const wk_tier_opts *o, wk_tier **out, char *err, size_t errle
             }
         }
     }
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    pthread_cond_init(&t->idle, NULL);
+    if (!rc && t->dir) {
+        if (pthread_create(&t->io, NULL, writer, t)) {
+            snprintf(err, errlen, "KV tiers: cannot start the disk writer thread");
+            rc = LLM_ENOMEM;
+        } else {
+            t->io_on = 1;
+        }
+    }
     if (rc) {
         if (!err[0]) snprintf(err, errlen, "KV tiers: %s", cm_strerror(rc));
         wk_tier_free(t);
@@ -443,6 +566,21 @@ int wk_tier_create(const wk_tier_opts *o, wk_tier **out, char *err, size_t errle
 
 void wk_tier_free(wk_tier *t) {
     if (!t) return;
+    if (t->io_on) { /* what is queued is written first: a stop keeps it */
+        pthread_mutex_lock(&t->mu);
+        t->io_stop = 1;
+        pthread_cond_signal(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->io, NULL);
+        while (t->done) {
+            job *j = t->done;
+            t->done = j->next;
+            free(j);
+        }
+    }
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    pthread_cond_destroy(&t->idle);
     for (int i = 0; i < t->cap; i++) free(t->e[i].data);
     free(t->e);
     free(t->toks);
@@ -454,10 +592,11 @@ void wk_tier_free(wk_tier *t) {
 
 void wk_tier_put(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok,
                  void (*fill)(void *ctx, void *dst), void *ctx) {
+    poll_io(t);
     int ram = t->o.ram_bytes >= t->o.block_bytes;
     int32_t i = by_key(t, key);
     if (i >= 0 && !same(t, i, key, parent, salt, tok)) return; /* another block under its key: that one stays */
-    if (i >= 0 && (t->e[i].in[0] || !ram) && (t->e[i].in[1] || !t->dir)) { /* held where it can be */
+    if (i >= 0 && (t->e[i].in[0] || !ram) && (t->e[i].in[1] || t->e[i].pending || !t->dir)) { /* held where it can be */
         touch(t, i);
         return;
     }
@@ -474,19 +613,20 @@ void wk_tier_put(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const
         t->st.puts++;
         t->st.bytes_out += t->o.block_bytes;
     }
-    if (!t->e[i].in[1] && t->dir) add_disk(t, i, d);
+    if (!t->e[i].in[1] && !t->e[i].pending && t->dir) add_disk(t, i, d);
     if (!t->e[i].in[0] && ram) {
         add_ram(t, i, d);
         d = NULL;
     }
     free(d);
-    if (!t->e[i].in[0] && !t->e[i].in[1]) {
+    if (!t->e[i].in[0] && !t->e[i].in[1] && !t->e[i].pending) {
         slot_free(t, i);
         t->st.dropped++;
     }
 }
 
 int wk_tier_find(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    poll_io(t);
     int32_t i = by_key(t, key);
     if (i < 0 || !same(t, i, key, parent, salt, tok)) return 0;
     return t->e[i].in[0] ? WK_TIER_RAM : t->e[i].in[1] ? WK_TIER_DISK : 0;
@@ -504,6 +644,7 @@ static void count_load(wk_tier *t, double t0) {
 
 int wk_tier_load(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok,
                  void (*store)(void *ctx, const void *src), void *ctx) {
+    poll_io(t);
     int32_t i = by_key(t, key);
     if (i < 0 || !same(t, i, key, parent, salt, tok)) return LLM_ENOTFOUND;
     double t0 = cm_now();
@@ -544,13 +685,15 @@ int wk_tier_load(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const
     return 0;
 }
 
-void wk_tier_each_key(const wk_tier *t, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx) {
+void wk_tier_each_key(wk_tier *t, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx) {
+    poll_io(t);
     for (int i = 0; i < t->cap; i++)
         for (int k = 0; k < 2; k++)
             if (t->e[i].in[k]) fn(ctx, t->e[i].key, k ? WK_TIER_DISK : WK_TIER_RAM);
 }
 
-void wk_tier_get_stats(const wk_tier *t, wk_tier_stats *st) {
+void wk_tier_get_stats(wk_tier *t, wk_tier_stats *st) {
+    poll_io(t);
     *st = t->st;
     st->ram_blocks = t->l[0].n;
     st->ram_bytes = t->l[0].bytes;

@@ -3,10 +3,12 @@
  *
  * A keyed block the pool evicts is put here instead of vanishing (its K and
  * V for every layer, block_bytes, in the layout wk_cache_block_save writes).
- * The memory tier is bounded in bytes, least recently used first; what it
- * evicts goes down to the disk tier when there is one, else is dropped. The
- * disk tier is a directory of one file per block, bounded in bytes, that
- * outlives the process: a restarted worker finds its blocks again.
+ * The memory tier is bounded in bytes, least recently used first. The disk
+ * tier is a directory of one file per block, bounded in bytes, written
+ * through (a block put is queued for the disk at once, so a kill loses only
+ * the writes in flight), that outlives the process: a restarted worker finds
+ * its blocks again. The files are written by a thread of the tier's own, off
+ * the engine's step; a block is on disk (and announced) once written.
  *
  * A block is named as in the pool: its key, parent key, salt and tokens, all
  * verified on a find, so a 64-bit collision is a miss, never wrong K/V. A
@@ -21,7 +23,8 @@
  *   the payload. Written to a temporary name and renamed: a crash leaves a
  *   whole file or a temporary one (removed at start).
  *
- * Not thread-safe: the engine's thread owns it. */
+ * Not thread-safe: the engine's thread owns it (its writer thread shares
+ * only the queue). */
 #ifndef WK_TIER_H
 #define WK_TIER_H
 
@@ -49,7 +52,8 @@ typedef struct {
     uint64_t puts, ram_hits, disk_hits;    /* blocks */
     uint64_t bytes_out, bytes_in;          /* offloaded to the tiers, loaded back */
     uint64_t dropped;                      /* evicted from the last tier */
-    uint64_t corrupt, write_errors;        /* block files refused; writes that failed (a full disk) */
+    uint64_t corrupt, write_errors;        /* block files refused; writes that failed (a full disk) or were
+                                              shed (the writer 64 MiB behind) */
     double load_ms_sum;                    /* loads back, their time */
     uint64_t load_ms_bucket[8];            /* loads of <= 0.1, 0.25, 0.5, 1, 2.5, 5, 10 ms, more */
 } wk_tier_stats;
@@ -73,8 +77,10 @@ int wk_tier_find(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const
 int wk_tier_load(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok,
                  void (*store)(void *ctx, const void *src), void *ctx);
 /* Calls fn for every block held, with its tier (a router's full resync). */
-void wk_tier_each_key(const wk_tier *t, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx);
-void wk_tier_get_stats(const wk_tier *t, wk_tier_stats *st);
+void wk_tier_each_key(wk_tier *t, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx);
+void wk_tier_get_stats(wk_tier *t, wk_tier_stats *st);
+/* Waits for the disk writer to finish what is queued (tests; a stop does it too). */
+void wk_tier_flush(wk_tier *t);
 
 /* Checks one block file's bytes as a load does (the fuzz target's entry):
  * 0 when it is whole and of this shape, else LLM_EIO. */
