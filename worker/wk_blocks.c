@@ -262,6 +262,23 @@ int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int 
     return got * b->bs;
 }
 
+int wk_blocks_prefetch(wk_blocks *b, uint64_t salt, const int32_t *tok, int n) {
+    if (!b->caching || !b->tops || !b->tops->prefetch || n <= 1) return 0;
+    int max = (n - 1) / b->bs, pending = 0;
+    uint64_t parent = CM_BLOCK_ROOT;
+    for (int got = 0; got < max; got++) {
+        const int32_t *t = tok + (size_t)got * b->bs;
+        uint64_t key = cm_block_key(parent, salt, t, b->bs);
+        if (lookup(b, key, parent, salt, t) < 0) {
+            int r = b->tops->prefetch(b->tctx, key, parent, salt, t);
+            if (!r) break;
+            pending += r == 2;
+        }
+        parent = key;
+    }
+    return pending;
+}
+
 int wk_blocks_needed(const wk_blocks *b, const wk_bseq *s, int from, int to) {
     int want = (to + b->bs - 1) / b->bs, need = want > s->n ? want - s->n : 0;
     for (int i = from / b->bs; i < s->n && i < want; i++)

@@ -44,6 +44,8 @@ typedef struct {
     void (*evict)(void *ctx, int32_t blk, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
     int (*has)(void *ctx, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
     int (*onload)(void *ctx, int32_t blk, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
+    /* 1 ready to load, 2 on its way (a read in flight), 0 not held (NULL: every held block is ready) */
+    int (*prefetch)(void *ctx, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
 } wk_blocks_tier_ops;
 
 typedef struct {
@@ -79,6 +81,9 @@ void wk_blocks_get_stats(const wk_blocks *b, wk_blocks_stats *st);
 int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n, int *loaded);
 /* The tokens of tok that wk_blocks_match would find cached now; takes nothing. */
 int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n);
+/* Readies the lower tiers' blocks that a match of tok[0..n) would load: the blocks still on their way there
+ * (reads in flight); 0 when a match would wait on nothing. */
+int wk_blocks_prefetch(wk_blocks *b, uint64_t salt, const int32_t *tok, int n);
 /* Counts a prefix-cache query of n tokens of which hit were found. */
 void wk_blocks_count_query(wk_blocks *b, int n, int hit);
 

@@ -43,6 +43,7 @@ typedef struct {
     int32_t draft[WK_SPEC_MAX_K];
     wk_bseq dbs;             /* draft model: its block table in the draft's own pool (never shared) */
     int d_computed;          /* draft model: tokens whose K/V are in the draft's cache */
+    double tier_wait;        /* cm_now() when its admission first waited for blocks read from disk; 0 */
 } wk_seq;
 
 struct wk_req {

@@ -62,12 +62,17 @@ static int on_load(void *ctx, int32_t blk, uint64_t key, uint64_t parent, uint64
     return wk_tier_load(e->tier, key, parent, salt, tok, load, &r);
 }
 
+static int on_prefetch(void *ctx, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    wk_engine *e = ctx;
+    return wk_tier_prefetch(e->tier, key, parent, salt, tok);
+}
+
 static void on_event(void *ctx, int type, uint64_t key, uint64_t parent, int tier) {
     wk_engine *e = ctx;
     wk_blocks_emit(e->blocks, type, key, parent, tier);
 }
 
-static const wk_blocks_tier_ops OPS = {on_evict, on_has, on_load};
+static const wk_blocks_tier_ops OPS = {on_evict, on_has, on_load, on_prefetch};
 
 /* What the K/V of a block depend on besides its tokens and salt: the weights and the cache's layout. A disk
  * tier's files carry it, so a file of another model, quantization or layout is never loaded. */

@@ -163,6 +163,7 @@ static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *p
 
 /* What a prefill may get before any has been timed. */
 #define COLD_PREFILL_CHUNK 64
+#define TIER_WAIT_S 0.1 /* longest an admission waits for its blocks to come up from disk */
 
 int wk_sched_plan(wk_engine *e, int *tokens) {
     int budget = e->o.max_num_batched_tokens, preempted = 0, rc, spec = 0;
@@ -220,6 +221,13 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
         wk_req *r = s->req;
         int seats = r->forked ? 1 : r->p.n;
         if (e->n_running + seats > e->o.max_num_seqs && e->n_running) break;
+        /* blocks of its prefix on disk are read into memory by the tiers' thread first: the running streams
+         * step on meanwhile (for up to TIER_WAIT_S; then a load reads what is left itself) */
+        if (e->tier && !r->plp && wk_blocks_prefetch(e->blocks, s->bs.salt, s->tok, s->n_tok)) {
+            double now = cm_now();
+            if (!s->tier_wait) s->tier_wait = now;
+            if (now - s->tier_wait < TIER_WAIT_S) break;
+        }
         int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok, NULL);
         if (hit < 0) return hit;
         if (hit && r->plp) { /* cached positions have no logits: the prompt is computed whole */

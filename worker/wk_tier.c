@@ -30,6 +30,8 @@ typedef struct {
     int32_t prev[2], next[2];  /* neighbours in the memory [0] and disk [1] lists (prev: less recently used) */
     uint8_t in[2];             /* held in memory, on disk */
     uint8_t pending;           /* its file is being written (the slot stays till the writer answers) */
+    uint8_t reading;           /* its file is being read into memory (the same) */
+    uint8_t from_disk;         /* in memory because it was read back from disk (its hit is the disk's) */
     uint8_t used;              /* 0: a free slot */
     char *data;                /* in memory: the payload */
 } ent;
@@ -39,11 +41,13 @@ typedef struct {
     uint64_t n, bytes;
 } lru;
 
-/* A block file to write, on the writer thread: its names, then its tokens and payload in the same allocation. */
+/* A block file to write, on the I/O thread: its names, then its tokens and payload in the same allocation; or
+ * one to read (read set) into buf, a whole file. */
 typedef struct job {
     struct job *next;
     uint64_t key, parent, salt;
-    int ok, err;
+    int ok, err, read;
+    char *buf;
 } job;
 
 #define IO_QUEUE_BYTES ((size_t)64 << 20) /* writes queued at most; past it a block is not written */
@@ -286,6 +290,32 @@ fail:
     return LLM_EIO;
 }
 
+/* Reads key's block file whole into buf (file_bytes) and checks it (any thread); 0 or LLM_EIO. */
+static int read_file(const wk_tier *t, uint64_t key, char *buf) {
+    char p[600];
+    path_of(t, key, ".kvb", p, sizeof p);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    size_t got = 0;
+    while (fd >= 0 && got < t->file_bytes) {
+        ssize_t r = pread(fd, buf + got, t->file_bytes - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    struct stat sb;
+    int whole = fd >= 0 && got == t->file_bytes && !fstat(fd, &sb) && (size_t)sb.st_size == t->file_bytes;
+    if (fd >= 0) close(fd);
+    return whole && !wk_tier_check_file(buf, t->file_bytes, t->o.block_size, t->o.block_bytes, t->o.fingerprint)
+               ? 0
+               : LLM_EIO;
+}
+
+/* The file in buf is slot i's block (the checks passed for its own header). */
+static int file_is(const wk_tier *t, int32_t i, const char *buf) {
+    const unsigned char *h = (const unsigned char *)buf;
+    return same(t, i, get_u64(h + 24), get_u64(h + 32), get_u64(h + 40), (const int32_t *)(const void *)(h + WK_TIER_HEADER));
+}
+
 static void *writer(void *arg) {
     wk_tier *t = arg;
     pthread_mutex_lock(&t->mu);
@@ -298,7 +328,7 @@ static void *writer(void *arg) {
         t->todo_bytes -= t->file_bytes;
         t->io_busy = 1;
         pthread_mutex_unlock(&t->mu);
-        j->ok = write_file(t, j, &j->err) == 0;
+        j->ok = j->read ? read_file(t, j->key, j->buf) == 0 : write_file(t, j, &j->err) == 0;
         pthread_mutex_lock(&t->mu);
         j->next = t->done;
         t->done = j;
@@ -321,9 +351,17 @@ static int drop_from(wk_tier *t, int32_t i, int k) {
         free(t->e[i].data);
         t->e[i].data = NULL;
     }
-    if (t->e[i].in[0] || t->e[i].in[1] || t->e[i].pending) return 0;
+    if (t->e[i].in[0] || t->e[i].in[1] || t->e[i].pending || t->e[i].reading) return 0;
     slot_free(t, i);
     return 1;
+}
+
+static void refuse_file(wk_tier *t, int32_t i) {
+    char p[600];
+    path_of(t, t->e[i].key, ".kvb", p, sizeof p);
+    CM_WARN("KV disk tier: %s is truncated or corrupt: dropped, the block is recomputed", p);
+    t->st.corrupt++;
+    drop_from(t, i, 1);
 }
 
 /* Slot i into memory with its payload d (taken). */
@@ -380,6 +418,23 @@ static void poll_io(wk_tier *t) {
         job *j = r;
         r = r->next;
         int32_t i = by_key(t, j->key);
+        if (j->read) { /* a block read ahead: into memory, where the admission finds it */
+            if (i >= 0 && t->e[i].reading) {
+                t->e[i].reading = 0;
+                char *mem = NULL;
+                if (t->e[i].in[1] && (!j->ok || !file_is(t, i, j->buf))) refuse_file(t, i);
+                else if (t->e[i].in[1] && !t->e[i].in[0] && (mem = malloc(t->o.block_bytes))) {
+                    memcpy(mem, j->buf + WK_TIER_HEADER + sizeof(int32_t) * (size_t)t->o.block_size, t->o.block_bytes);
+                    add_ram(t, i, mem);
+                    t->e[i].from_disk = 1;
+                } else if (!t->e[i].in[0] && !t->e[i].in[1] && !t->e[i].pending) {
+                    slot_free(t, i);
+                }
+            }
+            free(j->buf);
+            free(j);
+            continue;
+        }
         if (i >= 0 && t->e[i].pending) {
             t->e[i].pending = 0;
             if (j->ok) {
@@ -395,7 +450,7 @@ static void poll_io(wk_tier *t) {
                             strerror(j->err));
                 }
                 t->st.write_errors++;
-                if (!t->e[i].in[0] && !t->e[i].in[1]) {
+                if (!t->e[i].in[0] && !t->e[i].in[1] && !t->e[i].reading) {
                     slot_free(t, i);
                     t->st.dropped++;
                 }
@@ -619,10 +674,41 @@ void wk_tier_put(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const
         d = NULL;
     }
     free(d);
-    if (!t->e[i].in[0] && !t->e[i].in[1] && !t->e[i].pending) {
+    if (!t->e[i].in[0] && !t->e[i].in[1] && !t->e[i].pending && !t->e[i].reading) {
         slot_free(t, i);
         t->st.dropped++;
     }
+}
+
+int wk_tier_prefetch(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    poll_io(t);
+    int32_t i = by_key(t, key);
+    if (i < 0 || !same(t, i, key, parent, salt, tok)) return 0;
+    ent *x = &t->e[i];
+    if (x->in[0]) return 1;
+    if (x->reading) return 2;
+    if (!x->in[1]) return 0;
+    if (!t->io_on || t->o.ram_bytes < t->o.block_bytes) return 1; /* no memory to read into: a load reads it */
+    pthread_mutex_lock(&t->mu);
+    int full = t->todo_bytes + t->file_bytes > IO_QUEUE_BYTES;
+    pthread_mutex_unlock(&t->mu);
+    job *j = full ? NULL : calloc(1, sizeof *j);
+    if (j) j->buf = malloc(t->file_bytes);
+    if (!j || !j->buf) {
+        if (j) free(j);
+        return 1;
+    }
+    j->key = key;
+    j->read = 1;
+    x->reading = 1;
+    pthread_mutex_lock(&t->mu);
+    if (t->todo_tail) t->todo_tail->next = j;
+    else t->todo = j;
+    t->todo_tail = j;
+    t->todo_bytes += t->file_bytes;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return 2;
 }
 
 int wk_tier_find(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
@@ -650,32 +736,16 @@ int wk_tier_load(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const
     double t0 = cm_now();
     if (t->e[i].in[0]) { /* the pool holds it now: memory lets it go (the disk keeps its copy) */
         store(ctx, t->e[i].data);
-        t->st.ram_hits++;
+        if (t->e[i].from_disk) t->st.disk_hits++;
+        else t->st.ram_hits++;
         count_load(t, t0);
         if (t->e[i].in[1]) touch(t, i);
         drop_from(t, i, 0);
         return 0;
     }
     if (!t->e[i].in[1]) return LLM_ENOTFOUND;
-    char p[600];
-    path_of(t, key, ".kvb", p, sizeof p);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    size_t got = 0;
-    while (fd >= 0 && got < t->file_bytes) {
-        ssize_t r = pread(fd, t->scratch + got, t->file_bytes - got, (off_t)got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    struct stat sb;
-    int whole = fd >= 0 && got == t->file_bytes && !fstat(fd, &sb) && (size_t)sb.st_size == t->file_bytes;
-    if (fd >= 0) close(fd);
-    if (!whole || wk_tier_check_file(t->scratch, t->file_bytes, t->o.block_size, t->o.block_bytes, t->o.fingerprint) ||
-        !same(t, i, get_u64((unsigned char *)t->scratch + 24), get_u64((unsigned char *)t->scratch + 32),
-              get_u64((unsigned char *)t->scratch + 40), (const int32_t *)(void *)(t->scratch + WK_TIER_HEADER))) {
-        CM_WARN("KV disk tier: %s is truncated or corrupt: dropped, the block is recomputed", p);
-        t->st.corrupt++;
-        drop_from(t, i, 1);
+    if (read_file(t, key, t->scratch) || !file_is(t, i, t->scratch)) {
+        refuse_file(t, i);
         return LLM_EIO;
     }
     store(ctx, t->scratch + WK_TIER_HEADER + sizeof(int32_t) * (size_t)t->o.block_size);

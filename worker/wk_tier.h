@@ -7,8 +7,9 @@
  * tier is a directory of one file per block, bounded in bytes, written
  * through (a block put is queued for the disk at once, so a kill loses only
  * the writes in flight), that outlives the process: a restarted worker finds
- * its blocks again. The files are written by a thread of the tier's own, off
- * the engine's step; a block is on disk (and announced) once written.
+ * its blocks again. The files are written, and read ahead into memory
+ * (wk_tier_prefetch), by a thread of the tier's own, off the engine's step;
+ * a block is on disk (and announced) once written.
  *
  * A block is named as in the pool: its key, parent key, salt and tokens, all
  * verified on a find, so a 64-bit collision is a miss, never wrong K/V. A
@@ -76,6 +77,9 @@ int wk_tier_find(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const
  * 0, LLM_ENOENT (not held), or LLM_EIO (its file was bad: dropped). */
 int wk_tier_load(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok,
                  void (*store)(void *ctx, const void *src), void *ctx);
+/* Readies the block for a load that does not wait on the disk: 1 a load now finds it in memory (or reads it
+ * itself: no memory tier), 2 it is being read into memory (ask again), 0 not held. */
+int wk_tier_prefetch(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
 /* Calls fn for every block held, with its tier (a router's full resync). */
 void wk_tier_each_key(wk_tier *t, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx);
 void wk_tier_get_stats(wk_tier *t, wk_tier_stats *st);

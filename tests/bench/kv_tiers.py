@@ -12,6 +12,8 @@ after the other in this run:
   none    the pool alone (what a block evicted is recomputed)
   memory  the pool and --kv-offloading-size large enough for the working set
   disk    the pool and a disk tier only (--kv-offloading-dir, no memory tier)
+  both    the pool, a memory tier as large as the pool, and the disk tier (blocks
+          on disk are read ahead into memory off the engine's thread)
 Each mode: every prefix once (the tiers fill), then --requests requests in a
 random order (the same order in every mode), measured: TTFT p50 / p90 (to the
 first streamed token) and the prefix tokens found cached. Prints the ratios
@@ -37,7 +39,7 @@ ap.add_argument("--prefixes", type=int, default=64)
 ap.add_argument("--prefix-tokens", type=int, default=1500)
 ap.add_argument("--requests", type=int, default=64)
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--modes", default="none,memory,disk")
+ap.add_argument("--modes", default="none,memory,disk,both")
 a = ap.parse_args()
 build, model = os.path.abspath(a.build), os.path.abspath(a.model)
 KV_PER_TOKEN = 23040  # SmolLM2-135M, f16 (the worker logs it); the pool is sized from it
@@ -51,7 +53,8 @@ def run(mode):
     tmp = tempfile.mkdtemp(prefix="llmserve-kvbench-")
     wp, gp = free_port(), free_port()
     extra = {"none": [], "memory": ["--kv-offloading-size", "%dMiB" % (pool * 5 // 1048576)],
-             "disk": ["--kv-offloading-dir", os.path.join(tmp, "kv")]}[mode]
+             "disk": ["--kv-offloading-dir", os.path.join(tmp, "kv")],
+             "both": ["--kv-offloading-size", "%dMiB" % (pool // 1048576), "--kv-offloading-dir", os.path.join(tmp, "kv")]}[mode]
     procs = [subprocess.Popen([build + "/llmserve-worker", "--model", model, "--listen", "tcp://127.0.0.1:%d" % wp,
                                "--kv-cache-memory", str(pool), "--max-model-len", str(a.prefix_tokens + 32), "--threads", str(a.threads),
                                "--log-level", "warn"] + extra,

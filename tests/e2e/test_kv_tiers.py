@@ -123,8 +123,10 @@ def settle(port):
         time.sleep(1.0)
 
 
-def round_of(gport, n=8, stream=False):
-    return [complete(gport, i, stream) for i in range(n)]
+def round_of(gport, n=8, stream=False, order=None):
+    """The answers in prompt order, asked in the order given (default 0..n-1)."""
+    out = {i: complete(gport, i, stream) for i in (order or range(n))}
+    return [out[i] for i in range(n)]
 
 
 # 16 MiB of pool: 728 tokens, two prompts; 24 MiB of host memory: three more; the disk the rest
@@ -140,7 +142,7 @@ if ok:
     h.check(ref == ref_stream, "the recomputing worker streams what it answers")
     first = round_of(T_G)
     h.check([t for t, _ in first] == ref, "first round: the tiered worker's greedy answers are the recomputing one's")
-    second = round_of(T_G, stream=True)
+    second = round_of(T_G, stream=True, order=list(range(7, -1, -1)))  # newest first: pool, memory, then disk
     h.check([t for t, _ in second] == ref, "second round, streamed: answers identical with prefixes from the tiers")
     cached = [((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0), u["prompt_tokens"]) for _, u in second]
     h.check(all(c >= n - 16 for c, n in cached), "second round: every prompt's full blocks came back cached (%s)" %

@@ -85,7 +85,11 @@ static int ev_load(void *ctx, int32_t blk, uint64_t key, uint64_t parent, uint64
     (void)ctx;
     return wk_tier_load(tier, key, parent, salt, tok, store, &blk);
 }
-static const wk_blocks_tier_ops OPS = {ev_evict, ev_has, ev_load};
+static int ev_prefetch(void *ctx, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    (void)ctx;
+    return wk_tier_prefetch(tier, key, parent, salt, tok);
+}
+static const wk_blocks_tier_ops OPS = {ev_evict, ev_has, ev_load, ev_prefetch};
 
 static int open_tier(const char *dir, size_t ram_blocks, size_t disk_blocks, uint64_t fp) {
     size_t file = WK_TIER_HEADER + BS * sizeof(int32_t) + PAYLOAD;
@@ -209,6 +213,30 @@ int main(void) {
     CHECK_INT(bad, 0);
     wk_tier_get_stats(tier, &st);
     CHECK(st.disk_hits > 0);
+
+    /* read ahead: with a memory tier, the blocks a prompt needs from disk are read by the tiers' thread into
+     * memory first (prefetch says how many are on their way), then loaded without touching the disk */
+    wk_tier_free(tier);
+    wk_blocks_free(blocks);
+    CHECK_RC(wk_blocks_create(POOL, BS, 1, &blocks), 0);
+    CHECK_RC(open_tier(root, 8, 128, 0x1234), 0);
+    wk_blocks_set_tier(blocks, &OPS, NULL);
+    {
+        int32_t tok[64];
+        int n = prompt(5, tok);
+        int pend = wk_blocks_prefetch(blocks, 0, tok, n);
+        CHECK_INT(pend, 4); /* its 4 full blocks below the last token, all on disk */
+        wk_tier_flush(tier);
+        CHECK_INT(wk_blocks_prefetch(blocks, 0, tok, n), 0);
+        wk_tier_get_stats(tier, &st);
+        CHECK_INT(st.ram_blocks, 4);
+        uint64_t disk_before = st.disk_hits;
+        CHECK_INT(run(5, &bad), 16);
+        CHECK_INT(bad, 0);
+        wk_tier_get_stats(tier, &st);
+        CHECK_INT(st.disk_hits - disk_before, 4); /* counted where they came from */
+        CHECK_INT(st.ram_hits, 0);
+    }
 
     /* a corrupt block file: refused at load (checksum), deleted, counted, the block recomputed */
     char path[1200];
