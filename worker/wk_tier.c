@@ -369,17 +369,34 @@ static void add_ram(wk_tier *t, int32_t i, char *d) {
     while (t->l[0].n && t->l[0].bytes + t->o.block_bytes > t->o.ram_bytes)
         t->st.dropped += (uint64_t)drop_from(t, t->l[0].head, 0);
     t->e[i].data = d;
+    t->e[i].from_disk = 0; /* the reader sets it after, for what it brings */
     lru_push(t, i, 0);
     event(t, WK_EV_STORED, i, WK_TIER_RAM);
+}
+
+/* The I/O thread is IO_QUEUE_BYTES behind. */
+static int queue_full(wk_tier *t) {
+    pthread_mutex_lock(&t->mu);
+    int full = t->todo_bytes + t->file_bytes > IO_QUEUE_BYTES;
+    pthread_mutex_unlock(&t->mu);
+    return full;
+}
+
+static void enqueue(wk_tier *t, job *j) {
+    pthread_mutex_lock(&t->mu);
+    if (t->todo_tail) t->todo_tail->next = j;
+    else t->todo = j;
+    t->todo_tail = j;
+    t->todo_bytes += t->file_bytes;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
 }
 
 /* Slot i's file to the writer, from payload (copied); 0 or LLM_EIO (it will not be on disk). */
 static int add_disk(wk_tier *t, int32_t i, const void *payload) {
     if (!t->dir || t->file_bytes > t->o.disk_bytes) return LLM_EIO;
     size_t tl = sizeof(int32_t) * (size_t)t->o.block_size;
-    pthread_mutex_lock(&t->mu);
-    int full = t->todo_bytes + t->file_bytes > IO_QUEUE_BYTES;
-    pthread_mutex_unlock(&t->mu);
+    int full = queue_full(t);
     job *j = full ? NULL : malloc(sizeof *j + tl + t->o.block_bytes);
     if (!j) { /* the writer is that far behind (or no memory): this block is not written */
         t->st.write_errors++;
@@ -389,13 +406,7 @@ static int add_disk(wk_tier *t, int32_t i, const void *payload) {
     memcpy(job_tok(j), t->toks + (size_t)i * t->o.block_size, tl);
     memcpy(job_payload(t, j), payload, t->o.block_bytes);
     t->e[i].pending = 1;
-    pthread_mutex_lock(&t->mu);
-    if (t->todo_tail) t->todo_tail->next = j;
-    else t->todo = j;
-    t->todo_tail = j;
-    t->todo_bytes += t->file_bytes;
-    pthread_cond_signal(&t->cv);
-    pthread_mutex_unlock(&t->mu);
+    enqueue(t, j);
     return 0;
 }
 
@@ -689,9 +700,7 @@ int wk_tier_prefetch(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, c
     if (x->reading) return 2;
     if (!x->in[1]) return 0;
     if (!t->io_on || t->o.ram_bytes < t->o.block_bytes) return 1; /* no memory to read into: a load reads it */
-    pthread_mutex_lock(&t->mu);
-    int full = t->todo_bytes + t->file_bytes > IO_QUEUE_BYTES;
-    pthread_mutex_unlock(&t->mu);
+    int full = queue_full(t);
     job *j = full ? NULL : calloc(1, sizeof *j);
     if (j) j->buf = malloc(t->file_bytes);
     if (!j || !j->buf) {
@@ -701,13 +710,7 @@ int wk_tier_prefetch(wk_tier *t, uint64_t key, uint64_t parent, uint64_t salt, c
     j->key = key;
     j->read = 1;
     x->reading = 1;
-    pthread_mutex_lock(&t->mu);
-    if (t->todo_tail) t->todo_tail->next = j;
-    else t->todo = j;
-    t->todo_tail = j;
-    t->todo_bytes += t->file_bytes;
-    pthread_cond_signal(&t->cv);
-    pthread_mutex_unlock(&t->mu);
+    enqueue(t, j);
     return 2;
 }
 
