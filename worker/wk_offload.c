@@ -107,6 +107,12 @@ int wk_offload_init(wk_engine *e, char *err, size_t errlen) {
                  "backend only (a device cache needs pinned host staging, not built yet)");
         return LLM_EUNSUP;
     }
+    if (o->kv_offload_dir && e->m->max_loras) {
+        snprintf(err, errlen, "--kv-offloading-dir with --enable-lora: a disk tier outlives the process, and an adapter "
+                 "loaded again under its name after a restart would be served the K/V of the old one; use "
+                 "--kv-offloading-size (memory) alone");
+        return LLM_EUNSUP;
+    }
     const wk_cache *c = e->cache;
     wk_tier_opts to = {
         .block_bytes = 2 * c->block_stride * (size_t)c->n_layer,

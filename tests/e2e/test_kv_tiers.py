@@ -247,6 +247,10 @@ if ok:
     p = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--kv-offloading-disk-size", "1GiB"],
                        capture_output=True, text=True, timeout=60)
     h.check(p.returncode == 2 and "--kv-offloading-dir" in p.stderr, "a disk bound without a directory is refused")
+    p = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--kv-offloading-dir", KV, "--enable-lora"],
+                       capture_output=True, text=True, timeout=60)
+    h.check(p.returncode != 0 and "--enable-lora" in p.stderr, "a disk tier with LoRA adapters is refused (%s)" %
+            p.stderr.strip()[-100:])
     p = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--kv-offloading-size", "lots"],
                        capture_output=True, text=True, timeout=60)
     h.check(p.returncode == 2 and "--kv-offloading-size" in p.stderr, "a size that is not one is refused")
