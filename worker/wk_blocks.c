@@ -95,7 +95,7 @@ void wk_blocks_count_query(wk_blocks *b, int n, int hit) {
 
 /* ---- events ------------------------------------------------------------ */
 
-static void emit_tier(wk_blocks *b, int type, uint64_t key, uint64_t parent, int tier) {
+void wk_blocks_emit(wk_blocks *b, int type, uint64_t key, uint64_t parent, int tier) {
     if (b->ev_n == b->ev_cap) { /* nobody is draining: drop the oldest */
         b->ev_first = (b->ev_first + 1) % b->ev_cap;
         b->ev_n--;
@@ -105,11 +105,7 @@ static void emit_tier(wk_blocks *b, int type, uint64_t key, uint64_t parent, int
     b->ev_n++;
 }
 
-static void emit(wk_blocks *b, int type, uint64_t key, uint64_t parent) { emit_tier(b, type, key, parent, 0); }
-
-void wk_blocks_emit(wk_blocks *b, int type, uint64_t key, uint64_t parent, int tier) {
-    emit_tier(b, type, key, parent, tier);
-}
+static void emit(wk_blocks *b, int type, uint64_t key, uint64_t parent) { wk_blocks_emit(b, type, key, parent, 0); }
 
 void wk_blocks_set_tier(wk_blocks *b, const wk_blocks_tier_ops *ops, void *ctx) {
     b->tops = ops;
@@ -218,8 +214,7 @@ static int grow(wk_bseq *s, int n) {
 
 /* ---- sequences --------------------------------------------------------- */
 
-int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n, int *loaded) {
-    if (loaded) *loaded = 0;
+int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n) {
     if (!b->caching || s->n || n <= 1) return 0;
     int max = (n - 1) / b->bs, got = 0;
     uint64_t parent = CM_BLOCK_ROOT;
@@ -236,7 +231,6 @@ int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n, int *lo
                 break;
             }
             hash_in(b, i, key, parent, s->salt, t);
-            if (loaded) *loaded += b->bs;
         } else {
             if (grow(s, got + 1)) break;
             if (b->ref[i]++ == 0) free_unlink(b, i);

@@ -76,9 +76,8 @@ void wk_blocks_get_stats(const wk_blocks *b, wk_blocks_stats *st);
  * begins tok[0..n), leaving at least one token uncovered (so the step that
  * computes the rest yields logits); where the pool's chain ends, a lower
  * tier's blocks continue it (loaded into free blocks). Returns the tokens
- * covered (a multiple of the block size), or LLM_ENOMEM. *loaded (may be
- * NULL) gets how many of them came from a lower tier. */
-int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n, int *loaded);
+ * covered (a multiple of the block size), or LLM_ENOMEM. */
+int wk_blocks_match(wk_blocks *b, wk_bseq *s, const int32_t *tok, int n);
 /* The tokens of tok that wk_blocks_match would find cached now; takes nothing. */
 int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n);
 /* Readies the lower tiers' blocks that a match of tok[0..n) would load: the blocks still on their way there

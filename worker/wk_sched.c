@@ -228,7 +228,7 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
             if (!s->tier_wait) s->tier_wait = now;
             if (now - s->tier_wait < TIER_WAIT_S) break;
         }
-        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok, NULL);
+        int hit = wk_blocks_match(e->blocks, &s->bs, s->tok, s->n_tok);
         if (hit < 0) return hit;
         if (hit && r->plp) { /* cached positions have no logits: the prompt is computed whole */
             wk_blocks_release(e->blocks, &s->bs);

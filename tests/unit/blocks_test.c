@@ -103,7 +103,7 @@ static void run(int n_blocks, int bs, int caching, int ops) {
             for (int p = 0; p < n; p++) s->tok[p] = p < keep ? base[which][p] : (int32_t)(rnd() % 50);
             s->n_tok = n;
             s->bs.salt = rnd() % 8 == 0 ? 7 : 0;
-            int got = wk_blocks_match(b, &s->bs, s->tok, n, NULL);
+            int got = wk_blocks_match(b, &s->bs, s->tok, n);
             CHECK(got >= 0 && got % bs == 0 && got < n);
             hits += got > 0;
             /* what the cache holds for the matched blocks is this prompt */
@@ -256,7 +256,7 @@ static void test_events_mirror(void) {
         int32_t tok[40];
         int n = 5 + (int)(rnd() % 30);
         for (int p = 0; p < n; p++) tok[p] = p < 12 ? p : (int32_t)(rnd() % 6);
-        int got = wk_blocks_match(b, &s, tok, n, NULL);
+        int got = wk_blocks_match(b, &s, tok, n);
         wk_copy cp[1];
         int ncp;
         if (wk_blocks_reserve(b, &s, got, n, cp, &ncp) == 0) wk_blocks_commit(b, &s, tok, n);
@@ -274,14 +274,14 @@ static void test_events_mirror(void) {
     /* the 12-token shared prefix (3 blocks) is found again */
     int32_t tok[20];
     for (int p = 0; p < 20; p++) tok[p] = p < 12 ? p : 99;
-    CHECK_INT(wk_blocks_match(b, &s, tok, 20, NULL), 12);
+    CHECK_INT(wk_blocks_match(b, &s, tok, 20), 12);
     wk_blocks_release(b, &s);
     /* a different salt sees nothing */
     s.salt = cm_salt_of("tenant-b", 8);
-    CHECK_INT(wk_blocks_match(b, &s, tok, 20, NULL), 0);
+    CHECK_INT(wk_blocks_match(b, &s, tok, 20), 0);
     /* a fully cached prompt still leaves its last token to compute */
     s.salt = 0;
-    CHECK_INT(wk_blocks_match(b, &s, tok, 12, NULL), 8);
+    CHECK_INT(wk_blocks_match(b, &s, tok, 12), 8);
     wk_blocks_release(b, &s);
     wk_bseq_free(&s);
     free(mirror.keys);

@@ -113,7 +113,7 @@ static int run(int p, int *bad) {
     int32_t tok[64];
     int n = prompt(p, tok);
     wk_bseq s = {0};
-    int loaded = 0, got = wk_blocks_match(blocks, &s, tok, n, &loaded);
+    int got = wk_blocks_match(blocks, &s, tok, n);
     for (int b = 0; b < got / BS; b++)
         for (int r = 0; r < BS; r++) *bad += slots[s.ids[b]][r] != tok[b * BS + r];
     wk_copy cp[1];
