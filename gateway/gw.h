@@ -61,6 +61,7 @@ typedef struct {
     unsigned lora_version;       /* the version of that list (Health tells when it changes) */
     int max_loras;               /* its adapter slots (--max-loras; 0: LoRA off) */
     int max_model_len, block_size, vocab;
+    int kv_role;                 /* disaggregated prefill and decode: LLMSERVE__KV_ROLE__* (Health.kv_role) */
     int running, waiting, inflight;
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
     uint64_t gateways_dropped, aborted_on_drop, messages_refused; /* the group's own counts, all its gateways */
@@ -75,6 +76,7 @@ typedef struct {
 typedef struct {
     uint64_t requests[6];        /* by status class: 2xx 4xx(other) 401 429 5xx 504 */
     uint64_t prompt_tokens, completion_tokens, rate_limited, timed_out, cancelled, retried, resumed, worker_lost, overloaded;
+    uint64_t disagg_prefills, disagg_handoffs; /* requests sent to a prefill group; moved on to their decode group */
     gw_hist ttft, itl, e2e, queue;
 } gw_metrics;
 

@@ -29,6 +29,7 @@ typedef struct {
     int routing;
     double lambda;
     double tier_weight[2];       /* prefix routing: a token in a group's memory / disk KV tier, against one in its pool */
+    int max_local_prefill;       /* disaggregated prefill: a prompt whose uncached part is longer goes to a prefill group */
     int log_requests, log_prompts, log_level;
     int max_connections;         /* 0: from the file descriptor limit */
     int tokenizer_threads, tokenizer_queue;

@@ -137,6 +137,11 @@ char *gw_metrics_text(const gw *g, size_t *len) {
     counter(o, "llmserve:client_cancelled_total", "Requests cancelled because the client went away.", g->m.cancelled);
     counter(o, "llmserve:retried_total", "Requests retried on another worker group before their first token.",
             g->m.retried);
+    counter(o, "llmserve:disagg_prefill_requests_total",
+            "Requests prefilled by a kv_producer group (their uncached prompt past --max-local-prefill-length).",
+            g->m.disagg_prefills);
+    counter(o, "llmserve:disagg_handoffs_total",
+            "Disaggregated requests moved to their decode group after the first token.", g->m.disagg_handoffs);
     counter(o, "llmserve:resumed_total",
             "Streams whose worker group was lost after their first tokens, resumed on another after the output delivered.",
             g->m.resumed);
@@ -208,6 +213,13 @@ char *gw_metrics_text(const gw *g, size_t *len) {
         evbuffer_add_printf(o, "llmserve:" name "{worker=\"%s\"} %llu\n", g->w[i].addr, (unsigned long long)(expr));
     GAUGE("worker_up", "1 when the worker group answers heartbeats and serves this gateway's model.",
           gw_pool_routable(g, i))
+    evbuffer_add_printf(o, "# HELP llmserve:worker_kv_role The group's role in disaggregated prefill and decode.\n"
+                           "# TYPE llmserve:worker_kv_role gauge\n");
+    for (int i = 0; i < g->n_workers; i++)
+        evbuffer_add_printf(o, "llmserve:worker_kv_role{worker=\"%s\",role=\"%s\"} 1\n", g->w[i].addr,
+                            g->w[i].kv_role == LLMSERVE__KV_ROLE__KV_PRODUCER   ? "kv_producer"
+                            : g->w[i].kv_role == LLMSERVE__KV_ROLE__KV_CONSUMER ? "kv_consumer"
+                                                                                : "kv_both");
     GAUGE("num_requests_running", "Requests running on the worker group.", g->w[i].running)
     GAUGE("num_requests_waiting", "Requests waiting on the worker group.", g->w[i].waiting)
     GAUGE("gateway_inflight", "Requests this gateway has in flight on the group.", g->w[i].inflight)

@@ -325,6 +325,7 @@ static void on_health(gw *g, int i, const Llmserve__Health *h) {
         w->accepted = 0;
     }
     w->task = task;
+    w->kv_role = h->has_kv_role ? (int)h->kv_role : LLMSERVE__KV_ROLE__KV_BOTH;
     w->embed_dim = h->has_embedding_dim ? (int)h->embedding_dim : 0;
     if (h->stats) {
         w->running = h->stats->running;

@@ -110,10 +110,25 @@ const char *gw_req_lora(const gw *g, const gw_req *q) {
     return q->lora ? q->c.model : NULL;
 }
 
+/* Disaggregated prefill and decode, decided per request as Dynamo does: the group it decodes on is picked as
+ * ever (prefix, load; kv_producer groups only when nothing else is up); when that is a kv_consumer group and
+ * the part of the prompt it has not cached is longer than --max-local-prefill-length, a kv_producer group
+ * (prefix, load) prefills it first and sends it the KV. One choice, no prompt scoring, not resumed. */
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
-    uint64_t salt = q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0;
+    uint64_t salt = cm_salt_lora(q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
+                                 gw_req_lora(g, q));
     const char *lora = gw_req_lora(g, q);
-    return gw_route(g, q->tok, q->n_tok, cm_salt_lora(salt, lora), exclude, lora, hit);
+    q->pd_decode = 0;
+    int wi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_DECODE, hit);
+    if (wi < 0) return gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, hit);
+    if (q->got_token || q->c.n != 1 || q->c.prompt_logprobs >= 0 || (q->c.echo && q->c.logprobs >= 0) || q->max_tokens == 1 ||
+        g->w[wi].kv_role != LLMSERVE__KV_ROLE__KV_CONSUMER || q->n_tok - *hit <= g->conf.max_local_prefill)
+        return wi;
+    int phit = 0, pi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, &phit);
+    if (pi < 0) return wi;
+    q->pd_decode = wi + 1;
+    *hit = phit;
+    return pi;
 }
 
 void gw_req_generate_begin(gw_req *q) {
@@ -217,6 +232,19 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     gen.lora = (char *)gw_req_lora(g, q);
     gen.gateway_id = g->id;
     gen.reply_address = g->reply;
+    if (q->pd_decode && !q->got_token) { /* a prefill: the first token here, the KV to the decode group */
+        sp.max_tokens = 1;
+        if (sp.min_tokens > 1) sp.min_tokens = 1;
+        q->xfer = cm_salt_of(g->id, strlen(g->id)) ^ (q->rid * 0x9E3779B97F4A7C15ull);
+        if (!q->xfer) q->xfer = 1;
+        gen.kv_push_address = g->w[q->pd_decode - 1].addr;
+        gen.has_kv_transfer_id = 1;
+        gen.kv_transfer_id = q->xfer;
+    } else if (q->xfer && q->got_token) { /* its decode group: the prompt's KV is on its way there */
+        gen.has_kv_transfer_id = 1;
+        gen.kv_transfer_id = q->xfer;
+        q->xfer = 0;
+    }
     if (q->got_token) { /* moved after its first tokens: it goes on after what the client has */
         gen.n_resume_token_ids = (size_t)q->n_out;
         gen.resume_token_ids = q->out_tok;
@@ -232,6 +260,7 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
     e.generate = &gen;
     int rc = gw_req_send_env(q, wi, &e);
+    if (!rc && gen.kv_push_address) g->m.disagg_prefills++;
     free(bid);
     free(bval);
     return rc;
@@ -433,6 +462,23 @@ void gw_req_worker_error(gw_req *q, int code, const char *msg) {
     }
 }
 
+/* A prefilled request goes on on its decode group, after the token it has, naming the transfer of its KV; a
+ * decode group that cannot take it is a lost group (another resumes it, computing the prompt). */
+static void hand_over(gw_req *q) {
+    gw *g = q->g;
+    int wi = q->pd_decode - 1;
+    q->pd_decode = 0;
+    q->pd_done = 1;
+    gw_req_leave(q, 0); /* it ended on the prefill group */
+    q->on_worker = 0;
+    if (gw_pool_routable(g, wi) && !assign_rid(g, q) && !ops_of(q)->send(g, q, wi)) {
+        g->m.disagg_handoffs++;
+        return;
+    }
+    q->xfer = 0;
+    gw_req_retry(q, GW_FAIL_WORKER_LOST, 502, "the decode group could not take the request", "worker_lost");
+}
+
 void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     gw_req *q = cm_idmap_get(&g->reqs, c->request_id);
     if (!q || !q->on_worker) return; /* ended, or an old id of a moved request */
@@ -457,6 +503,12 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
         gw_req_retry(q, GW_FAIL_WORKER_LOST, 503, "the worker aborted the request", "aborted");
         return;
     }
+    /* a prefill group's first token, at the length it was held to: not the end, the request goes on on its
+     * decode group (unless that length is the request's own, or the model's) */
+    int handoff = q->pd_decode && fin == CM_OAI_FINISH_LENGTH && c->n_token_ids &&
+                  (q->max_tokens <= 0 || q->n_out + (int)c->n_token_ids < q->max_tokens) &&
+                  q->n_tok + q->n_out + (int)c->n_token_ids < g->w[q->pd_decode - 1].max_model_len;
+    if (handoff) fin = CM_OAI_FINISH_NONE;
     if (c->index == 0 && q->c.n == 1 && c->n_token_ids) { /* what a resume needs */
         if (q->n_out + (int)c->n_token_ids > q->cap_out) {
             int cap = q->cap_out ? q->cap_out : 64;
@@ -489,7 +541,8 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     else if (c->has_finish && c->has_stop_token) ch->stop_kind = CM_OAI_STOP_TOKEN, ch->stop_val = c->stop_token;
     if (c->usage) {
         ch->completion_tokens = c->usage->completion_tokens;
-        q->res.cached_tokens = c->usage->has_cached_tokens ? c->usage->cached_tokens : 0;
+        if (!q->pd_done) /* after a handoff the decode group's count would hold the KV it was sent */
+            q->res.cached_tokens = c->usage->has_cached_tokens ? c->usage->cached_tokens : 0;
     } else {
         ch->completion_tokens += (int)c->n_token_ids;
     }
@@ -539,6 +592,10 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
         }
     }
     if (fin) ch->finish = fin;
+    if (handoff) {
+        hand_over(q);
+        return;
+    }
     if (cm_oai_result_done(&q->res)) {
         q->on_worker = 0;
         gw_req_finish(q, 200, NULL, NULL);

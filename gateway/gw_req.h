@@ -80,6 +80,10 @@ typedef struct gw_req {
     int end_status;              /* an end for the next tick (gw_req_end_soon), 0 for none */
     const char *end_msg, *end_code;
     gw_probe_fn probe_done;      /* while it waits on a probe (gw_req_probe_enlist): the continuation */
+    /* disaggregated prefill: while a kv_producer group computes its prompt, the decode group it hands over to
+     * after the first token, plus 1 (0: none); the transfer's id, until the decode group has been told it */
+    int pd_decode, pd_done;      /* pd_done: handed over (the usage's cached tokens are the prefill group's) */
+    uint64_t xfer;
 } gw_req;
 
 enum { GW_FAIL_WORKER_LOST = 1, GW_FAIL_OVERLOADED, GW_FAIL_SEND };

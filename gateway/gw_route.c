@@ -7,21 +7,22 @@
 #include <stdlib.h>
 
 /* Group i may take the request: routable, not excluded, holding its adapter. */
-static int can(gw *g, int i, int exclude, const char *lora) {
-    return gw_pool_routable(g, i) && i != exclude && (!lora || gw_pool_has_lora(g->w[i].loras, lora));
+static int can(gw *g, int i, int exclude, const char *lora, int roles) {
+    return gw_pool_routable(g, i) && i != exclude && (roles & GW_ROLE_BIT(g->w[i].kv_role)) &&
+           (!lora || gw_pool_has_lora(g->w[i].loras, lora));
 }
 
-int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, const char *lora, int *hit_tokens) {
+int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, const char *lora, int roles, int *hit_tokens) {
     *hit_tokens = 0;
     int best = -1;
     double best_score = 0;
     int up = 0;
-    for (int i = 0; i < g->n_workers; i++) up += can(g, i, exclude, lora);
+    for (int i = 0; i < g->n_workers; i++) up += can(g, i, exclude, lora, roles);
     if (!up) return -1;
     if (g->conf.routing == GW_ROUTE_ROUND_ROBIN) {
         for (int k = 0; k < g->n_workers; k++) {
             int i = (g->rr + k) % g->n_workers;
-            if (can(g, i, exclude, lora)) {
+            if (can(g, i, exclude, lora, roles)) {
                 g->rr = i + 1;
                 return i;
             }
@@ -40,7 +41,7 @@ int gw_route(gw *g, const int32_t *tok, int n, uint64_t salt, int exclude, const
     for (int k = 0; k < g->n_workers; k++) {
         int i = (g->rr + k) % g->n_workers; /* ties go round the ring */
         gw_worker *w = &g->w[i];
-        if (!can(g, i, exclude, lora)) continue;
+        if (!can(g, i, exclude, lora, roles)) continue;
         /* the chain of blocks the group holds: in its pool, or in a lower tier it loads from (worth less) */
         int hit = 0;
         double worth = 0;

@@ -256,6 +256,29 @@ int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int 
     return got * b->bs;
 }
 
+int wk_blocks_chain(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n, int from, int max, int32_t *blk,
+                    uint64_t *key, uint64_t *parent) {
+    if (!b->caching || n < b->bs || max <= 0) return 0;
+    int nb = n / b->bs, got = 0;
+    uint64_t par = CM_BLOCK_ROOT;
+    for (int i = 0; i < nb && got < max; i++) {
+        const int32_t *t = tok + (size_t)i * b->bs;
+        uint64_t k = cm_block_key(par, salt, t, b->bs);
+        if (i >= from) {
+            int32_t at = lookup(b, k, par, salt, t);
+            if (at < 0) break;
+            blk[got] = at, key[got] = k, parent[got] = par;
+            got++;
+        }
+        par = k;
+    }
+    return got;
+}
+
+int wk_blocks_holds(const wk_blocks *b, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok) {
+    return b->caching && lookup(b, key, parent, salt, tok) >= 0;
+}
+
 int wk_blocks_prefetch(wk_blocks *b, uint64_t salt, const int32_t *tok, int n) {
     if (!b->caching || !b->tops || !b->tops->prefetch || n <= 1) return 0;
     int max = (n - 1) / b->bs, pending = 0;

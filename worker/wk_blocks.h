@@ -83,6 +83,13 @@ int wk_blocks_cached(const wk_blocks *b, uint64_t salt, const int32_t *tok, int 
 /* Readies the lower tiers' blocks that a match of tok[0..n) would load: the blocks still on their way there
  * (reads in flight); 0 when a match would wait on nothing. */
 int wk_blocks_prefetch(wk_blocks *b, uint64_t salt, const int32_t *tok, int n);
+/* The pool's blocks of the chain of tok[0..n)'s full blocks (the last one too), from block index from on, in
+ * order, up to max, stopping at the first the pool lacks: each one's block, key and parent (disaggregated
+ * prefill sends them). Returns how many. */
+int wk_blocks_chain(const wk_blocks *b, uint64_t salt, const int32_t *tok, int n, int from, int max, int32_t *blk,
+                    uint64_t *key, uint64_t *parent);
+/* 1 when the pool caches this block now. */
+int wk_blocks_holds(const wk_blocks *b, uint64_t key, uint64_t parent, uint64_t salt, const int32_t *tok);
 /* Counts a prefix-cache query of n tokens of which hit were found. */
 void wk_blocks_count_query(wk_blocks *b, int n, int hit);
 

@@ -621,6 +621,9 @@ static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t tex
         }
         rc = accept(e, s, out[i], NULL);
         if (!rc && done && !s->finish) s->finish = WK_FINISH_STOP;
+        /* the draw that chose it (one a token when sampling): a seeded request goes on with the numbers it
+         * would have drawn next had it run here from the start (a grammar's redraws aside) */
+        if (r->p.s.temperature > 0) wk_rng_next(&s->rng);
     }
     e->st.tokens_generated = generated;
     if (rc) return rc;

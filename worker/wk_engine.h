@@ -176,6 +176,24 @@ void wk_engine_each_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key),
  * no tiers). */
 void wk_engine_each_tier_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx);
 int wk_engine_tier_stats(const wk_engine *e, wk_tier_stats *st);
+/* Disaggregated prefill and decode (wk_offload.c): KV blocks moved between groups in the lower tiers'
+ * layout (each layer's K, then its V: wk_engine_kv_block_bytes a block), named as in the prefix cache. */
+typedef struct {
+    uint64_t key, parent;
+    const int32_t *tok;          /* block_size tokens */
+} wk_kv_block;
+size_t wk_engine_kv_block_bytes(const wk_engine *e);
+/* The model and KV layout's fingerprint: a block of another is never adopted. */
+uint64_t wk_engine_kv_fingerprint(wk_engine *e);
+/* The pool's blocks of tok[0..n)'s full blocks from index from on (at most max, in order, up to the first not
+ * cached): each named in out[] (its tok points into tok) and its K/V copied to payload (max blocks' room).
+ * Returns how many, or LLM_EUNSUP for a device cache. */
+int wk_engine_kv_export(wk_engine *e, uint64_t salt, const int32_t *tok, int n, int from, int max, wk_kv_block *out,
+                        void *payload);
+/* Adopts a block another group computed: checked (its key against its parent, salt and tokens), then kept in
+ * the memory tier, where the prefix match finds it as if evicted here. 0, 1 (the pool caches it already),
+ * LLM_EINVAL (a key that does not match), LLM_EUNSUP (no memory tier). */
+int wk_engine_kv_import(wk_engine *e, const wk_kv_block *b, uint64_t salt, const void *payload);
 const wk_model *wk_engine_model(const wk_engine *e);
 /* The same model to change between steps (LoRA adapters loaded and unloaded at run time). */
 wk_model *wk_engine_model_rw(wk_engine *e);

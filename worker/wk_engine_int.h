@@ -82,6 +82,7 @@ struct wk_engine {
     wk_cache *cache;
     wk_blocks *blocks;
     struct wk_tier *tier;    /* lower KV tiers under blocks (wk_offload.c), or NULL */
+    uint64_t kv_fp;          /* the model and KV layout's fingerprint (wk_offload.c), 0 until first asked */
     wk_sample_ctx sc;
     wk_guide *guide;         /* structured outputs; made by the first request with a grammar */
     int32_t *eog;            /* end-of-generation ids of the vocabulary */

@@ -52,6 +52,11 @@ static void help(FILE *f) {
             "  --health-port N           HTTP probes on N: /live, /ready, /health, and /metrics (default 0: none)\n"
             "  --health-host HOST        the probes' address (default 0.0.0.0: the kubelet calls the pod's address)\n"
             "  --no-warmup               take requests without running one short request first\n"
+            "  --kv-transfer-config JSON disaggregated prefill and decode, vLLM's spelling: '{\"kv_role\":\n"
+            "                            \"kv_producer\"}' prefills and sends the prompt's KV to the decode group the\n"
+            "                            gateway names; \"kv_consumer\" decodes and adopts KV sent to it (kept in a\n"
+            "                            memory tier of kv_buffer_size bytes, default 1e9, or --kv-offloading-size);\n"
+            "                            \"kv_both\" (the default) does both itself\n"
             "  --log-level L             error|warn|info|debug (default info)\n"
             "  -h, --help\n" WK_ENGINE_FLAGS_HELP WK_MODEL_FLAGS_HELP);
 }
@@ -61,13 +66,14 @@ int main(int argc, char **argv) {
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
     int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
     const char *health_host = "0.0.0.0";
-    int per_node = 0, node_index = -1;
+    int per_node = 0, node_index = -1, kv_role = WK_KV_BOTH;
+    size_t kv_buffer = 1000000000; /* vLLM's kv_buffer_size default */
     double join_s = 1800, coll_s = WK_COMM_TIMEOUT_S, load_s = 0;
     wk_engine_opts eo;
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
     enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET, O_HPORT, O_HHOST,
-           O_NOWARM, O_PERNODE, O_NODEIDX, O_JOINT, O_COLLT, O_LOADT };
+           O_NOWARM, O_PERNODE, O_NODEIDX, O_JOINT, O_COLLT, O_LOADT, O_KVXFER };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
@@ -89,6 +95,7 @@ int main(int argc, char **argv) {
                                        {"join-timeout", required_argument, 0, O_JOINT},
                                        {"collective-timeout", required_argument, 0, O_COLLT},
                                        {"load-timeout", required_argument, 0, O_LOADT},
+                                       {"kv-transfer-config", required_argument, 0, O_KVXFER},
                                        {"help", no_argument, 0, 'h'},
                                        WK_ENGINE_LONGOPTS,
                                        WK_MODEL_LONGOPTS,
@@ -117,6 +124,12 @@ int main(int argc, char **argv) {
         case O_JOINT: bad = cm_parse_double("--join-timeout", optarg, 0, 86400, &join_s); break;
         case O_COLLT: bad = cm_parse_double("--collective-timeout", optarg, 0, 86400, &coll_s); break;
         case O_LOADT: bad = cm_parse_double("--load-timeout", optarg, 0, 86400, &load_s); break;
+        case O_KVXFER: {
+            char e2[256];
+            if ((bad = wk_kv_transfer_config_parse(optarg, &kv_role, &kv_buffer, e2, sizeof e2) != 0))
+                fprintf(stderr, "llmserve-worker: %s\n", e2);
+            break;
+        }
         case O_SECRET: {
             char e2[512];
             if (pr_load_secret_file(optarg, e2, sizeof e2)) {
@@ -180,6 +193,12 @@ int main(int argc, char **argv) {
                         "method ngram\n", tp);
         return 2;
     }
+    if (kv_role != WK_KV_BOTH && tp > 1) {
+        fprintf(stderr, "llmserve-worker: --kv-transfer-config %s runs on one rank for now (each rank would send its "
+                        "shard of a block to its peer rank); not with --tensor-parallel-size %d\n", wk_kv_role_name(kv_role), tp);
+        return 2;
+    }
+    if (kv_role == WK_KV_CONSUMER && !eo.kv_offload_bytes) eo.kv_offload_bytes = kv_buffer; /* where adopted KV waits */
     if ((eo.kv_offload_bytes || eo.kv_offload_dir) && tp > 1) {
         fprintf(stderr, "llmserve-worker: --kv-offloading-size / --kv-offloading-dir run on one rank for now (each rank "
                         "would keep its shard of a block); not with --tensor-parallel-size %d\n", tp);
@@ -227,9 +246,9 @@ int main(int argc, char **argv) {
     cm_model_close(probe);
     if (encoder) {
         if (tp > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU || eo.kv_offload_bytes ||
-            eo.kv_offload_dir) {
+            eo.kv_offload_dir || kv_role != WK_KV_BOTH) {
             fprintf(stderr, "llmserve-worker: %s is an embedding model: it runs on the CPU, one rank, without "
-                            "speculative decoding or a KV cache to offload\n", model);
+                            "speculative decoding or a KV cache to offload or transfer\n", model);
             wk_health_stop(health);
             return 2;
         }
@@ -246,7 +265,7 @@ int main(int argc, char **argv) {
                 enc->cfg.n_head, enc->cfg.vocab, wk_encoder_max_len(enc),
                 enc->cfg.pooling == CM_POOL_MEAN ? "mean" : enc->cfg.pooling == CM_POOL_CLS ? "CLS" : "last-token",
                 enc->cfg.normalize ? ", normalised" : "", kn_isa_name(), kn_pool_size(enc->pool), enc->max_tokens);
-        wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, 1, shutdown_s * 1000, health, warmup};
+        wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, 1, shutdown_s * 1000, health, warmup, 0};
         rc = wk_server_run_embed(enc, &so, &stop_flag, err, sizeof err);
         if (rc) fprintf(stderr, "llmserve-worker: %s\n", err);
         wk_encoder_free(enc);
@@ -321,7 +340,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "llmserve-worker: %s\n", err[0] ? err : cm_strerror(rc));
             ret = 1;
         } else {
-            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp, shutdown_s * 1000, health, warmup};
+            wk_server_opts so = {listen, worker_id, served, hb, max_waiting, 8192, tp, shutdown_s * 1000, health, warmup,
+                                 kv_role};
             rc = wk_server_run(e, &so, &stop_flag, err, sizeof err);
             if (rc) {
                 fprintf(stderr, "llmserve-worker: %s\n", err);

@@ -7,6 +7,7 @@
 #include "wk_engine_int.h"
 #include "wk_tier.h"
 #include "cm_error.h"
+#include "cm_hash.h"
 #include "cm_log.h"
 
 #define XXH_STATIC_LINKING_ONLY
@@ -120,7 +121,7 @@ int wk_offload_init(wk_engine *e, char *err, size_t errlen) {
         .ram_bytes = o->kv_offload_bytes,
         .disk_dir = o->kv_offload_dir,
         .disk_bytes = o->kv_offload_disk_bytes ? o->kv_offload_disk_bytes : (size_t)16 << 30,
-        .fingerprint = fingerprint(e),
+        .fingerprint = wk_engine_kv_fingerprint(e),
         .event = on_event,
         .ctx = e,
     };
@@ -141,4 +142,54 @@ int wk_engine_tier_stats(const wk_engine *e, wk_tier_stats *st) {
 
 void wk_engine_each_tier_key(const wk_engine *e, void (*fn)(void *ctx, uint64_t key, int tier), void *ctx) {
     if (e->tier) wk_tier_each_key(e->tier, fn, ctx);
+}
+
+/* ---- disaggregated prefill and decode ------------------------------------ */
+
+size_t wk_engine_kv_block_bytes(const wk_engine *e) { return 2 * e->cache->block_stride * (size_t)e->cache->n_layer; }
+
+uint64_t wk_engine_kv_fingerprint(wk_engine *e) {
+    if (!e->kv_fp) e->kv_fp = fingerprint(e) | 1; /* never 0: 0 is "not asked yet" */
+    return e->kv_fp;
+}
+
+int wk_engine_kv_export(wk_engine *e, uint64_t salt, const int32_t *tok, int n, int from, int max, wk_kv_block *out,
+                        void *payload) {
+    if (e->cache->device) return LLM_EUNSUP; /* device blocks would be staged through pinned host memory: not built */
+    enum { STEP = 64 };
+    int32_t blk[STEP];
+    uint64_t key[STEP], parent[STEP];
+    size_t bb = wk_engine_kv_block_bytes(e);
+    int bs = e->cache->block_size, got = 0;
+    while (got < max) {
+        int want = max - got < STEP ? max - got : STEP;
+        int k = wk_blocks_chain(e->blocks, salt, tok, n, from + got, want, blk, key, parent);
+        for (int i = 0; i < k; i++) {
+            blkref r = {e->cache, blk[i]};
+            save(&r, (char *)payload + (size_t)(got + i) * bb);
+            out[got + i] = (wk_kv_block){key[i], parent[i], tok + (size_t)(from + got + i) * bs};
+        }
+        got += k;
+        if (k < want) break;
+    }
+    return got;
+}
+
+typedef struct {
+    size_t bytes;
+    const void *src;
+} copy_ctx;
+
+static void copy_in(void *ctx, void *dst) {
+    const copy_ctx *c = ctx;
+    memcpy(dst, c->src, c->bytes);
+}
+
+int wk_engine_kv_import(wk_engine *e, const wk_kv_block *b, uint64_t salt, const void *payload) {
+    if (!e->tier) return LLM_EUNSUP;
+    if (cm_block_key(b->parent, salt, b->tok, e->cache->block_size) != b->key) return LLM_EINVAL;
+    if (wk_blocks_holds(e->blocks, b->key, b->parent, salt, b->tok)) return 1;
+    copy_ctx c = {wk_engine_kv_block_bytes(e), payload};
+    wk_tier_put(e->tier, b->key, b->parent, salt, b->tok, copy_in, &c);
+    return 0;
 }

@@ -60,6 +60,13 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
     }
     CM_INFO("worker %s listening on %s (incarnation %016llx, tokenizer %016llx, %zu bytes for gateways)", o->worker_id,
             o->listen, (unsigned long long)s->incarnation, (unsigned long long)s->tok_fp, s->tok_len);
+    if (wk_srv_kv_start(s)) {
+        snprintf(err, errlen, "out of memory");
+        nng_close(s->pull);
+        free(s->tok_gguf);
+        free(s);
+        return LLM_ENOMEM;
+    }
     pthread_mutex_init(&s->mu, NULL);
     wk_srv_fill_stats(s, &s->snap, s->spec_pos_snap);
     s->last_progress = now_ms();
@@ -150,6 +157,8 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
         pr_free(q->env);
         free(q);
     }
+    wk_srv_free_held(s);
+    wk_srv_kv_stop(s);
     pthread_cond_destroy(&s->rx_cv);
     pthread_mutex_destroy(&s->mu);
     for (int g = 0; g < MAX_GATEWAYS; g++)

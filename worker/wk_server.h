@@ -36,7 +36,15 @@ typedef struct {
     int shutdown_timeout_ms;     /* drain limit after *stop (default 30000; 0: abort at once) */
     wk_health *health;           /* probes (--health-port), or NULL: told of each pass and of ready/draining */
     int warmup;                  /* run one short request through the engine before taking any */
+    int kv_role;                 /* WK_KV_*: disaggregated prefill and decode (--kv-transfer-config); Health says it */
 } wk_server_opts;
+
+/* --kv-transfer-config (vLLM's names): what a group takes in disaggregated prefill and decode. */
+enum { WK_KV_BOTH = 0, WK_KV_PRODUCER = 1, WK_KV_CONSUMER = 2 };
+/* '{"kv_role": "kv_producer|kv_consumer|kv_both", "kv_buffer_size": BYTES}': any other key is refused by name.
+ * *buffer is left alone when the text does not set it. 0 or LLM_EINVAL with the reason. */
+int wk_kv_transfer_config_parse(const char *text, int *role, size_t *buffer, char *err, size_t errlen);
+const char *wk_kv_role_name(int role);
 
 /* Warms the engine up first when asked (one short request: the device's
  * first kernels and the step cost model are ready before any client waits

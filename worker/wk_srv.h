@@ -7,6 +7,8 @@
  *                    events out; the generation backend
  *   wk_srv_embed.c   the embed wire: Embed in, EmbedResult out; the
  *                    embedding backend
+ *   wk_srv_kv.c      disaggregated prefill and decode: KV blocks pushed to
+ *                    a decode group after each step, adopted there
  *   wk_srv_peers.c   the gateways (Hello, heartbeats, drops, Health,
  *                    ModelInfo, Stats) and the request slots
  *   wk_server.c      the loop: drain, step, flush, and the shutdown
@@ -84,7 +86,21 @@ extern const wk_backend wk_srv_generate_backend, wk_srv_embed_backend;
 typedef struct rxmsg {
     struct rxmsg *next;
     pr_env *env;
+    int64_t held_since;          /* a decode Generate waiting for its KV transfer (wk_srv_rx.c): since when */
 } rxmsg;
+
+/* Disaggregated prefill and decode (wk_srv_kv.c): the loop thread's counts. */
+#define WK_KV_BUCKETS 8
+typedef struct {
+    uint64_t sent_blocks, sent_bytes, recv_blocks, recv_bytes;
+    uint64_t sent_done, recv_done;   /* transfers ended (their last message) */
+    uint64_t wait_expired;           /* decode requests that stopped waiting for their transfer */
+    uint64_t refused, send_failed;   /* blocks refused here; transfers not sent */
+    double ms_sum;                   /* received transfers, sender's start to last message */
+    uint64_t ms_bucket[WK_KV_BUCKETS];
+} wk_srv_kv_stats;
+/* A decode Generate waits this long for its transfer's last message, then computes what is missing. */
+#define WK_KV_WAIT_MS 2000
 
 struct server {
     const wk_backend *be;
@@ -132,6 +148,9 @@ struct server {
     uint64_t gw_dropped, aborted_on_drop;
     uint64_t bad_since;          /* refused messages since the last log line */
     int64_t bad_logged;
+    struct wk_srv_kv *kv;        /* KV transfers (a generation group's; wk_srv_kv.c) */
+    wk_srv_kv_stats kvst;
+    rxmsg *held;                 /* decode Generates waiting for their transfer, oldest first */
 };
 
 static inline int64_t now_ms(void) { return (int64_t)(cm_now() * 1e3); }
@@ -176,11 +195,36 @@ void *wk_srv_heartbeat(void *arg);
 /* The group is going down: every gateway hears it for each of its requests now. */
 void wk_srv_tell_going(server *s, const char *why);
 
+/* Prometheus text helpers (wk_srv_peers.c): a series, and a family of two that differ in one label. */
+void wk_srv_metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+                   const char *labels, double v);
+void wk_srv_metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+                    const char *model, const char *label, const char *l1, double v1, const char *l2, double v2);
+
+/* ---- KV transfers (wk_srv_kv.c) ------------------------------------------ */
+int wk_srv_kv_start(server *s);
+void wk_srv_kv_stop(server *s);
+/* kv_push_address's form: 0 or LLM_EINVAL with the reason. */
+int wk_srv_kv_check_address(const char *a, char *err, size_t errlen);
+/* Prefill side: sl's request (tok[0..n), salt) sends its blocks to g's kv_push_address under g's kv_transfer_id. */
+int wk_srv_kv_track(server *s, const slot *sl, const Llmserve__Generate *g, const int32_t *tok, int n, uint64_t salt);
+/* After a step, before its outputs o[0..n) go out: what each tracked request has committed since, and the last
+ * message of those that ended. */
+void wk_srv_kv_push(server *s, const wk_output *o, int n);
+/* Decode side: blocks received, adopted. */
+void wk_srv_kv_on_transfer(server *s, const Llmserve__KvTransfer *t);
+/* 1 when transfer id has ended here (its last message came). */
+int wk_srv_kv_ready(server *s, uint64_t id);
+void wk_srv_kv_stats_fill(const server *s, Llmserve__Stats *st);
+void wk_srv_kv_metrics(const server *s, const char *model, const char *lab, char *b, size_t cap, size_t *n);
+
 /* ---- the receive side (wk_srv_rx.c) ------------------------------------- */
 void *wk_srv_receiver(void *arg);
 /* Loop thread, under mu: everything queued, in arrival order. When idle and
  * nothing is queued, waits up to 50 ms for a message first. */
 void wk_srv_drain_queue(server *s, int idle);
+/* Frees the Generates still held for their KV (the loop's end). */
+void wk_srv_free_held(server *s);
 
 /* ---- the wires ----------------------------------------------------------- */
 void wk_srv_on_generate(server *s, const Llmserve__Generate *g); /* wk_srv_gen.c */

@@ -74,6 +74,12 @@ void wk_srv_on_generate(server *s, const Llmserve__Generate *g) {
         }
         p.cache_salt = wk_lora_salt(m, p.lora, p.cache_salt);
     }
+    if (g->kv_push_address && (!g->has_kv_transfer_id || !g->kv_transfer_id ||
+                               wk_srv_kv_check_address(g->kv_push_address, perr, sizeof perr))) {
+        if (!g->has_kv_transfer_id || !g->kv_transfer_id) snprintf(perr, sizeof perr, "kv_push_address without a kv_transfer_id");
+        wk_srv_send_error_chunk(s, gi, g->request_id, LLM_EINVAL, perr, LLMSERVE__FINISH_REASON__FINISH_ERROR);
+        return;
+    }
     if (g->n_token_ids > (size_t)INT32_MAX / 2 || g->n_resume_token_ids > (size_t)INT32_MAX / 2) {
         wk_srv_send_error_chunk(s, gi, g->request_id, LLM_ERANGE, "prompt too long", LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;
@@ -129,6 +135,11 @@ static void start_generate(server *s, int gi, const Llmserve__Generate *g, const
         return;
     }
     wk_srv_slot_start(s, sl, (int64_t)g->deadline_ms);
+    /* a prefill for another group: its blocks go there as they are computed (a failure costs that group a
+     * recomputation, not this request) */
+    if (g->kv_push_address && (rc = wk_srv_kv_track(s, sl, g, toks, n_toks, p.cache_salt)))
+        CM_WARN("request %llu: its KV cannot be sent to %s: %s", (unsigned long long)g->request_id, g->kv_push_address,
+                cm_strerror(rc));
 }
 
 static int finish_code(int f) {
@@ -158,9 +169,7 @@ static void lp_to_wire(Llmserve__TokenLogprob *w, Llmserve__TopLogprob *tops, Ll
     w->top = topp;
 }
 
-static void send_outputs(server *s) {
-    const wk_output *o;
-    int n = wk_engine_outputs(s->e, &o);
+static void send_outputs(server *s, const wk_output *o, int n) {
     for (int i = 0; i < n; i++) {
         slot *sl = wk_srv_slot_of(s, o[i].id);
         if (!sl) continue; /* its gateway is gone */
@@ -406,7 +415,11 @@ static void gen_end(server *s, slot *sl, int why, const char *msg) {
 }
 
 static void gen_flush(server *s) {
-    send_outputs(s);
+    const wk_output *o;
+    int n = wk_engine_outputs(s->e, &o);
+    if (n < 0) n = 0;
+    wk_srv_kv_push(s, o, n); /* a prefill's blocks leave before its first token does */
+    send_outputs(s, o, n);
     publish_events(s);
 }
 
@@ -439,6 +452,7 @@ static void gen_stats_extra(const server *s, const wk_engine_stats *es, Llmserve
         SET(kv_tier_dropped, ts.dropped);
         SET(kv_tier_load_ms_sum, ts.load_ms_sum);
     }
+    wk_srv_kv_stats_fill(s, st);
     uint64_t gpu = 0;
     if (wk_engine_model(s->e)->device == WK_DEV_CUDA && !wk_cuda_mem_used(&gpu)) SET(gpu_memory_used_bytes, gpu);
 #undef SET

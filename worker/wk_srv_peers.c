@@ -226,6 +226,10 @@ static void send_health_with(server *s, int g, Llmserve__Stats *stp) {
         h.task = LLMSERVE__TASK__TASK_EMBED;
         h.embedding_dim = (uint32_t)s->embed_dim;
     }
+    if (s->o->kv_role != WK_KV_BOTH) {
+        h.has_kv_role = 1;
+        h.kv_role = s->o->kv_role == WK_KV_PRODUCER ? LLMSERVE__KV_ROLE__KV_PRODUCER : LLMSERVE__KV_ROLE__KV_CONSUMER;
+    }
     h.stats = &st;
     h.worker_tag = s->gw[g].tag[0] ? s->gw[g].tag : NULL;
     pr_env env;
@@ -429,7 +433,7 @@ void wk_srv_tell_going(server *s, const char *why) {
 }
 
 /* One line of Prometheus text (with its HELP and TYPE) into b at *n. */
-static void metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+void wk_srv_metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
                    const char *labels, double v) {
     if (*n >= cap) return;
     int k = snprintf(b + *n, cap - *n, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name, labels, v);
@@ -437,7 +441,7 @@ static void metric(char *b, size_t cap, size_t *n, const char *name, const char 
 }
 
 /* A family of two series that differ in one label (besides the model's). */
-static void metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+void wk_srv_metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
                     const char *model, const char *label, const char *l1, double v1, const char *l2, double v2) {
     if (*n >= cap) return;
     int k = snprintf(b + *n, cap - *n,
@@ -452,18 +456,18 @@ static void tier_metrics(const server *s, const Llmserve__Stats *st, const char 
                          size_t cap, size_t *n) {
     if (!st->has_kv_tier_ram_blocks) return;
     double bs = (double)wk_engine_options(s->e)->block_size;
-    metric(b, cap, n, "vllm:external_prefix_cache_hits_total", "counter",
+    wk_srv_metric(b, cap, n, "vllm:external_prefix_cache_hits_total", "counter",
            "Prompt tokens loaded from the lower KV tiers, not computed.", lab,
            bs * (double)(st->kv_tier_ram_hits + st->kv_tier_disk_hits));
-    metric2(b, cap, n, "llmserve:kv_tier_hit_tokens_total", "counter", "Prompt tokens loaded back from a lower KV tier.",
+    wk_srv_metric2(b, cap, n, "llmserve:kv_tier_hit_tokens_total", "counter", "Prompt tokens loaded back from a lower KV tier.",
             model, "tier", "memory", bs * (double)st->kv_tier_ram_hits, "disk", bs * (double)st->kv_tier_disk_hits);
-    metric2(b, cap, n, "llmserve:kv_tier_blocks", "gauge", "KV blocks held in a lower tier.", model, "tier", "memory",
+    wk_srv_metric2(b, cap, n, "llmserve:kv_tier_blocks", "gauge", "KV blocks held in a lower tier.", model, "tier", "memory",
             (double)st->kv_tier_ram_blocks, "disk", (double)st->kv_tier_disk_blocks);
-    metric2(b, cap, n, "llmserve:kv_tier_bytes", "gauge", "Bytes a lower KV tier holds.", model, "tier", "memory",
+    wk_srv_metric2(b, cap, n, "llmserve:kv_tier_bytes", "gauge", "Bytes a lower KV tier holds.", model, "tier", "memory",
             (double)st->kv_tier_ram_bytes, "disk", (double)st->kv_tier_disk_bytes);
-    metric(b, cap, n, "llmserve:kv_tier_offload_bytes_total", "counter", "K/V bytes moved down from the pool.", lab,
+    wk_srv_metric(b, cap, n, "llmserve:kv_tier_offload_bytes_total", "counter", "K/V bytes moved down from the pool.", lab,
            (double)st->kv_tier_bytes_out);
-    metric(b, cap, n, "llmserve:kv_tier_load_bytes_total", "counter", "K/V bytes loaded back into the pool.", lab,
+    wk_srv_metric(b, cap, n, "llmserve:kv_tier_load_bytes_total", "counter", "K/V bytes loaded back into the pool.", lab,
            (double)st->kv_tier_bytes_in);
     if (*n < cap) {
         int k = snprintf(b + *n, cap - *n,
@@ -473,11 +477,11 @@ static void tier_metrics(const server *s, const Llmserve__Stats *st, const char 
                          lab, st->kv_tier_load_ms_sum / 1e3, lab, (double)(st->kv_tier_ram_hits + st->kv_tier_disk_hits));
         if (k > 0) *n += (size_t)k < cap - *n ? (size_t)k : cap - *n;
     }
-    metric(b, cap, n, "llmserve:kv_tier_corrupt_total", "counter", "Block files refused as truncated or corrupt.", lab,
+    wk_srv_metric(b, cap, n, "llmserve:kv_tier_corrupt_total", "counter", "Block files refused as truncated or corrupt.", lab,
            (double)st->kv_tier_corrupt);
-    metric(b, cap, n, "llmserve:kv_tier_write_errors_total", "counter", "Block files that could not be written.", lab,
+    wk_srv_metric(b, cap, n, "llmserve:kv_tier_write_errors_total", "counter", "Block files that could not be written.", lab,
            (double)st->kv_tier_write_errors);
-    metric(b, cap, n, "llmserve:kv_tier_dropped_total", "counter", "Blocks dropped from the last tier.", lab,
+    wk_srv_metric(b, cap, n, "llmserve:kv_tier_dropped_total", "counter", "Blocks dropped from the last tier.", lab,
            (double)st->kv_tier_dropped);
 }
 
@@ -487,32 +491,33 @@ size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, 
     snprintf(lab, sizeof lab, "{model_name=\"%.200s\"}", model);
     size_t n = 0;
     double kv = st->blocks_total ? 1.0 - (double)st->blocks_free / (double)st->blocks_total : 0.0;
-    metric(b, cap, &n, "vllm:num_requests_running", "gauge", "Requests running on this group.", lab, st->running);
-    metric(b, cap, &n, "vllm:num_requests_waiting", "gauge", "Requests waiting on this group.", lab, st->waiting);
-    metric(b, cap, &n, "vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 0 to 1.", lab, kv);
-    metric(b, cap, &n, "vllm:num_preemptions_total", "counter", "Sequences preempted.", lab, (double)st->preemptions);
-    metric(b, cap, &n, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.", lab,
+    wk_srv_metric(b, cap, &n, "vllm:num_requests_running", "gauge", "Requests running on this group.", lab, st->running);
+    wk_srv_metric(b, cap, &n, "vllm:num_requests_waiting", "gauge", "Requests waiting on this group.", lab, st->waiting);
+    wk_srv_metric(b, cap, &n, "vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 0 to 1.", lab, kv);
+    wk_srv_metric(b, cap, &n, "vllm:num_preemptions_total", "counter", "Sequences preempted.", lab, (double)st->preemptions);
+    wk_srv_metric(b, cap, &n, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.", lab,
            (double)st->prefix_queries);
-    metric(b, cap, &n, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", lab,
+    wk_srv_metric(b, cap, &n, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", lab,
            (double)st->prefix_hits);
-    metric(b, cap, &n, "vllm:generation_tokens_total", "counter", "Tokens generated.", lab, (double)st->tokens_generated);
-    metric(b, cap, &n, "llmserve:worker_ready", "gauge", "1 while the group takes requests.", lab, !s->draining);
-    metric(b, cap, &n, "llmserve:worker_steps_total", "counter", "Engine steps.", lab, (double)st->steps);
-    metric(b, cap, &n, "llmserve:worker_requests_finished_total", "counter", "Requests finished.", lab,
+    wk_srv_metric(b, cap, &n, "vllm:generation_tokens_total", "counter", "Tokens generated.", lab, (double)st->tokens_generated);
+    wk_srv_metric(b, cap, &n, "llmserve:worker_ready", "gauge", "1 while the group takes requests.", lab, !s->draining);
+    wk_srv_metric(b, cap, &n, "llmserve:worker_steps_total", "counter", "Engine steps.", lab, (double)st->steps);
+    wk_srv_metric(b, cap, &n, "llmserve:worker_requests_finished_total", "counter", "Requests finished.", lab,
            (double)st->requests_finished);
-    metric(b, cap, &n, "llmserve:worker_requests_aborted_total", "counter", "Requests aborted.", lab,
+    wk_srv_metric(b, cap, &n, "llmserve:worker_requests_aborted_total", "counter", "Requests aborted.", lab,
            (double)st->requests_aborted);
-    metric(b, cap, &n, "llmserve:worker_step_ms_p50", "gauge", "Median step time over the last 1024 steps, ms.", lab,
+    wk_srv_metric(b, cap, &n, "llmserve:worker_step_ms_p50", "gauge", "Median step time over the last 1024 steps, ms.", lab,
            st->has_step_ms_p50 ? st->step_ms_p50 : 0);
-    metric(b, cap, &n, "llmserve:worker_step_ms_p99", "gauge", "99th percentile step time over the last 1024 steps, ms.",
+    wk_srv_metric(b, cap, &n, "llmserve:worker_step_ms_p99", "gauge", "99th percentile step time over the last 1024 steps, ms.",
            lab, st->has_step_ms_p99 ? st->step_ms_p99 : 0);
-    metric(b, cap, &n, "llmserve:worker_rss_bytes", "gauge", "Resident memory of rank 0's process.", lab,
+    wk_srv_metric(b, cap, &n, "llmserve:worker_rss_bytes", "gauge", "Resident memory of rank 0's process.", lab,
            (double)st->rss_bytes);
-    metric(b, cap, &n, "llmserve:worker_tp_size", "gauge", "Ranks in the tensor-parallel group.", lab, st->tp_size);
-    metric(b, cap, &n, "llmserve:worker_gateways_dropped_total", "counter", "Gateways dropped (no heartbeat).", lab,
+    wk_srv_metric(b, cap, &n, "llmserve:worker_tp_size", "gauge", "Ranks in the tensor-parallel group.", lab, st->tp_size);
+    wk_srv_metric(b, cap, &n, "llmserve:worker_gateways_dropped_total", "counter", "Gateways dropped (no heartbeat).", lab,
            (double)st->gateways_dropped);
-    metric(b, cap, &n, "llmserve:worker_messages_refused_total", "counter", "Messages refused.", lab,
+    wk_srv_metric(b, cap, &n, "llmserve:worker_messages_refused_total", "counter", "Messages refused.", lab,
            (double)st->messages_refused);
     tier_metrics(s, st, model, lab, b, cap, &n);
+    wk_srv_kv_metrics(s, model, lab, b, cap, &n);
     return n;
 }

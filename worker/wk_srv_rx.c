@@ -12,9 +12,28 @@
 #include <time.h>
 #include <unistd.h>
 
+/* A held decode Generate of this gateway and id, taken off the list; NULL if none. */
+static rxmsg *unhold(server *s, const char *gid, uint64_t rid) {
+    for (rxmsg **p = &s->held; *p; p = &(*p)->next) {
+        const Llmserve__Generate *g = (*p)->env->generate;
+        if (g->request_id == rid && !strcmp(g->gateway_id, gid)) {
+            rxmsg *m = *p;
+            *p = m->next;
+            return m;
+        }
+    }
+    return NULL;
+}
+
 static void on_cancel(server *s, const Llmserve__Cancel *c) {
     gateway *gw = wk_srv_find_gw(s, c->gateway_id);
     slot *sl = gw ? wk_srv_find_req(s, (int)(gw - s->gw), c->request_id) : NULL;
+    rxmsg *h = sl ? NULL : unhold(s, c->gateway_id, c->request_id);
+    if (h) { /* still waiting for its KV: it never starts */
+        pr_free(h->env);
+        free(h);
+        return;
+    }
     if (!sl) {
         CM_DEBUG("Cancel of unknown request %llu from %s ignored", (unsigned long long)c->request_id, c->gateway_id);
         return;
@@ -32,6 +51,7 @@ static void handle(server *s, pr_env *env) {
     case LLMSERVE__ENVELOPE__BODY_EMBED: wk_srv_on_embed(s, env->embed); break;
     case LLMSERVE__ENVELOPE__BODY_STATS_REQUEST: wk_srv_on_stats_request(s, env->stats_request); break;
     case LLMSERVE__ENVELOPE__BODY_LORA_UPDATE: wk_srv_on_lora_update(s, env->lora_update); break;
+    case LLMSERVE__ENVELOPE__BODY_KV_TRANSFER: wk_srv_kv_on_transfer(s, env->kv_transfer); break;
     default:
         s->dropped++;
         CM_WARN("unexpected message (body %d) dropped", env->body_case);
@@ -127,11 +147,45 @@ void wk_srv_drain_queue(server *s, int idle) {
     rxmsg *m = s->rx_head;
     s->rx_head = s->rx_tail = NULL;
     s->rx_n = 0;
+    rxmsg **tail = &s->held;
+    while (*tail) tail = &(*tail)->next;
     while (m) {
         rxmsg *next = m->next;
-        handle(s, m->env);
-        pr_free(m->env);
-        free(m);
+        const pr_env *env = m->env;
+        /* a request moved here after its prefill elsewhere waits for that prefill's KV to arrive */
+        if (env->body_case == LLMSERVE__ENVELOPE__BODY_GENERATE && env->generate->has_kv_transfer_id &&
+            !env->generate->kv_push_address && !wk_srv_kv_ready(s, env->generate->kv_transfer_id)) {
+            m->held_since = now_ms();
+            m->next = NULL;
+            *tail = m;
+            tail = &m->next;
+        } else {
+            handle(s, m->env);
+            pr_free(m->env);
+            free(m);
+        }
         m = next;
     }
+    for (rxmsg **p = &s->held; *p;) { /* in arrival order: those whose transfer ended, or waited enough */
+        rxmsg *h = *p;
+        int ready = wk_srv_kv_ready(s, h->env->generate->kv_transfer_id);
+        if (!ready && now_ms() - h->held_since < WK_KV_WAIT_MS) {
+            p = &h->next;
+            continue;
+        }
+        if (!ready) s->kvst.wait_expired++;
+        *p = h->next;
+        handle(s, h->env);
+        pr_free(h->env);
+        free(h);
+    }
+}
+
+void wk_srv_free_held(server *s) {
+    for (rxmsg *h = s->held, *nx; h; h = nx) {
+        nx = h->next;
+        pr_free(h->env);
+        free(h);
+    }
+    s->held = NULL;
 }

@@ -680,6 +680,72 @@ static void test_step_budget(void) {
     wk_engine_free(e);
 }
 
+/* Disaggregated prefill and decode, engine to engine: a prefill engine's blocks exported and adopted by a
+ * decode engine's memory tier; the request resumed there after its first token finds the prompt cached and
+ * goes on exactly as the unbroken run, greedy and seeded. A block whose key does not match its tokens is
+ * refused; an engine without a memory tier adopts nothing. */
+static void test_kv_transfer(void) {
+    enum { N = 500, GEN = 24, NB = N / 16 };
+    char err[256];
+    static int32_t p[N + GEN];
+    prompt(300, N, p);
+    for (int seeded = 0; seeded < 2; seeded++) {
+        wk_params gp = greedy(GEN);
+        if (seeded) gp.s.temperature = 0.8f, gp.s.top_p = 0.95f, gp.seed = 11, gp.has_seed = 1;
+        static result r[4];
+        memset(r, 0, sizeof r);
+        wk_engine_opts o;
+        opts(&o, 256, 4);
+        wk_engine *pre, *dec, *plain;
+        CHECK_RC(wk_engine_create(model, &o, &plain, err, sizeof err), 0);
+        CHECK_RC(wk_engine_create(model, &o, &pre, err, sizeof err), 0);
+        o.kv_offload_bytes = (size_t)64 << 20;
+        CHECK_RC(wk_engine_create(model, &o, &dec, err, sizeof err), 0);
+        CHECK(wk_engine_kv_fingerprint(pre) == wk_engine_kv_fingerprint(dec));
+        /* the unbroken run, and the prefill: its first token only */
+        CHECK_RC(wk_engine_add(plain, 0, p, N, &gp, err, sizeof err), 0);
+        run_all(plain, r);
+        wk_params pp = gp;
+        pp.max_tokens = 1;
+        CHECK_RC(wk_engine_add(pre, 1, p, N, &pp, err, sizeof err), 0);
+        run_all(pre, r);
+        CHECK_INT(r[1].n[0], 1);
+        CHECK_INT(r[1].tok[0][0], r[0].tok[0][0]);
+        size_t bb = wk_engine_kv_block_bytes(pre);
+        wk_kv_block *blk = calloc(NB + 1, sizeof *blk);
+        char *pay = malloc(bb * (NB + 1));
+        int got = wk_engine_kv_export(pre, 0, p, N, 0, NB + 1, blk, pay);
+        CHECK_INT(got, NB);
+        CHECK_INT(wk_engine_kv_export(pre, 0, p, N, 10, NB + 1, blk, pay), NB - 10); /* a later look: the rest */
+        got = wk_engine_kv_export(pre, 0, p, N, 0, NB + 1, blk, pay);
+        wk_kv_block bad = blk[3];
+        bad.key ^= 1;
+        CHECK_RC(wk_engine_kv_import(dec, &bad, 0, pay + 3 * bb), LLM_EINVAL);
+        CHECK_RC(wk_engine_kv_import(dec, &blk[0], 7, pay), LLM_EINVAL); /* another salt: another key */
+        CHECK_RC(wk_engine_kv_import(plain, &blk[0], 0, pay), LLM_EUNSUP);
+        for (int i = 0; i < got; i++) CHECK_RC(wk_engine_kv_import(dec, &blk[i], 0, pay + (size_t)i * bb), 0);
+        /* the decode side: the prompt and the first token, resumed */
+        p[N] = r[1].tok[0][0];
+        wk_params dp = gp;
+        dp.n_resume = 1;
+        dp.resume_text = r[1].tlen[0];
+        CHECK_RC(wk_engine_add(dec, 2, p, N + 1, &dp, err, sizeof err), 0);
+        run_all(dec, r);
+        CHECK_INT(r[2].cached, NB * 16);
+        CHECK_INT(r[2].n[0], GEN - 1);
+        CHECK(!memcmp(r[2].tok[0], r[0].tok[0] + 1, sizeof(int32_t) * (GEN - 1)));
+        wk_tier_stats ts;
+        CHECK_RC(wk_engine_tier_stats(dec, &ts), 0);
+        CHECK_INT(ts.ram_hits, NB);
+        free(blk);
+        free(pay);
+        wk_engine_free(plain);
+        wk_engine_free(pre);
+        wk_engine_free(dec);
+    }
+    fprintf(stderr, "  kv transfer: %d blocks adopted; greedy and seeded runs continue as unbroken ones\n", NB);
+}
+
 int main(int argc, char **argv) {
     int rc = engine_tst_begin(argc, argv, "engine_test");
     if (rc) return rc;
@@ -689,6 +755,7 @@ int main(int argc, char **argv) {
     test_step_budget();
     test_abort_and_errors();
     test_resume();
+    test_kv_transfer();
     test_sampling();
     test_prefix_cache();
     test_starvation();

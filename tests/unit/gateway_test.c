@@ -141,31 +141,31 @@ static void route(void) {
     uint64_t parent = CM_BLOCK_ROOT;
     for (int b = 0; b < 3; b++) gw_keyset_add(&g->w[1].cached, parent = cm_block_key(parent, 0, tok + 4 * b, 4));
     int hit;
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 1);
     CHECK_INT(hit, 12);
     g->w[1].inflight = 1; /* 12 cached tokens - 8 x 1 queued = 4 > 0 */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 1);
     g->w[1].inflight = 2; /* 12 - 16 < 0: the idle group wins, balance over affinity */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 0);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 0);
     CHECK_INT(hit, 0);
-    CHECK_INT(gw_route(g, tok, 20, 7, -1, NULL, &hit), 0); /* another cache salt: no hit anywhere */
+    CHECK_INT(gw_route(g, tok, 20, 7, -1, NULL, GW_ROLES_DECODE, &hit), 0); /* another cache salt: no hit anywhere */
     g->w[1].inflight = 0;
     g->w[1].ready = 0; /* draining: never picked */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 0);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), -1); /* the only routable group excluded */
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 0);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), -1); /* the only routable group excluded */
     g->w[1].ready = 1;
     g->w[0].accepted = 0; /* serves another model */
-    CHECK_INT(gw_route(g, tok, 20, 0, 1, NULL, &hit), -1);
+    CHECK_INT(gw_route(g, tok, 20, 0, 1, NULL, GW_ROLES_DECODE, &hit), -1);
     g->w[0].accepted = 1;
     g->conf.routing = GW_ROUTE_ROUND_ROBIN;
-    int a = gw_route(g, tok, 20, 0, -1, NULL, &hit), b = gw_route(g, tok, 20, 0, -1, NULL, &hit);
+    int a = gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), b = gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit);
     CHECK(a != b);
     /* a LoRA adapter's request goes only to a group that holds it, whatever the others' cache or load */
     snprintf(g->w[1].loras, sizeof g->w[1].loras, "\nsql\nchat-v2\n");
     g->w[1].inflight = 5;
-    for (int k = 0; k < 3; k++) CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat-v2", &hit), 1);
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat", &hit), -1); /* a name's prefix is not the name */
-    CHECK_INT(gw_route(g, tok, 20, 0, 1, "sql", &hit), -1);
+    for (int k = 0; k < 3; k++) CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat-v2", GW_ROLES_DECODE, &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat", GW_ROLES_DECODE, &hit), -1); /* a name's prefix is not the name */
+    CHECK_INT(gw_route(g, tok, 20, 0, 1, "sql", GW_ROLES_DECODE, &hit), -1);
     CHECK(gw_pool_has_lora(g->w[1].loras, "sql") && !gw_pool_has_lora(g->w[1].loras, "ql") &&
           !gw_pool_has_lora("", "sql"));
     g->w[1].inflight = 0;
@@ -197,21 +197,21 @@ static void route_tiers(void) {
         gw_keyset_add(&g->w[2].lower[1], key[b]);
     }
     int hit;
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, &hit), 0);
+    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 0);
     CHECK_INT(hit, 16);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 1); /* without the pool's holder: memory before disk */
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 1); /* without the pool's holder: memory before disk */
     CHECK_INT(hit, 16);
     gw_keyset_del(&g->w[1].lower[0], key[2]); /* memory tier's chain cut after 2 blocks: 6.4 < disk's 8 */
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 2);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 2);
     CHECK_INT(hit, 16);
     gw_keyset_add(&g->w[1].cached, key[2]); /* the pool holds block 2 and memory the rest: 4*(0.8+0.8+1+0.8) */
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 1);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 1);
     g->w[2].inflight = 1;
     g->w[1].inflight = 1;
     /* a disk hit still beats a miss at the same load: group 0 gone, a fresh group without the prefix */
     gw_keyset_clear(&g->w[1].cached);
     gw_keyset_clear(&g->w[1].lower[0]);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, &hit), 2);
+    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 2);
     CHECK_INT(hit, 16);
     for (int i = 0; i < 3; i++) {
         free(g->w[i].cached.k);
