@@ -115,13 +115,17 @@ static void usage(void) {
            "  --api-key KEY               sent as a bearer token\n"
            "  --tokenizer GGUF            count prompt and output tokens with this model's tokenizer\n"
            "                              (default: the server's usage, else one token per streamed chunk)\n"
-           "  --dataset-name NAME         random (default), prefix-repetition or sharegpt\n"
+           "  --dataset-name NAME         random (default), prefix-repetition, sharegpt, or mixed: random\n"
+           "                              requests with a share of long prompts, TTFT and ITL reported per class\n"
            "  --dataset-path FILE         ShareGPT JSON for --dataset-name sharegpt\n"
            "  --num-prompts N             requests per run (default 100)\n"
            "  --random-input-len N        words per random prompt (default 256)\n"
            "  --random-output-len N       max_tokens per request (default 128)\n"
            "  --random-range-ratio F      lengths drawn in [1-F, 1+F] x the mean (default 0)\n"
            "  --prefix-repetition-prefix-len N, -suffix-len N, -num-prefixes N, -output-len N (256, 256, 10, 128)\n"
+           "  --mixed-long-fraction F     mixed: the share of long prompts (default 0.1)\n"
+           "  --mixed-long-input-len N    mixed: their words (default 2048; --random-range-ratio applies)\n"
+           "  --mixed-long-output-len N   mixed: their max_tokens (default 16)\n"
            "  --request-rate R|inf        arrivals per second (default inf: all at once)\n"
            "  --burstiness F              gamma shape of the arrivals; 1 is Poisson (default 1)\n"
            "  --max-concurrency N         requests in flight at most (default: no limit)\n"
@@ -192,10 +196,11 @@ int tl_bench_main(int argc, char **argv) {
     argv++;
     bench_opts o = {.endpoint = "/v1/completions", .dataset = "random", .rate = INFINITY, .burst = 1,
                     .min_gain = 0.10, .num = 100, .in_len = 256, .out_len = 128, .px_len = 256, .sx_len = 256,
-                    .n_px = 10, .px_out = 128, .sweep_metric = M_E2EL};
+                    .n_px = 10, .px_out = 128, .sweep_metric = M_E2EL, .long_frac = 0.1, .long_in = 2048,
+                    .long_out = 16};
     const char *base = "http://127.0.0.1:8000", *api_key = NULL, *pcts = "50,90,99", *pmetrics = "ttft,tpot,itl,e2el",
                *dataset_path = NULL;
-    enum { O_PXL = 256, O_SXL, O_NPX, O_PXO, O_DSP, O_PM, O_RD, O_SW, O_SWM, O_SWG, O_SWS, O_TOK };
+    enum { O_PXL = 256, O_SXL, O_NPX, O_PXO, O_DSP, O_PM, O_RD, O_SW, O_SWM, O_SWG, O_SWS, O_TOK, O_MLF, O_MLI, O_MLO };
     const char *tok_path = NULL;
     static const struct option lo[] = {
         {"base-url", 1, 0, 'u'}, {"endpoint", 1, 0, 'e'}, {"model", 1, 0, 'm'}, {"dataset-name", 1, 0, 'd'},
@@ -208,7 +213,8 @@ int tl_bench_main(int argc, char **argv) {
         {"prefix-repetition-output-len", 1, 0, O_PXO}, {"dataset-path", 1, 0, O_DSP},
         {"percentile-metrics", 1, 0, O_PM}, {"result-dir", 1, 0, O_RD}, {"sweep", 1, 0, O_SW},
         {"sweep-metric", 1, 0, O_SWM}, {"sweep-min-gain", 1, 0, O_SWG}, {"sweep-slo", 1, 0, O_SWS},
-        {"tokenizer", 1, 0, O_TOK},
+        {"tokenizer", 1, 0, O_TOK}, {"mixed-long-fraction", 1, 0, O_MLF}, {"mixed-long-input-len", 1, 0, O_MLI},
+        {"mixed-long-output-len", 1, 0, O_MLO},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c, bad = 0;
     optind = 1;
@@ -257,6 +263,9 @@ int tl_bench_main(int argc, char **argv) {
         case O_SWG: bad |= cm_parse_double("--sweep-min-gain", optarg, 0, 10, &o.min_gain); break;
         case O_SWS: bad |= cm_parse_double("--sweep-slo", optarg, 1e-3, 1e9, &o.slo); break;
         case O_TOK: tok_path = optarg; break;
+        case O_MLF: bad |= cm_parse_double("--mixed-long-fraction", optarg, 0, 1, &o.long_frac); break;
+        case O_MLI: bad |= cm_parse_long("--mixed-long-input-len", optarg, 1, 1000000, &o.long_in); break;
+        case O_MLO: bad |= cm_parse_long("--mixed-long-output-len", optarg, 1, 1000000, &o.long_out); break;
         case 'h': usage(); return 0;
         default: return 2;
         }
@@ -267,8 +276,9 @@ int tl_bench_main(int argc, char **argv) {
     }
     if (parse_target(base, o.endpoint, api_key, &o.tg) || parse_lists(&o, pcts, pmetrics)) return 2;
     o.chat = strstr(o.endpoint, "chat") != NULL;
-    if (strcmp(o.dataset, "random") && strcmp(o.dataset, "prefix-repetition") && strcmp(o.dataset, "sharegpt")) {
-        fprintf(stderr, "llmserve bench: --dataset-name must be random, prefix-repetition or sharegpt\n");
+    if (strcmp(o.dataset, "random") && strcmp(o.dataset, "prefix-repetition") && strcmp(o.dataset, "sharegpt") &&
+        strcmp(o.dataset, "mixed")) {
+        fprintf(stderr, "llmserve bench: --dataset-name must be random, prefix-repetition, sharegpt or mixed\n");
         return 2;
     }
     if (o.result_dir) {

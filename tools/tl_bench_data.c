@@ -70,12 +70,13 @@ int tlb_load_sharegpt(const char *path, int want, char ***prompts, int **outs, i
 }
 
 /* The request bodies of one run: random words (text works on both endpoints
- * and every server), a shared prefix per group, or ShareGPT turns. */
+ * and every server), a shared prefix per group, ShareGPT turns, or a mix of
+ * two classes (random words of two sizes), reported apart. */
 int tlb_build_requests(const bench_opts *o, uint64_t seed, bench_req *r, int total) {
     static const char *words[] = {"river", "stone", "light", "market", "engine", "garden", "signal", "forest", "paper",
                                   "window", "silver", "ocean", "winter", "thread", "bridge", "planet"};
     tl_bench_seed(seed);
-    int prefix = !strcmp(o->dataset, "prefix-repetition");
+    int prefix = !strcmp(o->dataset, "prefix-repetition"), mixed = !strcmp(o->dataset, "mixed");
     char **prefixes = calloc((size_t)o->n_px, sizeof *prefixes);
     if (!prefixes) return LLM_ENOMEM;
     for (int p = 0; p < o->n_px; p++) {
@@ -90,6 +91,11 @@ int tlb_build_requests(const bench_opts *o, uint64_t seed, bench_req *r, int tot
     for (int i = 0; i < total && !rc; i++) {
         int il = prefix ? (int)o->sx_len : (int)((double)o->in_len * (1 - o->range + 2 * o->range * tl_bench_urand()));
         int ol = prefix ? (int)o->px_out : (int)((double)o->out_len * (1 - o->range + 2 * o->range * tl_bench_urand()));
+        r[i].cls = mixed && tl_bench_urand() < o->long_frac; /* a long prompt among chat-sized ones */
+        if (r[i].cls) {
+            il = (int)((double)o->long_in * (1 - o->range + 2 * o->range * tl_bench_urand()));
+            ol = (int)o->long_out;
+        }
         if (il < 1) il = 1;
         if (ol < 1) ol = 1;
         char *text;

@@ -23,6 +23,7 @@ typedef struct {
     int usage_out;               /* the server's completion_tokens, when it sent usage */
     /* results */
     int ok, cancelled, out_tokens, in_tokens, chunks, status;
+    int cls;                     /* --dataset-name mixed: 0 a short request, 1 a long prompt */
     char err[240];               /* the start of an error response's body */
     double start, ttft, e2el;
     double *itl;
@@ -36,7 +37,8 @@ typedef struct {
 typedef struct {
     bench_target tg;
     const char *endpoint, *model, *dataset, *goodput, *result_dir, *result_file, *sweep;
-    double rate, burst, range, min_gain, slo;
+    double rate, burst, range, min_gain, slo, long_frac;
+    long long_in, long_out;      /* --dataset-name mixed: the long class's prompt words and max_tokens */
     long num, in_len, out_len, max_conc, seed, warm, px_len, sx_len, n_px, px_out;
     int ignore_eos, save, chat, sweep_metric;
     double pcts[16];

@@ -78,6 +78,39 @@ static void default_name(const bench_opts *o, double rate, long conc, char *out,
     snprintf(out, len, "openai-%sqps-concurrency%ld-%s-%s.json", r, conc, model, stamp);
 }
 
+/* --dataset-name mixed: TTFT, TPOT, ITL and E2EL again for each class of request, printed and under
+ * "classes": {"short": {...}, "long": {...}} with the same keys (disaggregated prefill is judged by the
+ * short ones' ITL beside the long ones' TTFT). */
+static void class_stats(json_t *res, const bench_opts *o, const bench_req *r, int num) {
+    static const char *const names[2] = {"short", "long"};
+    json_t *cl = json_object();
+    for (int c = 0; c < 2; c++) {
+        int n = 0, n_itl = 0;
+        for (int i = 0; i < num; i++)
+            if (r[i].ok && r[i].cls == c) n++, n_itl += r[i].n_itl;
+        if (!n) continue;
+        double *v[N_METRICS];
+        for (int m = 0; m < N_METRICS; m++) v[m] = malloc(sizeof(double) * (size_t)((m == M_ITL ? n_itl : n) + 1));
+        int k = 0, ki = 0;
+        for (int i = 0; i < num; i++) {
+            const bench_req *q = &r[i];
+            if (!q->ok || q->cls != c) continue;
+            if (v[M_TTFT]) v[M_TTFT][k] = q->ttft;
+            if (v[M_TPOT]) v[M_TPOT][k] = q->out_tokens > 1 ? (q->e2el - q->ttft) / (q->out_tokens - 1) : 0;
+            if (v[M_E2EL]) v[M_E2EL][k] = q->e2el;
+            k++;
+            for (int j = 0; j < q->n_itl && v[M_ITL]; j++) v[M_ITL][ki++] = q->itl[j];
+        }
+        json_t *one = json_pack("{s:i}", "completed", n);
+        printf("---- %s requests: %d ----\n", names[c], n);
+        for (int m = 0; m < N_METRICS; m++)
+            if (v[m]) stats(one, o, m, v[m], m == M_ITL ? ki : k);
+        for (int m = 0; m < N_METRICS; m++) free(v[m]);
+        json_object_set_new(cl, names[c], one);
+    }
+    json_object_set_new(res, "classes", cl);
+}
+
 /* One run at (rate, max_conc): the requests, the report printed, the JSON in
  * *out. Returns how many requests completed. */
 int tlb_run_point(const bench_opts *o, double rate, long max_conc, uint64_t seed, json_t **out) {
@@ -231,6 +264,7 @@ int tlb_run_point(const bench_opts *o, double rate, long max_conc, uint64_t seed
     for (int m = 0; m < N_METRICS; m++)
         if (v[m]) stats(res, o, m, v[m], m == M_ITL ? n_itl : nt);
     for (int m = 0; m < N_METRICS; m++) free(v[m]);
+    if (!strcmp(o->dataset, "mixed")) class_stats(res, o, b.r, num);
     if (o->save || o->result_file) {
         char name[256], fn[768];
         if (o->result_file && !o->sweep) snprintf(name, sizeof name, "%s", o->result_file);

@@ -222,6 +222,12 @@ int main(int argc, char **argv) {
     }
     wk_model_opts mo = {.model_path = model, .max_batch = eo.max_num_batched_tokens};
     if (wk_model_flags_apply(&lf, &mo)) return 2;
+    if (kv_role != WK_KV_BOTH && mo.device != WK_DEV_CPU) {
+        fprintf(stderr, "llmserve-worker: --kv-transfer-config %s: KV transfers are built for the CPU backend only (a "
+                        "device cache would stage its blocks through pinned host memory, not built yet)\n",
+                wk_kv_role_name(kv_role));
+        return 2;
+    }
     if (!served) {
         cm_model_served_name(model, mo.model_config, name, sizeof name);
         served = name;

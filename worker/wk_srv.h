@@ -91,6 +91,7 @@ typedef struct rxmsg {
 
 /* Disaggregated prefill and decode (wk_srv_kv.c): the loop thread's counts. */
 #define WK_KV_BUCKETS 8
+extern const double wk_kv_bucket_ms[WK_KV_BUCKETS - 1]; /* the transfer histogram's bounds */
 typedef struct {
     uint64_t sent_blocks, sent_bytes, recv_blocks, recv_bytes;
     uint64_t sent_done, recv_done;   /* transfers ended (their last message) */
@@ -195,12 +196,6 @@ void *wk_srv_heartbeat(void *arg);
 /* The group is going down: every gateway hears it for each of its requests now. */
 void wk_srv_tell_going(server *s, const char *why);
 
-/* Prometheus text helpers (wk_srv_peers.c): a series, and a family of two that differ in one label. */
-void wk_srv_metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
-                   const char *labels, double v);
-void wk_srv_metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
-                    const char *model, const char *label, const char *l1, double v1, const char *l2, double v2);
-
 /* ---- KV transfers (wk_srv_kv.c) ------------------------------------------ */
 int wk_srv_kv_start(server *s);
 void wk_srv_kv_stop(server *s);
@@ -215,8 +210,8 @@ void wk_srv_kv_push(server *s, const wk_output *o, int n);
 void wk_srv_kv_on_transfer(server *s, const Llmserve__KvTransfer *t);
 /* 1 when transfer id has ended here (its last message came). */
 int wk_srv_kv_ready(server *s, uint64_t id);
+/* The kv_xfer_* counts and the role into st (what /metrics shows: wk_srv_peers.c). */
 void wk_srv_kv_stats_fill(const server *s, Llmserve__Stats *st);
-void wk_srv_kv_metrics(const server *s, const char *model, const char *lab, char *b, size_t cap, size_t *n);
 
 /* ---- the receive side (wk_srv_rx.c) ------------------------------------- */
 void *wk_srv_receiver(void *arg);

@@ -39,7 +39,6 @@ typedef struct xout {
     int32_t *tok;
     int n, sent, ended;
     int64_t t0;
-    uint64_t start_ns;
 } xout;
 
 typedef struct {
@@ -66,7 +65,7 @@ struct wk_srv_kv {
     int64_t refused_logged;
 };
 
-static const double BUCKET_MS[WK_KV_BUCKETS - 1] = {1, 5, 10, 25, 50, 100, 250};
+const double wk_kv_bucket_ms[WK_KV_BUCKETS - 1] = {1, 5, 10, 25, 50, 100, 250};
 
 static uint64_t wall_ns(void) {
     struct timespec ts;
@@ -198,7 +197,6 @@ int wk_srv_kv_track(server *s, const slot *sl, const Llmserve__Generate *g, cons
     x->id = g->kv_transfer_id;
     x->salt = salt;
     x->t0 = now_ms();
-    x->start_ns = wall_ns();
     x->dest = dest_for(s, g->kv_push_address);
     x->next = s->kv->out;
     s->kv->out = x;
@@ -258,9 +256,9 @@ static int push_one(server *s, xout *x) {
     }
     Llmserve__KvTransfer t = LLMSERVE__KV_TRANSFER__INIT;
     t.transfer_id = x->id;
-    t.has_fingerprint = t.has_started_unix_ns = 1;
+    t.has_fingerprint = t.has_sent_unix_ns = 1;
     t.fingerprint = wk_engine_kv_fingerprint(s->e);
-    t.started_unix_ns = x->start_ns;
+    t.sent_unix_ns = wall_ns();
     t.n_blocks = (size_t)got;
     t.blocks = bp;
     int last = x->ended && got < per; /* nothing more can come: the chain stops here */
@@ -369,11 +367,11 @@ void wk_srv_kv_on_transfer(server *s, const Llmserve__KvTransfer *t) {
     if (t->has_last && t->last && !r->done) {
         r->done = 1;
         s->kvst.recv_done++;
-        double ms = t->has_started_unix_ns ? (double)(int64_t)(wall_ns() - t->started_unix_ns) / 1e6 : 0;
+        double ms = t->has_sent_unix_ns ? (double)(int64_t)(wall_ns() - t->sent_unix_ns) / 1e6 : 0;
         if (ms < 0) ms = 0;
         s->kvst.ms_sum += ms;
         int k = 0;
-        while (k < WK_KV_BUCKETS - 1 && ms > BUCKET_MS[k]) k++;
+        while (k < WK_KV_BUCKETS - 1 && ms > wk_kv_bucket_ms[k]) k++;
         s->kvst.ms_bucket[k]++;
     }
 }
@@ -398,47 +396,8 @@ void wk_srv_kv_stats_fill(const server *s, Llmserve__Stats *st) {
     SET(kv_xfer_refused, k->refused);
     SET(kv_xfer_ms_sum, k->ms_sum);
     SET(kv_xfer_send_failed, k->send_failed);
+    SET(kv_role, (uint32_t)s->o->kv_role);
 #undef SET
-}
-
-void wk_srv_kv_metrics(const server *s, const char *model, const char *lab, char *b, size_t cap, size_t *n) {
-    if (!s->kv) return;
-    const wk_srv_kv_stats *k = &s->kvst;
-    char rl[300];
-    snprintf(rl, sizeof rl, "{model_name=\"%.200s\",role=\"%s\"}", model, wk_kv_role_name(s->o->kv_role));
-    wk_srv_metric(b, cap, n, "llmserve:kv_role", "gauge",
-                  "The group's role in disaggregated prefill and decode (--kv-transfer-config).", rl, 1);
-    wk_srv_metric2(b, cap, n, "llmserve:kv_transfer_blocks_total", "counter", "KV blocks moved between groups.", model,
-                   "direction", "sent", (double)k->sent_blocks, "received", (double)k->recv_blocks);
-    wk_srv_metric2(b, cap, n, "llmserve:kv_transfer_bytes_total", "counter", "KV payload bytes moved between groups.",
-                   model, "direction", "sent", (double)k->sent_bytes, "received", (double)k->recv_bytes);
-    wk_srv_metric2(b, cap, n, "llmserve:kv_transfers_total", "counter", "Transfers ended (their last message).", model,
-                   "direction", "sent", (double)k->sent_done, "received", (double)k->recv_done);
-    wk_srv_metric(b, cap, n, "llmserve:kv_transfer_failed_total", "counter",
-                  "Transfers this group could not send (its destination gone or not reading).", lab,
-                  (double)k->send_failed);
-    wk_srv_metric(b, cap, n, "llmserve:kv_transfer_refused_blocks_total", "counter",
-                  "Blocks received and refused (another model, a bad key or size).", lab, (double)k->refused);
-    wk_srv_metric(b, cap, n, "llmserve:kv_transfer_wait_expired_total", "counter",
-                  "Decode requests that stopped waiting for their transfer and computed the rest.", lab,
-                  (double)k->wait_expired);
-    if (*n >= cap) return;
-    int w = snprintf(b + *n, cap - *n,
-                     "# HELP llmserve:kv_transfer_seconds A received transfer's time, from the sender's start to its "
-                     "last message.\n# TYPE llmserve:kv_transfer_seconds histogram\n");
-    if (w > 0) *n += (size_t)w < cap - *n ? (size_t)w : cap - *n;
-    uint64_t cum = 0;
-    for (int i = 0; i < WK_KV_BUCKETS && *n < cap; i++) {
-        cum += k->ms_bucket[i];
-        char le[32];
-        if (i < WK_KV_BUCKETS - 1) snprintf(le, sizeof le, "%g", BUCKET_MS[i] / 1e3);
-        else snprintf(le, sizeof le, "+Inf");
-        w = snprintf(b + *n, cap - *n, "llmserve:kv_transfer_seconds_bucket{model_name=\"%.200s\",le=\"%s\"} %llu\n",
-                     model, le, (unsigned long long)cum);
-        if (w > 0) *n += (size_t)w < cap - *n ? (size_t)w : cap - *n;
-    }
-    if (*n >= cap) return;
-    w = snprintf(b + *n, cap - *n, "llmserve:kv_transfer_seconds_sum%s %.17g\nllmserve:kv_transfer_seconds_count%s %llu\n",
-                 lab, k->ms_sum / 1e3, lab, (unsigned long long)k->recv_done);
-    if (w > 0) *n += (size_t)w < cap - *n ? (size_t)w : cap - *n;
+    st->n_kv_xfer_ms_bucket = WK_KV_BUCKETS;
+    st->kv_xfer_ms_bucket = (uint64_t *)k->ms_bucket; /* read under mu, as the counts are written */
 }

@@ -433,7 +433,7 @@ void wk_srv_tell_going(server *s, const char *why) {
 }
 
 /* One line of Prometheus text (with its HELP and TYPE) into b at *n. */
-void wk_srv_metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+static void wk_srv_metric(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
                    const char *labels, double v) {
     if (*n >= cap) return;
     int k = snprintf(b + *n, cap - *n, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name, labels, v);
@@ -441,7 +441,7 @@ void wk_srv_metric(char *b, size_t cap, size_t *n, const char *name, const char 
 }
 
 /* A family of two series that differ in one label (besides the model's). */
-void wk_srv_metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
+static void wk_srv_metric2(char *b, size_t cap, size_t *n, const char *name, const char *type, const char *help,
                     const char *model, const char *label, const char *l1, double v1, const char *l2, double v2) {
     if (*n >= cap) return;
     int k = snprintf(b + *n, cap - *n,
@@ -485,6 +485,49 @@ static void tier_metrics(const server *s, const Llmserve__Stats *st, const char 
            (double)st->kv_tier_dropped);
 }
 
+/* Disaggregated prefill and decode's series, when the group moves KV (wk_srv_kv.c fills them). */
+static void kv_metrics(const Llmserve__Stats *st, const char *model, const char *lab, char *b, size_t cap, size_t *n) {
+    if (!st->has_kv_xfer_sent_blocks) return;
+    char rl[300];
+    unsigned role = st->has_kv_role ? st->kv_role : 0;
+    snprintf(rl, sizeof rl, "{model_name=\"%.200s\",role=\"%s\"}", model, wk_kv_role_name((int)role));
+    wk_srv_metric(b, cap, n, "llmserve:kv_role", "gauge",
+                  "The group's role in disaggregated prefill and decode (--kv-transfer-config).", rl, 1);
+    wk_srv_metric2(b, cap, n, "llmserve:kv_transfer_blocks_total", "counter", "KV blocks moved between groups.", model,
+                   "direction", "sent", (double)st->kv_xfer_sent_blocks, "received", (double)st->kv_xfer_recv_blocks);
+    wk_srv_metric2(b, cap, n, "llmserve:kv_transfer_bytes_total", "counter", "KV payload bytes moved between groups.",
+                   model, "direction", "sent", (double)st->kv_xfer_sent_bytes, "received", (double)st->kv_xfer_recv_bytes);
+    wk_srv_metric2(b, cap, n, "llmserve:kv_transfers_total", "counter", "Transfers ended (their last message).", model,
+                   "direction", "sent", (double)st->kv_xfer_sent_done, "received", (double)st->kv_xfer_recv_done);
+    wk_srv_metric(b, cap, n, "llmserve:kv_transfer_failed_total", "counter",
+                  "Transfers this group could not send (its destination gone or not reading).", lab,
+                  (double)st->kv_xfer_send_failed);
+    wk_srv_metric(b, cap, n, "llmserve:kv_transfer_refused_blocks_total", "counter",
+                  "Blocks received and refused (another model, a bad key or size).", lab, (double)st->kv_xfer_refused);
+    wk_srv_metric(b, cap, n, "llmserve:kv_transfer_wait_expired_total", "counter",
+                  "Decode requests that stopped waiting for their transfer and computed the rest.", lab,
+                  (double)st->kv_xfer_wait_expired);
+    if (*n >= cap) return;
+    int w = snprintf(b + *n, cap - *n,
+                     "# HELP llmserve:kv_transfer_seconds A received transfer's last message: from its sending (the "
+                     "prefill's end) to its adoption here.\n# TYPE llmserve:kv_transfer_seconds histogram\n");
+    if (w > 0) *n += (size_t)w < cap - *n ? (size_t)w : cap - *n;
+    uint64_t cum = 0;
+    for (size_t i = 0; i < st->n_kv_xfer_ms_bucket && i < WK_KV_BUCKETS && *n < cap; i++) {
+        cum += st->kv_xfer_ms_bucket[i];
+        char le[32];
+        if (i < WK_KV_BUCKETS - 1) snprintf(le, sizeof le, "%g", wk_kv_bucket_ms[i] / 1e3);
+        else snprintf(le, sizeof le, "+Inf");
+        w = snprintf(b + *n, cap - *n, "llmserve:kv_transfer_seconds_bucket{model_name=\"%.200s\",le=\"%s\"} %llu\n",
+                     model, le, (unsigned long long)cum);
+        if (w > 0) *n += (size_t)w < cap - *n ? (size_t)w : cap - *n;
+    }
+    if (*n >= cap) return;
+    w = snprintf(b + *n, cap - *n, "llmserve:kv_transfer_seconds_sum%s %.17g\nllmserve:kv_transfer_seconds_count%s %llu\n",
+                 lab, st->kv_xfer_ms_sum / 1e3, lab, (unsigned long long)st->kv_xfer_recv_done);
+    if (w > 0) *n += (size_t)w < cap - *n ? (size_t)w : cap - *n;
+}
+
 size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, size_t cap) {
     char lab[300];
     const char *model = s->o->model_name ? s->o->model_name : "unknown";
@@ -518,6 +561,6 @@ size_t wk_srv_metrics_text(const server *s, const Llmserve__Stats *st, char *b, 
     wk_srv_metric(b, cap, &n, "llmserve:worker_messages_refused_total", "counter", "Messages refused.", lab,
            (double)st->messages_refused);
     tier_metrics(s, st, model, lab, b, cap, &n);
-    wk_srv_kv_metrics(s, model, lab, b, cap, &n);
+    kv_metrics(st, model, lab, b, cap, &n);
     return n;
 }

@@ -49,6 +49,25 @@ assert abs(r["total_output_tokens"] - r["server_output_tokens"]) <= 0.05 * r["se
 assert r["total_input_tokens"] >= 4 * 40, r
 print("bench e2e: --tokenizer counts %d output tokens, the server's usage %d" % (r["total_output_tokens"], r["server_output_tokens"]))
 PY
+# mixed: two classes of request, each reported apart; the classes' counts add up and long prompts are long
+"$BUILD/llmserve" bench serve --base-url "http://127.0.0.1:$PORT" --dataset-name mixed --num-prompts 12 \
+    --random-input-len 24 --random-output-len 12 --mixed-long-fraction 0.34 --mixed-long-input-len 300 \
+    --mixed-long-output-len 4 --ignore-eos --max-concurrency 4 --seed 3 --result-filename "$OUT/mx.json" \
+    >"$OUT/mx.txt" 2>/dev/null || { echo "FAIL: mixed run"; cat "$OUT/mx.txt"; exit 1; }
+grep -q "^---- long requests: " "$OUT/mx.txt" && grep -q "^---- short requests: " "$OUT/mx.txt" \
+    || { echo "FAIL: mixed run printed no per-class report"; cat "$OUT/mx.txt"; exit 1; }
+python3 - "$OUT/mx.json" <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["classes"]
+assert c["short"]["completed"] + c["long"]["completed"] == r["completed"] == 12, r
+assert c["long"]["completed"] >= 1 and c["short"]["completed"] >= 1, c
+for k in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "p99_e2el_ms"):
+    assert k in c["short"] and k in c["long"], k
+assert r["total_output_tokens"] == 12 * c["short"]["completed"] + 4 * c["long"]["completed"], r
+print("bench e2e: mixed ok (%d short, %d long; TTFT p50 %.0f / %.0f ms)" % (c["short"]["completed"],
+      c["long"]["completed"], c["short"]["median_ttft_ms"], c["long"]["median_ttft_ms"]))
+PY
 # ShareGPT: a good file runs its human turns; malformed ones get a clear error
 cat > "$OUT/sg.json" <<'JSON'
 [{"conversations": [{"from": "human", "value": "Explain how rivers shape valleys."},

@@ -21,6 +21,7 @@ static size_t walk(const pr_env *e) {
     case LLMSERVE__ENVELOPE__BODY_GENERATE: {
         const Llmserve__Generate *g = e->generate;
         acc += strlen(g->gateway_id) + (g->cache_salt ? strlen(g->cache_salt) : 0);
+        acc += g->kv_push_address ? strlen(g->kv_push_address) : 0;
         for (size_t i = 0; i < g->n_token_ids; i++) acc += (size_t)(uint32_t)g->token_ids[i];
         if (g->params) {
             const Llmserve__SamplingParams *p = g->params;
@@ -32,6 +33,16 @@ static size_t walk(const pr_env *e) {
         break;
     }
     case LLMSERVE__ENVELOPE__BODY_CANCEL: acc += strlen(e->cancel->gateway_id); break;
+    case LLMSERVE__ENVELOPE__BODY_KV_TRANSFER: { /* as wk_srv_kv_on_transfer reads a block */
+        const Llmserve__KvTransfer *t = e->kv_transfer;
+        for (size_t i = 0; i < t->n_blocks; i++) {
+            const Llmserve__KvBlock *b = t->blocks[i];
+            for (size_t k = 0; k < b->n_token_ids; k++) acc += (size_t)(uint32_t)b->token_ids[k];
+            if (b->has_payload && b->payload.len) acc += b->payload.data[b->payload.len - 1];
+            acc += (size_t)b->key;
+        }
+        break;
+    }
     case LLMSERVE__ENVELOPE__BODY_CHUNK: {
         const Llmserve__TokenChunk *c = e->chunk;
         acc += c->n_token_ids + c->text.len + (c->error ? strlen(c->error) : 0);

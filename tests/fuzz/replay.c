@@ -51,6 +51,9 @@ int main(int argc, char **argv) {
     g.params = &sp;
     g.gateway_id = "gw-1";
     g.cache_salt = "tenant";
+    g.kv_push_address = "tcp://10.0.0.6:7600"; /* a prefill for another group */
+    g.has_kv_transfer_id = 1;
+    g.kv_transfer_id = 0x1234abcd;
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
     e.generate = &g;
@@ -84,6 +87,31 @@ int main(int argc, char **argv) {
     pr_env_init(&e);
     e.body_case = LLMSERVE__ENVELOPE__BODY_KV_EVENTS;
     e.kv_events = &kv;
+    seeds[ns++] = pack(&e);
+    uint8_t payload[96];
+    for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)(i * 37);
+    Llmserve__KvBlock kb[2] = {LLMSERVE__KV_BLOCK__INIT, LLMSERVE__KV_BLOCK__INIT}, *kbp[2] = {&kb[0], &kb[1]};
+    for (int i = 0; i < 2; i++) {
+        kb[i].key = 1000 + (uint64_t)i;
+        kb[i].has_parent = kb[i].has_salt = kb[i].has_payload = 1;
+        kb[i].parent = (uint64_t)i;
+        kb[i].n_token_ids = 6;
+        kb[i].token_ids = toks;
+        kb[i].payload.data = payload;
+        kb[i].payload.len = sizeof payload;
+    }
+    Llmserve__KvTransfer xt = LLMSERVE__KV_TRANSFER__INIT;
+    xt.transfer_id = 0x1234abcd;
+    xt.has_fingerprint = xt.has_last = xt.has_block_count = xt.has_sent_unix_ns = 1;
+    xt.fingerprint = 99;
+    xt.n_blocks = 2;
+    xt.blocks = kbp;
+    xt.last = 1;
+    xt.block_count = 2;
+    xt.sent_unix_ns = 1;
+    pr_env_init(&e);
+    e.body_case = LLMSERVE__ENVELOPE__BODY_KV_TRANSFER;
+    e.kv_transfer = &xt;
     seeds[ns++] = pack(&e);
     uint8_t buf[4096];
     for (long it = 0; it < iters; it++) {
