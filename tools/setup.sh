@@ -109,9 +109,9 @@ run_tests() {
         ctest --test-dir "$ROOT/build-asan" --output-on-failure
         say "tests: the threaded parts under ThreadSanitizer (build-tsan: thread pool, engine, RPC threads, TP comm)"
         BUILD_DIR=build-tsan CMAKE_ARGS="-DLLMSERVE_TSAN=ON -DLLMSERVE_CUDA=OFF" \
-            BUILD_TARGETS="kernels_test blocks_test tier_test gateway_test engine_test engine_spec_test tp_test worker_test llmserve-worker" build
+            BUILD_TARGETS="kernels_test blocks_test tier_test gateway_test route_test engine_test engine_spec_test tp_test worker_test llmserve-worker" build
         TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" \
-            ctest --test-dir "$ROOT/build-tsan" --output-on-failure -R '^(kernels_test|blocks_test|tier_test|gateway_test|engine_test|engine_spec_test|tp_test|worker_test)$'
+            ctest --test-dir "$ROOT/build-tsan" --output-on-failure -R '^(kernels_test|blocks_test|tier_test|gateway_test|route_test|engine_test|engine_spec_test|tp_test|worker_test)$'
     fi
     if command -v clang >/dev/null; then
         local secs=${LLMSERVE_FUZZ_SECONDS:-8}

@@ -177,7 +177,7 @@ def run(mode):
         sttft = [ts[0] - t for t, ts, _ in streams if ts]
         ttft = [ts[0] - t for t, ts, _ in long_out if ts]
         toks = sum(len(ts) for _, ts, _ in streams) + sum(len(ts) for _, ts, _ in long_out)
-        steps = []
+        steps, xfer = [], None
         for port in hp:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             c.request("GET", "/metrics")
@@ -185,6 +185,9 @@ def run(mode):
             v = {l.split()[0]: float(l.split()[-1]) for l in m.splitlines() if l and not l.startswith("#")}
             steps.append((v.get('llmserve:worker_step_ms_p50{model_name="%s"}' % MODEL_ID[0]),
                           v.get('llmserve:worker_step_ms_p99{model_name="%s"}' % MODEL_ID[0])))
+            n_x = v.get('llmserve:kv_transfer_seconds_count{model_name="%s"}' % MODEL_ID[0])
+            if n_x:
+                xfer = (n_x, 1e3 * v['llmserve:kv_transfer_seconds_sum{model_name="%s"}' % MODEL_ID[0]] / n_x)
             if os.environ.get("PD_DEBUG"):
                 print({k: x for k, x in v.items() if "kv_transfer" in k or "external" in k or "prefix_cache" in k})
         # the greedy answers to the long prompts, each alone (the same in both modes)
@@ -196,7 +199,7 @@ def run(mode):
         return {"itl50": pct(itl, 50) * 1e3, "itl99": pct(itl, 99) * 1e3, "ttft50": pct(ttft, 50),
                 "sttft50": pct(sttft, 50) * 1e3,
                 "ttft90": pct(ttft, 90), "tps": toks / wall, "streams": len(streams), "longs": len(ttft),
-                "check": check, "steps": steps}
+                "check": check, "steps": steps, "xfer": xfer}
     finally:
         for p in procs:
             p.terminate()
@@ -215,7 +218,8 @@ for mode in a.modes.split(","):
           "%5.1f tok/s out (%d streamed requests, %d long prompts)" %
           (mode, r["itl50"], r["itl99"], r["sttft50"], r["ttft50"], r["ttft90"], r["tps"], r["streams"], r["longs"]),
           flush=True)
-    print("           worker steps (last 1024), ms p50/p99: %s" % "; ".join("%.1f/%.1f" % x for x in r["steps"]))
+    print("           worker steps (last 1024), ms p50/p99: %s%s" % ("; ".join("%.1f/%.1f" % x for x in r["steps"]),
+          "; %d transfers adopted, %.2f ms after their last message left (mean)" % r["xfer"] if r["xfer"] else ""))
 if "colocated" in res and "pd" in res:
     c, p = res["colocated"], res["pd"]
     print("pd vs colocated: ITL p99 %.2fx better; TTFT p50 %.2fx (long prompts), %.2fx (streams) (above 1: pd "

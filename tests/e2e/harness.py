@@ -5,6 +5,30 @@ when something failed."""
 import os
 import subprocess
 import tempfile
+import time
+import urllib.error
+import urllib.request
+
+
+def get(port, path, timeout=5):
+    """(status, body) of GET http://127.0.0.1:PORT/PATH; (None, "") when nothing answers."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return None, ""
+
+
+def ready(port, t=120):
+    """True once PORT's /ready answers 200, within t seconds."""
+    end = time.time() + t
+    while time.time() < end:
+        if get(port, "/ready")[0] == 200:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 class Harness:

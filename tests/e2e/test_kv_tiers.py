@@ -26,7 +26,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import Harness  # noqa: E402
+from harness import Harness, get, ready  # noqa: E402
 from ports import free_port  # noqa: E402
 
 BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -43,25 +43,6 @@ WORDS = ("river stone lantern orchard copper meadow violin harbor thunder saffro
 def prompt(i):
     words = [WORDS[(i * 7 + k * (i + 3)) % len(WORDS)] for k in range(220)]
     return "Document %d: %s. Summarise the document in one line." % (i, " ".join(words))
-
-
-def get(port, path, timeout=5):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-    except OSError:
-        return None, ""
-
-
-def ready(port, t=120):
-    end = time.time() + t
-    while time.time() < end:
-        if get(port, "/ready")[0] == 200:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def worker(name, port, extra, health=None):

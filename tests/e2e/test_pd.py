@@ -24,7 +24,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import Harness  # noqa: E402
+from harness import Harness, get, ready  # noqa: E402
 from ports import free_port  # noqa: E402
 
 BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -42,25 +42,6 @@ CONSUMER = ["--kv-transfer-config", '{"kv_role": "kv_consumer", "kv_buffer_size"
 def prompt(i, words=220):
     w = [WORDS[(i * 7 + k * (i + 3)) % len(WORDS)] for k in range(words)]
     return "Document %d: %s. Summarise the document in one line." % (i, " ".join(w))
-
-
-def get(port, path, timeout=5):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-    except OSError:
-        return None, ""
-
-
-def ready(port, t=120):
-    end = time.time() + t
-    while time.time() < end:
-        if get(port, "/ready")[0] == 200:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def worker(name, port, extra, health=None, threads=1):
@@ -173,7 +154,10 @@ if ok:
             blocks >= (N + 4) * 14, "every block sent was adopted (%s)" % blocks)
     h.check(metric(D_H, "llmserve:kv_transfer_bytes_total", 'direction="received"') == blocks * 368640,
             "bytes counted (368,640 a block of this model)")
-    h.check(metric(D_H, "llmserve:kv_transfer_seconds_count") == recv, "the latency histogram has every transfer")
+    lat = metric(D_H, "llmserve:kv_transfer_seconds_sum")
+    h.check(metric(D_H, "llmserve:kv_transfer_seconds_count") == recv and lat is not None,
+            "the latency histogram has every transfer (mean %.2f ms from the last message's sending to its adoption)" %
+            (1e3 * (lat or 0) / max(recv or 1, 1)))
     h.check(settled(D_H, "vllm:external_prefix_cache_hits_total", "", blocks * 16) == blocks * 16,
             "the decode group loaded every adopted block instead of computing it")
     p_gen = settled(P_H, "vllm:generation_tokens_total", "", p_gen0 + N + 4)
@@ -252,4 +236,18 @@ for cfg, want in [('{"kv_role": "kv_both", "kv_connector": "NixlConnector"}', "k
 p = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--tensor-parallel-size", "2"] + PRODUCER,
                    capture_output=True, text=True, timeout=60)
 h.check(p.returncode == 2 and "one rank" in p.stderr, "a producer with --tensor-parallel-size 2 is refused")
+# every process still running stops with SIGTERM (a sanitizer build then runs its leak check); no report in any log
+for p in h.procs:
+    if p.poll() is None:
+        p.send_signal(signal.SIGCONT)
+        p.send_signal(signal.SIGTERM)
+for p in h.procs:
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+bad = [f for f in sorted(os.listdir(h.tmp)) if f.endswith(".log") and any(
+    m in open(os.path.join(h.tmp, f), errors="replace").read()
+    for m in ("runtime error:", "ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "ThreadSanitizer"))]
+h.check(not bad, "no sanitizer report in the processes' logs %s" % bad)
 sys.exit(h.finish("test_pd"))

@@ -1,6 +1,6 @@
 /* The gateway's modules on their own: token buckets on a fake clock, API
  * keys (files, trimming, refusal of an empty file, every key checked), the
- * id map, routing scores over hand-made groups, the flag table, and the
+ * id map, the flag table (routing is route_test's), and the
  * OpenAI response JSON (shared with generate --batch) against goldens. */
 #include "cm_error.h"
 #include "cm_hash.h"
@@ -126,100 +126,6 @@ static void sums(void) {
     gw_sums_free(&s);
 }
 
-/* Two groups; B holds the first 3 blocks of the prompt in its cache. */
-static void route(void) {
-    gw *g = calloc(1, sizeof *g);
-    g->n_workers = 2;
-    g->conf.routing = GW_ROUTE_PREFIX;
-    g->conf.lambda = 8;
-    for (int i = 0; i < 2; i++) {
-        g->w[i].alive = g->w[i].ready = g->w[i].accepted = 1;
-        g->w[i].block_size = 4;
-    }
-    int32_t tok[20];
-    for (int i = 0; i < 20; i++) tok[i] = 100 + i;
-    uint64_t parent = CM_BLOCK_ROOT;
-    for (int b = 0; b < 3; b++) gw_keyset_add(&g->w[1].cached, parent = cm_block_key(parent, 0, tok + 4 * b, 4));
-    int hit;
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 1);
-    CHECK_INT(hit, 12);
-    g->w[1].inflight = 1; /* 12 cached tokens - 8 x 1 queued = 4 > 0 */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 1);
-    g->w[1].inflight = 2; /* 12 - 16 < 0: the idle group wins, balance over affinity */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 0);
-    CHECK_INT(hit, 0);
-    CHECK_INT(gw_route(g, tok, 20, 7, -1, NULL, GW_ROLES_DECODE, &hit), 0); /* another cache salt: no hit anywhere */
-    g->w[1].inflight = 0;
-    g->w[1].ready = 0; /* draining: never picked */
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 0);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), -1); /* the only routable group excluded */
-    g->w[1].ready = 1;
-    g->w[0].accepted = 0; /* serves another model */
-    CHECK_INT(gw_route(g, tok, 20, 0, 1, NULL, GW_ROLES_DECODE, &hit), -1);
-    g->w[0].accepted = 1;
-    g->conf.routing = GW_ROUTE_ROUND_ROBIN;
-    int a = gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), b = gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit);
-    CHECK(a != b);
-    /* a LoRA adapter's request goes only to a group that holds it, whatever the others' cache or load */
-    snprintf(g->w[1].loras, sizeof g->w[1].loras, "\nsql\nchat-v2\n");
-    g->w[1].inflight = 5;
-    for (int k = 0; k < 3; k++) CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat-v2", GW_ROLES_DECODE, &hit), 1);
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, "chat", GW_ROLES_DECODE, &hit), -1); /* a name's prefix is not the name */
-    CHECK_INT(gw_route(g, tok, 20, 0, 1, "sql", GW_ROLES_DECODE, &hit), -1);
-    CHECK(gw_pool_has_lora(g->w[1].loras, "sql") && !gw_pool_has_lora(g->w[1].loras, "ql") &&
-          !gw_pool_has_lora("", "sql"));
-    g->w[1].inflight = 0;
-    g->w[1].loras[0] = 0;
-    for (int i = 0; i < 2; i++) free(g->w[i].cached.k);
-    free(g);
-}
-
-/* The tiers a group holds a prefix in: its pool beats its memory tier, which beats its disk tier, which beats
- * a miss; a chain continues across tiers (the worker loads the rest from below). */
-static void route_tiers(void) {
-    gw *g = calloc(1, sizeof *g);
-    g->n_workers = 3;
-    g->conf.routing = GW_ROUTE_PREFIX;
-    g->conf.lambda = 2;
-    g->conf.tier_weight[0] = 0.8;
-    g->conf.tier_weight[1] = 0.5;
-    for (int i = 0; i < 3; i++) {
-        g->w[i].alive = g->w[i].ready = g->w[i].accepted = 1;
-        g->w[i].block_size = 4;
-    }
-    int32_t tok[20];
-    for (int i = 0; i < 20; i++) tok[i] = 300 + i;
-    uint64_t key[4], parent = CM_BLOCK_ROOT;
-    for (int b = 0; b < 4; b++) key[b] = parent = cm_block_key(parent, 0, tok + 4 * b, 4);
-    for (int b = 0; b < 4; b++) { /* group 0: all in its pool; 1: in memory; 2: on disk */
-        gw_keyset_add(&g->w[0].cached, key[b]);
-        gw_keyset_add(&g->w[1].lower[0], key[b]);
-        gw_keyset_add(&g->w[2].lower[1], key[b]);
-    }
-    int hit;
-    CHECK_INT(gw_route(g, tok, 20, 0, -1, NULL, GW_ROLES_DECODE, &hit), 0);
-    CHECK_INT(hit, 16);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 1); /* without the pool's holder: memory before disk */
-    CHECK_INT(hit, 16);
-    gw_keyset_del(&g->w[1].lower[0], key[2]); /* memory tier's chain cut after 2 blocks: 6.4 < disk's 8 */
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 2);
-    CHECK_INT(hit, 16);
-    gw_keyset_add(&g->w[1].cached, key[2]); /* the pool holds block 2 and memory the rest: 4*(0.8+0.8+1+0.8) */
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 1);
-    g->w[2].inflight = 1;
-    g->w[1].inflight = 1;
-    /* a disk hit still beats a miss at the same load: group 0 gone, a fresh group without the prefix */
-    gw_keyset_clear(&g->w[1].cached);
-    gw_keyset_clear(&g->w[1].lower[0]);
-    CHECK_INT(gw_route(g, tok, 20, 0, 0, NULL, GW_ROLES_DECODE, &hit), 2);
-    CHECK_INT(hit, 16);
-    for (int i = 0; i < 3; i++) {
-        free(g->w[i].cached.k);
-        free(g->w[i].lower[0].k);
-        free(g->w[i].lower[1].k);
-    }
-    free(g);
-}
 
 static void conf(void) {
     gw_conf c;
@@ -860,8 +766,6 @@ int main(void) {
     auth();
     map();
     sums();
-    route();
-    route_tiers();
     conf();
     responses();
     test_tools();
