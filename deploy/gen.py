@@ -81,6 +81,13 @@ BASE = {
         "tolerations": [],
         "env": [],
         "addCapabilities": [],                  # e.g. IPC_LOCK for RDMA (NCCL over InfiniBand pins memory)
+        # KV tiers under the cache (one rank, CPU): host memory (--kv-offloading-size: GiB, or 512MiB), and a
+        # disk tier bounded at kvOffloadingDiskSize in an emptyDir at /kv, which outlives a worker's crash
+        # (the container restarts in the same pod) but not its pod
+        "kvOffloadingSize": "",
+        "kvOffloadingDiskSize": "",
+        # disaggregated prefill and decode: this set's role, '{"kv_role": "kv_producer"}' (--kv-transfer-config)
+        "kvTransferConfig": "",
     },
     # an embedding group (/v1/embeddings): a Hugging Face embedding model's folder on the models volume,
     # one CPU pod a replica, found by the gateways through the same headless Service as the groups
@@ -151,6 +158,7 @@ def startup_budget(v):
 PROFILES = {
     # a laptop cluster (kind, minikube, k3d): the default model fetched at start, one CPU group
     "cpu-small": profile(worker__fetchModel=True, worker__modelClaim="", worker__loadTimeout=300,
+                         worker__kvOffloadingSize="1", worker__kvOffloadingDiskSize="4GiB",
                          gateway__replicas=1, gateway__autoscaling={**BASE["gateway"]["autoscaling"],
                                                                     "minReplicas": 1, "maxReplicas": 3}),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
@@ -410,6 +418,10 @@ def worker_args(leader):
                 "--kv-cache-memory", S("worker.kvCacheMemory"), "--gpu-memory-utilization",
                 S("worker.gpuMemoryUtilization"), "--kv-cache-dtype", S("worker.kvCacheDtype"),
                 Opt("worker.quantization", ["--quantization", S("worker.quantization")]),
+                Opt("worker.kvOffloadingSize", ["--kv-offloading-size", S("worker.kvOffloadingSize")]),
+                Opt("worker.kvOffloadingDiskSize", ["--kv-offloading-dir", "/kv", "--kv-offloading-disk-size",
+                                                    S("worker.kvOffloadingDiskSize")]),
+                Opt("worker.kvTransferConfig", ["--kv-transfer-config", S("worker.kvTransferConfig")]),
                 "--shutdown-timeout", S("worker.shutdownTimeout"), RPC_SECRET_ARGS]
 
 
@@ -430,7 +442,8 @@ def worker_pod(leader):
         "securityContext": dict(SECURE_CTR, capabilities={
             "drop": ["ALL"], "add": Opt("worker.addCapabilities", V("worker.addCapabilities", blob=True))}),
         "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "dshm", "mountPath": "/dev/shm"},
-                         {"name": "tmp", "mountPath": "/tmp"}, RPC_SECRET_MOUNT],
+                         {"name": "tmp", "mountPath": "/tmp"}, RPC_SECRET_MOUNT,
+                         Opt("worker.kvOffloadingDiskSize", [{"name": "kv", "mountPath": "/kv"}])],
     }
     if leader:
         ctr["readinessProbe"] = probe("/ready", "probe", 5, 2)
@@ -460,7 +473,8 @@ def worker_pod(leader):
                                            "labelSelector": {"matchLabels": lab}}],
             "volumes": [MODELS_VOLUME,
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": V("worker.shmSize")}},
-                        {"name": "tmp", "emptyDir": {}}, secret_volume("rpc-secret", "worker.rpcSecret")],
+                        {"name": "tmp", "emptyDir": {}}, secret_volume("rpc-secret", "worker.rpcSecret"),
+                        Opt("worker.kvOffloadingDiskSize", [{"name": "kv", "emptyDir": {}}])],
         },
     }
 

@@ -320,6 +320,8 @@ def loopback(objs):
     gargs[gargs.index("--host") + 1] = "127.0.0.1"
     gargs[gargs.index("--port") + 1] = str(http)
     tmp = tempfile.mkdtemp(prefix="llmserve-manifest-")
+    if "--kv-offloading-dir" in wargs:  # the pod's emptyDir at /kv: here, a folder of our own
+        wargs[wargs.index("--kv-offloading-dir") + 1] = os.path.join(tmp, "kv")
     w = subprocess.Popen([os.path.join(BUILD, "llmserve-worker")] + wargs + ["--health-host", "127.0.0.1"],
                          stdout=open(os.path.join(tmp, "w.log"), "w"), stderr=subprocess.STDOUT)
     g = subprocess.Popen([os.path.join(BUILD, "llmserve-gateway")] + gargs, stdout=open(os.path.join(tmp, "g.log"), "w"),
