@@ -115,9 +115,8 @@ const char *gw_req_lora(const gw *g, const gw_req *q) {
  * the part of the prompt it has not cached is longer than --max-local-prefill-length, a kv_producer group
  * (prefix, load) prefills it first and sends it the KV. One choice, no prompt scoring, not resumed. */
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
-    uint64_t salt = cm_salt_lora(q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0,
-                                 gw_req_lora(g, q));
     const char *lora = gw_req_lora(g, q);
+    uint64_t salt = cm_salt_lora(q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0, lora);
     q->pd_decode = 0;
     int wi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_DECODE, hit);
     if (wi < 0) return gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, hit);

@@ -74,9 +74,8 @@ void wk_srv_on_generate(server *s, const Llmserve__Generate *g) {
         }
         p.cache_salt = wk_lora_salt(m, p.lora, p.cache_salt);
     }
-    if (g->kv_push_address && (!g->has_kv_transfer_id || !g->kv_transfer_id ||
-                               wk_srv_kv_check_address(g->kv_push_address, perr, sizeof perr))) {
-        if (!g->has_kv_transfer_id || !g->kv_transfer_id) snprintf(perr, sizeof perr, "kv_push_address without a kv_transfer_id");
+    if (g->kv_push_address && (!g->kv_transfer_id ? snprintf(perr, sizeof perr, "kv_push_address without a kv_transfer_id")
+                                                  : wk_srv_kv_check_address(g->kv_push_address, perr, sizeof perr))) {
         wk_srv_send_error_chunk(s, gi, g->request_id, LLM_EINVAL, perr, LLMSERVE__FINISH_REASON__FINISH_ERROR);
         return;
     }
