@@ -31,6 +31,7 @@ BASE = {
         "replicas": 2,
         "serviceType": "LoadBalancer",
         "maxQueue": 512,
+        "maxLocalPrefillLength": 1000,         # P/D: a prompt's uncached part past this goes to a prefill group
         "requestTimeout": 600,
         "shutdownTimeout": 30,
         "terminationGracePeriodSeconds": 45,   # preStop 5 s + --shutdown-timeout 30 + 10 to spare
@@ -86,9 +87,15 @@ BASE = {
         # (the container restarts in the same pod) but not its pod
         "kvOffloadingSize": "",
         "kvOffloadingDiskSize": "",
-        # disaggregated prefill and decode: this set's role, '{"kv_role": "kv_producer"}' (--kv-transfer-config)
+        # disaggregated prefill and decode: this set's role, '{"kv_role": "kv_consumer"}' (--kv-transfer-config)
         "kvTransferConfig": "",
     },
+    # disaggregated prefill and decode: a second set of groups that prefill long prompts and send their KV to
+    # the worker set's groups (which take kv_consumer); one pod a group (a role needs TP=1 on the CPU), with
+    # the worker set's model, image and flags, behind the same headless Service: the gateways learn each
+    # group's role from its health reply
+    "prefill": {"enabled": False, "groups": 1, "kvTransferConfig": '{"kv_role": "kv_producer"}',
+                "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}},
     # an embedding group (/v1/embeddings): a Hugging Face embedding model's folder on the models volume,
     # one CPU pod a replica, found by the gateways through the same headless Service as the groups
     "embedding": {"enabled": False, "model": "/models/all-MiniLM-L6-v2", "servedModelName": "all-MiniLM-L6-v2",
@@ -155,12 +162,16 @@ def startup_budget(v):
     return v
 
 
+CPU_SMALL = dict(worker__fetchModel=True, worker__modelClaim="", worker__loadTimeout=300,
+                 worker__kvOffloadingSize="1", worker__kvOffloadingDiskSize="4GiB",
+                 gateway__replicas=1, gateway__autoscaling={**BASE["gateway"]["autoscaling"],
+                                                            "minReplicas": 1, "maxReplicas": 3})
 PROFILES = {
     # a laptop cluster (kind, minikube, k3d): the default model fetched at start, one CPU group
-    "cpu-small": profile(worker__fetchModel=True, worker__modelClaim="", worker__loadTimeout=300,
-                         worker__kvOffloadingSize="1", worker__kvOffloadingDiskSize="4GiB",
-                         gateway__replicas=1, gateway__autoscaling={**BASE["gateway"]["autoscaling"],
-                                                                    "minReplicas": 1, "maxReplicas": 3}),
+    "cpu-small": profile(**CPU_SMALL),
+    # cpu-small split in two: a prefill group (kv_producer) beside the decode group (kv_consumer); prompts
+    # whose uncached part passes gateway.maxLocalPrefillLength are prefilled there and their KV sent over
+    "cpu-pd": profile(**CPU_SMALL, worker__kvTransferConfig='{"kv_role": "kv_consumer"}', prefill__enabled=True),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
     "gpu-8b": gpu_profile("llama-3-8b-instruct", "llmserve-models-8b", 1, 1, "64Gi", "8", "auto", 8192,
                           worker__loadTimeout=900),
@@ -391,7 +402,8 @@ def gateway_container(workers, name="gateway"):
         "imagePullPolicy": V("worker.imagePullPolicy"),
         "command": ["llmserve-gateway"],
         "args": ["--host", "0.0.0.0", "--port", str(HTTP)] + workers + [
-            "--max-queue", S("gateway.maxQueue"), "--request-timeout", S("gateway.requestTimeout"),
+            "--max-queue", S("gateway.maxQueue"), "--max-local-prefill-length", S("gateway.maxLocalPrefillLength"),
+            "--request-timeout", S("gateway.requestTimeout"),
             "--shutdown-timeout", S("gateway.shutdownTimeout"),
             Opt("gateway.apiKeysSecret", ["--api-keys-file", "/etc/llmserve/keys/keys"]), RPC_SECRET_ARGS],
         "ports": [{"name": "http", "containerPort": HTTP}],
@@ -407,7 +419,7 @@ def gateway_container(workers, name="gateway"):
     }
 
 
-def worker_args(leader):
+def worker_args(leader, prefill=False):
     node = ["--node-index", "0", "--group-address", "tcp://0.0.0.0:%d" % GROUP] if leader else \
         ["--node-index", "$(LWS_WORKER_INDEX)", "--group-address", "tcp://$(LWS_LEADER_ADDRESS):%d" % GROUP]
     return ["--model", S("worker.model"), "--served-model-name", S("worker.servedModelName"),
@@ -421,24 +433,26 @@ def worker_args(leader):
                 Opt("worker.kvOffloadingSize", ["--kv-offloading-size", S("worker.kvOffloadingSize")]),
                 Opt("worker.kvOffloadingDiskSize", ["--kv-offloading-dir", "/kv", "--kv-offloading-disk-size",
                                                     S("worker.kvOffloadingDiskSize")]),
-                Opt("worker.kvTransferConfig", ["--kv-transfer-config", S("worker.kvTransferConfig")]),
+                ] + (["--kv-transfer-config", S("prefill.kvTransferConfig")] if prefill else
+                     [Opt("worker.kvTransferConfig", ["--kv-transfer-config", S("worker.kvTransferConfig")])]) + [
                 "--shutdown-timeout", S("worker.shutdownTimeout"), RPC_SECRET_ARGS]
 
 
-def worker_pod(leader):
+def worker_pod(leader, prefill=False):
+    """A group's pod: its leader (or a follower), or a prefill group's one pod."""
     ctr = {
         "name": "worker",
         "image": V("worker.image"),
         "imagePullPolicy": V("worker.imagePullPolicy"),
         "command": ["llmserve-worker"],
-        "args": worker_args(leader),
+        "args": worker_args(leader, prefill),
         "ports": ([{"name": "rpc", "containerPort": RPC}, {"name": "group", "containerPort": GROUP}] if leader else []) +
         [{"name": "probe", "containerPort": PROBE}],
         "env": V("worker.env", blob=True),
         # /live answers 200 while the group joins and loads, 503 past --load-timeout (and the worker exits)
         "startupProbe": probe("/live", "probe", 10, V("worker.startupFailureThreshold")),
         "livenessProbe": probe("/live", "probe", 10, 3),
-        "resources": V("worker.resources", blob=True),
+        "resources": V("prefill.resources" if prefill else "worker.resources", blob=True),
         "securityContext": dict(SECURE_CTR, capabilities={
             "drop": ["ALL"], "add": Opt("worker.addCapabilities", V("worker.addCapabilities", blob=True))}),
         "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "dshm", "mountPath": "/dev/shm"},
@@ -448,13 +462,13 @@ def worker_pod(leader):
     if leader:
         ctr["readinessProbe"] = probe("/ready", "probe", 5, 2)
     containers = [ctr]
-    if leader:
+    if leader and not prefill:
         containers.append(Opt("inferencePool.enabled", [gateway_container(
             ["--workers", "tcp://127.0.0.1:%d" % RPC], name="gateway")]))
     fetch = {"name": "fetch-model", "image": V("worker.image"), "imagePullPolicy": V("worker.imagePullPolicy"),
              "command": ["llmserve-fetch-model", "/models"], "securityContext": SECURE_CTR,
              "volumeMounts": [{"name": "models", "mountPath": "/models"}, {"name": "tmp", "mountPath": "/tmp"}]}
-    lab = dict(labels("worker"), **{"llmserve.io/task": "generate"})
+    lab = dict(labels("worker"), **{"llmserve.io/task": "prefill" if prefill else "generate"})
     if leader:
         lab["llmserve.io/role"] = "leader"
     return {
@@ -570,6 +584,15 @@ def objects():
                  "podManagementPolicy": "Parallel",
                  "selector": {"matchLabels": dict(lead_sel, **{"llmserve.io/task": "generate"})},
                  "template": worker_pod(True)}}))
+    pre_sel = dict(lead_sel, **{"llmserve.io/task": "prefill"})
+    out.append(("prefill.enabled", {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": T("{release}-prefill"), "labels": labels("worker")},
+        # a prefill group holds no stream: a new pod beside the old, then the old goes (meanwhile, and
+        # whenever none is up, the decode groups prefill for themselves)
+        "spec": {"replicas": V("prefill.groups"), "selector": {"matchLabels": pre_sel},
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                 "template": worker_pod(True, prefill=True)}}))
     out.append(("worker.modelStorage.create", {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": V("worker.modelClaim"), "labels": labels("models"),

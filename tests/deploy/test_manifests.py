@@ -302,28 +302,39 @@ def flag_checks(name, objs):
 # ---- the loopback cluster from the manifests' own flags -------------------------
 
 
-def loopback(objs):
+def loopback(objs, name="cpu-small"):
+    """The profile's worker sets (the LWS's leader; cpu-pd: and the prefill Deployment's pod) and its gateway,
+    from their own flags, on loopback."""
     if not os.path.exists(MODEL):
         print("test_manifests: model %s not found: loopback part skipped" % MODEL)
         return
     lws = [o for o in objs if o["kind"] == "LeaderWorkerSet"][0]
-    wargs = copy.copy(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"])
+    sets = [lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]] + \
+        [o["spec"]["template"]["spec"]["containers"][0]["args"] for o in objs
+         if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-prefill")]
     gw = [o for o in objs if o["kind"] == "Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     gargs = copy.copy(gw)
-    rpc, probe_p, group, http = free_port(), free_port(), free_port(), free_port()
-    subst = {"--model": MODEL, "--listen": "tcp://127.0.0.1:%d" % rpc, "--health-port": str(probe_p),
-             "--group-address": "tcp://127.0.0.1:%d" % group, "--kv-cache-memory": "256MiB"}
-    for f, v in subst.items():
-        wargs[wargs.index(f) + 1] = v
-    i = gargs.index("--workers-dns")  # the headless Service's name resolves to the leaders: here, one address
-    gargs[i:i + 2] = ["--workers", "tcp://127.0.0.1:%d" % rpc]
+    http = free_port()
+    tmp = tempfile.mkdtemp(prefix="llmserve-manifest-")
+    ws, probes, rpcs = [], [], []
+    for k, a in enumerate(sets):
+        wargs = copy.copy(a)
+        rpc, probe_p, group = free_port(), free_port(), free_port()
+        subst = {"--model": MODEL, "--listen": "tcp://127.0.0.1:%d" % rpc, "--health-port": str(probe_p),
+                 "--group-address": "tcp://127.0.0.1:%d" % group, "--kv-cache-memory": "256MiB"}
+        for f, v in subst.items():
+            wargs[wargs.index(f) + 1] = v
+        if "--kv-offloading-dir" in wargs:  # the pod's emptyDir at /kv: here, a folder of our own
+            wargs[wargs.index("--kv-offloading-dir") + 1] = os.path.join(tmp, "kv%d" % k)
+        ws.append(subprocess.Popen([os.path.join(BUILD, "llmserve-worker")] + wargs + ["--health-host", "127.0.0.1"],
+                                   stdout=open(os.path.join(tmp, "w%d.log" % k), "w"), stderr=subprocess.STDOUT))
+        probes.append(probe_p)
+        rpcs.append("tcp://127.0.0.1:%d" % rpc)
+    probe_p = probes[0]
+    i = gargs.index("--workers-dns")  # the headless Service's name resolves to the leaders: here, their addresses
+    gargs[i:i + 2] = ["--workers", ",".join(rpcs)]
     gargs[gargs.index("--host") + 1] = "127.0.0.1"
     gargs[gargs.index("--port") + 1] = str(http)
-    tmp = tempfile.mkdtemp(prefix="llmserve-manifest-")
-    if "--kv-offloading-dir" in wargs:  # the pod's emptyDir at /kv: here, a folder of our own
-        wargs[wargs.index("--kv-offloading-dir") + 1] = os.path.join(tmp, "kv")
-    w = subprocess.Popen([os.path.join(BUILD, "llmserve-worker")] + wargs + ["--health-host", "127.0.0.1"],
-                         stdout=open(os.path.join(tmp, "w.log"), "w"), stderr=subprocess.STDOUT)
     g = subprocess.Popen([os.path.join(BUILD, "llmserve-gateway")] + gargs, stdout=open(os.path.join(tmp, "g.log"), "w"),
                          stderr=subprocess.STDOUT)
     try:
@@ -335,12 +346,15 @@ def loopback(objs):
                 return e.code
             except OSError:
                 return None
+
+        def ready():
+            return all(get(p, "/ready") == 200 for p in probes) and get(http, "/ready") == 200
         t = time.time()
-        while time.time() - t < 90 and not (get(probe_p, "/ready") == 200 and get(http, "/ready") == 200):
+        while time.time() - t < 90 and not ready():
             time.sleep(0.2)
-        check(get(probe_p, "/ready") == 200 and get(http, "/ready") == 200,
-              "loopback: the cpu-small flags start a worker and a gateway that are ready on their probe paths")
-        body = json.dumps({"model": arg_value(wargs, "--served-model-name"), "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}).encode()
+        check(ready(), "loopback: the %s flags start %d worker set(s) and a gateway, ready on their probe paths" %
+              (name, len(sets)))
+        body = json.dumps({"model": arg_value(sets[0], "--served-model-name"), "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}).encode()
         req = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % http, body,
                                      {"Content-Type": "application/json"})
         try:
@@ -350,6 +364,25 @@ def loopback(objs):
         except OSError as e:
             ok, ans = False, str(e)
         check(ok, "loopback: a chat request through them is answered")
+        if len(sets) > 1:  # P/D: a prompt past maxLocalPrefillLength is prefilled by the prefill set, decoded here
+            n = int(arg_value(gargs, "--max-local-prefill-length")) + 100
+            body = json.dumps({"model": arg_value(sets[0], "--served-model-name"), "prompt": [1000 + i % 5000 for i in range(n)],
+                               "max_tokens": 8, "temperature": 0}).encode()
+            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % http, body,
+                                         {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    ans = json.loads(r.read())
+                ok = ans["usage"]["completion_tokens"] == 8
+            except OSError as e:
+                ok, ans = False, str(e)
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % http, timeout=5) as r:
+                gm = r.read().decode()
+            hand = re.search(r"^llmserve:disagg_handoffs_total\S* (\d+)", gm, re.M)
+            roles = re.findall(r'^llmserve:worker_kv_role\{[^}]*role="(\w+)"[^}]*\} 1', gm, re.M)
+            check(ok and hand and int(hand.group(1)) == 1 and sorted(roles) == ["kv_consumer", "kv_producer"],
+                  "loopback P/D: a %d-token prompt is prefilled by the prefill set and decoded by the worker set "
+                  "(handoffs %s, roles %s)" % (n, hand and hand.group(1), roles))
         # the group's own /metrics, where the PodMonitor scrapes it (its probe port)
         pm = [o for o in gen.render(gen.PROFILES["gpu-8b"]) if o["kind"] == "PodMonitor"][0]
         ep = pm["spec"]["podMetricsEndpoints"][0]
@@ -391,14 +424,15 @@ def loopback(objs):
               "picker read are served%s" %
               (len(used), " (missing: %s)" % missing if missing else ""))
         g.terminate()
-        w.terminate()
-        check(g.wait(40) == 0 and w.wait(70) == 0, "loopback: both drain and exit 0 on SIGTERM")
+        for w in ws:
+            w.terminate()
+        check(g.wait(40) == 0 and all(w.wait(70) == 0 for w in ws), "loopback: all drain and exit 0 on SIGTERM")
     finally:
-        for p in (g, w):
+        for p in [g] + ws:
             if p.poll() is None:
                 p.kill()
         if failures:
-            for n in ("w.log", "g.log"):
+            for n in ["w%d.log" % k for k in range(len(ws))] + ["g.log"]:
                 print("---- %s\n%s" % (n, open(os.path.join(tmp, n)).read()[-1500:]))
 
 
@@ -519,6 +553,7 @@ def main():
     else:
         print("test_manifests: helm-python-sdk not installed: the chart was not rendered with Helm (skipped)")
     loopback(gen.render(gen.PROFILES["cpu-small"]))
+    loopback(gen.render(gen.PROFILES["cpu-pd"]), "cpu-pd")
 
 
 main()
