@@ -398,6 +398,23 @@ static inline __m256 reduce8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20), _mm256_permute2f128_ps(c0, c1, 0x31));
 }
 
+/* A head's softmax numerators in place (scores minus the max mx of the
+ * positions, never below -87 after scaling by 1); returns their sum, the
+ * sink's term included. */
+static inline float exp_row_avx2(const kn_kv_rows *kv, int h, int len, float mx, float *sh) {
+    mx = kn_sink_max(kv, h, mx);
+    __m256 vm = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    int j;
+    for (j = 0; j + 8 <= len; j += 8) {
+        __m256 e = exp_avx2(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(sh + j), vm), _mm256_set1_ps(-87.f)));
+        _mm256_storeu_ps(sh + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum8(vs);
+    for (; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
+    return kv->sink ? sum + expf(kv->sink[h] - mx) : sum;
+}
+
 /* The scores of one head, 8 positions per register (K rows come from L1
  * for the group's other heads), and their exp; returns the sum. */
 static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int h, int len, int nv, float scale, float *sh,
@@ -423,17 +440,7 @@ static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int h, in
         sh[j] = hsum8(acc) * scale;
         mx = sh[j] > mx ? sh[j] : mx;
     }
-    mx = kn_sink_max(kv, h, mx);
-    /* softmax numerators: positions' scores minus the max, never below -87 after scaling by 1 */
-    __m256 vm = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= len; j += 8) {
-        __m256 e = exp_avx2(_mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(sh + j), vm), _mm256_set1_ps(-87.f)));
-        _mm256_storeu_ps(sh + j, e);
-        vs = _mm256_add_ps(vs, e);
-    }
-    float sum = hsum8(vs);
-    for (; j < len; j++) sum += (sh[j] = expf(sh[j] - mx));
-    return kv->sink ? sum + expf(kv->sink[h] - mx) : sum;
+    return exp_row_avx2(kv, h, len, mx, sh);
 }
 
 /* out[h] = sum_j s[h][j] V_j / sums[h] for G heads (G <= 3) and 32 columns
@@ -476,6 +483,110 @@ static inline void attn_body_avx2(const float *q, const kn_kv_rows *kv, int len,
             else pv_avx2(kv, sh, len, hd, 1, c, inv + h0, oh, kind);
         }
     }
+}
+
+/* attn_tile (kn_int.h): nt tokens x g heads = R rows of one KV head. Each
+ * block of 8 K rows (16 V rows) is converted to f32 once (kt, vt) and used by
+ * every row that reaches it; a row's scores, exp, sums and output are
+ * attn_body_avx2's operations in its order (pv_avx2's accumulators move
+ * through ob between V blocks, which changes no value). */
+static inline void attn_tile_body_avx2(const float *q, size_t qs, const kn_kv_rows *kv, int len0, int nt, int nv,
+                                       int g, float scale, float *s, float *out, int kind) {
+    int hd = 8 * nv, R = nt * g, lmax = len0 + nt - 1;
+    float *kt = s + (size_t)R * lmax, *vt = kt + 8 * hd, *ob = vt + 16 * hd;
+    __m256 vmx[KN_ATTN_TILE_ROWS];
+    float tmx[KN_ATTN_TILE_ROWS], inv[KN_ATTN_TILE_ROWS];
+    for (int r = 0; r < R; r++) {
+        vmx[r] = _mm256_set1_ps(-INFINITY);
+        tmx[r] = -INFINITY;
+    }
+    for (int j0 = 0; j0 < lmax; j0 += 8) {
+        int nk = lmax - j0 < 8 ? lmax - j0 : 8;
+        for (int p = 0; p < nk; p++) {
+            const char *row = kv->k + kn_kv_off(kv, j0 + p);
+            for (int v = 0; v < nv; v++) _mm256_storeu_ps(kt + p * hd + 8 * v, kv_load8(row, 8 * v, kind));
+        }
+        for (int r = 0; r < R; r++) {
+            int len = len0 + r / g;
+            if (len <= j0) continue;
+            const float *qh = q + (size_t)(r / g) * qs + (size_t)(r % g) * hd;
+            float *sh = s + (size_t)r * lmax;
+            if (j0 + 8 <= len) {
+                __m256 acc[8];
+                for (int p = 0; p < 8; p++) {
+                    acc[p] = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kt + p * hd));
+                    for (int v = 1; v < nv; v++)
+                        acc[p] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), _mm256_loadu_ps(kt + p * hd + 8 * v), acc[p]);
+                }
+                __m256 sc = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+                _mm256_storeu_ps(sh + j0, sc);
+                vmx[r] = _mm256_max_ps(vmx[r], sc);
+            } else {
+                for (int j = j0; j < len; j++) {
+                    const float *kr = kt + (j - j0) * hd;
+                    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kr));
+                    for (int v = 1; v < nv; v++)
+                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), _mm256_loadu_ps(kr + 8 * v), acc);
+                    sh[j] = hsum8(acc) * scale;
+                    tmx[r] = sh[j] > tmx[r] ? sh[j] : tmx[r];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float mx = hmax8(vmx[r]);
+        mx = tmx[r] > mx ? tmx[r] : mx;
+        inv[r] = 1.f / exp_row_avx2(kv, r % g, len0 + r / g, mx, s + (size_t)r * lmax);
+    }
+    memset(ob, 0, sizeof(float) * (size_t)R * hd);
+    for (int j0 = 0; j0 < lmax; j0 += 16) {
+        int nk = lmax - j0 < 16 ? lmax - j0 : 16;
+        for (int p = 0; p < nk; p++) {
+            const char *row = kv->v + kn_kv_off(kv, j0 + p);
+            for (int v = 0; v < nv; v++) _mm256_storeu_ps(vt + p * hd + 8 * v, kv_load8(row, 8 * v, kind));
+        }
+        for (int rb = 0; rb < R; rb += 3)
+            for (int c = 0; c < hd; c += 32) {
+                __m256 o[3][4];
+                int lim[3];
+                for (int rr = 0; rr < 3; rr++) {
+                    lim[rr] = rb + rr < R ? len0 + (rb + rr) / g : 0; /* row rb+rr reads positions below lim */
+                    for (int v = 0; v < 4; v++)
+                        o[rr][v] = rb + rr < R ? _mm256_loadu_ps(ob + (size_t)(rb + rr) * hd + c + 8 * v)
+                                               : _mm256_setzero_ps();
+                }
+                for (int p = 0; p < nk; p++) {
+                    int j = j0 + p;
+                    __m256 pr[3];
+                    for (int rr = 0; rr < 3; rr++)
+                        pr[rr] = j < lim[rr] ? _mm256_broadcast_ss(s + (size_t)(rb + rr) * lmax + j) : _mm256_setzero_ps();
+                    for (int v = 0; v < 4; v++) {
+                        __m256 vv = _mm256_loadu_ps(vt + p * hd + c + 8 * v);
+                        for (int rr = 0; rr < 3; rr++)
+                            if (j < lim[rr]) o[rr][v] = _mm256_fmadd_ps(pr[rr], vv, o[rr][v]);
+                    }
+                }
+                for (int rr = 0; rr < 3 && rb + rr < R; rr++)
+                    for (int v = 0; v < 4; v++) _mm256_storeu_ps(ob + (size_t)(rb + rr) * hd + c + 8 * v, o[rr][v]);
+            }
+    }
+    for (int r = 0; r < R; r++) {
+        float *dst = out + (size_t)(r / g) * qs + (size_t)(r % g) * hd;
+        for (int c = 0; c < hd; c += 8)
+            _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(ob + (size_t)r * hd + c), _mm256_set1_ps(inv[r])));
+    }
+}
+
+static int attn_tile_avx2(const float *q, size_t qs, const kn_kv_rows *kv, int len0, int nt, int hd, int g, float scale,
+                          float *s, float *out) {
+    if (hd % 32 || hd > 256 || g > 8 || nt * g > KN_ATTN_TILE_ROWS) return 0;
+    if (hd == 64 && kv->kind == KN_KV_F16) attn_tile_body_avx2(q, qs, kv, len0, nt, 8, g, scale, s, out, KN_KV_F16);
+    else if (hd == 128 && kv->kind == KN_KV_F16) attn_tile_body_avx2(q, qs, kv, len0, nt, 16, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_F16) attn_tile_body_avx2(q, qs, kv, len0, nt, hd / 8, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_FP8) attn_tile_body_avx2(q, qs, kv, len0, nt, hd / 8, g, scale, s, out, KN_KV_FP8);
+    else if (kv->kind == KN_KV_BF16) attn_tile_body_avx2(q, qs, kv, len0, nt, hd / 8, g, scale, s, out, KN_KV_BF16);
+    else attn_tile_body_avx2(q, qs, kv, len0, nt, hd / 8, g, scale, s, out, KN_KV_F32);
+    return 1;
 }
 
 static void attn_group_avx2(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
@@ -528,4 +639,4 @@ KN_LORA(lora_avx2, 8)
 
 const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
                               attn_group_avx2, f32_to_f16_avx2, f16_to_f32_avx2, silu_mul_avx2, exp_sum_avx2,
-                              lora_avx2_shrink, lora_avx2_expand};
+                              lora_avx2_shrink, lora_avx2_expand, attn_tile_avx2};

@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 /* Matches kn_quant_block_ref: d = amax/127, q = round-to-nearest-even(x*127/amax). */
 static void quant_act_avx512(const float *x, int64_t k, int8_t *qs, float *d, float *ds) {
@@ -362,6 +363,117 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F32);
 }
 
+/* attn_tile (kn_int.h): nt tokens x g heads = R rows of one KV head. Each K
+ * block of 16 rows is converted to f32 once (kt) and scored against every
+ * row that reaches it; each V block likewise (vt), its rows added into RB
+ * rows' outputs held in registers. A row's scores, max, softmax and sums are
+ * attn_group_body's operations in attn_group_body's order. */
+static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *kv, int len0, int nt, int nv, int g,
+                                  float scale, float *s, float *out, int kind) {
+    enum { RB_MAX = 12 };
+    int hd = 16 * nv, R = nt * g, lmax = len0 + nt - 1, RB = 24 / nv > RB_MAX ? RB_MAX : 24 / nv;
+    float *kt = s + (size_t)R * lmax, *vt = kt + 16 * hd, *ob = vt + 16 * hd;
+    __m512 vscale = _mm512_set1_ps(scale);
+    __m512 vmx[KN_ATTN_TILE_ROWS];
+    float tmx[KN_ATTN_TILE_ROWS];
+    for (int r = 0; r < R; r++) {
+        vmx[r] = _mm512_set1_ps(-INFINITY);
+        tmx[r] = -INFINITY;
+    }
+    for (int j0 = 0; j0 < lmax; j0 += 16) {
+        int nk = lmax - j0 < 16 ? lmax - j0 : 16;
+        for (int p = 0; p < nk; p++) {
+            const char *row = kv->k + kn_kv_off(kv, j0 + p);
+            for (int v = 0; v < nv; v++) _mm512_storeu_ps(kt + p * hd + 16 * v, kv_load(row, 16 * v, kind));
+        }
+        for (int r = 0; r < R; r++) {
+            int len = len0 + r / g;
+            if (len <= j0) continue;
+            const float *qr = q + (size_t)(r / g) * qs + (size_t)(r % g) * hd;
+            float *sh = s + (size_t)r * lmax;
+            __m512 qv[8];
+            for (int v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(qr + 16 * v);
+            if (j0 + 16 <= len) {
+                __m512 acc[16];
+                for (int p = 0; p < 16; p++) {
+                    acc[p] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kt + p * hd));
+                    for (int v = 1; v < nv; v++)
+                        acc[p] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(kt + p * hd + 16 * v), acc[p]);
+                }
+                __m512 sc = _mm512_mul_ps(reduce16(acc), vscale);
+                _mm512_storeu_ps(sh + j0, sc);
+                vmx[r] = _mm512_max_ps(vmx[r], sc);
+            } else {
+                for (int j = j0; j < len; j++) {
+                    const float *kr = kt + (j - j0) * hd;
+                    __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+                    for (int v = 1; v < nv; v++) acc = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(kr + 16 * v), acc);
+                    sh[j] = _mm512_reduce_add_ps(acc) * scale;
+                    tmx[r] = sh[j] > tmx[r] ? sh[j] : tmx[r];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        int h = r % g;
+        float mx = _mm512_reduce_max_ps(vmx[r]);
+        mx = tmx[r] > mx ? tmx[r] : mx;
+        mx = kn_sink_max(kv, h, mx);
+        softmax_avx512(s + (size_t)r * lmax, len0 + r / g, mx, kv->sink ? expf(kv->sink[h] - mx) : 0.f);
+    }
+    memset(ob, 0, sizeof(float) * (size_t)R * hd);
+    for (int j0 = 0; j0 < lmax; j0 += 16) {
+        int nk = lmax - j0 < 16 ? lmax - j0 : 16;
+        for (int p = 0; p < nk; p++) {
+            const char *row = kv->v + kn_kv_off(kv, j0 + p);
+            for (int v = 0; v < nv; v++) _mm512_storeu_ps(vt + p * hd + 16 * v, kv_load(row, 16 * v, kind));
+        }
+        for (int rb = 0; rb < R; rb += RB) {
+            __m512 o[24];
+            int lim[RB_MAX] = {0};
+            for (int rr = 0; rr < RB; rr++) {
+                lim[rr] = rb + rr < R ? len0 + (rb + rr) / g : 0; /* row rb+rr reads positions below lim */
+                for (int v = 0; v < nv; v++)
+                    o[rr * nv + v] = rb + rr < R ? _mm512_loadu_ps(ob + (size_t)(rb + rr) * hd + 16 * v)
+                                                 : _mm512_setzero_ps();
+            }
+            int all = lim[0] - j0 < nk ? lim[0] - j0 : nk; /* every live row of the block reads these */
+            for (int p = 0; p < nk; p++) {
+                __m512 vv[8];
+                for (int v = 0; v < nv; v++) vv[v] = _mm512_loadu_ps(vt + p * hd + 16 * v);
+                for (int rr = 0; rr < RB; rr++) {
+                    if (p >= all && j0 + p >= lim[rr]) continue;
+                    if (rb + rr >= R) continue;
+                    __m512 pr = _mm512_set1_ps(s[(size_t)(rb + rr) * lmax + j0 + p]);
+                    for (int v = 0; v < nv; v++) o[rr * nv + v] = _mm512_fmadd_ps(pr, vv[v], o[rr * nv + v]);
+                }
+            }
+            for (int rr = 0; rr < RB && rb + rr < R; rr++)
+                for (int v = 0; v < nv; v++) _mm512_storeu_ps(ob + (size_t)(rb + rr) * hd + 16 * v, o[rr * nv + v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        memcpy(out + (size_t)(r / g) * qs + (size_t)(r % g) * hd, ob + (size_t)r * hd, sizeof(float) * (size_t)hd);
+}
+
+static int attn_tile_avx512(const float *q, size_t qs, const kn_kv_rows *kv, int len0, int nt, int hd, int g,
+                            float scale, float *s, float *out) {
+    if (hd % 16 || hd > 128 || nt * g > KN_ATTN_TILE_ROWS) return 0;
+    if (hd == 64 && kv->kind == KN_KV_F16)
+        attn_tile_body(q, qs, kv, len0, nt, 4, g, scale, s, out, KN_KV_F16);
+    else if (hd == 128 && kv->kind == KN_KV_F16)
+        attn_tile_body(q, qs, kv, len0, nt, 8, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_F16)
+        attn_tile_body(q, qs, kv, len0, nt, hd / 16, g, scale, s, out, KN_KV_F16);
+    else if (kv->kind == KN_KV_FP8)
+        attn_tile_body(q, qs, kv, len0, nt, hd / 16, g, scale, s, out, KN_KV_FP8);
+    else if (kv->kind == KN_KV_BF16)
+        attn_tile_body(q, qs, kv, len0, nt, hd / 16, g, scale, s, out, KN_KV_BF16);
+    else
+        attn_tile_body(q, qs, kv, len0, nt, hd / 16, g, scale, s, out, KN_KV_F32);
+    return 1;
+}
+
 static void f16_to_f32_avx512(const uint16_t *src, float *dst, int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
@@ -410,4 +522,4 @@ KN_LORA(lora_avx512, 16)
 
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
                                 attn_group_avx512, f32_to_f16_avx512, f16_to_f32_avx512, silu_mul_avx512, exp_sum_avx512,
-                                lora_avx512_shrink, lora_avx512_expand};
+                                lora_avx512_shrink, lora_avx512_expand, attn_tile_avx512};

@@ -526,21 +526,32 @@ void kn_kv_store(int kv_type, void *dst, const float *src, int n) {
 }
 
 size_t kn_attention_scratch(int max_len) {
-    return (size_t)max_len * 8 + 16; /* scores of up to 8 heads per KV head */
+    /* scores of up to KN_ATTN_TILE_ROWS rows (8 heads of one token, or a prefill tile), and a tile's K and V
+     * blocks and outputs (16 rows of up to 256 each) */
+    return (size_t)max_len * KN_ATTN_TILE_ROWS + 3 * 16 * 256 + 16;
 }
 
 /* Work unit: one query token x a slice of one KV head's query heads. Whole
  * groups (K and V rows read once for all their heads) when there are enough
  * units to keep every thread busy; single heads otherwise (a decode step of
- * a 3-KV-head model on 2 threads would split 1:2). Units are dealt to
- * threads in order by cost (positions read), so a long sequence next to
+ * a 3-KV-head model on 2 threads would split 1:2). In a prompt's chunk
+ * (no window, whole groups), a unit is a tile of up to KN_ATTN_TILE_ROWS /
+ * group consecutive tokens, which share each K and V row's conversion
+ * (impl->attn_tile; a token's result is the same as alone). Units are dealt
+ * to threads in order by cost (positions read), so a long sequence next to
  * short ones does not leave threads idle; every thread walks the same unit
  * order, so the split needs no shared state. */
 typedef struct {
     const kn_attn_args *a;
     int slice;      /* query heads per unit */
+    int tile;       /* tokens per unit of a prompt's chunk */
     int64_t total;  /* sum of unit costs */
 } attn_ctx;
+
+/* Tokens in the unit at token t of sq. */
+static int attn_unit_tokens(const attn_ctx *c, const kn_attn_seq *sq, int t) {
+    return sq->T - t < c->tile ? sq->T - t : c->tile;
+}
 
 static void attn_task(void *p, int ith, int nth) {
     const attn_ctx *c = p;
@@ -548,27 +559,30 @@ static void attn_task(void *p, int ith, int nth) {
     int group = a->n_head / a->n_kv, per_kv = (group + c->slice - 1) / c->slice;
     float *s = a->scratch + (size_t)ith * kn_attention_scratch(a->max_len);
     float scale = 1.f / sqrtf((float)a->hd);
-    size_t eb = kn_kv_elem_bytes(a->kv_type);
+    size_t eb = kn_kv_elem_bytes(a->kv_type), qs = (size_t)a->n_head * a->hd;
     kn_kv_rows kv = {NULL, NULL, NULL, a->block_shift, a->kv_type, a->block_stride,
                      (size_t)a->n_kv * (size_t)a->hd * eb, 0, NULL};
     int64_t lo = c->total * ith / nth, hi = c->total * (ith + 1) / nth, cum = 0;
     for (int si = 0; si < a->n_seq && cum < hi; si++) {
         const kn_attn_seq *sq = &a->seq[si];
         kv.blocks = sq->blocks;
-        for (int t = 0; t < sq->T && cum < hi; t++) {
+        for (int t = 0, nt; t < sq->T && cum < hi; t += nt) {
+            nt = attn_unit_tokens(c, sq, t);
             kv.first = kn_attn_first(a, sq->pos0 + t);
-            int len = sq->pos0 + t + 1 - kv.first;
+            int len = sq->pos0 + t + 1 - kv.first, cost = nt * len + nt * (nt - 1) / 2;
             for (int u = 0; u < a->n_kv * per_kv; u++) {
                 /* a unit belongs to the thread whose share holds its midpoint */
-                int64_t mid = cum + len / 2;
-                cum += len;
+                int64_t mid = cum + cost / 2;
+                cum += cost;
                 if (mid < lo || mid >= hi) continue;
                 int kvh = u / per_kv, h0 = u % per_kv * c->slice, g = group - h0 < c->slice ? group - h0 : c->slice;
                 size_t qo = ((size_t)(sq->row + t) * a->n_head + (size_t)kvh * group + h0) * a->hd;
                 kv.k = (const char *)a->kc + (size_t)kvh * a->hd * eb;
                 kv.v = (const char *)a->vc + (size_t)kvh * a->hd * eb;
                 kv.sink = a->sinks ? a->sinks + (size_t)kvh * group + h0 : NULL;
-                impl->attn_group(a->q + qo, &kv, len, a->hd, g, scale, s, a->out + qo);
+                if (nt > 1 && impl->attn_tile(a->q + qo, qs, &kv, len, nt, a->hd, g, scale, s, a->out + qo)) continue;
+                for (int i = 0; i < nt; i++) /* one token at a time */
+                    impl->attn_group(a->q + qo + i * qs, &kv, len + i, a->hd, g, scale, s, a->out + qo + i * qs);
             }
         }
     }
@@ -576,13 +590,17 @@ static void attn_task(void *p, int ith, int nth) {
 
 void kn_attention(kn_pool *p, const kn_attn_args *a) {
     int group = a->n_head / a->n_kv;
-    attn_ctx c = {a, group < 8 ? group : 8, 0};
+    attn_ctx c = {a, group < 8 ? group : 8, 1, 0};
     int64_t tokens = 0;
     for (int si = 0; si < a->n_seq; si++) tokens += a->seq[si].T;
     if (kn_pool_size(p) > 1 && tokens * a->n_kv < 4 * kn_pool_size(p)) c.slice = 1;
+    if (impl->attn_tile && !a->window && c.slice == group) c.tile = KN_ATTN_TILE_ROWS / group > 1 ? KN_ATTN_TILE_ROWS / group : 1;
     int per_kv = (group + c.slice - 1) / c.slice;
     for (int si = 0; si < a->n_seq; si++)
-        for (int t = 0, p0 = a->seq[si].pos0; t < a->seq[si].T; t++)
-            c.total += (int64_t)(p0 + t + 1 - kn_attn_first(a, p0 + t)) * a->n_kv * per_kv;
+        for (int t = 0, p0 = a->seq[si].pos0, nt; t < a->seq[si].T; t += nt) {
+            nt = attn_unit_tokens(&c, &a->seq[si], t);
+            int len = p0 + t + 1 - kn_attn_first(a, p0 + t);
+            c.total += (int64_t)(nt * len + nt * (nt - 1) / 2) * a->n_kv * per_kv;
+        }
     kn_pool_run(p, attn_task, &c);
 }

@@ -60,7 +60,18 @@ typedef struct {
                         float *t);
     void (*lora_expand)(const void *bt, int half, int rk, int out, const float *t, int ldt, int nr,
                         float *const *y);
+    /* Prefill: nt consecutive tokens of one sequence against one KV head, no window: token i attends to
+     * len0 + i positions; its g query heads at q + i * qs ([g][hd]), its output at out + i * qs. Every
+     * row's arithmetic is attn_group's, in the same order, so a token's result is bit-identical to
+     * attending alone; what is shared is the conversion of each K and V row, once for the nt x g rows.
+     * Scratch: kn_attention_scratch's. 0 where the ISA has none or the shape is not covered (hd, g):
+     * then the tokens go one at a time. NULL: never. */
+    int (*attn_tile)(const float *q, size_t qs, const struct kn_kv_rows *kv, int len0, int nt, int hd, int g,
+                     float scale, float *s, float *out);
 } kn_impl;
+
+/* Rows (tokens x query heads of one KV head) of one attn_tile call at most. */
+#define KN_ATTN_TILE_ROWS 16
 
 /* A float GEMM blocked 4 weight rows x 4 activation rows: 16 accumulators of
  * VL lanes (GCC vector extensions, compiled to the including file's ISA),

@@ -185,7 +185,8 @@ static void test_attention(kn_pool *pool) {
         int32_t *tables[4];
         int rows = 0, max_len = 1, n_blocks = 0;
         for (int i = 0; i < n_seq; i++) {
-            seq[i].T = it % 4 == 0 ? 1 : 1 + (int)(rnd() % 6);
+            /* decode rows, short chunks, and chunks that span several 16-position blocks (prefill tiles) */
+            seq[i].T = it % 4 == 0 ? 1 : 1 + (int)(rnd() % (it % 4 == 3 ? 40 : 6));
             seq[i].pos0 = (int)(rnd() % 100);
             seq[i].row = rows;
             rows += seq[i].T;
@@ -258,6 +259,14 @@ static void test_attention(kn_pool *pool) {
                     kn_attention(pool, &b);
                     size_t o = (size_t)seq[i].row * nh * hd, n = (size_t)seq[i].T * nh * hd;
                     CHECK(memcmp(z + o, y + o, sizeof(float) * n) == 0);
+                    /* and each token alone (a decode row) gives the rows of the chunk (prefill tiles) */
+                    for (int t = 0; t < seq[i].T; t++) {
+                        kn_attn_seq tok = {1, seq[i].pos0 + t, seq[i].row + t, seq[i].blocks};
+                        b.seq = &tok;
+                        kn_attention(pool, &b);
+                        size_t ot = (size_t)(seq[i].row + t) * nh * hd;
+                        CHECK(memcmp(z + ot, y + ot, sizeof(float) * (size_t)nh * hd) == 0);
+                    }
                     free(z);
                 }
             }
