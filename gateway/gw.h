@@ -63,6 +63,7 @@ typedef struct {
     int max_model_len, block_size, vocab;
     int kv_role;                 /* disaggregated prefill and decode: LLMSERVE__KV_ROLE__* (Health.kv_role) */
     int running, waiting, inflight;
+    int prefill_tokens;          /* kv_producer: the prompt tokens this gateway's requests have it prefill now */
     uint64_t prefix_queries, prefix_hits, preemptions, blocks_total, blocks_free, rss_bytes, gpu_bytes;
     uint64_t gateways_dropped, aborted_on_drop, messages_refused; /* the group's own counts, all its gateways */
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_pos[16]; /* speculative decoding */

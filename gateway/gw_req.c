@@ -72,6 +72,8 @@ void gw_req_join(gw_req *q, int wi) {
     q->worker = wi;
     q->joined = 1;
     q->g->w[wi].inflight++;
+    q->joined_prefill = q->pd_decode && !q->got_token ? q->pd_tokens : 0;
+    q->g->w[wi].prefill_tokens += q->joined_prefill;
     lora_run(q, 1);
 }
 
@@ -79,6 +81,8 @@ void gw_req_leave(gw_req *q, int cancel) {
     if (!q->joined) return;
     if (cancel) gw_pool_cancel(q->g, q->worker, q->rid);
     q->g->w[q->worker].inflight--;
+    q->g->w[q->worker].prefill_tokens -= q->joined_prefill;
+    q->joined_prefill = 0;
     lora_run(q, -1);
     q->joined = 0;
 }
@@ -113,19 +117,30 @@ const char *gw_req_lora(const gw *g, const gw_req *q) {
 /* Disaggregated prefill and decode, decided per request as Dynamo does: the group it decodes on is picked as
  * ever (prefix, load; kv_producer groups only when nothing else is up); when that is a kv_consumer group and
  * the part of the prompt it has not cached is longer than --max-local-prefill-length, a kv_producer group
- * (prefix, load) prefills it first and sends it the KV. One choice, no prompt scoring, not resumed. */
+ * (prefix, load) prefills it first and sends it the KV. A shorter part (of --idle-prefill-min-length or more)
+ * goes the same way while the consumer is busy and the producer picked has no long prompt to compute (what
+ * this gateway has it prefill, this one included, within --max-local-prefill-length; nothing queued there, and
+ * nothing running that is not this gateway's): the consumer's steps stay pure decode, and the prompt starts at
+ * once. One choice, no prompt scoring, not resumed. */
+static int producer_free(const gw *g, const gw_worker *w, int tokens) {
+    return w->prefill_tokens + tokens <= g->conf.max_local_prefill && !w->waiting && w->running <= w->inflight;
+}
+
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     const char *lora = gw_req_lora(g, q);
     uint64_t salt = cm_salt_lora(q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0, lora);
     q->pd_decode = 0;
     int wi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_DECODE, hit);
     if (wi < 0) return gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, hit);
+    int uncached = q->n_tok - *hit, idle_only = uncached <= g->conf.max_local_prefill;
     if (q->got_token || q->c.n != 1 || q->c.prompt_logprobs >= 0 || (q->c.echo && q->c.logprobs >= 0) || q->max_tokens == 1 ||
-        g->w[wi].kv_role != LLMSERVE__KV_ROLE__KV_CONSUMER || q->n_tok - *hit <= g->conf.max_local_prefill)
+        g->w[wi].kv_role != LLMSERVE__KV_ROLE__KV_CONSUMER ||
+        (idle_only && (!g->conf.idle_prefill_min || uncached < g->conf.idle_prefill_min || !g->w[wi].inflight)))
         return wi;
     int phit = 0, pi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, &phit);
-    if (pi < 0) return wi;
+    if (pi < 0 || (idle_only && !producer_free(g, &g->w[pi], q->n_tok - phit))) return wi;
     q->pd_decode = wi + 1;
+    q->pd_tokens = q->n_tok - phit;
     *hit = phit;
     return pi;
 }

@@ -390,6 +390,12 @@ static inline __m256 kv_load8(const char *p, int i, int kind) {
     return _mm256_loadu_ps((const float *)p + i);
 }
 
+/* The cache lines of a row of hd elements, asked for ahead of their use. */
+static inline void kv_prefetch8(const char *row, int hd, int kind) {
+    int bytes = hd * (kind == KN_KV_FP8 ? 1 : kind == KN_KV_F32 ? 4 : 2);
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+}
+
 /* r[p] = sum of the 8 lanes of a[p], p = 0..7. */
 static inline __m256 reduce8(const __m256 *a) {
     __m256 b0 = _mm256_hadd_ps(a[0], a[1]), b1 = _mm256_hadd_ps(a[2], a[3]);
@@ -425,6 +431,7 @@ static inline float scores_avx2(const float *qh, const kn_kv_rows *kv, int h, in
         __m256 acc[8];
         for (int p = 0; p < 8; p++) {
             const char *row = kv->k + kn_kv_off(kv, j + p);
+            if (h == 0 && j + 16 + p < len) kv_prefetch8(kv->k + kn_kv_off(kv, j + 16 + p), 8 * nv, kind);
             acc[p] = _mm256_mul_ps(_mm256_loadu_ps(qh), kv_load8(row, 0, kind));
             for (int v = 1; v < nv; v++) acc[p] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * v), kv_load8(row, 8 * v, kind), acc[p]);
         }
@@ -453,6 +460,7 @@ static inline void pv_avx2(const kn_kv_rows *kv, const float *s, int len, int hd
         for (int v = 0; v < 4; v++) o[h][v] = _mm256_setzero_ps();
     for (int j = 0; j < len; j++) {
         const char *row = kv->v + kn_kv_off(kv, j);
+        if (c == 0 && j + 16 < len) kv_prefetch8(kv->v + kn_kv_off(kv, j + 16), hd, kind);
         __m256 p[3];
         for (int h = 0; h < G; h++) p[h] = _mm256_broadcast_ss(s + (size_t)h * len + j);
         for (int v = 0; v < 4; v++) {
@@ -504,6 +512,7 @@ static inline void attn_tile_body_avx2(const float *q, size_t qs, const kn_kv_ro
         int nk = lmax - j0 < 8 ? lmax - j0 : 8;
         for (int p = 0; p < nk; p++) {
             const char *row = kv->k + kn_kv_off(kv, j0 + p);
+            if (j0 + 16 + p < lmax) kv_prefetch8(kv->k + kn_kv_off(kv, j0 + 16 + p), hd, kind);
             for (int v = 0; v < nv; v++) _mm256_storeu_ps(kt + p * hd + 8 * v, kv_load8(row, 8 * v, kind));
         }
         for (int r = 0; r < R; r++) {
@@ -543,6 +552,7 @@ static inline void attn_tile_body_avx2(const float *q, size_t qs, const kn_kv_ro
         int nk = lmax - j0 < 16 ? lmax - j0 : 16;
         for (int p = 0; p < nk; p++) {
             const char *row = kv->v + kn_kv_off(kv, j0 + p);
+            if (j0 + 16 + p < lmax) kv_prefetch8(kv->v + kn_kv_off(kv, j0 + 16 + p), hd, kind);
             for (int v = 0; v < nv; v++) _mm256_storeu_ps(vt + p * hd + 8 * v, kv_load8(row, 8 * v, kind));
         }
         for (int rb = 0; rb < R; rb += 3)

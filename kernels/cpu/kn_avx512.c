@@ -224,6 +224,12 @@ static inline __m512 kv_load(const char *p, int i, int kind) {
     return _mm512_loadu_ps((const float *)p + i);
 }
 
+/* The cache lines of a row of hd elements, asked for ahead of their use. */
+static inline void kv_prefetch(const char *row, int hd, int kind) {
+    int bytes = hd * (kind == KN_KV_FP8 ? 1 : kind == KN_KV_F32 ? 4 : 2);
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+}
+
 /* r[p] = sum of the 16 lanes of a[p], p = 0..15: a transposing add tree,
  * 15 combine steps instead of 16 horizontal sums. */
 static inline __m512 reduce16(__m512 *a) {
@@ -294,6 +300,7 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
             __m512 acc[16];
             for (int p = 0; p < 16; p++) {
                 const char *row = kv->k + kn_kv_off(kv, j + p);
+                if (h == 0 && j + 16 + p < len) kv_prefetch(kv->k + kn_kv_off(kv, j + 16 + p), hd, kind);
                 acc[p] = _mm512_mul_ps(qv[0], kv_load(row, 0, kind));
                 for (int v = 1; v < nv; v++) acc[p] = _mm512_fmadd_ps(qv[v], kv_load(row, 16 * v, kind), acc[p]);
             }
@@ -317,6 +324,7 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
         for (int v = 0; v < nv; v++) o[h][v] = _mm512_setzero_ps();
     for (int j = 0; j < len; j++) {
         const char *row = kv->v + kn_kv_off(kv, j);
+        if (j + 16 < len) kv_prefetch(kv->v + kn_kv_off(kv, j + 16), hd, kind);
         __m512 p[4];
         for (int h = 0; h < g; h++) p[h] = _mm512_set1_ps(s[(size_t)h * len + j]);
         for (int v = 0; v < nv; v++) {
@@ -384,6 +392,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
         int nk = lmax - j0 < 16 ? lmax - j0 : 16;
         for (int p = 0; p < nk; p++) {
             const char *row = kv->k + kn_kv_off(kv, j0 + p);
+            if (j0 + 16 + p < lmax) kv_prefetch(kv->k + kn_kv_off(kv, j0 + 16 + p), hd, kind);
             for (int v = 0; v < nv; v++) _mm512_storeu_ps(kt + p * hd + 16 * v, kv_load(row, 16 * v, kind));
         }
         for (int r = 0; r < R; r++) {
@@ -426,6 +435,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
         int nk = lmax - j0 < 16 ? lmax - j0 : 16;
         for (int p = 0; p < nk; p++) {
             const char *row = kv->v + kn_kv_off(kv, j0 + p);
+            if (j0 + 16 + p < lmax) kv_prefetch(kv->v + kn_kv_off(kv, j0 + 16 + p), hd, kind);
             for (int v = 0; v < nv; v++) _mm512_storeu_ps(vt + p * hd + 16 * v, kv_load(row, 16 * v, kind));
         }
         for (int rb = 0; rb < R; rb += RB) {

@@ -172,6 +172,19 @@ if ok:
     h.check(complete(PD_G, short)[0] == complete(REF_G, short)[0] and
             metric(PD_G, "llmserve:disagg_prefill_requests_total") == before,
             "a short prompt is prefilled where it decodes, not handed over")
+    # ... while the consumer has nothing else to do; while it decodes, a free producer takes a prompt of
+    # --idle-prefill-min-length (32) or more, so the consumer's steps stay pure decode
+    bg = threading.Thread(target=lambda: complete(PD_G, short, max_tokens=400, ignore_eos=True))
+    bg.start()
+    time.sleep(0.5)
+    mid = prompt(41, words=30)
+    before = metric(PD_G, "llmserve:disagg_prefill_requests_total")
+    got_mid = complete(PD_G, mid, max_tokens=16)
+    bg.join()
+    h.check(got_mid[0] == complete(REF_G, mid, max_tokens=16)[0] and 32 <= got_mid[1]["prompt_tokens"] <= 64 and
+            metric(PD_G, "llmserve:disagg_prefill_requests_total") == before + 1,
+            "a %s-token prompt while the consumer decodes: prefilled by the free producer, answer identical" %
+            got_mid[1]["prompt_tokens"])
 
     # the producer lost while it holds a request: the request is prefilled elsewhere (here: where it decodes)
     pw.send_signal(signal.SIGSTOP)

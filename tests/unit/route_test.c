@@ -122,6 +122,45 @@ static void route_pd(void) {
     g->w[0].alive = 0; /* no producer up: the consumer prefills for itself */
     CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 1);
     CHECK_INT(q.pd_decode, 0);
+    /* --idle-prefill-min-length: a short prompt goes to the producer too while the consumer decodes and the
+     * producer has no long prompt to compute */
+    g->w[0].alive = 1;
+    g->conf.idle_prefill_min = 16;
+    q.g = g;
+    q.n_tok = 48;
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 1); /* the consumer has nothing in flight: local */
+    CHECK_INT(q.pd_decode, 0);
+    g->w[1].inflight = 3;
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 0); /* it decodes: the free producer prefills */
+    CHECK_INT(q.pd_decode, 2);
+    CHECK_INT(q.pd_tokens, 48);
+    gw_req_join(&q, 0); /* on the producer: 48 of its 64 short-prompt tokens taken */
+    CHECK_INT(g->w[0].prefill_tokens, 48);
+    gw_req r = q;
+    r.joined = 0;
+    r.n_tok = 40; /* 48 + 40 > 64: local */
+    CHECK_INT(gw_req_generate_pick(g, &r, -1, &hit), 1);
+    CHECK_INT(r.pd_decode, 0);
+    r.n_tok = 16; /* 48 + 16: still free */
+    CHECK_INT(gw_req_generate_pick(g, &r, -1, &hit), 0);
+    CHECK_INT(r.pd_decode, 2);
+    r.n_tok = 400; /* a long prompt is sent whatever the producer holds */
+    CHECK_INT(gw_req_generate_pick(g, &r, -1, &hit), 0);
+    gw_req_leave(&q, 0);
+    CHECK_INT(g->w[0].prefill_tokens, 0);
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 0);
+    g->w[0].waiting = 1; /* requests queued there (another gateway's): local */
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 1);
+    g->w[0].waiting = 0;
+    g->w[0].running = 1; /* one running that is not this gateway's (it could be long): local */
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 1);
+    g->w[0].running = 0;
+    q.n_tok = 8; /* under the minimum: local */
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 1);
+    q.n_tok = 48;
+    g->conf.idle_prefill_min = 0; /* off */
+    CHECK_INT(gw_req_generate_pick(g, &q, -1, &hit), 1);
+    CHECK_INT(q.pd_decode, 0);
     free(g->w[1].cached.k);
     free(g);
 }
