@@ -71,8 +71,8 @@ const gw_flag gw_flags[] = {
      "decode group has not cached is longer than N tokens is prefilled by a kv_producer group, which sends its KV to that "
      "decode group; shorter ones are prefilled where they decode", K_INT, 0, F(max_local_prefill), 0, 1 << 30},
     {"idle-prefill-min-length", "N", "32", "disaggregated prefill and decode: a shorter prompt (at least N uncached "
-     "tokens) goes to a kv_producer group too while that group is idle and its decode group is busy, so the decode "
-     "group only decodes (0: never)", K_INT, 0, F(idle_prefill_min), 0, 1 << 30},
+     "tokens) goes to a kv_producer group too while that group has no long prompt to compute and the decode group is "
+     "busy, so the decode group only decodes (0: never)", K_INT, 0, F(idle_prefill_min), 0, 1 << 30},
     {"max-connections", "N", "0", "open client connections (0: the file descriptor limit less a reserve)", K_INT, 1,
      F(max_connections), 0, 1 << 24},
     {"allowed-origins", "LIST", "*", "CORS: origins a browser may call from (a JSON list as vLLM takes it, or a comma list; "

@@ -534,10 +534,11 @@ size_t kn_attention_scratch(int max_len) {
 /* Work unit: one query token x a slice of one KV head's query heads. Whole
  * groups (K and V rows read once for all their heads) when there are enough
  * units to keep every thread busy; single heads otherwise (a decode step of
- * a 3-KV-head model on 2 threads would split 1:2). In a prompt's chunk
- * (no window, whole groups), a unit is a tile of up to KN_ATTN_TILE_ROWS /
- * group consecutive tokens, which share each K and V row's conversion
- * (impl->attn_tile; a token's result is the same as alone). Units are dealt
+ * a 3-KV-head model on 2 threads would split 1:2). With whole groups and no
+ * window, a unit is a tile (impl->attn_tile) of up to KN_ATTN_TILE_ROWS /
+ * group consecutive tokens of a prompt's chunk, or one decode token: its rows
+ * share each K and V row's conversion, and a token's result is the same as
+ * alone or through attn_group. Units are dealt
  * to threads in order by cost (positions read), so a long sequence next to
  * short ones does not leave threads idle; every thread walks the same unit
  * order, so the split needs no shared state. */
@@ -580,7 +581,7 @@ static void attn_task(void *p, int ith, int nth) {
                 kv.k = (const char *)a->kc + (size_t)kvh * a->hd * eb;
                 kv.v = (const char *)a->vc + (size_t)kvh * a->hd * eb;
                 kv.sink = a->sinks ? a->sinks + (size_t)kvh * group + h0 : NULL;
-                if (nt > 1 && impl->attn_tile(a->q + qo, qs, &kv, len, nt, a->hd, g, scale, s, a->out + qo)) continue;
+                if (c->tile > 1 && impl->attn_tile(a->q + qo, qs, &kv, len, nt, a->hd, g, scale, s, a->out + qo)) continue;
                 for (int i = 0; i < nt; i++) /* one token at a time */
                     impl->attn_group(a->q + qo + i * qs, &kv, len + i, a->hd, g, scale, s, a->out + qo + i * qs);
             }

@@ -60,7 +60,7 @@ typedef struct {
                         float *t);
     void (*lora_expand)(const void *bt, int half, int rk, int out, const float *t, int ldt, int nr,
                         float *const *y);
-    /* Prefill: nt consecutive tokens of one sequence against one KV head, no window: token i attends to
+    /* nt >= 1 consecutive tokens of one sequence against one KV head, no window: token i attends to
      * len0 + i positions; its g query heads at q + i * qs ([g][hd]), its output at out + i * qs. Every
      * row's arithmetic is attn_group's, in the same order, so a token's result is bit-identical to
      * attending alone; what is shared is the conversion of each K and V row, once for the nt x g rows.
