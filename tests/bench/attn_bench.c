@@ -5,8 +5,7 @@
  *   tiled   one call with the chunk as one sequence: tokens go in tiles that
  *           share each K and V row's conversion (impl->attn_tile)
  *   token   the same tokens as one-token sequences in one call: each token
- *           reads its whole prefix alone (what every token did before tiles,
- *           and what a decode row does)
+ *           reads and converts its whole prefix alone, as a decode row does
  * Both give bit-identical outputs (checked here, and in kernels_test).
  *
  *   llmserve-attn-bench [--threads 1] [--reps 5] [--isa avx2,avx512]
