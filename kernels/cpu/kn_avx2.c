@@ -493,6 +493,17 @@ static inline void attn_body_avx2(const float *q, const kn_kv_rows *kv, int len,
     }
 }
 
+/* Rows j0 .. j0+nk-1 of base (K or V) as f32 in dst [nk][8 nv]; the rows 16
+ * on (below lmax) asked for meanwhile. */
+static inline void rows_f32_avx2(const kn_kv_rows *kv, const char *base, int j0, int nk, int lmax, int nv, int kind,
+                                 float *dst) {
+    for (int p = 0; p < nk; p++) {
+        const char *row = base + kn_kv_off(kv, j0 + p);
+        if (j0 + 16 + p < lmax) kv_prefetch8(base + kn_kv_off(kv, j0 + 16 + p), 8 * nv, kind);
+        for (int v = 0; v < nv; v++) _mm256_storeu_ps(dst + p * 8 * nv + 8 * v, kv_load8(row, 8 * v, kind));
+    }
+}
+
 /* attn_tile (kn_int.h): nt tokens x g heads = R rows of one KV head. Each
  * block of 8 K rows (16 V rows) is converted to f32 once (kt, vt) and used by
  * every row that reaches it; a row's scores, exp, sums and output are
@@ -510,11 +521,7 @@ static inline void attn_tile_body_avx2(const float *q, size_t qs, const kn_kv_ro
     }
     for (int j0 = 0; j0 < lmax; j0 += 8) {
         int nk = lmax - j0 < 8 ? lmax - j0 : 8;
-        for (int p = 0; p < nk; p++) {
-            const char *row = kv->k + kn_kv_off(kv, j0 + p);
-            if (j0 + 16 + p < lmax) kv_prefetch8(kv->k + kn_kv_off(kv, j0 + 16 + p), hd, kind);
-            for (int v = 0; v < nv; v++) _mm256_storeu_ps(kt + p * hd + 8 * v, kv_load8(row, 8 * v, kind));
-        }
+        rows_f32_avx2(kv, kv->k, j0, nk, lmax, nv, kind, kt);
         for (int r = 0; r < R; r++) {
             int len = len0 + r / g;
             if (len <= j0) continue;
@@ -550,11 +557,7 @@ static inline void attn_tile_body_avx2(const float *q, size_t qs, const kn_kv_ro
     memset(ob, 0, sizeof(float) * (size_t)R * hd);
     for (int j0 = 0; j0 < lmax; j0 += 16) {
         int nk = lmax - j0 < 16 ? lmax - j0 : 16;
-        for (int p = 0; p < nk; p++) {
-            const char *row = kv->v + kn_kv_off(kv, j0 + p);
-            if (j0 + 16 + p < lmax) kv_prefetch8(kv->v + kn_kv_off(kv, j0 + 16 + p), hd, kind);
-            for (int v = 0; v < nv; v++) _mm256_storeu_ps(vt + p * hd + 8 * v, kv_load8(row, 8 * v, kind));
-        }
+        rows_f32_avx2(kv, kv->v, j0, nk, lmax, nv, kind, vt);
         for (int rb = 0; rb < R; rb += 3)
             for (int c = 0; c < hd; c += 32) {
                 __m256 o[3][4];

@@ -371,6 +371,17 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F32);
 }
 
+/* Rows j0 .. j0+nk-1 of base (K or V) as f32 in dst [nk][16 nv]; the next
+ * block's rows (below lmax) asked for meanwhile. */
+static inline void rows_f32(const kn_kv_rows *kv, const char *base, int j0, int nk, int lmax, int nv, int kind,
+                            float *dst) {
+    for (int p = 0; p < nk; p++) {
+        const char *row = base + kn_kv_off(kv, j0 + p);
+        if (j0 + 16 + p < lmax) kv_prefetch(base + kn_kv_off(kv, j0 + 16 + p), 16 * nv, kind);
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(dst + p * 16 * nv + 16 * v, kv_load(row, 16 * v, kind));
+    }
+}
+
 /* attn_tile (kn_int.h): nt tokens x g heads = R rows of one KV head. Each K
  * block of 16 rows is converted to f32 once (kt) and scored against every
  * row that reaches it; each V block likewise (vt), its rows added into RB
@@ -390,11 +401,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
     }
     for (int j0 = 0; j0 < lmax; j0 += 16) {
         int nk = lmax - j0 < 16 ? lmax - j0 : 16;
-        for (int p = 0; p < nk; p++) {
-            const char *row = kv->k + kn_kv_off(kv, j0 + p);
-            if (j0 + 16 + p < lmax) kv_prefetch(kv->k + kn_kv_off(kv, j0 + 16 + p), hd, kind);
-            for (int v = 0; v < nv; v++) _mm512_storeu_ps(kt + p * hd + 16 * v, kv_load(row, 16 * v, kind));
-        }
+        rows_f32(kv, kv->k, j0, nk, lmax, nv, kind, kt);
         for (int r = 0; r < R; r++) {
             int len = len0 + r / g;
             if (len <= j0) continue;
@@ -433,11 +440,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
     memset(ob, 0, sizeof(float) * (size_t)R * hd);
     for (int j0 = 0; j0 < lmax; j0 += 16) {
         int nk = lmax - j0 < 16 ? lmax - j0 : 16;
-        for (int p = 0; p < nk; p++) {
-            const char *row = kv->v + kn_kv_off(kv, j0 + p);
-            if (j0 + 16 + p < lmax) kv_prefetch(kv->v + kn_kv_off(kv, j0 + 16 + p), hd, kind);
-            for (int v = 0; v < nv; v++) _mm512_storeu_ps(vt + p * hd + 16 * v, kv_load(row, 16 * v, kind));
-        }
+        rows_f32(kv, kv->v, j0, nk, lmax, nv, kind, vt);
         for (int rb = 0; rb < R; rb += RB) {
             __m512 o[24];
             int lim[RB_MAX] = {0};
