@@ -78,6 +78,7 @@ typedef struct {
     uint64_t requests[6];        /* by status class: 2xx 4xx(other) 401 429 5xx 504 */
     uint64_t prompt_tokens, completion_tokens, rate_limited, timed_out, cancelled, retried, resumed, worker_lost, overloaded;
     uint64_t disagg_prefills, disagg_handoffs; /* requests sent to a prefill group; moved on to their decode group */
+    uint64_t disagg_guests, disagg_moved;      /* decoded on a prefill group (--idle-decode); moved off it by a long prompt */
     gw_hist ttft, itl, e2e, queue;
 } gw_metrics;
 

@@ -73,6 +73,10 @@ const gw_flag gw_flags[] = {
     {"idle-prefill-min-length", "N", "32", "disaggregated prefill and decode: a shorter prompt (at least N uncached "
      "tokens) goes to a kv_producer group too while that group has no long prompt to compute and the decode group is "
      "busy, so the decode group only decodes (0: never)", K_INT, 0, F(idle_prefill_min), 0, 1 << 30},
+    {"idle-decode", "0|1", "1", "disaggregated prefill and decode: such a prompt stays on the kv_producer group and "
+     "decodes there while it holds fewer of this gateway's streams than the decode group (its free core decodes too); "
+     "a long prompt sent there moves them to their decode group first, their prompts' KV sent ahead", K_INT, 0,
+     F(idle_decode), 0, 1},
     {"max-connections", "N", "0", "open client connections (0: the file descriptor limit less a reserve)", K_INT, 1,
      F(max_connections), 0, 1 << 24},
     {"allowed-origins", "LIST", "*", "CORS: origins a browser may call from (a JSON list as vLLM takes it, or a comma list; "

@@ -31,6 +31,7 @@ typedef struct {
     double tier_weight[2];       /* prefix routing: a token in a group's memory / disk KV tier, against one in its pool */
     int max_local_prefill;       /* disaggregated prefill: a prompt whose uncached part is longer goes to a prefill group */
     int idle_prefill_min;        /* and one at least this long while that group is idle and the decode group busy (0: off) */
+    int idle_decode;             /* and it decodes there while the prefill group has fewer streams (moved on a long prompt) */
     int log_requests, log_prompts, log_level;
     int max_connections;         /* 0: from the file descriptor limit */
     int tokenizer_threads, tokenizer_queue;

@@ -142,6 +142,10 @@ char *gw_metrics_text(const gw *g, size_t *len) {
             g->m.disagg_prefills);
     counter(o, "llmserve:disagg_handoffs_total",
             "Disaggregated requests moved to their decode group after the first token.", g->m.disagg_handoffs);
+    counter(o, "llmserve:disagg_idle_decodes_total",
+            "Requests a kv_producer group decoded while it had no long prompt (--idle-decode).", g->m.disagg_guests);
+    counter(o, "llmserve:disagg_idle_decodes_moved_total",
+            "Of those, the streams moved to their decode group when a long prompt came.", g->m.disagg_moved);
     counter(o, "llmserve:resumed_total",
             "Streams whose worker group was lost after their first tokens, resumed on another after the output delivered.",
             g->m.resumed);

@@ -121,7 +121,10 @@ const char *gw_req_lora(const gw *g, const gw_req *q) {
  * goes the same way while the consumer is busy and the producer picked has no long prompt to compute (what
  * this gateway has it prefill, this one included, within --max-local-prefill-length; nothing queued there, and
  * nothing running that is not this gateway's): the consumer's steps stay pure decode, and the prompt starts at
- * once. One choice, no prompt scoring, not resumed. */
+ * once. With --idle-decode such a request stays there to decode while the producer holds fewer of this
+ * gateway's requests than the consumer (a guest: both cores decode while no long prompt comes); a long prompt
+ * sent to that producer moves its guests to their decode group first (move_guests). One choice, no prompt
+ * scoring, not resumed. */
 static int producer_free(const gw *g, const gw_worker *w, int tokens) {
     return w->prefill_tokens + tokens <= g->conf.max_local_prefill && !w->waiting && w->running <= w->inflight;
 }
@@ -129,7 +132,7 @@ static int producer_free(const gw *g, const gw_worker *w, int tokens) {
 int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     const char *lora = gw_req_lora(g, q);
     uint64_t salt = cm_salt_lora(q->c.cache_salt ? cm_salt_of(q->c.cache_salt, strlen(q->c.cache_salt)) : 0, lora);
-    q->pd_decode = 0;
+    q->pd_decode = q->pd_guest = 0;
     int wi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_DECODE, hit);
     if (wi < 0) return gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, hit);
     int uncached = q->n_tok - *hit, idle_only = uncached <= g->conf.max_local_prefill;
@@ -140,6 +143,7 @@ int gw_req_generate_pick(gw *g, gw_req *q, int exclude, int *hit) {
     int phit = 0, pi = gw_route(g, q->tok, q->n_tok, salt, exclude, lora, GW_ROLES_PREFILL, &phit);
     if (pi < 0 || (idle_only && !producer_free(g, &g->w[pi], q->n_tok - phit))) return wi;
     q->pd_decode = wi + 1;
+    q->pd_guest = idle_only && g->conf.idle_decode && g->w[pi].inflight < g->w[wi].inflight;
     q->pd_tokens = q->n_tok - phit;
     *hit = phit;
     return pi;
@@ -226,6 +230,21 @@ static void on_gone(void *arg) {
     gw_req_finish(q, 499, "the client closed the connection", "client_closed");
 }
 
+static void hand_over(gw_req *q, int running);
+
+/* The guests decoding on prefill group wi go on on their decode groups: cancelled there (which ends their
+ * prompts' KV transfers), sent on after what their clients have, that KV adopted and the rest computed. */
+static void move_guests(gw *g, int wi) {
+    for (gw_req *r = g->req_list, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->worker != wi || !r->on_worker || !r->pd_guest) continue;
+        r->pd_guest = 0;
+        if (!r->got_token) r->xfer = 0; /* not started: its decode group computes the prompt */
+        g->m.disagg_moved++;
+        hand_over(r, 1);
+    }
+}
+
 int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     const cm_oai_completion *c = &q->c;
     cm_gen_params gp;
@@ -246,9 +265,13 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     gen.lora = (char *)gw_req_lora(g, q);
     gen.gateway_id = g->id;
     gen.reply_address = g->reply;
-    if (q->pd_decode && !q->got_token) { /* a prefill: the first token here, the KV to the decode group */
-        sp.max_tokens = 1;
-        if (sp.min_tokens > 1) sp.min_tokens = 1;
+    if (q->pd_decode && !q->got_token && !q->pd_guest && q->pd_tokens > g->conf.max_local_prefill)
+        move_guests(g, wi); /* before the prompt, so their cancels reach the producer first */
+    if (q->pd_decode && !q->got_token) { /* a prefill: the first token here (a guest's all), the KV to the decode group */
+        if (!q->pd_guest) {
+            sp.max_tokens = 1;
+            if (sp.min_tokens > 1) sp.min_tokens = 1;
+        }
         q->xfer = cm_salt_of(g->id, strlen(g->id)) ^ (q->rid * 0x9E3779B97F4A7C15ull);
         if (!q->xfer) q->xfer = 1;
         gen.kv_push_address = g->w[q->pd_decode - 1].addr;
@@ -274,7 +297,10 @@ int gw_req_generate_send(gw *g, gw_req *q, int wi) {
     e.body_case = LLMSERVE__ENVELOPE__BODY_GENERATE;
     e.generate = &gen;
     int rc = gw_req_send_env(q, wi, &e);
-    if (!rc && gen.kv_push_address) g->m.disagg_prefills++;
+    if (!rc && gen.kv_push_address) {
+        g->m.disagg_prefills++;
+        g->m.disagg_guests += (uint64_t)q->pd_guest;
+    }
     free(bid);
     free(bval);
     return rc;
@@ -476,17 +502,18 @@ void gw_req_worker_error(gw_req *q, int code, const char *msg) {
     }
 }
 
-/* A prefilled request goes on on its decode group, after the token it has, naming the transfer of its KV; a
- * decode group that cannot take it is a lost group (another resumes it, computing the prompt). */
-static void hand_over(gw_req *q) {
+/* A prefilled request goes on on its decode group, after the tokens it has, naming the transfer of its KV (a
+ * guest still running on the prefill group is cancelled there); a decode group that cannot take it is a lost
+ * group (another resumes it, computing the prompt). */
+static void hand_over(gw_req *q, int running) {
     gw *g = q->g;
     int wi = q->pd_decode - 1;
     q->pd_decode = 0;
     q->pd_done = 1;
-    gw_req_leave(q, 0); /* it ended on the prefill group */
+    gw_req_leave(q, running); /* it ended on the prefill group, or ends there now */
     q->on_worker = 0;
     if (gw_pool_routable(g, wi) && !assign_rid(g, q) && !ops_of(q)->send(g, q, wi)) {
-        g->m.disagg_handoffs++;
+        g->m.disagg_handoffs += !running;
         return;
     }
     q->xfer = 0;
@@ -519,7 +546,7 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     }
     /* a prefill group's first token, at the length it was held to: not the end, the request goes on on its
      * decode group (unless that length is the request's own, or the model's) */
-    int handoff = q->pd_decode && fin == CM_OAI_FINISH_LENGTH && c->n_token_ids &&
+    int handoff = q->pd_decode && !q->pd_guest && fin == CM_OAI_FINISH_LENGTH && c->n_token_ids &&
                   (q->max_tokens <= 0 || q->n_out + (int)c->n_token_ids < q->max_tokens) &&
                   q->n_tok + q->n_out + (int)c->n_token_ids < g->w[q->pd_decode - 1].max_model_len;
     if (handoff) fin = CM_OAI_FINISH_NONE;
@@ -542,6 +569,10 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     double t = cm_now();
     if (c->n_token_ids) {
         if (!q->got_token) {
+            if (q->pd_guest) { /* its prompt is computed: the producer counts as free of it */
+                g->w[q->worker].prefill_tokens -= q->joined_prefill;
+                q->joined_prefill = 0;
+            }
             q->got_token = 1;
             q->t_first = t;
             gw_hist_add(&g->m.ttft, t - q->t_arrive);
@@ -607,7 +638,7 @@ void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     }
     if (fin) ch->finish = fin;
     if (handoff) {
-        hand_over(q);
+        hand_over(q, 0);
         return;
     }
     if (cm_oai_result_done(&q->res)) {

@@ -83,6 +83,7 @@ typedef struct gw_req {
     /* disaggregated prefill: while a kv_producer group computes its prompt, the decode group it hands over to
      * after the first token, plus 1 (0: none); the transfer's id, until the decode group has been told it */
     int pd_decode, pd_done;      /* pd_done: handed over (the usage's cached tokens are the prefill group's) */
+    int pd_guest;                /* decoding on its prefill group (--idle-decode) until a long prompt moves it */
     int pd_tokens, joined_prefill; /* the prompt tokens the prefill group computes; counted in its prefill_tokens */
     uint64_t xfer;
 } gw_req;

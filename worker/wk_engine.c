@@ -815,7 +815,7 @@ int wk_engine_step(wk_engine *e) {
 static double estimate(const wk_engine *e, int p0, int n) {
     if (!wk_cost_known(&e->cost) || n <= 0) return 0;
     int chunk = e->o.max_num_batched_tokens;
-    if (e->o.max_step_ms > 0)
+    if (e->o.max_step_ms > 0 && !e->o.step_decoding_only)
         chunk = wk_cost_max_chunk(&e->cost, e->o.max_step_ms, 0, 0, p0 + n / 2, MIN_PREFILL_CHUNK, chunk);
     double steps = (double)((n + chunk - 1) / chunk);
     return wk_cost_predict(&e->cost, n, wk_cost_attended(p0, n)) + wk_cost_predict(&e->cost, 0, 0) * (steps - 1);

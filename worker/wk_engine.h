@@ -78,6 +78,8 @@ typedef struct wk_engine_opts {
     float gpu_memory_utilization; /* CUDA backend; unused on the CPU */
     float max_step_ms;            /* a step's time target: prefill chunks are sized to it from the measured cost
                                      per token (decodes always advance); 0: tokens only. Default 250 */
+    int step_decoding_only;       /* max_step_ms holds only for steps that decode (a kv_producer: a prefill alone
+                                     runs whole chunks; streams the gateway lets it decode keep short steps) */
     float starve_ms;              /* a waiting request of a lower priority that has waited this long is admitted
                                      before the higher ones (they pass it; they do not stop it). Default 10000;
                                      0: strict priorities */

@@ -57,8 +57,8 @@ enum {
     "  --max-num-batched-tokens N  token budget of one step; prompts are prefilled in chunks\n"   \
     "                              of what is left after decodes (default 512)\n"                 \
     "  --max-step-ms MS            a step's time target: prefill chunks are sized to it at the\n"  \
-    "                              measured cost per token; decodes always advance (default 250,\n" \
-    "                              and 0 on a kv_producer; 0: tokens only)\n"                     \
+    "                              measured cost per token; decodes always advance (default 250;\n" \
+    "                              a kv_producer: only steps that decode; 0: tokens only)\n"      \
     "  --max-model-len N           longest prompt + completion (default: the model's context)\n"   \
     "  --block-size N              KV block size in tokens, a power of two (default 16)\n"        \
     "  --kv-cache-memory SIZE      KV cache on the CPU: bytes, or with K/M/G/KiB/MiB/GiB\n"        \

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
     int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
     const char *health_host = "0.0.0.0";
-    int per_node = 0, node_index = -1, kv_role = WK_KV_BOTH, step_set = 0;
+    int per_node = 0, node_index = -1, kv_role = WK_KV_BOTH;
     size_t kv_buffer = 1000000000; /* vLLM's kv_buffer_size default */
     double join_s = 1800, coll_s = WK_COMM_TIMEOUT_S, load_s = 0;
     wk_engine_opts eo;
@@ -153,7 +153,6 @@ int main(int argc, char **argv) {
                 break;
             }
             if (c >= WK_FLAG_BASE) {
-                step_set |= c == WK_F_MAX_STEP_MS;
                 bad = wk_engine_flag(&eo, c, optarg) != 0;
                 break;
             }
@@ -200,8 +199,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (kv_role == WK_KV_CONSUMER && !eo.kv_offload_bytes) eo.kv_offload_bytes = kv_buffer; /* where adopted KV waits */
-    /* a producer's steps hold no stream to keep short: whole chunks (--max-num-batched-tokens), unless asked */
-    if (kv_role == WK_KV_PRODUCER && !step_set) eo.max_step_ms = 0;
+    /* a producer's prefill alone runs whole chunks (--max-num-batched-tokens); the time target keeps the steps
+     * short only while it decodes streams (a gateway's --idle-decode) */
+    if (kv_role == WK_KV_PRODUCER) eo.step_decoding_only = 1;
     if ((eo.kv_offload_bytes || eo.kv_offload_dir) && tp > 1) {
         fprintf(stderr, "llmserve-worker: --kv-offloading-size / --kv-offloading-dir run on one rank for now (each rank "
                         "would keep its shard of a block); not with --tensor-parallel-size %d\n", tp);

@@ -184,7 +184,7 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
     /* every running stream advances each step; prompts share what is left */
     if ((rc = plan_running(e, 1, spec, &budget, &preempted))) return rc;
     int decoded = e->o.max_num_batched_tokens - budget;
-    if (e->o.max_step_ms > 0) { /* the time target, at the measured cost */
+    if (e->o.max_step_ms > 0 && (decoded || !e->o.step_decoding_only)) { /* the time target, at the measured cost */
         double att = 0;
         int p0 = 0;
         for (int i = 0; i < e->n_plan; i++) att += wk_cost_attended(e->plan[i].pos0, e->plan[i].n);

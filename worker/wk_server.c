@@ -116,6 +116,9 @@ static int serve(wk_engine *e, wk_embed *eq, const wk_server_opts *o, volatile s
             last_check = now_ms();
         }
         wk_srv_apply_drops(s);
+        /* what those messages ended (cancels: a guest moved off a prefill group, whose KV transfer's last message
+         * its decode group waits for) goes out now, not after the step they would otherwise wait through */
+        if (s->be->has_work(s)) s->be->flush(s);
         pthread_mutex_unlock(&s->mu);
         if (!s->be->has_work(s) && s->be->idle && s->be->idle(s) < 0) {
             snprintf(err, errlen, "a rank of the tensor-parallel group failed while idle");

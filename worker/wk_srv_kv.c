@@ -37,7 +37,7 @@ typedef struct xout {
     uint64_t eid, id, salt;
     int dest;
     int32_t *tok;
-    int n, sent, ended;
+    int n, cap, sent, ended;
     int64_t t0;
 } xout;
 
@@ -192,7 +192,7 @@ int wk_srv_kv_track(server *s, const slot *sl, const Llmserve__Generate *g, cons
         return LLM_ENOMEM;
     }
     memcpy(x->tok, tok, sizeof *tok * (size_t)n);
-    x->n = n;
+    x->n = x->cap = n;
     x->eid = sl->eid;
     x->id = g->kv_transfer_id;
     x->salt = salt;
@@ -290,12 +290,32 @@ static int push_one(server *s, xout *x) {
     return got == per ? 1 : 0;
 }
 
+/* The tokens a request made go on its chain: the blocks they fill are sent too (a request the gateway lets its
+ * prefill group decode, then moves to its decode group, takes all its KV along). */
+static void follow(xout *x, const wk_output *o) {
+    if (o->index || o->n_tokens <= 0 || x->cap < 0) return;
+    if (x->n + o->n_tokens > x->cap) {
+        int cap = x->cap * 2 > x->n + o->n_tokens ? x->cap * 2 : x->n + o->n_tokens;
+        int32_t *t = realloc(x->tok, sizeof *t * (size_t)cap);
+        if (!t) { /* the chain stops where it is: the rest is computed there */
+            x->cap = -1;
+            return;
+        }
+        x->tok = t;
+        x->cap = cap;
+    }
+    memcpy(x->tok + x->n, o->tokens, sizeof *x->tok * (size_t)o->n_tokens);
+    x->n += o->n_tokens;
+}
+
 void wk_srv_kv_push(server *s, const wk_output *o, int n) {
     if (!s->kv || !s->kv->out) return;
     for (int i = 0; i < n; i++)
-        if (o[i].last)
-            for (xout *x = s->kv->out; x; x = x->next)
-                if (x->eid == o[i].id) x->ended = 1;
+        for (xout *x = s->kv->out; x; x = x->next)
+            if (x->eid == o[i].id) {
+                follow(x, &o[i]);
+                if (o[i].last) x->ended = 1;
+            }
     for (xout **p = &s->kv->out; *p;) {
         xout *x = *p;
         int r;

@@ -18,9 +18,12 @@ one core each (taskset, --threads 1):
   colocated-tight  the same with --max-step-ms --decode-step-ms (50): short
              steps bought with slower prefill
   pd         one kv_producer group (core 0) and one kv_consumer group
-             (core 1): long prompts are prefilled on the producer and their
-             KV sent to the consumer, which decodes every stream (and
-             prefills the short prompts) with --max-step-ms --decode-step-ms
+             (core 1), both with --max-step-ms --decode-step-ms: long
+             prompts are prefilled on the producer (whole chunks) and their
+             KV sent to the consumer, which decodes; while no long prompt is
+             there, the producer prefills short prompts and decodes up to
+             half the streams (the gateway's --idle-decode), and a long
+             prompt moves those streams to the consumer first
 Measured at the client: the streams' inter-token latency (each gap between
 two streamed tokens) p50 / p99, the long prompts' TTFT p50 / p90, and the
 output tokens per second of everything. Then one greedy check: the answers
@@ -110,9 +113,10 @@ def run(mode):
                 "--health-host", "127.0.0.1"]
         if roles[i]:
             args += ["--kv-transfer-config", roles[i]]
-        # a decode group keeps its steps short (its prompts are short); colocated-tight tries the same on groups
+        # a decode group keeps its steps short (its prompts are short), and so does the prefill group while it
+        # decodes (--idle-decode; its prefills alone run whole chunks); colocated-tight tries the same on groups
         # that prefill everything
-        if (roles[i] and "consumer" in roles[i]) or mode == "colocated-tight":
+        if roles[i] or mode == "colocated-tight":
             args += ["--max-step-ms", str(a.decode_step_ms)]
         procs.append(subprocess.Popen(args, stdout=open(os.path.join(tmp, "w%d.log" % i), "w"), stderr=subprocess.STDOUT))
     procs.append(subprocess.Popen([build + "/llmserve-gateway", "--port", str(gport), "--host", "127.0.0.1",
@@ -190,6 +194,12 @@ def run(mode):
                 xfer = (n_x, 1e3 * v['llmserve:kv_transfer_seconds_sum{model_name="%s"}' % MODEL_ID[0]] / n_x)
             if os.environ.get("PD_DEBUG"):
                 print({k: x for k, x in v.items() if "kv_transfer" in k or "external" in k or "prefix_cache" in k})
+        c = http.client.HTTPConnection("127.0.0.1", gport, timeout=5)
+        c.request("GET", "/metrics")
+        gm = {l.split()[0]: float(l.split()[-1]) for l in c.getresponse().read().decode().splitlines()
+              if l and not l.startswith("#")}
+        split = [int(gm.get("llmserve:disagg_" + k + "_total", 0))
+                 for k in ("prefill_requests", "handoffs", "idle_decodes", "idle_decodes_moved")]
         # the greedy answers to the long prompts, each alone (the same in both modes)
         check = []
         for p in longs[:3]:
@@ -199,7 +209,7 @@ def run(mode):
         return {"itl50": pct(itl, 50) * 1e3, "itl99": pct(itl, 99) * 1e3, "ttft50": pct(ttft, 50),
                 "sttft50": pct(sttft, 50) * 1e3,
                 "ttft90": pct(ttft, 90), "tps": toks / wall, "streams": len(streams), "longs": len(ttft),
-                "check": check, "steps": steps, "xfer": xfer}
+                "check": check, "steps": steps, "xfer": xfer, "split": split}
     finally:
         for p in procs:
             p.terminate()
@@ -220,6 +230,9 @@ for mode in a.modes.split(","):
           flush=True)
     print("           worker steps (last 1024), ms p50/p99: %s%s" % ("; ".join("%.1f/%.1f" % x for x in r["steps"]),
           "; %d transfers adopted, %.2f ms after their last message left (mean)" % r["xfer"] if r["xfer"] else ""))
+    if r["split"][0]:
+        print("           the gateway: %d requests to the producer, %d handed over after their first token, %d "
+              "decoded there (--idle-decode), %d of those moved by a long prompt" % tuple(r["split"]))
 if "colocated" in res and "pd" in res:
     c, p = res["colocated"], res["pd"]
     print("pd vs colocated: ITL p99 %.2fx better; TTFT p50 %.2fx (long prompts), %.2fx (streams) (above 1: pd "

@@ -182,9 +182,45 @@ if ok:
     got_mid = complete(PD_G, mid, max_tokens=16)
     bg.join()
     h.check(got_mid[0] == complete(REF_G, mid, max_tokens=16)[0] and 32 <= got_mid[1]["prompt_tokens"] <= 64 and
-            metric(PD_G, "llmserve:disagg_prefill_requests_total") == before + 1,
-            "a %s-token prompt while the consumer decodes: prefilled by the free producer, answer identical" %
-            got_mid[1]["prompt_tokens"])
+            metric(PD_G, "llmserve:disagg_prefill_requests_total") == before + 1 and
+            metric(PD_G, "llmserve:disagg_idle_decodes_total") == 1,
+            "a %s-token prompt while the consumer decodes: prefilled by the free producer and decoded there "
+            "(--idle-decode: it held fewer streams), answer identical" % got_mid[1]["prompt_tokens"])
+
+    # such a guest stream is moved to the consumer when a long prompt is sent to its producer: cancelled there,
+    # its prompt's KV adopted, the tokens it made computed again; its text and the long prompt's are unchanged
+    guest, gkw = prompt(42, words=30), dict(max_tokens=200, ignore_eos=True)
+    ref_guest, ref_lng = complete(REF_G, guest, **gkw)[0], complete(REF_G, prompt(43))[0]
+    bg = threading.Thread(target=lambda: complete(PD_G, short, max_tokens=800, ignore_eos=True))
+    bg.start()
+    time.sleep(0.5)
+    moved0, lng, text = metric(PD_G, "llmserve:disagg_idle_decodes_moved_total"), {}, ""
+    recv0 = metric(D_H, "llmserve:kv_transfer_blocks_total", 'direction="received"')
+    exp0 = metric(D_H, "llmserve:kv_transfer_wait_expired_total")
+    lt = threading.Thread(target=lambda: lng.update(a=complete(PD_G, prompt(43))))
+    with urllib.request.urlopen(body(PD_G, guest, True, **gkw), timeout=120) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                d = json.loads(line[6:])
+                if d.get("choices"):
+                    text += d["choices"][0].get("text", "")
+                if len(text) > 200 and not lt.ident:
+                    lt.start()
+    lt.join(60)
+    bg.join()
+    h.check(metric(PD_G, "llmserve:disagg_idle_decodes_total") == 2 and
+            metric(PD_G, "llmserve:disagg_idle_decodes_moved_total") == moved0 + 1,
+            "a guest stream on the producer was moved off it when a long prompt came")
+    h.check(text == ref_guest, "the moved stream's text is the colocated group's (%d chars)" % len(text))
+    h.check(lng.get("a", [None])[0] == ref_lng, "and so is the long prompt's answer")
+    # the guest's transfer carried the blocks its tokens filled on the producer, not only its prompt's
+    g_prompt, l_prompt = complete(REF_G, guest, max_tokens=1)[1]["prompt_tokens"], lng["a"][1]["prompt_tokens"]
+    got_blocks = settled(D_H, "llmserve:kv_transfer_blocks_total", 'direction="received"', 0) - recv0
+    h.check(got_blocks > l_prompt // 16 + g_prompt // 16, "the moved stream's generated tokens' KV went along (%d "
+            "blocks received: %d the long prompt's, %d the guest's prompt's, the rest its output's)" %
+            (got_blocks, l_prompt // 16, g_prompt // 16))
+    h.check(metric(D_H, "llmserve:kv_transfer_wait_expired_total") == exp0, "and nothing waited out a transfer")
 
     # the producer lost while it holds a request: the request is prefilled elsewhere (here: where it decodes)
     pw.send_signal(signal.SIGSTOP)
