@@ -1,0 +1,275 @@
+"""The serving cluster across hosts: network namespaces as nodes, made and
+torn down by this test (tests/e2e/netns.py), so every hop crosses real
+interfaces and a bridge, not loopback.
+
+  test_netns_cluster.py BUILD_DIR MODEL
+
+  node 0  the client (this test's sockets) and haproxy in front
+  node 1  three gateways: two behind haproxy (groups A and B), one for P/D
+  node 2  group A           node 3  group B
+  node 4  a kv_producer     node 5  a kv_consumer (KV blocks node 4 -> 5)
+
+Checks: greedy answers through haproxy equal those of group B alone (both
+groups are one rank, so exact); a long prompt's KV crosses from the
+producer's node to the consumer's, answer unchanged; then the faults, each
+on the node that serves a live stream: its interface taken down (silence,
+no reset), its worker frozen (SIGSTOP), its worker killed. No stream hangs:
+each resumes on the other group with its text unchanged, and the group
+comes back (link up, SIGCONT, a restart). The host's own interfaces are
+left as they were. Skips (77) where namespaces cannot be made (not root,
+no iproute2) or haproxy is missing."""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netns  # noqa: E402
+from harness import Harness  # noqa: E402
+
+BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+if not os.path.exists(MODEL):
+    print("test_netns_cluster: model %s not found: skipped" % MODEL)
+    sys.exit(77)
+why = netns.available()
+if why:
+    print("test_netns_cluster: %s: skipped (the cluster of namespaces cannot be made here)" % why)
+    sys.exit(77)
+if not shutil.which("haproxy"):
+    print("test_netns_cluster: haproxy not installed: skipped (apt-get install haproxy)")
+    sys.exit(77)
+
+h = Harness("llmserve-netns-")
+c = netns.Cluster(6, tag="ll%x" % (os.getpid() & 0xffff))
+WPORT, HPORT, LB = 7600, 7601, 8080
+GW = {"g1": 8000, "g2": 8001, "gpd": 8002}
+A, B, P, D = 2, 3, 4, 5  # nodes
+ROLE = {P: '{"kv_role": "kv_producer"}', D: '{"kv_role": "kv_consumer"}'}
+
+
+def waddr(node):
+    return "tcp://%s:%d" % (c.addr(node), WPORT)
+
+
+def worker(node, tag=""):
+    args = [BUILD + "/llmserve-worker", "--model", MODEL, "--listen", waddr(node), "--max-model-len", "1024",
+            "--max-num-seqs", "8", "--threads", "1", "--log-level", "info", "--health-port", str(HPORT),
+            "--health-host", c.addr(node)]
+    if node in ROLE:
+        args += ["--kv-transfer-config", ROLE[node]]
+    return c.start(node, args, os.path.join(h.tmp, "worker-n%d%s.log" % (node, tag)))
+
+
+def gateway(name, nodes, extra=()):
+    return c.start(1, [BUILD + "/llmserve-gateway", "--host", c.addr(1), "--port", str(GW[name]), "--workers",
+                       ",".join(waddr(n) for n in nodes), "--reply-address", "tcp://%s:0" % c.addr(1),
+                       "--log-level", "info"] + list(extra), os.path.join(h.tmp, name + ".log"))
+
+
+def request(host, port, method, path, body=None, timeout=10):
+    """(status, text); (None, "") when nothing answers."""
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn.request(method, path, json.dumps(body) if body is not None else None,
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, r.read().decode()
+    except OSError:
+        return None, ""
+
+
+def metric(host, port, name, labels=""):
+    text = request(host, port, "GET", "/metrics")[1]
+    m = re.search(r"^%s(?:\{[^}]*%s[^}]*\})? (\S+)$" % (re.escape(name), re.escape(labels)), text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def wait(cond, t=60):
+    end = time.time() + t
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def up_in(gw, node):
+    return metric(c.addr(1), GW[gw], "llmserve:worker_up", waddr(node)) == 1
+
+
+MODEL_ID = []
+
+
+def completion(port, prompt, host=None, **kw):
+    """(text, finish_reason, seconds) of a greedy completion, streamed."""
+    b = {"model": MODEL_ID[0], "prompt": prompt, "max_tokens": 48, "temperature": 0, "stream": True}
+    b.update(kw)
+    t0, text, fin = time.time(), "", None
+    conn = http.client.HTTPConnection(host or c.addr(1), port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    for line in r:
+        line = line.decode().strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            d = json.loads(line[6:])
+            if d.get("choices"):
+                text += d["choices"][0].get("text", "")
+                fin = d["choices"][0].get("finish_reason") or fin
+    return text, fin, time.time() - t0
+
+
+def serving(gws=("g1", "g2")):
+    """The node whose group has a request of gateways gws in flight."""
+    for g in gws:
+        for n in (A, B):
+            if metric(c.addr(1), GW[g], "llmserve:gateway_inflight", waddr(n)) == 1:
+                return n
+    return None
+
+
+def fault(name, do, undo):
+    """A long stream through haproxy; once it is under way, do(node) on the node serving it: the stream must
+    end in time with the text group B alone gives (resumed on the other group), and undo(node) bring the
+    group back."""
+    prompt, kw = "Write a long story about a lighthouse keeper named %s." % name, dict(max_tokens=300,
+                                                                                       ignore_eos=True)
+    ref = completion(GW["gref"], prompt, **kw)[0]
+    b = {"model": MODEL_ID[0], "prompt": prompt, "temperature": 0, "stream": True}
+    b.update(kw)
+    conn = http.client.HTTPConnection(c.addr(0), LB, timeout=30)  # a hang raises here
+    conn.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    text, fin, node, t_fault, err = "", None, None, None, None
+    try:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                d = json.loads(line[6:])
+                if "error" in d:
+                    err = d["error"]
+                if d.get("choices"):
+                    text += d["choices"][0].get("text", "")
+                    fin = d["choices"][0].get("finish_reason") or fin
+            if node is None and len(text) > 40:
+                node = serving()
+                if node is None:
+                    break
+                do(node)
+                t_fault = time.time()
+    except OSError as e:
+        err = "the stream hung: %s" % e
+    took = time.time() - t_fault if t_fault else -1
+    h.check(node is not None, "%s: the stream ran on node %s" % (name, node))
+    h.check(err is None and fin == "length" and text == ref,
+            "%s: the stream ended %.1f s after the fault, resumed on the other group, text identical (%s)" %
+            (name, took, err or "%d chars" % len(text)))
+    if node is not None:
+        undo(node)
+        h.check(wait(lambda: up_in("g1", node) and up_in("g2", node), 60),
+                "%s: node %d's group serves again in both gateways" % (name, node))
+
+
+host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.split("\n")
+host_links = sorted(re.sub(r"^\d+: ", "", l).split(":")[0] for l in host_links if l)
+try:
+    c.up()
+    now = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.split("\n")
+    h.check(sorted(re.sub(r"^\d+: ", "", l).split(":")[0] for l in now if l) == host_links,
+            "six nodes and a switch made; the host's own interfaces unchanged (%s)" % ", ".join(host_links))
+    for n in (A, B, P, D):
+        worker(n)
+    gateway("g1", [A, B])
+    gateway("g2", [A, B])
+    gateway("gpd", [P, D], ["--max-local-prefill-length", "64"])
+    GW["gref"] = 8003
+    gateway("gref", [B])
+    cfg = os.path.join(h.tmp, "haproxy.cfg")
+    with open(cfg, "w") as f:
+        f.write("""global
+    maxconn 256
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 120s
+    timeout server 120s
+    retries 2
+    option redispatch
+    retry-on conn-failure empty-response 503
+frontend llm
+    bind %s:%d
+    default_backend gateways
+backend gateways
+    balance roundrobin
+    option httpchk GET /health
+    http-check expect status 200
+    server g1 %s:%d check inter 500 fall 2 rise 1
+    server g2 %s:%d check inter 500 fall 2 rise 1
+""" % (c.addr(0), LB, c.addr(1), GW["g1"], c.addr(1), GW["g2"]))
+    c.start(0, ["haproxy", "-db", "-f", cfg], os.path.join(h.tmp, "haproxy.log"))
+    c.enter(0)  # from here on this test's sockets are node 0's: it reaches the others over the bridge only
+    ok = h.check(wait(lambda: all(up_in(g, n) for g, ns in (("g1", (A, B)), ("g2", (A, B)), ("gpd", (P, D)),
+                                                                ("gref", (B,))) for n in ns), 120),
+                 "the gateways on node 1 see the groups on nodes 2 to 5 over the bridge")
+    ok = ok and h.check(wait(lambda: request(c.addr(0), LB, "GET", "/health")[0] == 200, 30),
+                        "haproxy on node 0 answers through them")
+    h.check(request("127.0.0.1", GW["g1"], "GET", "/health")[0] is None,
+            "node 0's loopback has no gateway: the traffic really crosses nodes")
+    if ok:
+        MODEL_ID.append(json.loads(request(c.addr(0), LB, "GET", "/v1/models")[1])["data"][0]["id"])
+        prompts = ["Tell me about node %d of the cluster and its %s." % (i, w)
+                   for i, w in enumerate(("river", "stone", "lantern", "orchard", "copper", "meadow"))]
+        ref = [completion(GW["gref"], p)[0] for p in prompts]
+        got = [completion(LB, p, host=c.addr(0))[0] for p in prompts]
+        h.check(got == ref, "greedy through haproxy, two gateways and two groups on two nodes: every answer is "
+                "group B's alone")
+        served = [metric(c.addr(n), HPORT, "vllm:generation_tokens_total") or 0 for n in (A, B)]
+        h.check(all(s > 0 for s in served), "both groups served (tokens generated: %s)" % served)
+
+        # P/D: the producer's node sends the KV to the consumer's over the bridge
+        long = "Summarise this report. " + " ".join("section %d covers the %s at length;" % (i, w) for i, w in
+                                                    enumerate(("harbor", "glacier", "falcon", "willow") * 6))
+        pd = completion(GW["gpd"], long)[0]
+        h.check(pd == completion(GW["gref"], long)[0] and metric(c.addr(1), GW["gpd"],
+                                                                 "llmserve:disagg_handoffs_total") == 1,
+                "a long prompt prefilled on node 4 and decoded on node 5: the answer is group B's")
+        blocks = None
+        end = time.time() + 10
+        while time.time() < end and not blocks:
+            blocks = metric(c.addr(D), HPORT, "llmserve:kv_transfer_blocks_total", 'direction="received"')
+            time.sleep(0.3)
+        h.check(blocks and blocks == metric(c.addr(P), HPORT, "llmserve:kv_transfer_blocks_total",
+                                            'direction="sent"'),
+                "its KV blocks crossed from node 4 to node 5 (%s)" % blocks)
+
+        # the faults, each on the node serving a live stream
+        fault("link down", lambda n: c.link(n, False), lambda n: c.link(n, True))
+        frozen = {}
+
+        def freeze(n):
+            frozen[n] = [int(p) for p in subprocess.run(["ip", "netns", "pids", c.ns(n)], capture_output=True,
+                                                        text=True).stdout.split()]
+            for p in frozen[n]:
+                os.kill(p, signal.SIGSTOP)
+
+        def thaw(n):
+            for p in frozen.pop(n, []):
+                os.kill(p, signal.SIGCONT)
+
+        fault("frozen", freeze, thaw)
+        procs = {}
+
+        def kill(n):
+            for p in subprocess.run(["ip", "netns", "pids", c.ns(n)], capture_output=True, text=True).stdout.split():
+                os.kill(int(p), signal.SIGKILL)
+
+        fault("killed", kill, lambda n: procs.update({n: worker(n, "-restarted")}))
+finally:
+    c.down()
+    left = [ns for ns, there in c.status().items() if there]
+    h.check(not left, "every namespace removed at the end (%s left)" % left)
+sys.exit(h.finish("test_netns_cluster"))
