@@ -523,13 +523,19 @@ static void hand_over(gw_req *q, int running) {
 void gw_req_on_chunk(gw *g, const Llmserve__TokenChunk *c) {
     gw_req *q = cm_idmap_get(&g->reqs, c->request_id);
     if (!q || !q->on_worker) return; /* ended, or an old id of a moved request */
-    if (c->seq != q->next_seq) {
-        gw_req_finish(q, 502, "lost a message from the worker (sequence gap)", "stream_gap");
+    int error = c->has_finish && (c->finish == LLMSERVE__FINISH_REASON__FINISH_ERROR ||
+                                  c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT);
+    /* an error carries no output, and a worker sends it outside the request's sequence (a group that stops
+     * tells each request so): it is taken as it comes. A gap in the output: what the client has is whole up to
+     * it, so the request goes on elsewhere from there, as from a lost group */
+    if (c->seq != q->next_seq && !error) {
+        gw_req_leave(q, 1);
+        q->on_worker = 0;
+        gw_req_retry(q, GW_FAIL_WORKER_LOST, 502, "lost a message from the worker (sequence gap)", "stream_gap");
         return;
     }
     q->next_seq++;
-    if (c->has_finish && (c->finish == LLMSERVE__FINISH_REASON__FINISH_ERROR ||
-                          c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT)) {
+    if (error) {
         q->on_worker = 0; /* it ended there */
         gw_req_worker_error(q, c->finish == LLMSERVE__FINISH_REASON__FINISH_TIMEOUT ? LLM_ETIMEDOUT
                                : c->has_error_code                                  ? c->error_code

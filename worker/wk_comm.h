@@ -1,7 +1,8 @@
 /* wk_comm.h - collective operations between the ranks of one worker group.
  *
- * Two backends behind one interface: a CPU shared-memory one (ranks on one
- * machine, no GPU needed) and NCCL (GPU buffers; compiled when CUDA is).
+ * Three backends behind one interface: CPU shared memory (ranks on one
+ * machine, no GPU needed), TCP (CPU ranks on different hosts) and NCCL (GPU
+ * buffers; compiled when CUDA is).
  * Every operation is deterministic and identical on every rank: sums are
  * taken in rank order, so all ranks hold bit-identical results and never
  * diverge. A dead peer, or one past the deadline (timeout_s), makes the
@@ -49,6 +50,16 @@ int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out)
 int wk_comm_shm_attach(const char *name, int rank, wk_comm **out);
 /* Records this rank's pid (and, on rank 0, which pids are its children to reap). */
 void wk_comm_shm_set_pid(wk_comm *c, int rank, pid_t pid, int is_child);
+
+/* TCP (ranks on different hosts; CPU), a star around rank 0 (wk_comm_tcp.c). Rank 0 listens on an ephemeral
+ * port of every interface before the group's join and accepts its ranks after it; a rank connects to rank 0's
+ * host at that port. Each connection opens with the token rank 0 handed out in the join. */
+#define WK_TCP_TOKEN_BYTES 16
+int wk_comm_tcp_listen(int *fd, int *port);
+int wk_comm_tcp_accept(int listen_fd, int size, const uint8_t token[WK_TCP_TOKEN_BYTES], double timeout_s,
+                       wk_comm **out);
+int wk_comm_tcp_connect(const char *host, int port, int rank, int size, const uint8_t token[WK_TCP_TOKEN_BYTES],
+                        double timeout_s, wk_comm **out);
 
 /* NCCL (builds with CUDA and NCCL: LLMSERVE_HAVE_NCCL): unique id from
  * rank 0, passed over the group's control channel. Buffers are device

@@ -294,6 +294,7 @@ int main(int argc, char **argv) {
                          .group_addr = group,
                          .spawn = spawn,
                          .use_nccl = lf.device == WK_DEV_CUDA,
+                         .use_tcp = lf.device != WK_DEV_CUDA && per_node && per_node < tp, /* hosts share no memory */
                          .device = my_rank % local,
                          .join_timeout_s = join_s,
                          .collective_timeout_s = coll_s,

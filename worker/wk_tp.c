@@ -11,14 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define TP_MAGIC 0x6c6d7470u
-#define TP_VERSION 2 /* 2: the join carries the deployment's secret */
+#define TP_VERSION 3 /* 2: the join carries the deployment's secret; 3: the TCP backend */
 
-enum { BACKEND_SHM = 1, BACKEND_NCCL = 2 };
+enum { BACKEND_SHM = 1, BACKEND_NCCL = 2, BACKEND_TCP = 3 };
 
 typedef struct {
     uint32_t magic, version, rank, size;
@@ -31,6 +32,8 @@ typedef struct {
     uint32_t magic, version, status, backend;
     char shm_name[64];
     uint8_t nccl_id[WK_NCCL_ID_BYTES];
+    uint32_t tcp_port;           /* BACKEND_TCP: rank 0's data port, and the token a connection opens with */
+    uint8_t tcp_token[WK_TCP_TOKEN_BYTES];
     char err[128];
 } join_rep;
 
@@ -94,9 +97,19 @@ static int formed(wk_tp *t, char *err, size_t errlen) {
 
 static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t errlen) {
     char shm_name[64] = "";
-    uint8_t nccl_id[WK_NCCL_ID_BYTES] = {0};
-    int rc;
-    if (t->backend == BACKEND_SHM) {
+    uint8_t nccl_id[WK_NCCL_ID_BYTES] = {0}, token[WK_TCP_TOKEN_BYTES] = {0};
+    int rc, lfd = -1, port = 0;
+    if (t->backend == BACKEND_TCP) {
+        if ((rc = wk_comm_tcp_listen(&lfd, &port))) {
+            snprintf(err, errlen, "cannot listen for the group's TCP connections: %s", strerror(errno));
+            return rc;
+        }
+        if (getrandom(token, sizeof token, 0) != (ssize_t)sizeof token) {
+            close(lfd);
+            snprintf(err, errlen, "no random bytes for the group's token");
+            return LLM_EIO;
+        }
+    } else if (t->backend == BACKEND_SHM) {
         rc = wk_comm_shm_create(t->size, shm_name, sizeof shm_name, &t->comm);
         if (rc) {
             snprintf(err, errlen, "cannot create the shared-memory segment: %s", cm_strerror(rc));
@@ -121,6 +134,7 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
     if (!rv) rv = nng_listen(rep, t->addr, NULL, 0);
     if (rv) {
         snprintf(err, errlen, "cannot listen on %s: %s", t->addr, nng_strerror(rv));
+        if (lfd >= 0) close(lfd);
         return LLM_EIO;
     }
     for (int r = 1; r < spawn && r < t->size; r++) /* this host's other ranks */
@@ -178,6 +192,8 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
             a.backend = (uint32_t)t->backend;
             snprintf(a.shm_name, sizeof a.shm_name, "%s", shm_name);
             memcpy(a.nccl_id, nccl_id, sizeof nccl_id);
+            a.tcp_port = (uint32_t)port;
+            memcpy(a.tcp_token, token, sizeof token);
             joined[q.rank] = 1;
             n_joined++;
             int child = 0;
@@ -190,6 +206,13 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
         nng_msg_append(msg, &a, sizeof a);
         if (nng_sendmsg(rep, msg, 0)) nng_msg_free(msg);
     }
+    if (t->backend == BACKEND_TCP) {
+        if ((rc = wk_comm_tcp_accept(lfd, t->size, token, t->join_s, &t->comm))) {
+            snprintf(err, errlen, "the ranks did not all connect over TCP within --join-timeout");
+            goto out;
+        }
+        CM_INFO("the group spans hosts: its collectives go over TCP (rank 0's port %d)", port);
+    }
 #ifdef LLMSERVE_HAVE_NCCL
     if (t->backend == BACKEND_NCCL && (rc = wk_comm_nccl_create(nccl_id, 0, t->size, 0, t->join_s, &t->comm))) {
         snprintf(err, errlen, "NCCL communicator: %s", cm_strerror(rc));
@@ -199,7 +222,24 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
     rc = formed(t, err, errlen);
 out:
     nng_close(rep);
+    if (lfd >= 0) close(lfd);
     return rc;
+}
+
+/* HOST of tcp://HOST:PORT (tcp4://, tcp6://, [v6] brackets dropped). */
+static int host_of(const char *addr, char *host, size_t len) {
+    const char *p = strstr(addr, "://");
+    if (!p || strncmp(addr, "tcp", 3)) return LLM_EINVAL;
+    p += 3;
+    const char *colon = strrchr(p, ':');
+    if (!colon || colon == p || (size_t)(colon - p) >= len) return LLM_EINVAL;
+    if (*p == '[' && colon[-1] == ']') {
+        p++;
+        colon--;
+    }
+    memcpy(host, p, (size_t)(colon - p));
+    host[colon - p] = 0;
+    return 0;
 }
 
 static int join(wk_tp *t, char *err, size_t errlen) {
@@ -242,7 +282,18 @@ static int join(wk_tp *t, char *err, size_t errlen) {
         return LLM_EUNSUP;
     }
     int rc;
-    if (a.backend == BACKEND_SHM) {
+    if (a.backend == BACKEND_TCP) {
+        char host[256];
+        if (host_of(t->addr, host, sizeof host)) {
+            snprintf(err, errlen, "a group across hosts needs a tcp:// --group-address, not %s", t->addr);
+            return LLM_EINVAL;
+        }
+        rc = wk_comm_tcp_connect(host, (int)a.tcp_port, t->rank, t->size, a.tcp_token, t->join_s, &t->comm);
+        if (rc) {
+            snprintf(err, errlen, "cannot connect to rank 0 at %s port %u: %s", host, a.tcp_port, cm_strerror(rc));
+            return rc;
+        }
+    } else if (a.backend == BACKEND_SHM) {
         rc = wk_comm_shm_attach(a.shm_name, t->rank, &t->comm);
         if (rc) {
             snprintf(err, errlen, "cannot attach to %s: %s", a.shm_name, cm_strerror(rc));
@@ -273,7 +324,7 @@ int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *e
     if (!t) return LLM_ENOMEM;
     t->size = size;
     t->rank = rank;
-    t->backend = o->use_nccl ? BACKEND_NCCL : BACKEND_SHM;
+    t->backend = o->use_nccl ? BACKEND_NCCL : o->use_tcp ? BACKEND_TCP : BACKEND_SHM;
     t->device = o->device;
     t->join_s = o->join_timeout_s;
     t->step_s = o->collective_timeout_s;

@@ -6,7 +6,8 @@
  * weights and holds only its KV heads). The group meets over a control
  * channel (NNG REQ/REP at --group-address): each rank sends its rank and pid,
  * rank 0 answers with the comm backend and what it needs (the shared-memory
- * segment's name; an NCCL unique id with --device cuda).
+ * segment's name; an NCCL unique id with --device cuda; for CPU ranks on
+ * more than one host, its TCP data port and the token to open it with).
  *
  * Lifetime: ranks that rank 0 starts are its children and die with it
  * (PR_SET_PDEATHSIG); rank 0 notices a dead rank at its next collective and
@@ -29,6 +30,7 @@ typedef struct {
      * other ranks join on their own (other hosts: --node-index). 0 or 1: none */
     int spawn;
     int use_nccl, device;        /* the NCCL backend on CUDA device `device`, else CPU shared memory */
+    int use_tcp;                 /* CPU ranks on more than one host: the TCP backend instead of shared memory */
     /* --join-timeout: how long rank 0 waits for every rank, and a rank for
      * the group to form (pods still pending or pulling images); 0: no limit */
     double join_timeout_s;

@@ -5,13 +5,17 @@ interfaces and a bridge, not loopback.
   test_netns_cluster.py BUILD_DIR MODEL
 
   node 0  the client (this test's sockets) and haproxy in front
-  node 1  three gateways: two behind haproxy (groups A and B), one for P/D
-  node 2  group A           node 3  group B
+  node 1  the gateways: two behind haproxy (groups A and B), one for P/D,
+          and one each for group B alone and the producer alone
+  node 2  group A's rank 0, node 6 its rank 1: tensor parallel across two
+          hosts, its collectives over TCP (--ranks-per-node 1)
+  node 3  group B: tensor parallel on one host, over shared memory
   node 4  a kv_producer     node 5  a kv_consumer (KV blocks node 4 -> 5)
 
-Checks: greedy answers through haproxy equal those of group B alone (both
-groups are one rank, so exact); a long prompt's KV crosses from the
-producer's node to the consumer's, answer unchanged; then the faults, each
+Checks: greedy answers through haproxy equal those of group B alone (so
+TP=2 over TCP between nodes gives the tokens of TP=2 over shared memory);
+a long prompt's KV crosses from the producer's node to the consumer's,
+answer unchanged; then the faults, each
 on the node that serves a live stream: its interface taken down (silence,
 no reset), its worker frozen (SIGSTOP), its worker killed. No stream hangs:
 each resumes on the other group with its text unchanged, and the group
@@ -45,10 +49,11 @@ if not shutil.which("haproxy"):
     sys.exit(77)
 
 h = Harness("llmserve-netns-")
-c = netns.Cluster(6, tag="ll%x" % (os.getpid() & 0xffff))
+c = netns.Cluster(7, tag="ll%x" % (os.getpid() & 0xffff))
 WPORT, HPORT, LB = 7600, 7601, 8080
 GW = {"g1": 8000, "g2": 8001, "gpd": 8002}
-A, B, P, D = 2, 3, 4, 5  # nodes
+A, B, P, D, A1 = 2, 3, 4, 5, 6  # nodes (A1: group A's second rank)
+GROUP_PORT = 7610  # group A's control channel, on node 2
 ROLE = {P: '{"kv_role": "kv_producer"}', D: '{"kv_role": "kv_consumer"}'}
 
 
@@ -57,12 +62,21 @@ def waddr(node):
 
 
 def worker(node, tag=""):
-    args = [BUILD + "/llmserve-worker", "--model", MODEL, "--listen", waddr(node), "--max-model-len", "1024",
-            "--max-num-seqs", "8", "--threads", "1", "--log-level", "info", "--health-port", str(HPORT),
-            "--health-host", c.addr(node)]
+    args = [BUILD + "/llmserve-worker", "--model", MODEL, "--max-model-len", "1024", "--max-num-seqs", "8",
+            "--threads", "1", "--log-level", "info"]
+    if node in (A, A1):  # one rank a node, the group formed over node 2's address
+        args += ["--tensor-parallel-size", "2", "--ranks-per-node", "1", "--node-index", str(int(node == A1)),
+                 "--group-address", "tcp://%s:%d" % (c.addr(A), GROUP_PORT)]
+    elif node == B:
+        args += ["--tensor-parallel-size", "2"]
+    if node != A1:
+        args += ["--listen", waddr(node), "--health-port", str(HPORT), "--health-host", c.addr(node)]
     if node in ROLE:
         args += ["--kv-transfer-config", ROLE[node]]
-    return c.start(node, args, os.path.join(h.tmp, "worker-n%d%s.log" % (node, tag)))
+    p = c.start(node, args, os.path.join(h.tmp, "worker-n%d%s.log" % (node, tag)))
+    if node == A:  # a group comes back whole
+        worker(A1, tag)
+    return p
 
 
 def gateway(name, nodes, extra=()):
@@ -132,12 +146,19 @@ def serving(gws=("g1", "g2")):
     return None
 
 
-def fault(name, do, undo):
-    """A long stream through haproxy; once it is under way, do(node) on the node serving it: the stream must
-    end in time with the text group B alone gives (resumed on the other group), and undo(node) bring the
-    group back."""
-    prompt, kw = "Write a long story about a lighthouse keeper named %s." % name, dict(max_tokens=300,
-                                                                                       ignore_eos=True)
+def fault(name, do, undo, want=None):
+    """A long stream through haproxy; once it is under way, do(node) on the node serving it (with want: only a
+    stream group want serves, new prompts tried until one is): the stream must end in time with the text group
+    B alone gives (resumed on the other group), and undo(node) bring the group back."""
+    for attempt in range(6):
+        if run_fault(name, do, undo, want, "%s %d" % (name, attempt)):
+            return
+    h.check(False, "%s: no stream landed on node %s" % (name, want))
+
+
+def run_fault(name, do, undo, want, topic):
+    prompt, kw = "Write a long story about %s, a lighthouse keeper." % topic, dict(max_tokens=300,
+                                                                                   ignore_eos=True)
     ref = completion(GW["gref"], prompt, **kw)[0]
     b = {"model": MODEL_ID[0], "prompt": prompt, "temperature": 0, "stream": True}
     b.update(kw)
@@ -157,8 +178,9 @@ def fault(name, do, undo):
                     fin = d["choices"][0].get("finish_reason") or fin
             if node is None and len(text) > 40:
                 node = serving()
-                if node is None:
-                    break
+                if node is None or (want is not None and node != want):
+                    r.read()  # another group has it: let it end, try another prompt
+                    return False
                 do(node)
                 t_fault = time.time()
     except OSError as e:
@@ -172,6 +194,7 @@ def fault(name, do, undo):
         undo(node)
         h.check(wait(lambda: up_in("g1", node) and up_in("g2", node), 60),
                 "%s: node %d's group serves again in both gateways" % (name, node))
+    return True
 
 
 host_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.split("\n")
@@ -180,14 +203,15 @@ try:
     c.up()
     now = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.split("\n")
     h.check(sorted(re.sub(r"^\d+: ", "", l).split(":")[0] for l in now if l) == host_links,
-            "six nodes and a switch made; the host's own interfaces unchanged (%s)" % ", ".join(host_links))
+            "seven nodes and a switch made; the host's own interfaces unchanged (%s)" % ", ".join(host_links))
     for n in (A, B, P, D):
         worker(n)
     gateway("g1", [A, B])
     gateway("g2", [A, B])
     gateway("gpd", [P, D], ["--max-local-prefill-length", "64"])
-    GW["gref"] = 8003
+    GW["gref"], GW["gp"] = 8003, 8004
     gateway("gref", [B])
+    gateway("gp", [P])
     cfg = os.path.join(h.tmp, "haproxy.cfg")
     with open(cfg, "w") as f:
         f.write("""global
@@ -213,8 +237,10 @@ backend gateways
     c.start(0, ["haproxy", "-db", "-f", cfg], os.path.join(h.tmp, "haproxy.log"))
     c.enter(0)  # from here on this test's sockets are node 0's: it reaches the others over the bridge only
     ok = h.check(wait(lambda: all(up_in(g, n) for g, ns in (("g1", (A, B)), ("g2", (A, B)), ("gpd", (P, D)),
-                                                                ("gref", (B,))) for n in ns), 120),
-                 "the gateways on node 1 see the groups on nodes 2 to 5 over the bridge")
+                                                                ("gref", (B,)), ("gp", (P,))) for n in ns), 120),
+                 "the gateways on node 1 see the groups on nodes 2 to 6 over the bridge")
+    h.check(any("collectives go over TCP" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % A))),
+            "group A's ranks on nodes 2 and 6 meet over TCP")
     ok = ok and h.check(wait(lambda: request(c.addr(0), LB, "GET", "/health")[0] == 200, 30),
                         "haproxy on node 0 answers through them")
     h.check(request("127.0.0.1", GW["g1"], "GET", "/health")[0] is None,
@@ -225,8 +251,8 @@ backend gateways
                    for i, w in enumerate(("river", "stone", "lantern", "orchard", "copper", "meadow"))]
         ref = [completion(GW["gref"], p)[0] for p in prompts]
         got = [completion(LB, p, host=c.addr(0))[0] for p in prompts]
-        h.check(got == ref, "greedy through haproxy, two gateways and two groups on two nodes: every answer is "
-                "group B's alone")
+        h.check(got == ref, "greedy through haproxy, two gateways and two groups on three nodes: every answer is "
+                "group B's alone (TP=2 over TCP between nodes = TP=2 over shared memory)")
         served = [metric(c.addr(n), HPORT, "vllm:generation_tokens_total") or 0 for n in (A, B)]
         h.check(all(s > 0 for s in served), "both groups served (tokens generated: %s)" % served)
 
@@ -234,9 +260,9 @@ backend gateways
         long = "Summarise this report. " + " ".join("section %d covers the %s at length;" % (i, w) for i, w in
                                                     enumerate(("harbor", "glacier", "falcon", "willow") * 6))
         pd = completion(GW["gpd"], long)[0]
-        h.check(pd == completion(GW["gref"], long)[0] and metric(c.addr(1), GW["gpd"],
-                                                                 "llmserve:disagg_handoffs_total") == 1,
-                "a long prompt prefilled on node 4 and decoded on node 5: the answer is group B's")
+        h.check(pd == completion(GW["gp"], long)[0] and metric(c.addr(1), GW["gpd"],
+                                                               "llmserve:disagg_handoffs_total") == 1,
+                "a long prompt prefilled on node 4 and decoded on node 5: the answer is the producer's alone")
         blocks = None
         end = time.time() + 10
         while time.time() < end and not blocks:
@@ -248,11 +274,14 @@ backend gateways
 
         # the faults, each on the node serving a live stream
         fault("link down", lambda n: c.link(n, False), lambda n: c.link(n, True))
+        def pids(n):
+            return [int(p) for p in subprocess.run(["ip", "netns", "pids", c.ns(n)], capture_output=True,
+                                                   text=True).stdout.split()]
+
         frozen = {}
 
         def freeze(n):
-            frozen[n] = [int(p) for p in subprocess.run(["ip", "netns", "pids", c.ns(n)], capture_output=True,
-                                                        text=True).stdout.split()]
+            frozen[n] = pids(n)
             for p in frozen[n]:
                 os.kill(p, signal.SIGSTOP)
 
@@ -264,10 +293,21 @@ backend gateways
         procs = {}
 
         def kill(n):
-            for p in subprocess.run(["ip", "netns", "pids", c.ns(n)], capture_output=True, text=True).stdout.split():
-                os.kill(int(p), signal.SIGKILL)
+            for p in pids(n):
+                os.kill(p, signal.SIGKILL)
+            if n == A:  # its other rank, on node 6, sees the connection close and ends too: the group goes whole
+                h.check(wait(lambda: not pids(A1), 30), "killed: group A's rank 1 on node 6 ended with its rank 0")
 
         fault("killed", kill, lambda n: procs.update({n: worker(n, "-restarted")}))
+
+        # group A loses its rank on node 6 mid-stream: rank 0 notices at its next collective, the group ends
+        # whole, the stream resumes on B; A restarted comes back
+        def kill_rank1(n):
+            for p in pids(A1):
+                os.kill(p, signal.SIGKILL)
+            h.check(wait(lambda: not pids(A), 30), "rank 1 killed: group A's rank 0 on node 2 ended too")
+
+        fault("rank 1 killed", kill_rank1, lambda n: worker(A, "-restarted2"), want=A)
 finally:
     c.down()
     left = [ns for ns, there in c.status().items() if there]
