@@ -172,6 +172,11 @@ PROFILES = {
     # cpu-small split in two: a prefill group (kv_producer) beside the decode group (kv_consumer); prompts
     # whose uncached part passes gateway.maxLocalPrefillLength are prefilled there and their KV sent over
     "cpu-pd": profile(**CPU_SMALL, worker__kvTransferConfig='{"kv_role": "kv_consumer"}', prefill__enabled=True),
+    # cpu-small's group on two nodes: one rank a pod, the LWS group of two; CPU ranks on different hosts meet
+    # over TCP (the leader's port 7700 for the join, then an ephemeral one for the collectives). The KV
+    # tiers run on one rank, so this profile has none
+    "cpu-multinode": profile(**dict(CPU_SMALL, worker__kvOffloadingSize="", worker__kvOffloadingDiskSize=""),
+                             worker__nodes=2, worker__tensorParallelSize=2),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
     "gpu-8b": gpu_profile("llama-3-8b-instruct", "llmserve-models-8b", 1, 1, "64Gi", "8", "auto", 8192,
                           worker__loadTimeout=900),
@@ -660,7 +665,8 @@ def objects():
                  "ingress": [
                      {"from": [{"podSelector": {"matchLabels": gw_sel}}, {"podSelector": {"matchLabels": labels("worker")}}],
                       "ports": [{"port": RPC}, {"port": GROUP}]},
-                     {"from": [{"podSelector": {"matchLabels": labels("worker")}}]},   # NCCL's sockets between pods
+                     # NCCL's sockets between pods, and a CPU group's TCP collectives (an ephemeral port of its leader)
+                     {"from": [{"podSelector": {"matchLabels": labels("worker")}}]},
                      {"ports": [{"port": PROBE}, {"port": HTTP}]}]}}))
     out.append(("metrics.serviceMonitor", {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",

@@ -288,6 +288,8 @@ static int join(wk_tp *t, char *err, size_t errlen) {
             snprintf(err, errlen, "a group across hosts needs a tcp:// --group-address, not %s", t->addr);
             return LLM_EINVAL;
         }
+        if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "*")) /* rank 0's own host listening */
+            snprintf(host, sizeof host, "127.0.0.1");
         rc = wk_comm_tcp_connect(host, (int)a.tcp_port, t->rank, t->size, a.tcp_token, t->join_s, &t->comm);
         if (rc) {
             snprintf(err, errlen, "cannot connect to rank 0 at %s port %u: %s", host, a.tcp_port, cm_strerror(rc));

@@ -330,6 +330,17 @@ def loopback(objs, name="cpu-small"):
                                    stdout=open(os.path.join(tmp, "w%d.log" % k), "w"), stderr=subprocess.STDOUT))
         probes.append(probe_p)
         rpcs.append("tcp://127.0.0.1:%d" % rpc)
+        tpl = lws["spec"]["leaderWorkerTemplate"]
+        for idx in range(1, tpl.get("size", 1) if k == 0 else 1):  # the group's other pods, from their own flags
+            fargs = [x.replace("$(LWS_WORKER_INDEX)", str(idx)).replace("$(LWS_LEADER_ADDRESS)", "127.0.0.1")
+                     for x in tpl["workerTemplate"]["spec"]["containers"][0]["args"]]
+            fsub = {"--model": MODEL, "--listen": "tcp://127.0.0.1:%d" % free_port(), "--health-port": "0",
+                    "--group-address": "tcp://127.0.0.1:%d" % group, "--kv-cache-memory": "256MiB"}
+            for f, v in fsub.items():
+                fargs[fargs.index(f) + 1] = v
+            ws.append(subprocess.Popen([os.path.join(BUILD, "llmserve-worker")] + fargs,
+                                       stdout=open(os.path.join(tmp, "w%d-%d.log" % (k, idx)), "w"),
+                                       stderr=subprocess.STDOUT))
     probe_p = probes[0]
     i = gargs.index("--workers-dns")  # the headless Service's name resolves to the leaders: here, their addresses
     gargs[i:i + 2] = ["--workers", ",".join(rpcs)]
@@ -364,6 +375,11 @@ def loopback(objs, name="cpu-small"):
         except OSError as e:
             ok, ans = False, str(e)
         check(ok, "loopback: a chat request through them is answered")
+        size = lws["spec"]["leaderWorkerTemplate"].get("size", 1)
+        if size > 1:  # pods are hosts: their ranks share no memory and meet over TCP
+            log = open(os.path.join(tmp, "w0.log"), errors="replace").read()
+            check("collectives go over TCP" in log, "loopback: the %s group's %d pods (one rank each) form one TP=%d "
+                  "group over TCP" % (name, size, size))
         if len(sets) > 1:  # P/D: a prompt past maxLocalPrefillLength is prefilled by the prefill set, decoded here
             n = int(arg_value(gargs, "--max-local-prefill-length")) + 100
             body = json.dumps({"model": arg_value(sets[0], "--served-model-name"), "prompt": [1000 + i % 5000 for i in range(n)],
@@ -554,6 +570,7 @@ def main():
         print("test_manifests: helm-python-sdk not installed: the chart was not rendered with Helm (skipped)")
     loopback(gen.render(gen.PROFILES["cpu-small"]))
     loopback(gen.render(gen.PROFILES["cpu-pd"]), "cpu-pd")
+    loopback(gen.render(gen.PROFILES["cpu-multinode"]), "cpu-multinode")
 
 
 main()
