@@ -2,6 +2,7 @@
 temporary folder for logs, processes started into it and always stopped, a
 check that prints and counts, and the ending that prints the logs' tails
 when something failed."""
+import json
 import os
 import subprocess
 import tempfile
@@ -19,6 +20,14 @@ def get(port, path, timeout=5):
         return e.code, ""
     except OSError:
         return None, ""
+
+
+def sse(lines):
+    """The JSON events of a server-sent event stream (a response read line by line), up to [DONE]."""
+    for line in lines:
+        line = (line.decode() if isinstance(line, bytes) else line).strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
 
 
 def ready(port, t=120):

@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import netns  # noqa: E402
-from harness import Harness  # noqa: E402
+from harness import Harness, sse  # noqa: E402
 
 BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 if not os.path.exists(MODEL):
@@ -126,14 +126,10 @@ def completion(port, prompt, host=None, **kw):
     t0, text, fin = time.time(), "", None
     conn = http.client.HTTPConnection(host or c.addr(1), port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
-    r = conn.getresponse()
-    for line in r:
-        line = line.decode().strip()
-        if line.startswith("data: ") and line != "data: [DONE]":
-            d = json.loads(line[6:])
-            if d.get("choices"):
-                text += d["choices"][0].get("text", "")
-                fin = d["choices"][0].get("finish_reason") or fin
+    for d in sse(conn.getresponse()):
+        if d.get("choices"):
+            text += d["choices"][0].get("text", "")
+            fin = d["choices"][0].get("finish_reason") or fin
     return text, fin, time.time() - t0
 
 
@@ -167,15 +163,12 @@ def run_fault(name, do, undo, want, topic):
     r = conn.getresponse()
     text, fin, node, t_fault, err = "", None, None, None, None
     try:
-        for line in r:
-            line = line.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                d = json.loads(line[6:])
-                if "error" in d:
-                    err = d["error"]
-                if d.get("choices"):
-                    text += d["choices"][0].get("text", "")
-                    fin = d["choices"][0].get("finish_reason") or fin
+        for d in sse(r):
+            if "error" in d:
+                err = d["error"]
+            if d.get("choices"):
+                text += d["choices"][0].get("text", "")
+                fin = d["choices"][0].get("finish_reason") or fin
             if node is None and len(text) > 40:
                 node = serving()
                 if node is None or (want is not None and node != want):

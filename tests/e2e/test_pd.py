@@ -24,7 +24,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness import Harness, get, ready  # noqa: E402
+from harness import Harness, get, ready, sse  # noqa: E402
 from ports import free_port  # noqa: E402
 
 BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
@@ -80,14 +80,12 @@ def complete(gport, text, stream=False, **kw):
         d = json.loads(raw)
         return d["choices"][0]["text"], d["usage"], d["choices"][0]["finish_reason"]
     text, usage, fin = "", {}, None
-    for line in raw.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            d = json.loads(line[6:])
-            if d.get("choices"):
-                text += d["choices"][0].get("text", "")
-                fin = d["choices"][0].get("finish_reason") or fin
-            if d.get("usage"):
-                usage = d["usage"]
+    for d in sse(raw.splitlines()):
+        if d.get("choices"):
+            text += d["choices"][0].get("text", "")
+            fin = d["choices"][0].get("finish_reason") or fin
+        if d.get("usage"):
+            usage = d["usage"]
     return text, usage, fin
 
 
@@ -199,14 +197,11 @@ if ok:
     exp0 = metric(D_H, "llmserve:kv_transfer_wait_expired_total")
     lt = threading.Thread(target=lambda: lng.update(a=complete(PD_G, prompt(43))))
     with urllib.request.urlopen(body(PD_G, guest, True, **gkw), timeout=120) as r:
-        for line in r:
-            line = line.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                d = json.loads(line[6:])
-                if d.get("choices"):
-                    text += d["choices"][0].get("text", "")
-                if len(text) > 200 and not lt.ident:
-                    lt.start()
+        for d in sse(r):
+            if d.get("choices"):
+                text += d["choices"][0].get("text", "")
+            if len(text) > 200 and not lt.ident:
+                lt.start()
     lt.join(60)
     bg.join()
     h.check(metric(PD_G, "llmserve:disagg_idle_decodes_total") == 2 and
@@ -246,15 +241,12 @@ if ok:
     before = metric(PD_G, "llmserve:disagg_handoffs_total")
     text, killed = "", False
     with urllib.request.urlopen(body(PD_G, prompt(31), True, **long_kw), timeout=120) as r:
-        for line in r:
-            line = line.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                d = json.loads(line[6:])
-                if d.get("choices"):
-                    text += d["choices"][0].get("text", "")
-                if len(text) > 40 and not killed:
-                    dw.send_signal(signal.SIGKILL)
-                    killed = True
+        for d in sse(r):
+            if d.get("choices"):
+                text += d["choices"][0].get("text", "")
+            if len(text) > 40 and not killed:
+                dw.send_signal(signal.SIGKILL)
+                killed = True
     dw.wait()
     h.check(killed and metric(PD_G, "llmserve:disagg_handoffs_total") == before + 1, "the stream was handed over, "
             "then its consumer killed")
