@@ -138,12 +138,8 @@ static int tcp_all_reduce(wk_comm *c, float *buf, size_t n) {
 
 static int tcp_all_gather_cols(wk_comm *c, const float *in, int rows, const int *width, float *out) {
     tcp_impl *t = c->impl;
-    int total = 0, col0 = 0;
-    for (int r = 0; r < c->size; r++) {
-        if (r == c->rank) col0 = total;
-        total += width[r];
-    }
-    (void)col0;
+    int total = 0;
+    for (int r = 0; r < c->size; r++) total += width[r];
     size_t all = (size_t)rows * (size_t)total;
     if (c->rank) {
         uint32_t need = out != NULL; /* a rank without out is not sent the result */
