@@ -204,6 +204,42 @@ static int reduce(wk_model *m, float *buf, size_t n) {
     return m->comm && m->tp_size > 1 ? m->comm->ops->all_reduce_sum(m->comm, buf, n) : 0;
 }
 
+/* Pipeline parallelism: after stage k's layers, its rows m->x [T][dim] go out on the group's wire (a
+ * broadcast from stage k's rank that every rank takes part in, in stage order, so no rank waits on a
+ * message out of turn); stage k+1 computes on them. before: the hops up to this rank's stage (the rows it
+ * starts from); after: its own and the later ones. */
+static int stage_hops(wk_model *m, int T, int after) {
+    size_t bytes = sizeof(float) * (size_t)T * m->cfg.dim;
+    int from = after ? m->pp_rank : 0, to = after ? m->pp_size - 1 : m->pp_rank;
+    for (int k = from; k < to; k++) {
+        int rc = m->comm->ops->broadcast(m->comm, m->x, bytes, k * m->tp_size);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* The last stage's LM head over the n rows that want logits, sent to rank 0 (which samples); the other
+ * stages take part in that broadcast into scratch. */
+static int stage_logits(wk_model *m, int n, float *logits) {
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, last = m->pp_rank == m->pp_size - 1;
+    float *out = m->comm->rank == 0 ? logits : NULL;
+    if (!out && n > m->lm_rows) {
+        float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * cf->vocab);
+        if (!nl) return LLM_ENOMEM;
+        m->lm_local = nl;
+        m->lm_rows = n;
+    }
+    if (!out) out = m->lm_local;
+    if (last) {
+        par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
+        const kn_weight *ow = &m->output;
+        mm(m, 1, &ow, &out, m->xb, &m->act_dim, n);
+    }
+    return m->comm->ops->broadcast(m->comm, out, sizeof(float) * (size_t)n * cf->vocab,
+                                   (m->pp_size - 1) * m->tp_size);
+}
+
 /* One step of T tokens (T <= max_batch) from n_seq sequences. With tensor
  * parallelism every rank runs this with the same plan on its shard; logits
  * (vocabulary-parallel) are gathered on rank 0, whose `logits` is used. */
@@ -214,16 +250,19 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
     for (int i = 0, t = 0; i < n_seq; i++) {
         m->attn_seq[i] = (kn_attn_seq){s[i].n, s[i].pos0, t, s[i].blocks};
         for (int j = 0; j < s[i].n; j++, t++) {
-            kn_get_row(&m->tok_embd, s[i].tokens[j], m->x + (size_t)t * D);
-            if (cf->gemma) /* Gemma scales the embedding by sqrt(dim) (in fp32, as llama.cpp) */
-                for (int d = 0; d < D; d++) m->x[(size_t)t * D + d] *= sqrtf((float)D);
+            if (m->pp_rank == 0) { /* later stages receive the rows (stage_hops) */
+                kn_get_row(&m->tok_embd, s[i].tokens[j], m->x + (size_t)t * D);
+                if (cf->gemma) /* Gemma scales the embedding by sqrt(dim) (in fp32, as llama.cpp) */
+                    for (int d = 0; d < D; d++) m->x[(size_t)t * D + d] *= sqrtf((float)D);
+            }
             m->tok_pos[t] = s[i].pos0 + j;
             m->tok_blocks[t] = s[i].blocks;
         }
     }
     int lora = m->n_loras ? wk_lora_group(m, n_seq, s) : 0; /* the rows grouped by adapter, for every layer */
     if (lora < 0) return lora;
-    for (uint32_t l = 0; l < cf->n_layer; l++) {
+    if ((rc = stage_hops(m, T, 0))) return rc;
+    for (uint32_t l = (uint32_t)m->layer0; l < (uint32_t)m->layer1; l++) {
         wk_layer *L = &m->layers[l];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
         const kn_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -234,8 +273,8 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
             wk_lora_out o[3] = {{WK_LORA_Q, m->q, QDl}, {WK_LORA_K, m->k, KVDl}, {WK_LORA_V, m->v, KVDl}};
             wk_lora_apply(m, (int)l, 3, o, m->xb, D);
         }
-        qkv_post(m, L, c, (int)l, T);
-        size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        qkv_post(m, L, c, (int)l - m->layer0, T);
+        size_t layer = (size_t)(l - (uint32_t)m->layer0) * (size_t)c->n_blocks * c->block_stride;
         kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
                            c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
                            m->attn_scratch, L->window, L->sinks};
@@ -271,12 +310,14 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
     }
+    if ((rc = stage_hops(m, T, 1))) return rc;
     /* gather the rows that want logits, then one LM-head GEMM */
     int n = 0;
     for (int i = 0, t = 0; i < n_seq; t += s[i].n, i++)
         for (int j = s[i].logits_from; j < s[i].n; j++, n++)
             if (n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
     if (!n) return 0;
+    if (m->pp_size > 1) return stage_logits(m, n, logits);
     par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
     const kn_weight *ow = &m->output;
     if (m->tp_size == 1) { /* straight into the caller's buffer */
@@ -346,7 +387,7 @@ int wk_forward_shutdown(wk_model *m) {
 
 #define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
 int wk_forward_keepalive(wk_model *m) {
-    if (!m->comm || m->tp_rank != 0 || m->comm->timeout_s <= 0) return 0;
+    if (!m->comm || m->comm->rank != 0 || m->comm->timeout_s <= 0) return 0;
     double t = cm_now();
     if (t - m->plan_t < m->comm->timeout_s / 4) return 0;
     m->plan_t = t;
@@ -421,7 +462,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         }
         m->attn_scratch_len = max_len;
     }
-    if (m->tp_size > 1 && m->tp_rank == 0) {
+    if (m->comm && m->comm->size > 1 && m->comm->rank == 0) {
         int rc = plan_send(m, c, n_seq, s);
         if (rc) return rc;
     }

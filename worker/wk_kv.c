@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 size_t wk_kv_bytes_per_token(const wk_model *m, int type) {
-    return 2 * (size_t)m->cfg.n_layer * (size_t)m->n_kv_l * m->cfg.head_dim * kn_kv_elem_bytes(type);
+    return 2 * (size_t)(m->layer1 - m->layer0) * (size_t)m->n_kv_l * m->cfg.head_dim * kn_kv_elem_bytes(type);
 }
 
 int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, wk_cache **out) {
@@ -30,7 +30,7 @@ int wk_cache_create(const wk_model *m, int type, int block_size, int n_blocks, w
     c->block_size = block_size;
     while ((1 << c->block_shift) < block_size) c->block_shift++;
     c->n_blocks = n_blocks;
-    c->n_layer = (int)m->cfg.n_layer;
+    c->n_layer = m->layer1 - m->layer0; /* this pipeline stage's layers */
     c->block_stride = (size_t)block_size * (size_t)m->n_kv_l * m->cfg.head_dim * kn_kv_elem_bytes(type);
     size_t total = c->block_stride * (size_t)n_blocks * (size_t)c->n_layer;
     c->device = m->device == WK_DEV_CUDA;

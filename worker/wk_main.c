@@ -29,6 +29,9 @@ static void help(FILE *f) {
             "  --model PATH              GGUF model (default $LLMSERVE_MODEL or " DEFAULT_MODEL ")\n"
             "  --listen ADDR             tcp://HOST:PORT or ipc://PATH (default tcp://127.0.0.1:7600)\n"
             "  --tensor-parallel-size N  split the model over N rank processes (default 1)\n"
+            "  --pipeline-parallel-size P  split the layers into P stages, one rank process each, which pass each\n"
+            "                            step's hidden rows on (CPU; ranks as for TP: --ranks-per-node 1 puts a\n"
+            "                            stage on each host; default 1)\n"
             "  --rank R                  (internal / multi-host) join a group as rank R\n"
             "  --ranks-per-node K        ranks on each host (default: all of them on this one); this process runs\n"
             "                            the first of its host's and starts the other K-1\n"
@@ -64,7 +67,7 @@ static void help(FILE *f) {
 int main(int argc, char **argv) {
     const char *model = getenv("LLMSERVE_MODEL") ? getenv("LLMSERVE_MODEL") : DEFAULT_MODEL;
     const char *listen = "tcp://127.0.0.1:7600", *group = NULL, *worker_id = NULL, *served = NULL;
-    int tp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
+    int tp = 1, pp = 1, rank = -1, threads = 0, hb = 5000, max_waiting = 1024, shutdown_s = 30, health_port = 0, warmup = 1;
     const char *health_host = "0.0.0.0";
     int per_node = 0, node_index = -1, kv_role = WK_KV_BOTH;
     size_t kv_buffer = 1000000000; /* vLLM's kv_buffer_size default */
@@ -73,10 +76,11 @@ int main(int argc, char **argv) {
     wk_engine_opts_default(&eo);
     cm_log_set_level(CM_LOG_INFO);
     enum { O_MODEL = 1, O_LISTEN, O_TP, O_RANK, O_GROUP, O_THREADS, O_WID, O_NAME, O_HB, O_MAXW, O_LOG, O_SHUT, O_SECRET, O_HPORT, O_HHOST,
-           O_NOWARM, O_PERNODE, O_NODEIDX, O_JOINT, O_COLLT, O_LOADT, O_KVXFER };
+           O_NOWARM, O_PERNODE, O_NODEIDX, O_JOINT, O_COLLT, O_LOADT, O_KVXFER, O_PP };
     static const struct option lo[] = {{"model", required_argument, 0, O_MODEL},
                                        {"listen", required_argument, 0, O_LISTEN},
                                        {"tensor-parallel-size", required_argument, 0, O_TP},
+                                       {"pipeline-parallel-size", required_argument, 0, O_PP},
                                        {"rank", required_argument, 0, O_RANK},
                                        {"group-address", required_argument, 0, O_GROUP},
                                        {"threads", required_argument, 0, O_THREADS},
@@ -108,6 +112,7 @@ int main(int argc, char **argv) {
         case O_MODEL: model = optarg; break;
         case O_LISTEN: listen = optarg; break;
         case O_TP: bad = cm_parse_int("--tensor-parallel-size", optarg, 1, 64, &tp); break;
+        case O_PP: bad = cm_parse_int("--pipeline-parallel-size", optarg, 1, 64, &pp); break;
         case O_RANK: bad = cm_parse_int("--rank", optarg, 0, 63, &rank); break;
         case O_GROUP: group = optarg; break;
         case O_THREADS: bad = cm_parse_int("--threads", optarg, 1, 1024, &threads); break;
@@ -165,6 +170,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llmserve-worker: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    if (pp > 1) { /* stages of one rank each: refused what would cross them */
+        if (tp > 1) {
+            fprintf(stderr, "llmserve-worker: --pipeline-parallel-size with --tensor-parallel-size %d: stages of more "
+                            "than one rank (a TP collective per stage) are not built yet; use one or the other\n", tp);
+            return 2;
+        }
+        if (eo.spec.method != WK_SPEC_NONE || kv_role != WK_KV_BOTH || eo.kv_offload_bytes || eo.kv_offload_dir ||
+            lf.lora_on || lf.n_lora_modules) {
+            fprintf(stderr, "llmserve-worker: --pipeline-parallel-size runs without %s for now\n",
+                    eo.spec.method != WK_SPEC_NONE ? "speculative decoding (its verify step would cross every stage)"
+                    : kv_role != WK_KV_BOTH        ? "--kv-transfer-config (each stage would send its layers' blocks)"
+                    : lf.lora_on || lf.n_lora_modules ? "LoRA adapters (each stage would load its layers' factors)"
+                                                      : "--kv-offloading-size / --kv-offloading-dir (each stage holds "
+                                                        "its layers' blocks)");
+            return 2;
+        }
+    }
+    int world = tp * pp; /* the group: ranks = stage x tp + tp_rank */
     if (node_index >= 0) {
         if (!per_node) {
             fprintf(stderr, "llmserve-worker: --node-index goes with --ranks-per-node\n");
@@ -172,8 +195,9 @@ int main(int argc, char **argv) {
         }
         if (rank < 0) rank = node_index * per_node; /* a rank its host's first one started names itself */
     }
-    if (per_node && tp % per_node) {
-        fprintf(stderr, "llmserve-worker: --ranks-per-node %d does not divide --tensor-parallel-size %d\n", per_node, tp);
+    if (per_node && world % per_node) {
+        fprintf(stderr, "llmserve-worker: --ranks-per-node %d does not divide the group's %d ranks "
+                        "(--tensor-parallel-size x --pipeline-parallel-size)\n", per_node, world);
         return 2;
     }
     /* in a LeaderWorkerSet the group's pod count comes from LWS: a size that disagrees with the flags would
@@ -182,29 +206,29 @@ int main(int argc, char **argv) {
     if (lws && node_index >= 0) {
         int pods = 0;
         if (cm_parse_int("LWS_GROUP_SIZE", lws, 1, 64, &pods)) return 2;
-        if (pods * per_node != tp) {
-            fprintf(stderr, "llmserve-worker: LWS_GROUP_SIZE %d pods x --ranks-per-node %d is not --tensor-parallel-size "
-                            "%d\n", pods, per_node, tp);
+        if (pods * per_node != world) {
+            fprintf(stderr, "llmserve-worker: LWS_GROUP_SIZE %d pods x --ranks-per-node %d is not the group's "
+                            "%d ranks (--tensor-parallel-size x --pipeline-parallel-size)\n", pods, per_node, world);
             return 2;
         }
     }
-    if (eo.spec.method == WK_SPEC_DRAFT && tp > 1) {
+    if (eo.spec.method == WK_SPEC_DRAFT && world > 1) {
         fprintf(stderr, "llmserve-worker: draft_model speculation runs on one rank; with --tensor-parallel-size %d use "
-                        "method ngram\n", tp);
+                        "method ngram\n", world);
         return 2;
     }
-    if (kv_role != WK_KV_BOTH && tp > 1) {
+    if (kv_role != WK_KV_BOTH && world > 1) {
         fprintf(stderr, "llmserve-worker: --kv-transfer-config %s runs on one rank for now (each rank would send its "
-                        "shard of a block to its peer rank); not with --tensor-parallel-size %d\n", wk_kv_role_name(kv_role), tp);
+                        "shard of a block to its peer rank); not with --tensor-parallel-size %d\n", wk_kv_role_name(kv_role), world);
         return 2;
     }
     if (kv_role == WK_KV_CONSUMER && !eo.kv_offload_bytes) eo.kv_offload_bytes = kv_buffer; /* where adopted KV waits */
     /* a producer's prefill alone runs whole chunks (--max-num-batched-tokens); the time target keeps the steps
      * short only while it decodes streams (a gateway's --idle-decode) */
     if (kv_role == WK_KV_PRODUCER) eo.step_decoding_only = 1;
-    if ((eo.kv_offload_bytes || eo.kv_offload_dir) && tp > 1) {
+    if ((eo.kv_offload_bytes || eo.kv_offload_dir) && world > 1) {
         fprintf(stderr, "llmserve-worker: --kv-offloading-size / --kv-offloading-dir run on one rank for now (each rank "
-                        "would keep its shard of a block); not with --tensor-parallel-size %d\n", tp);
+                        "would keep its shard of a block); not with --tensor-parallel-size %d\n", world);
         return 2;
     }
     if (eo.kv_offload_disk_bytes && !eo.kv_offload_dir) {
@@ -212,8 +236,8 @@ int main(int argc, char **argv) {
                         "which is not given\n");
         return 2;
     }
-    if (rank >= tp) {
-        fprintf(stderr, "llmserve-worker: --rank %d is outside --tensor-parallel-size %d\n", rank, tp);
+    if (rank >= world) {
+        fprintf(stderr, "llmserve-worker: --rank %d is outside the group's %d ranks\n", rank, world);
         return 2;
     }
     char wid[256], name[256];
@@ -223,7 +247,7 @@ int main(int argc, char **argv) {
         snprintf(wid, sizeof wid, "%s:%d", host, (int)getpid());
         worker_id = wid;
     }
-    wk_model_opts mo = {.model_path = model, .max_batch = eo.max_num_batched_tokens};
+    wk_model_opts mo = {.model_path = model, .max_batch = eo.max_num_batched_tokens, .pp_size = pp};
     if (wk_model_flags_apply(&lf, &mo)) return 2;
     if (kv_role != WK_KV_BOTH && mo.device != WK_DEV_CPU) {
         fprintf(stderr, "llmserve-worker: --kv-transfer-config %s: KV transfers are built for the CPU backend only (a "
@@ -254,7 +278,7 @@ int main(int argc, char **argv) {
     int encoder = model && !mo.model_config && cm_model_open(model, &probe, NULL, 0) == 0 && probe->cfg.encoder;
     cm_model_close(probe);
     if (encoder) {
-        if (tp > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU || eo.kv_offload_bytes ||
+        if (world > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU || eo.kv_offload_bytes ||
             eo.kv_offload_dir || kv_role != WK_KV_BOTH) {
             fprintf(stderr, "llmserve-worker: %s is an embedding model: it runs on the CPU, one rank, without "
                             "speculative decoding or a KV cache to offload or transfer\n", model);
@@ -283,18 +307,18 @@ int main(int argc, char **argv) {
     }
     wk_tp *group_h = NULL;
     int my_rank = rank < 0 ? 0 : rank;
-    if (tp > 1) {
+    if (world > 1) {
         wk_health_load_deadline(health, load_s, 1); /* the join has its own deadline */
-        /* rank 0 starts ranks 1..tp-1 (unless they join on their own with --rank) */
+        /* rank 0 starts ranks 1..world-1 (unless they join on their own with --rank) */
         /* without --ranks-per-node the whole group is on this host: started bare, this process starts it */
-        int local = per_node ? per_node : tp;
-        int spawn = per_node ? (my_rank % per_node == 0 ? per_node : 1) : (rank < 0 ? tp : 1);
-        wk_tp_opts to = {.size = tp,
+        int local = per_node ? per_node : world;
+        int spawn = per_node ? (my_rank % per_node == 0 ? per_node : 1) : (rank < 0 ? world : 1);
+        wk_tp_opts to = {.size = world,
                          .rank = my_rank,
                          .group_addr = group,
                          .spawn = spawn,
                          .use_nccl = lf.device == WK_DEV_CUDA,
-                         .use_tcp = lf.device != WK_DEV_CUDA && per_node && per_node < tp, /* hosts share no memory */
+                         .use_tcp = lf.device != WK_DEV_CUDA && per_node && per_node < world, /* hosts share no memory */
                          .device = my_rank % local,
                          .join_timeout_s = join_s,
                          .collective_timeout_s = coll_s,
@@ -306,8 +330,8 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    if (tp > 1) wk_health_load_deadline(health, load_s, 0); /* the clock again, from the group's forming */
-    int per_rank = threads ? threads : (int)(sysconf(_SC_NPROCESSORS_ONLN) / tp);
+    if (world > 1) wk_health_load_deadline(health, load_s, 0); /* the clock again, from the group's forming */
+    int per_rank = threads ? threads : (int)(sysconf(_SC_NPROCESSORS_ONLN) / world);
     if (per_rank < 1) per_rank = 1;
     mo.threads = per_rank;
     wk_model *m = NULL;
@@ -322,7 +346,10 @@ int main(int argc, char **argv) {
     }
     CM_INFO("model %s: %s, %u layers, dim %u, %u/%u heads, vocab %u, ctx %u, isa %s (%s), %d threads, rank %d of %d",
             m->file->path, m->cfg.arch, m->cfg.n_layer, m->cfg.dim, m->cfg.n_head, m->cfg.n_kv_head, m->cfg.vocab,
-            m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool), my_rank, tp);
+            m->cfg.ctx_len, kn_isa_name(), kn_isa_reason(), kn_pool_size(m->pool), my_rank, world);
+    if (pp > 1)
+        CM_INFO("pipeline stage %d of %d: layers %d..%d%s%s", m->pp_rank, pp, m->layer0, m->layer1 - 1,
+                m->pp_rank == 0 ? ", the embeddings" : "", m->pp_rank == pp - 1 ? ", the LM head" : "");
     wk_model *dm = NULL;
     if (eo.spec.method == WK_SPEC_DRAFT) { /* the draft: same device, threads and batch capacity */
         if ((rc = wk_draft_model_load(&mo, m, &eo.spec, &dm, err, sizeof err))) {

@@ -155,6 +155,32 @@ static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, 
     return load_weight_part(m, w, name, k, n, 0, n, 0, k, err, errlen);
 }
 
+/* This rank's pipeline stage: its layers, the earlier stages taking one more where they do not divide
+ * (stage 0's KV per token is then the largest, which the cache geometry rank 0 sends is sized by). The
+ * other stages' layer tensors are marked used: they are theirs, not ignored. */
+static int stage_layers(wk_model *m, char *err, size_t errlen) {
+    int L = (int)m->cfg.n_layer, P = m->pp_size, s = m->pp_rank;
+    if (P > L) {
+        snprintf(err, errlen, "--pipeline-parallel-size %d is more stages than the model's %d layers", P, L);
+        return LLM_EUNSUP;
+    }
+    if (P > 1 && m->device == WK_DEV_CUDA) {
+        snprintf(err, errlen, "--pipeline-parallel-size runs on the CPU backend only for now (the GPU stage wire, "
+                 "NCCL send/recv between stages, is not built)");
+        return LLM_EUNSUP;
+    }
+    m->layer0 = (int)(((int64_t)s * L + P - 1) / P);
+    m->layer1 = (int)(((int64_t)(s + 1) * L + P - 1) / P);
+    for (size_t i = 0; P > 1 && i < m->file->n_tensors; i++) {
+        unsigned l;
+        int off = 0;
+        if (sscanf(m->file->tensors[i].name, "blk.%u.%n", &l, &off) == 1 && off &&
+            ((int)l < m->layer0 || (int)l >= m->layer1))
+            m->file->tensors[i].used = 1;
+    }
+    return 0;
+}
+
 /* This rank's share of heads, FFN columns and vocabulary. */
 static int shard(wk_model *m, char *err, size_t errlen) {
     const cm_model_config *c = &m->cfg;
@@ -335,8 +361,11 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         goto fail;
     }
     m->comm = o->comm;
-    m->tp_rank = o->comm ? o->comm->rank : 0;
-    m->tp_size = o->comm ? o->comm->size : 1;
+    m->pp_size = o->pp_size > 1 ? o->pp_size : 1;
+    m->tp_size = o->comm ? o->comm->size / m->pp_size : 1;
+    m->tp_rank = o->comm ? o->comm->rank % m->tp_size : 0;
+    m->pp_rank = o->comm ? o->comm->rank / m->tp_size : 0;
+    if ((rc = stage_layers(m, err, errlen))) goto fail;
     m->expert_parallel = o->expert_parallel;
     if ((rc = shard(m, err, errlen))) goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -348,13 +377,15 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     if ((rc = load_weight(m, &m->tok_embd, "token_embd.weight", D, c->vocab, err, errlen))) goto fail;
     /* the LM head (this rank's vocabulary rows) gets its own packed copy; the
      * embedding keeps raw rows for lookups */
-    if ((rc = load_weight_part(m, &m->output, c->tied ? "token_embd.weight" : "output.weight", D, c->vocab, v0, v1, 0, D,
-                               err, errlen)))
+    if (m->pp_rank < m->pp_size - 1) /* the LM head lives on the last stage */
+        cm_model_tensor(m->file, c->tied ? "token_embd.weight" : "output.weight");
+    else if ((rc = load_weight_part(m, &m->output, c->tied ? "token_embd.weight" : "output.weight", D, c->vocab, v0, v1,
+                                    0, D, err, errlen)))
         goto fail;
     if ((rc = load_vec(m, &m->output_norm, "output_norm.weight", D, 0, err, errlen))) goto fail;
     m->layers = calloc(c->n_layer, sizeof *m->layers);
     if (!m->layers) { rc = LLM_ENOMEM; goto fail; }
-    for (uint32_t l = 0; l < c->n_layer; l++) {
+    for (uint32_t l = (uint32_t)m->layer0; l < (uint32_t)m->layer1; l++) {
         wk_layer *L = &m->layers[l];
         char nm[64];
 #define W(field, suffix, k, n)                                                                     \

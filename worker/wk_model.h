@@ -79,6 +79,10 @@ typedef struct wk_model {
      * [voc0, voc0+vocab_l) of the LM head. */
     int tp_rank, tp_size;
     wk_comm *comm;
+    /* pipeline parallelism (--pipeline-parallel-size): this rank is stage pp_rank of pp_size and holds
+     * layers [layer0, layer1) (their weights and KV only); stage 0 embeds, the last stage computes the
+     * logits. Stages pass the step's hidden rows over comm, whose rank 0 drives (pp_size 1: every layer) */
+    int pp_rank, pp_size, layer0, layer1;
     int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
     /* experts [exp0, exp1) live on this rank (all of them but under --enable-expert-parallel, where
      * each is whole on one rank and hid0/hidden_l cover every column) */
@@ -109,6 +113,7 @@ typedef struct {
     int threads;                         /* 0: all online CPUs */
     int max_batch;                       /* tokens per step (prefill chunk), default 64 */
     wk_comm *comm;                       /* tensor parallel group, or NULL */
+    int pp_size;                         /* pipeline stages over comm's ranks, one rank each (0 or 1: none) */
     const char *model_config;            /* set: dummy weights of this preset / config.json shape */
     int dummy_type;                      /* their cm_dtype (CM_F32 is 0: flags default to F16) */
     uint64_t seed;                       /* their seed */
