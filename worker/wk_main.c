@@ -276,7 +276,13 @@ int main(int argc, char **argv) {
     }
     cm_model_file *probe = NULL; /* an embedding model (BERT) runs the encoder instead of the engine */
     int encoder = model && !mo.model_config && cm_model_open(model, &probe, NULL, 0) == 0 && probe->cfg.encoder;
+    int layers = probe ? (int)probe->cfg.n_layer : 0;
     cm_model_close(probe);
+    if (wk_model_pp_check(pp, layers, mo.device, err, sizeof err)) {
+        fprintf(stderr, "llmserve-worker: %s\n", err);
+        wk_health_stop(health);
+        return 2;
+    }
     if (encoder) {
         if (world > 1 || eo.spec.method != WK_SPEC_NONE || mo.device != WK_DEV_CPU || eo.kv_offload_bytes ||
             eo.kv_offload_dir || kv_role != WK_KV_BOTH) {

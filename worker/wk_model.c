@@ -155,20 +155,26 @@ static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, 
     return load_weight_part(m, w, name, k, n, 0, n, 0, k, err, errlen);
 }
 
+int wk_model_pp_check(int pp, int n_layer, int device, char *err, size_t errlen) {
+    if (pp > 1 && n_layer > 0 && pp > n_layer) {
+        snprintf(err, errlen, "--pipeline-parallel-size %d is more stages than the model's %d layers", pp, n_layer);
+        return LLM_EUNSUP;
+    }
+    if (pp > 1 && device == WK_DEV_CUDA) {
+        snprintf(err, errlen, "--pipeline-parallel-size runs on the CPU backend only for now (the GPU stage wire, "
+                 "NCCL send/recv between stages, is not built)");
+        return LLM_EUNSUP;
+    }
+    return 0;
+}
+
 /* This rank's pipeline stage: its layers, the earlier stages taking one more where they do not divide
  * (stage 0's KV per token is then the largest, which the cache geometry rank 0 sends is sized by). The
  * other stages' layer tensors are marked used: they are theirs, not ignored. */
 static int stage_layers(wk_model *m, char *err, size_t errlen) {
     int L = (int)m->cfg.n_layer, P = m->pp_size, s = m->pp_rank;
-    if (P > L) {
-        snprintf(err, errlen, "--pipeline-parallel-size %d is more stages than the model's %d layers", P, L);
-        return LLM_EUNSUP;
-    }
-    if (P > 1 && m->device == WK_DEV_CUDA) {
-        snprintf(err, errlen, "--pipeline-parallel-size runs on the CPU backend only for now (the GPU stage wire, "
-                 "NCCL send/recv between stages, is not built)");
-        return LLM_EUNSUP;
-    }
+    int rc = wk_model_pp_check(P, L, m->device, err, errlen);
+    if (rc) return rc;
     m->layer0 = (int)(((int64_t)s * L + P - 1) / P);
     m->layer1 = (int)(((int64_t)(s + 1) * L + P - 1) / P);
     for (size_t i = 0; P > 1 && i < m->file->n_tensors; i++) {

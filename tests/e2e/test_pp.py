@@ -1,0 +1,186 @@
+"""Pipeline parallelism end to end, with real worker processes, real sockets
+and the real model.
+
+  test_pp.py BUILD_DIR MODEL
+
+A group of two pipeline stages (--pipeline-parallel-size 2: rank 0 holds
+the first half of the layers and the embeddings, rank 1 the rest and the LM
+head) behind one gateway, against one rank behind another. Under continuous
+batching (eight requests at once, prompts of different lengths, so prefill
+chunks and decodes share steps), every answer must be the single rank's,
+token for token, with the same log-probabilities: greedy and seeded,
+streamed and not. Then the faults: stage 1 killed mid-stream (rank 0 sees
+it at its next hop, the group ends whole, the stream resumes on the single
+rank with its text unchanged), and the flags refused by name."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import Harness, get, ready, sse  # noqa: E402
+from ports import free_port  # noqa: E402
+
+BUILD, MODEL = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+if not os.path.exists(MODEL):
+    print("test_pp: model %s not found: skipped" % MODEL)
+    sys.exit(77)
+h = Harness("llmserve-pp-")
+ONE_W, ONE_G, PP_W, PP_G, BOTH_G, PP_H = (free_port() for _ in range(6))
+WORDS = ("river stone lantern orchard copper meadow violin harbor thunder saffron glacier velvet compass "
+         "ember quarry falcon willow cinder marble tundra").split()
+
+
+def prompt(i):
+    w = [WORDS[(i * 7 + k * (i + 3)) % len(WORDS)] for k in range(8 + 23 * i)]
+    return "Note %d: %s. Continue the note." % (i, " ".join(w))
+
+
+def worker(name, port, extra):
+    return h.start([BUILD + "/llmserve-worker", "--model", MODEL, "--listen", "tcp://127.0.0.1:%d" % port,
+                    "--max-model-len", "1024", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
+                    "--threads", "1", "--log-level", "info"] + extra, name + ".log")
+
+
+def gateway(name, port, wports):
+    return h.start([BUILD + "/llmserve-gateway", "--port", str(port), "--host", "127.0.0.1", "--workers",
+                    ",".join("tcp://127.0.0.1:%d" % p for p in wports), "--log-level", "info"], name + ".log")
+
+
+def complete(port, body, timeout=120):
+    """(text, finish_reason, token logprobs) of one completion; streamed when body says so."""
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        if not body.get("stream"):
+            ch = json.loads(r.read())["choices"][0]
+            return ch["text"], ch["finish_reason"], (ch.get("logprobs") or {}).get("token_logprobs")
+        text, fin, lps, err = "", None, [], None
+        for d in sse(r):
+            if "error" in d:
+                err = d["error"]
+            for ch in d.get("choices", []):
+                text += ch.get("text", "")
+                fin = ch.get("finish_reason") or fin
+                lps += (ch.get("logprobs") or {}).get("token_logprobs") or []
+        return text, fin if err is None else "error: %s" % err, lps or None
+
+
+def at_once(port, bodies):
+    out = [None] * len(bodies)
+
+    def one(i):
+        try:
+            out[i] = complete(port, bodies[i])
+        except Exception as e:  # noqa: BLE001 (reported as a mismatch)
+            out[i] = ("failed: %s" % e, None, None)
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def model_id(port):
+    return json.loads(get(port, "/v1/models")[1])["data"][0]["id"]
+
+
+try:
+    worker("one", ONE_W, [])
+    worker("pp", PP_W, ["--pipeline-parallel-size", "2", "--health-port", str(PP_H), "--health-host", "127.0.0.1"])
+    gateway("gone", ONE_G, [ONE_W])
+    gateway("gpp", PP_G, [PP_W])
+    ok = h.check(ready(ONE_G) and ready(PP_G), "a single rank and a two-stage group serve")
+    log = open(os.path.join(h.tmp, "pp.log")).read()
+    h.check("pipeline stage 0 of 2: layers 0..14, the embeddings" in log and
+            "pipeline stage 1 of 2: layers 15..29, the LM head" in log,
+            "the 30 layers split 15 + 15; the embeddings on stage 0, the LM head on stage 1")
+    if ok:
+        mid = model_id(ONE_G)
+        bodies = []
+        for i in range(8):
+            b = {"model": mid, "prompt": prompt(i), "max_tokens": 24 + 3 * i, "logprobs": 2, "stream": i % 2 == 1}
+            if i % 3 == 2:
+                b.update(temperature=0.8, seed=100 + i)
+            else:
+                b.update(temperature=0)
+            bodies.append(b)
+        ref = at_once(ONE_G, bodies)
+        got = at_once(PP_G, bodies)
+        same = sum(1 for a, b in zip(ref, got) if a == b and a[1] in ("length", "stop"))
+        h.check(same == len(bodies), "eight requests at once (greedy and seeded, streamed and not): %d/%d answers "
+                "and their log-probabilities equal to one rank's" % (same, len(bodies)))
+        if same != len(bodies):
+            for a, b in zip(ref, got):
+                if a != b:
+                    print("  one rank: %r\n  2 stages: %r" % (a[:2], b[:2]))
+                    break
+        steps = [l for l in open(os.path.join(h.tmp, "pp.log")) if "rank 1" in l and "failed" in l]
+        h.check(not steps, "stage 1 ran every step")
+
+        # stage 1 killed mid-stream: the group ends whole, the stream resumes on the single rank
+        gateway("gboth", BOTH_G, [PP_W, ONE_W])
+        h.check(ready(BOTH_G), "a gateway over both")
+        pids = subprocess.run(["pgrep", "-f", "llmserve-worker.*--listen tcp://127.0.0.1:%d.*--rank 1" % PP_W],
+                              capture_output=True, text=True).stdout.split()
+        h.check(len(pids) == 1, "stage 1 is its own process (%s)" % pids)
+        body = {"model": mid, "prompt": prompt(3), "max_tokens": 200, "ignore_eos": True, "temperature": 0,
+                "stream": True}
+        want = complete(ONE_G, dict(body, stream=False))[0]
+        for attempt in range(4):  # the router picks the group: a stream that landed on the pipeline
+            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % BOTH_G, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            text, fin, err, landed, t_kill = "", None, None, None, None
+            with urllib.request.urlopen(req, timeout=60) as r:
+                for d in sse(r):
+                    if "error" in d:
+                        err = d["error"]
+                    for ch in d.get("choices", []):
+                        text += ch.get("text", "")
+                        fin = ch.get("finish_reason") or fin
+                    if landed is None and len(text) > 30:
+                        m = get(BOTH_G, "/metrics")[1]
+                        landed = re.search(r'^llmserve:gateway_inflight\{[^}]*tcp://127.0.0.1:%d[^}]*\} 1$' % PP_W, m,
+                                           re.M) is not None
+                        if landed and pids:
+                            os.kill(int(pids[0]), signal.SIGKILL)
+                            t_kill = time.time()
+            if landed:
+                break
+        h.check(t_kill is not None, "a stream landed on the two stages and stage 1 was killed under it")
+        h.check(err is None and fin == "length" and text == want,
+                "it ended %.1f s later, resumed on the single rank, text identical (%s)" %
+                (time.time() - (t_kill or time.time()), err or "%d chars" % len(text)))
+        end = time.time() + 30
+        pp = [p for p in h.procs if "--pipeline-parallel-size" in p.args][0]
+        while time.time() < end and pp.poll() is None:
+            time.sleep(0.2)
+        h.check(pp.poll() is not None, "stage 0 ended with its stage 1: the group goes down whole (exit %s)" %
+                pp.poll())
+
+    def refused(extra, words):
+        p = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--pipeline-parallel-size", "2"] + extra,
+                           capture_output=True, text=True, timeout=60)
+        return p.returncode == 2 and words in p.stderr, p.stderr.strip()[-200:]
+
+    for extra, words, what in (
+            (["--tensor-parallel-size", "2"], "stages of more than one rank", "with --tensor-parallel-size 2"),
+            (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative decoding",
+             "with speculative decoding"),
+            (["--kv-transfer-config", '{"kv_role": "kv_producer"}'], "--kv-transfer-config",
+             "as a kv_producer"),
+            (["--device", "cuda"], "CPU backend only", "on --device cuda")):
+        r, err = refused(extra, words)
+        h.check(r, "--pipeline-parallel-size 2 %s is refused by name (%s)" % (what, err.split("\n")[-1]))
+    r, err = refused(["--pipeline-parallel-size", "31"], "more stages than the model's 30 layers")
+    h.check(r, "31 stages of a 30-layer model are refused (%s)" % err.split("\n")[-1])
+finally:
+    sys.exit(h.finish("test_pp"))
