@@ -159,7 +159,15 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     e->plan = malloc(sizeof *e->plan * (size_t)o->max_num_batched_tokens);
     e->plan_seq = malloc(sizeof *e->plan_seq * (size_t)o->max_num_batched_tokens);
     e->row_copy = malloc(sizeof(float) * c->vocab);
-    if (!e->eog || !e->plan || !e->plan_seq || !e->row_copy) {
+    /* two pipeline stages overlap their steps (wk_step.c): a second plan, in flight */
+    e->pipe = m->pp_size == 2;
+    e->ve = 1;
+    e->ve_fly = -1;
+    if (e->pipe) {
+        e->fplan = malloc(sizeof *e->fplan * (size_t)o->max_num_batched_tokens);
+        e->fplan_seq = malloc(sizeof *e->fplan_seq * (size_t)o->max_num_batched_tokens);
+    }
+    if (!e->eog || !e->plan || !e->plan_seq || !e->row_copy || (e->pipe && (!e->fplan || !e->fplan_seq))) {
         rc = LLM_ENOMEM;
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -170,7 +178,7 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     e->st.kv_bytes_per_token = per_tok;
     CM_INFO("KV cache: %zu bytes per token (2 x %u layers x %d kv heads x %u head dim x %zu bytes), %d blocks of %d "
             "tokens = %.1f MiB, %lld tokens, %lld sequences of %d tokens",
-            per_tok, c->n_layer, m->n_kv_l, c->head_dim, kn_kv_elem_bytes(o->kv_type), o->n_blocks, o->block_size,
+            per_tok, m->layer1 - m->layer0, m->n_kv_l, c->head_dim, kn_kv_elem_bytes(o->kv_type), o->n_blocks, o->block_size,
             (double)kv_bytes / 1048576.0, (long long)nb * o->block_size, (long long)(nb / full_seq_blocks),
             o->max_model_len);
     *out = e;
@@ -226,6 +234,9 @@ void wk_engine_free(wk_engine *e) {
     free(e->plan);
     free(e->plan_seq);
     free(e->logits);
+    free(e->fplan);
+    free(e->fplan_seq);
+    free(e->flogits);
     free(e->row_copy);
     free(e->outs);
     free(e->otok);
@@ -241,7 +252,7 @@ void wk_engine_free(wk_engine *e) {
  * one owner thread, and a second one is a bug that would corrupt it quietly,
  * so it stops the process loudly instead. */
 
-static void out_begin(wk_engine *e) {
+void wk_eng_out_begin(wk_engine *e) {
     if (!e->owned) {
         e->owner = pthread_self();
         e->owned = 1;
@@ -261,7 +272,7 @@ static int seq_text_reserve(wk_seq *s, size_t more) {
 }
 
 /* Reports what the sequence produced since the last report. */
-static int emit(wk_engine *e, wk_seq *s) {
+int wk_eng_emit(wk_engine *e, wk_seq *s) {
     wk_req *r = s->req;
     int n_gen = s->n_tok - r->n_prompt, nt = n_gen - s->tok_sent;
     size_t upto = s->text_len;
@@ -315,7 +326,7 @@ static void mark_last(wk_engine *e, const wk_req *r) {
 }
 
 int wk_engine_outputs(wk_engine *e, const wk_output **out) {
-    out_begin(e);
+    wk_eng_out_begin(e);
     if (e->n_outs > e->cap_view) {
         wk_output *v = realloc(e->view, sizeof *v * (size_t)e->n_outs);
         if (!v) return LLM_ENOMEM;
@@ -397,11 +408,10 @@ static int check_params(const wk_engine *e, const wk_params *p, char *err, size_
 static wk_req *find_req(const wk_engine *e, uint64_t id) { return cm_idmap_get(&e->by_id, id); }
 
 static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t text_sent, char *err, size_t errlen);
-static void seq_finish(wk_engine *e, wk_seq *s, int finish);
 
 int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt, const wk_params *p, char *err,
                   size_t errlen) {
-    out_begin(e);
+    wk_eng_out_begin(e);
     int rc;
     if ((rc = check_params(e, p, err, errlen))) return rc;
     if (p->n_resume < 0 || p->n_resume >= n_prompt) BAD("a resumed output of %d tokens needs a prompt before it", p->n_resume);
@@ -482,8 +492,8 @@ int wk_engine_add(wk_engine *e, uint64_t id, const int32_t *prompt, int n_prompt
         return rc;
     }
     if (s->finish) { /* the output it resumes had ended: only its end is reported */
-        seq_finish(e, s, s->finish);
-        rc = emit(e, s);
+        wk_eng_seq_finish(e, s, s->finish);
+        rc = wk_eng_emit(e, s);
         mark_last(e, r);
         e->st.requests_finished++;
         req_free(e, r);
@@ -504,7 +514,7 @@ oom:
 }
 
 /* Ends a sequence: frees its blocks now; the request goes when its last choice does. */
-static void seq_finish(wk_engine *e, wk_seq *s, int finish) {
+void wk_eng_seq_finish(wk_engine *e, wk_seq *s, int finish) {
     if (s->state == S_WAITING) wk_eng_remove_from(e->waiting, &e->n_waiting, s);
     else if (s->state == S_RUNNING) wk_eng_remove_from(e->running, &e->n_running, s);
     s->state = S_DONE;
@@ -514,7 +524,7 @@ static void seq_finish(wk_engine *e, wk_seq *s, int finish) {
     s->req->n_live--;
 }
 
-static void req_drop(wk_engine *e, wk_req *r) {
+void wk_eng_req_drop(wk_engine *e, wk_req *r) {
     if (find_req(e, r->id) != r) return;
     mark_last(e, r);
     cm_idmap_del(&e->by_id, r->id);
@@ -524,25 +534,27 @@ static void req_drop(wk_engine *e, wk_req *r) {
 }
 
 int wk_engine_abort(wk_engine *e, uint64_t id) {
-    out_begin(e);
+    wk_eng_out_begin(e);
     wk_req *r = find_req(e, id);
     if (!r) return LLM_ENOTFOUND;
+    for (int i = 0; i < e->n_fplan; i++) /* a step in flight: its rows come back to no one */
+        if (e->fplan_seq[i] && e->fplan_seq[i]->req == r) e->fplan_seq[i] = NULL;
     for (int i = 0; i < r->n_seqs; i++) {
         wk_seq *s = r->seqs[i];
         if (s->state == S_DONE) continue;
-        seq_finish(e, s, WK_FINISH_ABORT);
+        wk_eng_seq_finish(e, s, WK_FINISH_ABORT);
         s->text_sent = s->text_len; /* nothing more is delivered */
         s->tok_sent = s->n_tok - r->n_prompt;
         s->n_lp = 0;
-        emit(e, s);
+        wk_eng_emit(e, s);
     }
     e->st.requests_aborted++;
-    req_drop(e, r);
+    wk_eng_req_drop(e, r);
     return 0;
 }
 
 int wk_engine_has_work(const wk_engine *e) {
-    return e->n_waiting + e->n_running > 0;
+    return e->n_waiting + e->n_running + e->n_fplan > 0;
 }
 
 /* ---- after the forward: sampling and stopping ------------------------- */
@@ -634,7 +646,7 @@ static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t tex
     return 0;
 }
 
-static int sample_seq(wk_engine *e, wk_seq *s, float *row) {
+int wk_eng_sample(wk_engine *e, wk_seq *s, float *row) {
     wk_req *r = s->req;
     int n_gen = s->n_tok - r->n_prompt;
     const int32_t *mask = NULL;
@@ -670,7 +682,7 @@ static int sample_seq(wk_engine *e, wk_seq *s, float *row) {
 
 /* After a prompt's prefill, choices 1..n-1 fork from choice 0: they share
  * every block (the partial last one is copied when first written). */
-static int fork_choices(wk_engine *e, wk_seq *s0) {
+int wk_eng_fork(wk_engine *e, wk_seq *s0) {
     wk_req *r = s0->req;
     r->forked = 1;
     for (int i = 1; i < r->p.n; i++) {
@@ -686,6 +698,7 @@ static int fork_choices(wk_engine *e, wk_seq *s0) {
         if (!rc) rc = wk_blocks_fork(e->blocks, &s0->bs, &c->bs);
         if (!rc) rc = wk_eng_push_running(e, c);
         if (rc) return rc;
+        c->ve = s0->ve; /* its prompt's blocks, and its steps, are its first choice's */
     }
     return 0;
 }
@@ -695,11 +708,11 @@ static int fork_choices(wk_engine *e, wk_seq *s0) {
  * that differs (that draw, or the bonus after the last draft, is the step's
  * own token). Then only the positions whose input was kept stay computed:
  * the surplus blocks go and the prefix cache keys nothing past them. */
-static int verify(wk_engine *e, wk_seq *s, float *rows) {
+int wk_eng_verify(wk_engine *e, wk_seq *s, float *rows) {
     int k = s->n_draft, base = s->n_computed, drawn = 0, accepted = 0, rc;
     size_t V = e->m->cfg.vocab;
     for (int j = 0; j <= k; j++) {
-        if ((rc = sample_seq(e, s, rows + (size_t)j * V))) return rc;
+        if ((rc = wk_eng_sample(e, s, rows + (size_t)j * V))) return rc;
         drawn++;
         int hit = j < k && s->tok[s->n_tok - 1] == s->draft[j];
         accepted += hit;
@@ -720,94 +733,6 @@ static int verify(wk_engine *e, wk_seq *s, float *rows) {
     s->spec_miss = accepted ? 0 : s->spec_miss + 1;
     s->spec_wait = accepted ? 0 : (1 << (s->spec_miss < 5 ? s->spec_miss : 5)) - 1;
     return 0;
-}
-
-int wk_engine_step(wk_engine *e) {
-    out_begin(e);
-    if (!wk_engine_has_work(e)) return 0;
-    int tokens = 0, rc = wk_sched_plan(e, &tokens);
-    if (rc) return rc;
-    if (!e->n_plan) return 0;
-    int rows = 0;
-    for (int i = 0; i < e->n_plan; i++) rows += e->plan[i].n - e->plan[i].logits_from;
-    if (rows > e->logits_rows) {
-        float *l = realloc(e->logits, sizeof(float) * (size_t)rows * e->m->cfg.vocab);
-        if (!l) return LLM_ENOMEM;
-        e->logits = l;
-        e->logits_rows = rows;
-    }
-    if (e->dblocks) { /* the draft model's share first: its drafts are the plan's input */
-        if ((rc = wk_draft_step(e)) < 0) return rc;
-        tokens -= rc;
-    }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    if ((rc = wk_forward_batch(e->m, e->cache, e->n_plan, e->plan, e->logits))) return rc;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6, att = 0;
-    for (int i = 0; i < e->n_plan; i++) att += wk_cost_attended(e->plan[i].pos0, e->plan[i].n);
-    CM_LOG(CM_LOG_DEBUG, "step: %d tokens in %d sequences, %.0f attended, %.1f ms (predicted %.1f, budget %d)", tokens, e->n_plan,
-             att, ms, wk_cost_predict(&e->cost, tokens, att), e->st.step_token_budget);
-    wk_cost_observe(&e->cost, tokens, att, ms);
-    e->st.ms_per_token = wk_cost_known(&e->cost) ? (float)wk_cost_predict(&e->cost, 1, 0) : 0;
-    e->st.last_forward_ms = (float)ms;
-    e->st.steps++;
-    e->st.tokens_computed += (uint64_t)tokens;
-    size_t V = e->m->cfg.vocab;
-    float *row = e->logits;
-    int n_plan = e->n_plan;
-    for (int i = 0; i < n_plan; i++) {
-        wk_seq *s = e->plan_seq[i];
-        wk_req *r = s->req;
-        if (s->n_draft) {
-            if ((rc = verify(e, s, row))) return rc;
-            row += (size_t)(s->n_draft + 1) * V;
-            s->n_draft = 0;
-            continue;
-        }
-        s->n_computed += e->plan[i].n;
-        wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
-        if (e->plan[i].logits_from == e->plan[i].n) continue;
-        if (r->plp && e->plan[i].pos0 < r->n_prompt) { /* prompt rows: the logprob of each next prompt token */
-            int prows = e->plan[i].n - e->plan[i].logits_from, sample = s->n_computed == s->n_tok;
-            for (int k = 0; k < prows - sample; k++, row += V) {
-                int pos = e->plan[i].pos0 + e->plan[i].logits_from + k;
-                if (pos + 1 < r->n_prompt)
-                    wk_sample_logprobs(&e->sc, row, s->tok[pos + 1], r->p.prompt_logprobs, &r->plp[pos]);
-            }
-            if (!sample) continue;
-        }
-        if (s->n_tok == r->n_prompt && s->tok_sent == 0 && !r->forked && s->index == 0) {
-            cm_detok_init(&s->dt, e->m->tok);
-            s->dt.first = 0;
-            if (r->p.n > 1) {
-                if ((rc = fork_choices(e, s))) return rc;
-                /* each choice draws from its own copy of the prompt's logits */
-                for (int c = 1; c < r->p.n; c++) {
-                    memcpy(e->row_copy, row, sizeof(float) * V);
-                    if ((rc = sample_seq(e, r->seqs[c], e->row_copy))) return rc;
-                }
-            }
-        }
-        if ((rc = sample_seq(e, s, row))) return rc;
-        row += V;
-    }
-    /* report, and let finished choices go */
-    for (int i = 0; i < e->n_reqs; i++) {
-        wk_req *r = e->reqs[i];
-        for (int k = 0; k < r->n_seqs; k++) {
-            wk_seq *s = r->seqs[k];
-            if (s->state == S_DONE) continue;
-            if (s->finish) seq_finish(e, s, s->finish);
-            if ((rc = emit(e, s))) return rc;
-        }
-        if (!r->n_live) {
-            e->st.requests_finished++;
-            req_drop(e, r);
-            i--;
-        }
-    }
-    return tokens;
 }
 
 /* n prompt tokens from position p0, cut in chunks as the scheduler would

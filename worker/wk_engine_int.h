@@ -44,6 +44,7 @@ typedef struct {
     wk_bseq dbs;             /* draft model: its block table in the draft's own pool (never shared) */
     int d_computed;          /* draft model: tokens whose K/V are in the draft's cache */
     double tier_wait;        /* cm_now() when its admission first waited for blocks read from disk; 0 */
+    int ve;                  /* two pipeline stages: the virtual engine (0 or 1) whose steps carry it */
 } wk_seq;
 
 struct wk_req {
@@ -101,6 +102,16 @@ struct wk_engine {
     float *logits, *row_copy;
     int logits_rows;
     wk_copy copies[1];
+    /* two pipeline stages, overlapped (wk_step.c): two virtual engines, each a share of the running
+     * sequences, step in turn; while stage 1 computes one's step (in flight: fplan, its logits to come into
+     * flogits), stage 0 computes the other's. pipe: on; ve: the one being planned; ve_fly: the one in
+     * flight, -1 none. An aborted sequence's entry in flight is NULL (its rows are skipped). */
+    int pipe, ve, ve_fly;
+    wk_batch_seq *fplan;
+    wk_seq **fplan_seq;
+    int n_fplan, fplan_rows;
+    float *flogits;
+    int flogits_rows;
     /* outputs since the last drain */
     out_rec *outs;
     int n_outs, cap_outs, drained;
@@ -140,6 +151,17 @@ struct wk_engine {
 
 /* The least a prefill may get in a step, whatever the time target says. */
 #define MIN_PREFILL_CHUNK 16
+
+/* wk_engine.c, for the step (wk_step.c): outputs begin (and the owner thread is checked), a sequence's
+ * news reported, a sequence ended and a request dropped; a row sampled into a sequence, a request's
+ * first row forked into its n choices, a speculating decode's rows verified. */
+void wk_eng_out_begin(wk_engine *e);
+int wk_eng_emit(wk_engine *e, wk_seq *s);
+void wk_eng_seq_finish(wk_engine *e, wk_seq *s, int finish);
+void wk_eng_req_drop(wk_engine *e, wk_req *r);
+int wk_eng_sample(wk_engine *e, wk_seq *s, float *row);
+int wk_eng_fork(wk_engine *e, wk_seq *s0);
+int wk_eng_verify(wk_engine *e, wk_seq *s, float *rows);
 
 /* The queues (wk_sched.c). push: LLM_ENOMEM; waiting is kept in priority, then arrival order. */
 int wk_eng_push_waiting(wk_engine *e, wk_seq *s);

@@ -218,33 +218,40 @@ static int stage_hops(wk_model *m, int T, int after) {
     return 0;
 }
 
+/* The final norm and the (whole) LM head over the first n rows of m->x into out [n][vocab]. */
+static void lm_head(wk_model *m, int n, float *out) {
+    par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, (int)m->cfg.dim, NULL);
+    const kn_weight *ow = &m->output;
+    mm(m, 1, &ow, &out, m->xb, &m->act_dim, n);
+}
+
+/* Grows the last stage's logits buffer (m->lm_local) to n rows of the whole vocabulary. */
+static int lm_grow(wk_model *m, int n) {
+    if (n <= m->lm_rows) return 0;
+    float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * m->cfg.vocab);
+    if (!nl) return LLM_ENOMEM;
+    m->lm_local = nl;
+    m->lm_rows = n;
+    return 0;
+}
+
 /* The last stage's LM head over the n rows that want logits, sent to rank 0 (which samples); the other
  * stages take part in that broadcast into scratch. */
 static int stage_logits(wk_model *m, int n, float *logits) {
     const cm_model_config *cf = &m->cfg;
-    int D = (int)cf->dim, last = m->pp_rank == m->pp_size - 1;
+    int last = m->pp_rank == m->pp_size - 1;
     float *out = m->comm->rank == 0 ? logits : NULL;
-    if (!out && n > m->lm_rows) {
-        float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * cf->vocab);
-        if (!nl) return LLM_ENOMEM;
-        m->lm_local = nl;
-        m->lm_rows = n;
-    }
+    int rc = out ? 0 : lm_grow(m, n);
+    if (rc) return rc;
     if (!out) out = m->lm_local;
-    if (last) {
-        par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
-        const kn_weight *ow = &m->output;
-        mm(m, 1, &ow, &out, m->xb, &m->act_dim, n);
-    }
+    if (last) lm_head(m, n, out);
     return m->comm->ops->broadcast(m->comm, out, sizeof(float) * (size_t)n * cf->vocab,
                                    (m->pp_size - 1) * m->tp_size);
 }
 
-/* One step of T tokens (T <= max_batch) from n_seq sequences. With tensor
- * parallelism every rank runs this with the same plan on its shard; logits
- * (vocabulary-parallel) are gathered on rank 0, whose `logits` is used. */
-static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
-                        float *logits) {
+/* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
+ * its rows in m->x) and this stage's layers run over them. */
+static int forward_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len) {
     const cm_model_config *cf = &m->cfg;
     int D = (int)cf->dim, H = m->hidden_l, rc;
     for (int i = 0, t = 0; i < n_seq; i++) {
@@ -261,7 +268,6 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
     }
     int lora = m->n_loras ? wk_lora_group(m, n_seq, s) : 0; /* the rows grouped by adapter, for every layer */
     if (lora < 0) return lora;
-    if ((rc = stage_hops(m, T, 0))) return rc;
     for (uint32_t l = (uint32_t)m->layer0; l < (uint32_t)m->layer1; l++) {
         wk_layer *L = &m->layers[l];
         par_rows(m, OP_NORM, T, m->xb, m->x, L->attn_norm, D, NULL);
@@ -310,12 +316,30 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
         if (L->post_ffn_norm) par_rows(m, OP_NORM, T, m->xb2, m->xb2, L->post_ffn_norm, D, NULL);
         for (size_t i = 0; i < (size_t)T * D; i++) m->x[i] += m->xb2[i];
     }
-    if ((rc = stage_hops(m, T, 1))) return rc;
-    /* gather the rows that want logits, then one LM-head GEMM */
-    int n = 0;
+    return 0;
+}
+
+/* The rows that want logits gathered to the front of m->x; how many. */
+static int logit_rows(wk_model *m, int n_seq, const wk_batch_seq *s) {
+    int n = 0, D = (int)m->cfg.dim;
     for (int i = 0, t = 0; i < n_seq; t += s[i].n, i++)
         for (int j = s[i].logits_from; j < s[i].n; j++, n++)
             if (n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
+    return n;
+}
+
+/* One step of T tokens (T <= max_batch) from n_seq sequences. With tensor
+ * parallelism every rank runs this with the same plan on its shard; logits
+ * (vocabulary-parallel) are gathered on rank 0, whose `logits` is used. */
+static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
+                        float *logits) {
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, rc;
+    if ((rc = stage_hops(m, T, 0)) || (rc = forward_layers(m, c, n_seq, s, T, max_len)) ||
+        (rc = stage_hops(m, T, 1)))
+        return rc;
+    /* gather the rows that want logits, then one LM-head GEMM */
+    int n = logit_rows(m, n_seq, s);
     if (!n) return 0;
     if (m->pp_size > 1) return stage_logits(m, n, logits);
     par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
@@ -353,7 +377,7 @@ static int plan_grow(wk_model *m, size_t n) {
     return 0;
 }
 
-static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
+static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int32_t magic) {
     size_t n = 2 * (size_t)c->n_copies;
     for (int i = 0; i < n_seq; i++) n += 5 + (size_t)s[i].n + (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
     int rc = plan_grow(m, n);
@@ -373,11 +397,88 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s)
         memcpy(p, s[i].blocks, sizeof(int32_t) * (size_t)nb);
         p += nb;
     }
-    int32_t hdr[4] = {WK_PLAN_MAGIC, n_seq, c->n_copies, (int32_t)n};
+    int32_t hdr[4] = {magic, n_seq, c->n_copies, (int32_t)n};
     c->n_copies = 0;
     m->plan_t = cm_now();
     if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
     return m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * n, 0);
+}
+
+/* A step's sequences checked (ids, positions, adapters, the batch capacity); *T its tokens. The CPU's
+ * attention scratch grows with the longest sequence seen, not per step (before the plan is sent: a failure
+ * here must not leave the other ranks waiting for a step). */
+static int check_batch(wk_model *m, int n_seq, const wk_batch_seq *s, int *T_out, int *max_out) {
+    int T = 0, max_len = 1;
+    if (n_seq <= 0) return LLM_EINVAL;
+    for (int i = 0; i < n_seq; i++) {
+        if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n ||
+            s[i].lora < 0 || s[i].lora > m->n_loras || (s[i].lora && !m->loras[s[i].lora - 1]))
+            return LLM_EINVAL;
+        if ((int64_t)s[i].pos0 + s[i].n > (int64_t)m->cfg.ctx_len) return LLM_ERANGE;
+        for (int j = 0; j < s[i].n; j++)
+            if (s[i].tokens[j] < 0 || (uint32_t)s[i].tokens[j] >= m->cfg.vocab) return LLM_EINVAL;
+        if (s[i].pos0 + s[i].n > max_len) max_len = s[i].pos0 + s[i].n;
+        T += s[i].n;
+        if (T > m->max_batch) return LLM_ERANGE;
+    }
+    if (m->device == WK_DEV_CPU && m->attn_scratch_len < max_len) {
+        free(m->attn_scratch);
+        m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));
+        if (!m->attn_scratch) {
+            m->attn_scratch_len = 0;
+            return LLM_ENOMEM;
+        }
+        m->attn_scratch_len = max_len;
+    }
+    *T_out = T;
+    *max_out = max_len;
+    return 0;
+}
+
+/* ---- two pipeline stages, overlapped ----------------------------------
+ * Rank 0 runs stage 0 and the engine; while stage 1 computes step k, stage 0
+ * computes step k + 1 of other sequences (wk_engine's virtual engines). The
+ * wire's order is the same on both ranks: a step's plan and rows, then the
+ * logits of the step before it (which stage 1 finished meanwhile and sends
+ * only now), then stage 1 computes the new step. A plan header with no
+ * sequences only collects. */
+#define PLAN_PIPE 0x4c50504e
+
+int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows) {
+    int rc, T = 0, max_len;
+    if (m->pp_size != 2 || m->comm->rank != 0) return LLM_EINVAL;
+    if (n_seq) {
+        if ((rc = check_batch(m, n_seq, s, &T, &max_len)) ||
+            (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
+            (rc = plan_send(m, c, n_seq, s, PLAN_PIPE)) ||
+            (rc = m->comm->ops->broadcast(m->comm, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
+            return rc;
+    } else {
+        int32_t hdr[4] = {PLAN_PIPE, 0, 0, 0};
+        m->plan_t = cm_now();
+        if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
+    }
+    return prev_rows ? m->comm->ops->broadcast(m->comm, prev, sizeof(float) * (size_t)prev_rows * m->cfg.vocab, 1) : 0;
+}
+
+/* Stage 1 of a pipelined step: its rows in, the step before's logits out, then its layers and the LM head
+ * into m->lm_local, held (m->pp_pend rows) until rank 0 asks. n_seq 0: only the logits out. */
+static int follow_pipe(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
+    int rc, T = 0, max_len;
+    if (n_seq && ((rc = check_batch(m, n_seq, s, &T, &max_len)) ||
+                  (rc = m->comm->ops->broadcast(m->comm, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0))))
+        return rc;
+    if (m->pp_pend &&
+        (rc = m->comm->ops->broadcast(m->comm, m->lm_local, sizeof(float) * (size_t)m->pp_pend * m->cfg.vocab, 1)))
+        return rc;
+    m->pp_pend = 0;
+    if (!n_seq) return 0;
+    if ((rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len))) return rc;
+    int n = logit_rows(m, n_seq, s);
+    if (n && (rc = lm_grow(m, n))) return rc;
+    if (n) lm_head(m, n, m->lm_local);
+    m->pp_pend = n;
+    return 0;
 }
 
 int wk_forward_shutdown(wk_model *m) {
@@ -409,7 +510,10 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         if (nl + 1 >= (size_t)hdr[3] || buf[hdr[3] - 1]) return LLM_EFORMAT;
         return wk_lora_follow(m, hdr[2], buf, buf + nl + 1);
     }
-    if (hdr[0] != WK_PLAN_MAGIC || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0) return LLM_EFORMAT;
+    int pipe = hdr[0] == PLAN_PIPE && m->pp_size == 2 && m->pp_rank == 1;
+    if ((hdr[0] != WK_PLAN_MAGIC && !pipe) || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0)
+        return LLM_EFORMAT;
+    if (pipe && hdr[1] == 0) return follow_pipe(m, c, 0, NULL); /* rank 0 collects the logits in flight */
     if (hdr[1] == 0) {
         *shutdown = 1;
         return 0;
@@ -434,36 +538,14 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         m->plan_seqs[i] = (wk_batch_seq){p + 5, n, p[1], p + 5 + n, p[2], lora};
         p += 5 + n + nb;
     }
-    return wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
+    return pipe ? follow_pipe(m, c, hdr[1], m->plan_seqs) : wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
 }
 
 int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
-    int T = 0, max_len = 1;
-    if (n_seq <= 0) return LLM_EINVAL;
-    for (int i = 0; i < n_seq; i++) {
-        if (s[i].n <= 0 || s[i].pos0 < 0 || s[i].logits_from < 0 || s[i].logits_from > s[i].n ||
-            s[i].lora < 0 || s[i].lora > m->n_loras || (s[i].lora && !m->loras[s[i].lora - 1]))
-            return LLM_EINVAL;
-        if ((int64_t)s[i].pos0 + s[i].n > (int64_t)m->cfg.ctx_len) return LLM_ERANGE;
-        for (int j = 0; j < s[i].n; j++)
-            if (s[i].tokens[j] < 0 || (uint32_t)s[i].tokens[j] >= m->cfg.vocab) return LLM_EINVAL;
-        if (s[i].pos0 + s[i].n > max_len) max_len = s[i].pos0 + s[i].n;
-        T += s[i].n;
-        if (T > m->max_batch) return LLM_ERANGE;
-    }
-    /* the CPU's attention scratch grows with the longest sequence seen, not per step (before the plan is
-     * sent: a failure here must not leave the other ranks waiting for a step) */
-    if (m->device == WK_DEV_CPU && m->attn_scratch_len < max_len) {
-        free(m->attn_scratch);
-        m->attn_scratch = malloc(sizeof(float) * kn_attention_scratch(max_len) * (size_t)kn_pool_size(m->pool));
-        if (!m->attn_scratch) {
-            m->attn_scratch_len = 0;
-            return LLM_ENOMEM;
-        }
-        m->attn_scratch_len = max_len;
-    }
+    int T, max_len, rc = check_batch(m, n_seq, s, &T, &max_len);
+    if (rc) return rc;
     if (m->comm && m->comm->size > 1 && m->comm->rank == 0) {
-        int rc = plan_send(m, c, n_seq, s);
+        rc = plan_send(m, c, n_seq, s, WK_PLAN_MAGIC);
         if (rc) return rc;
     }
     if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);

@@ -83,6 +83,7 @@ typedef struct wk_model {
      * layers [layer0, layer1) (their weights and KV only); stage 0 embeds, the last stage computes the
      * logits. Stages pass the step's hidden rows over comm, whose rank 0 drives (pp_size 1: every layer) */
     int pp_rank, pp_size, layer0, layer1;
+    int pp_pend;                         /* stage 1, overlapped: logits rows held in lm_local for rank 0 */
     int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
     /* experts [exp0, exp1) live on this rank (all of them but under --enable-expert-parallel, where
      * each is whole on one rank and hid0/hidden_l cover every column) */
@@ -192,6 +193,10 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
  * and runs it on their shard. wk_forward_shutdown (rank 0) ends the loop
  * (*shutdown = 1). LLM_EIO when a rank died, LLM_EFORMAT for a bad plan. */
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown);
+/* Two pipeline stages, overlapped (rank 0): stage 0's layers over this step (n_seq 0: none), its plan and
+ * rows sent to stage 1, then the logits of the step launched before (prev_rows rows into prev; 0: none),
+ * which stage 1 finished while stage 0 computed. The caller keeps the two steps' sequences apart. */
+int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows);
 int wk_forward_shutdown(wk_model *m);
 /* A step plan's header is {WK_PLAN_MAGIC, n_seq, copies, words}; an n_seq of WK_PLAN_LORA is a LoRA
  * update instead ({.., slot, bytes of "name\0path\0"}, then those bytes; wk_lora.c sends it, and

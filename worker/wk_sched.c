@@ -33,6 +33,7 @@ int wk_eng_push_running(wk_engine *e, wk_seq *s) {
     GROW(e->running, e->cap_running, e->n_running + 1);
     e->running[e->n_running++] = s;
     s->state = S_RUNNING;
+    s->ve = e->ve; /* two pipeline stages: the virtual engine whose step admits it */
     s->order = ++e->admissions;
     return 0;
 }
@@ -72,6 +73,7 @@ static wk_seq *victim(const wk_engine *e) {
     wk_seq *v = NULL;
     for (int i = 0; i < e->n_running; i++) {
         wk_seq *s = e->running[i];
+        if (e->pipe && s->ve != e->ve) continue; /* the other virtual engine's may be in flight */
         if (!v || s->req->p.priority > v->req->p.priority ||
             (s->req->p.priority == v->req->p.priority && s->order > v->order))
             v = s;
@@ -125,7 +127,7 @@ static int plan_running(wk_engine *e, int decodes, int spec, int *budget, int *p
     for (int i = 0; i < e->n_running && *budget > 0; i++) {
         wk_seq *s = e->running[i];
         int n = s->n_tok - s->n_computed;
-        if ((n <= 1) != decodes) continue;
+        if ((n <= 1) != decodes || (e->pipe && s->ve != e->ve)) continue;
         if (n > *budget) n = *budget;
         s->n_draft = 0;
         if (spec && n == 1) {
@@ -215,8 +217,11 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
             }
         }
     }
-    /* admit waiting requests into what is left; not in a step that had to preempt */
-    while (!preempted && e->n_waiting && budget > 0) {
+    /* admit waiting requests into what is left; not in a step that had to preempt. Two pipeline stages: into
+     * the virtual engine planned while it holds no more than the other, so that their steps stay even */
+    int mine = 0;
+    for (int i = 0; e->pipe && i < e->n_running; i++) mine += e->running[i]->ve == e->ve ? 1 : -1;
+    while (!preempted && e->n_waiting && budget > 0 && mine <= 0) {
         wk_seq *s = e->waiting[0];
         wk_req *r = s->req;
         int seats = r->forked ? 1 : r->p.n;
@@ -254,6 +259,7 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
         if ((rc = wk_eng_push_running(e, s))) return rc;
         plan_add(e, s, n);
         budget -= n;
+        mine += e->pipe ? seats : 0;
     }
     *tokens = decoded + prefill_budget - budget;
     return 0;

@@ -1,0 +1,167 @@
+/* wk_step.c - one engine step: plan (wk_sched.c), forward, then sample what
+ * the forward gave and report. With two pipeline stages the steps overlap:
+ * two virtual engines (as vLLM's), each a share of the running sequences,
+ * step in turn, so that stage 0 computes one's step while stage 1 computes
+ * the other's, and the logits of a step are sampled one call later. */
+#include "wk_engine_int.h"
+#include "cm_error.h"
+#include "cm_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Room for rows of logits in *buf (*cap rows so far). */
+static int logits_room(float **buf, int *cap, int rows, size_t vocab) {
+    if (rows <= *cap) return 0;
+    float *l = realloc(*buf, sizeof(float) * (size_t)rows * vocab);
+    if (!l) return LLM_ENOMEM;
+    *buf = l;
+    *cap = rows;
+    return 0;
+}
+
+static int plan_rows(const wk_batch_seq *plan, int n) {
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += plan[i].n - plan[i].logits_from;
+    return rows;
+}
+
+static double ms_since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-6;
+}
+
+/* What a step's forward cost, for the scheduler's time target and the stats. */
+static void observe(wk_engine *e, const wk_batch_seq *plan, int n_plan, int tokens, double ms) {
+    double att = 0;
+    for (int i = 0; i < n_plan; i++) att += wk_cost_attended(plan[i].pos0, plan[i].n);
+    CM_LOG(CM_LOG_DEBUG, "step: %d tokens in %d sequences, %.0f attended, %.1f ms (predicted %.1f, budget %d)", tokens,
+           n_plan, att, ms, wk_cost_predict(&e->cost, tokens, att), e->st.step_token_budget);
+    wk_cost_observe(&e->cost, tokens, att, ms);
+    e->st.ms_per_token = wk_cost_known(&e->cost) ? (float)wk_cost_predict(&e->cost, 1, 0) : 0;
+    e->st.last_forward_ms = (float)ms;
+    e->st.steps++;
+    e->st.tokens_computed += (uint64_t)tokens;
+}
+
+/* A computed step's logits taken: positions committed, prompt log-probabilities, tokens sampled (a
+ * request's first forks its choices), drafts verified. A NULL sequence was aborted while in flight. */
+static int take(wk_engine *e, const wk_batch_seq *plan, wk_seq *const *plan_seq, int n_plan, float *logits) {
+    size_t V = e->m->cfg.vocab;
+    float *row = logits;
+    int rc;
+    for (int i = 0; i < n_plan; i++) {
+        wk_seq *s = plan_seq[i];
+        if (!s) {
+            row += (size_t)(plan[i].n - plan[i].logits_from) * V;
+            continue;
+        }
+        wk_req *r = s->req;
+        if (s->n_draft) {
+            if ((rc = wk_eng_verify(e, s, row))) return rc;
+            row += (size_t)(s->n_draft + 1) * V;
+            s->n_draft = 0;
+            continue;
+        }
+        s->n_computed += plan[i].n;
+        wk_blocks_commit(e->blocks, &s->bs, s->tok, s->n_computed);
+        if (plan[i].logits_from == plan[i].n) continue;
+        if (r->plp && plan[i].pos0 < r->n_prompt) { /* prompt rows: the logprob of each next prompt token */
+            int prows = plan[i].n - plan[i].logits_from, sample = s->n_computed == s->n_tok;
+            for (int k = 0; k < prows - sample; k++, row += V) {
+                int pos = plan[i].pos0 + plan[i].logits_from + k;
+                if (pos + 1 < r->n_prompt)
+                    wk_sample_logprobs(&e->sc, row, s->tok[pos + 1], r->p.prompt_logprobs, &r->plp[pos]);
+            }
+            if (!sample) continue;
+        }
+        if (s->n_tok == r->n_prompt && s->tok_sent == 0 && !r->forked && s->index == 0) {
+            cm_detok_init(&s->dt, e->m->tok);
+            s->dt.first = 0;
+            if (r->p.n > 1) {
+                if ((rc = wk_eng_fork(e, s))) return rc;
+                /* each choice draws from its own copy of the prompt's logits */
+                for (int c = 1; c < r->p.n; c++) {
+                    memcpy(e->row_copy, row, sizeof(float) * V);
+                    if ((rc = wk_eng_sample(e, r->seqs[c], e->row_copy))) return rc;
+                }
+            }
+        }
+        if ((rc = wk_eng_sample(e, s, row))) return rc;
+        row += V;
+    }
+    return 0;
+}
+
+/* Reports every sequence's news and lets finished choices and requests go. */
+static int report(wk_engine *e) {
+    for (int i = 0; i < e->n_reqs; i++) {
+        wk_req *r = e->reqs[i];
+        for (int k = 0; k < r->n_seqs; k++) {
+            wk_seq *s = r->seqs[k];
+            if (s->state == S_DONE) continue;
+            if (s->finish) wk_eng_seq_finish(e, s, s->finish);
+            int rc = wk_eng_emit(e, s);
+            if (rc) return rc;
+        }
+        if (!r->n_live) {
+            e->st.requests_finished++;
+            wk_eng_req_drop(e, r);
+            i--;
+        }
+    }
+    return 0;
+}
+
+/* Two stages: plan the virtual engine not in flight (with none in flight, the one that did not go last,
+ * or the other when it has nothing), launch its step, collect the one in flight and sample it; the new
+ * one is in flight until the next call. */
+static int step_pipe(wk_engine *e) {
+    int tokens = 0, rc;
+    e->ve = e->ve_fly >= 0 ? 1 - e->ve_fly : 1 - e->ve;
+    if ((rc = wk_sched_plan(e, &tokens))) return rc;
+    if (!e->n_plan && e->ve_fly < 0) {
+        e->ve = 1 - e->ve;
+        if ((rc = wk_sched_plan(e, &tokens))) return rc;
+    }
+    int rows = plan_rows(e->plan, e->n_plan);
+    if ((rc = logits_room(&e->logits, &e->logits_rows, rows, e->m->cfg.vocab))) return rc;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if ((rc = wk_forward_pp(e->m, e->cache, e->n_plan, e->plan, e->flogits, e->fplan_rows))) return rc;
+    if (e->n_plan) observe(e, e->plan, e->n_plan, tokens, ms_since(&t0));
+    if (e->n_fplan && (rc = take(e, e->fplan, e->fplan_seq, e->n_fplan, e->flogits))) return rc;
+    /* the new step goes in flight: its plan and logits buffer swap places with the one just taken */
+    wk_batch_seq *p = e->fplan;
+    wk_seq **ps = e->fplan_seq;
+    float *l = e->flogits;
+    int lr = e->flogits_rows;
+    e->fplan = e->plan, e->fplan_seq = e->plan_seq, e->flogits = e->logits, e->flogits_rows = e->logits_rows;
+    e->plan = p, e->plan_seq = ps, e->logits = l, e->logits_rows = lr;
+    e->n_fplan = e->n_plan, e->fplan_rows = rows, e->ve_fly = e->n_plan ? e->ve : -1;
+    e->n_plan = 0;
+    if ((rc = report(e))) return rc;
+    return tokens;
+}
+
+int wk_engine_step(wk_engine *e) {
+    wk_eng_out_begin(e);
+    if (!wk_engine_has_work(e)) return 0;
+    if (e->pipe) return step_pipe(e);
+    int tokens = 0, rc = wk_sched_plan(e, &tokens);
+    if (rc) return rc;
+    if (!e->n_plan) return 0;
+    if ((rc = logits_room(&e->logits, &e->logits_rows, plan_rows(e->plan, e->n_plan), e->m->cfg.vocab))) return rc;
+    if (e->dblocks) { /* the draft model's share first: its drafts are the plan's input */
+        if ((rc = wk_draft_step(e)) < 0) return rc;
+        tokens -= rc;
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if ((rc = wk_forward_batch(e->m, e->cache, e->n_plan, e->plan, e->logits))) return rc;
+    observe(e, e->plan, e->n_plan, tokens, ms_since(&t0));
+    if ((rc = take(e, e->plan, e->plan_seq, e->n_plan, e->logits)) || (rc = report(e))) return rc;
+    return tokens;
+}
