@@ -5,7 +5,8 @@ and the real model.
 
 A group of two pipeline stages (--pipeline-parallel-size 2: rank 0 holds
 the first half of the layers and the embeddings, rank 1 the rest and the LM
-head) behind one gateway, against one rank behind another. Under continuous
+head) behind one gateway, against one rank behind another (and three stages, whose steps run one at a time).
+Under continuous
 batching (eight requests at once, prompts of different lengths, so prefill
 chunks and decodes share steps), every answer must be the single rank's,
 token for token, with the same log-probabilities: greedy and seeded,
@@ -32,7 +33,7 @@ if not os.path.exists(MODEL):
     print("test_pp: model %s not found: skipped" % MODEL)
     sys.exit(77)
 h = Harness("llmserve-pp-")
-ONE_W, ONE_G, PP_W, PP_G, BOTH_G, PP_H = (free_port() for _ in range(6))
+ONE_W, ONE_G, PP_W, PP_G, BOTH_G, PP_H, TIGHT_W, TIGHT_G, TIGHT_H, PP3_W, PP3_G = (free_port() for _ in range(11))
 WORDS = ("river stone lantern orchard copper meadow violin harbor thunder saffron glacier velvet compass "
          "ember quarry falcon willow cinder marble tundra").split()
 
@@ -98,7 +99,10 @@ try:
     worker("pp", PP_W, ["--pipeline-parallel-size", "2", "--health-port", str(PP_H), "--health-host", "127.0.0.1"])
     gateway("gone", ONE_G, [ONE_W])
     gateway("gpp", PP_G, [PP_W])
-    ok = h.check(ready(ONE_G) and ready(PP_G), "a single rank and a two-stage group serve")
+    pp3 = worker("pp3", PP3_W, ["--pipeline-parallel-size", "3"])
+    gateway("gpp3", PP3_G, [PP3_W])
+    ok = h.check(ready(ONE_G) and ready(PP_G) and ready(PP3_G), "a single rank, a two-stage and a three-stage group "
+                 "serve")
     log = open(os.path.join(h.tmp, "pp.log")).read()
     h.check("pipeline stage 0 of 2: layers 0..14, the embeddings" in log and
             "pipeline stage 1 of 2: layers 15..29, the LM head" in log,
@@ -108,7 +112,9 @@ try:
         bodies = []
         for i in range(8):
             b = {"model": mid, "prompt": prompt(i), "max_tokens": 24 + 3 * i, "logprobs": 2, "stream": i % 2 == 1}
-            if i % 3 == 2:
+            if i == 5:  # two choices: the second forks from the first's prompt, in the same virtual engine
+                b.update(temperature=0.8, seed=100 + i, n=2, stream=False)
+            elif i % 3 == 2:
                 b.update(temperature=0.8, seed=100 + i)
             else:
                 b.update(temperature=0)
@@ -123,8 +129,47 @@ try:
                 if a != b:
                     print("  one rank: %r\n  2 stages: %r" % (a[:2], b[:2]))
                     break
+        got3 = at_once(PP3_G, bodies)
+        h.check(got3 == ref, "three stages (10 layers each, steps not overlapped): the same %d answers" % len(ref))
+        pp3.terminate()
         steps = [l for l in open(os.path.join(h.tmp, "pp.log")) if "rank 1" in l and "failed" in l]
         h.check(not steps, "stage 1 ran every step")
+
+        # clients gone mid-stream while their steps are in flight: the rows come back to no one, the rest go on
+        def drop(i):
+            b = {"model": mid, "prompt": prompt(i), "max_tokens": 200, "ignore_eos": True, "temperature": 0,
+                 "stream": True}
+            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % PP_G, json.dumps(b).encode(),
+                                         {"Content-Type": "application/json"})
+            r = urllib.request.urlopen(req, timeout=60)
+            for _ in range(6):
+                r.readline()
+            r.close()
+
+        for rnd in range(3):
+            ts = [threading.Thread(target=drop, args=(i,)) for i in range(4)]
+            for t in ts:
+                t.start()
+            again = at_once(PP_G, bodies[:4])
+            for t in ts:
+                t.join()
+        time.sleep(1)
+        m = get(PP_H, "/metrics")[1]
+        aborted = re.search(r"^llmserve:worker_requests_aborted_total\S* (\S+)$", m, re.M)
+        h.check(again == ref[:4] and aborted and float(aborted.group(1)) >= 12,
+                "twelve streams dropped by their clients while others ran (%s aborted): the others' answers "
+                "unchanged" % (aborted.group(1) if aborted else "?"))
+
+        # too little KV cache for the load: preemption works per virtual engine
+        tight = worker("tight", TIGHT_W, ["--pipeline-parallel-size", "2", "--kv-cache-memory", "5MiB", "--max-model-len", "400",
+                                          "--health-port", str(TIGHT_H), "--health-host", "127.0.0.1"])
+        gateway("gtight", TIGHT_G, [TIGHT_W])
+        if h.check(ready(TIGHT_G), "a two-stage group with 5 MiB of KV cache a stage (455 tokens) serves"):
+            long_bodies = [dict(b, max_tokens=120, ignore_eos=True, n=1) for b in bodies]
+            got = at_once(TIGHT_G, long_bodies)
+            pre = re.search(r"^vllm:num_preemptions_total\S* (\S+)$", get(TIGHT_H, "/metrics")[1], re.M)
+            h.check(all(g[1] == "length" for g in got) and pre and float(pre.group(1)) > 0,
+                    "eight long answers at once all complete (%s preemptions)" % (pre.group(1) if pre else "?"))
 
         # stage 1 killed mid-stream: the group ends whole, the stream resumes on the single rank
         gateway("gboth", BOTH_G, [PP_W, ONE_W])
