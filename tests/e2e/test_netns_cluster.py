@@ -11,11 +11,17 @@ interfaces and a bridge, not loopback.
           hosts, its collectives over TCP (--ranks-per-node 1)
   node 3  group B: tensor parallel on one host, over shared memory
   node 4  a kv_producer     node 5  a kv_consumer (KV blocks node 4 -> 5)
+  node 7  group C's pipeline stage 0, node 8 its stage 1
+          (--pipeline-parallel-size 2 --ranks-per-node 1: the hidden rows
+          and the logits cross the bridge every step)
 
 Checks: greedy answers through haproxy equal those of group B alone (so
 TP=2 over TCP between nodes gives the tokens of TP=2 over shared memory);
 a long prompt's KV crosses from the producer's node to the consumer's,
-answer unchanged; then the faults, each
+answer unchanged; group C's two stages answer as the producer's single
+rank does, token for token, and a stage killed or frozen mid-stream ends
+the stream (an error, no hang: --collective-timeout 5 for the frozen one)
+and the group comes back; then the faults, each
 on the node that serves a live stream: its interface taken down (silence,
 no reset), its worker frozen (SIGSTOP), its worker killed. No stream hangs:
 each resumes on the other group with its text unchanged, and the group
@@ -30,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,10 +56,10 @@ if not shutil.which("haproxy"):
     sys.exit(77)
 
 h = Harness("llmserve-netns-")
-c = netns.Cluster(7, tag="ll%x" % (os.getpid() & 0xffff))
+c = netns.Cluster(9, tag="ll%x" % (os.getpid() & 0xffff))
 WPORT, HPORT, LB = 7600, 7601, 8080
 GW = {"g1": 8000, "g2": 8001, "gpd": 8002}
-A, B, P, D, A1 = 2, 3, 4, 5, 6  # nodes (A1: group A's second rank)
+A, B, P, D, A1, C, C1 = 2, 3, 4, 5, 6, 7, 8  # nodes (A1: group A's second rank; C1: group C's stage 1)
 GROUP_PORT = 7610  # group A's control channel, on node 2
 ROLE = {P: '{"kv_role": "kv_producer"}', D: '{"kv_role": "kv_consumer"}'}
 
@@ -67,15 +74,20 @@ def worker(node, tag=""):
     if node in (A, A1):  # one rank a node, the group formed over node 2's address
         args += ["--tensor-parallel-size", "2", "--ranks-per-node", "1", "--node-index", str(int(node == A1)),
                  "--group-address", "tcp://%s:%d" % (c.addr(A), GROUP_PORT)]
+    elif node in (C, C1):  # a stage a node, the group formed over node 7's address
+        args += ["--pipeline-parallel-size", "2", "--ranks-per-node", "1", "--node-index", str(int(node == C1)),
+                 "--group-address", "tcp://%s:%d" % (c.addr(C), GROUP_PORT), "--collective-timeout", "5"]
     elif node == B:
         args += ["--tensor-parallel-size", "2"]
-    if node != A1:
+    if node not in (A1, C1):
         args += ["--listen", waddr(node), "--health-port", str(HPORT), "--health-host", c.addr(node)]
     if node in ROLE:
         args += ["--kv-transfer-config", ROLE[node]]
     p = c.start(node, args, os.path.join(h.tmp, "worker-n%d%s.log" % (node, tag)))
     if node == A:  # a group comes back whole
         worker(A1, tag)
+    if node == C:
+        worker(C1, tag)
     return p
 
 
@@ -196,8 +208,8 @@ try:
     c.up()
     now = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.split("\n")
     h.check(sorted(re.sub(r"^\d+: ", "", l).split(":")[0] for l in now if l) == host_links,
-            "seven nodes and a switch made; the host's own interfaces unchanged (%s)" % ", ".join(host_links))
-    for n in (A, B, P, D):
+            "nine nodes and a switch made; the host's own interfaces unchanged (%s)" % ", ".join(host_links))
+    for n in (A, B, P, D, C):
         worker(n)
     gateway("g1", [A, B])
     gateway("g2", [A, B])
@@ -205,6 +217,8 @@ try:
     GW["gref"], GW["gp"] = 8003, 8004
     gateway("gref", [B])
     gateway("gp", [P])
+    GW["gc"] = 8005
+    gateway("gc", [C])
     cfg = os.path.join(h.tmp, "haproxy.cfg")
     with open(cfg, "w") as f:
         f.write("""global
@@ -230,8 +244,8 @@ backend gateways
     c.start(0, ["haproxy", "-db", "-f", cfg], os.path.join(h.tmp, "haproxy.log"))
     c.enter(0)  # from here on this test's sockets are node 0's: it reaches the others over the bridge only
     ok = h.check(wait(lambda: all(up_in(g, n) for g, ns in (("g1", (A, B)), ("g2", (A, B)), ("gpd", (P, D)),
-                                                                ("gref", (B,)), ("gp", (P,))) for n in ns), 120),
-                 "the gateways on node 1 see the groups on nodes 2 to 6 over the bridge")
+                                                                ("gref", (B,)), ("gp", (P,)), ("gc", (C,))) for n in ns), 120),
+                 "the gateways on node 1 see the groups on nodes 2 to 8 over the bridge")
     h.check(any("collectives go over TCP" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % A))),
             "group A's ranks on nodes 2 and 6 meet over TCP")
     ok = ok and h.check(wait(lambda: request(c.addr(0), LB, "GET", "/health")[0] == 200, 30),
@@ -264,6 +278,64 @@ backend gateways
         h.check(blocks and blocks == metric(c.addr(P), HPORT, "llmserve:kv_transfer_blocks_total",
                                             'direction="sent"'),
                 "its KV blocks crossed from node 4 to node 5 (%s)" % blocks)
+
+        # pipeline parallelism across two nodes: stage 0 on node 7, stage 1 on node 8
+        h.check(any("pipeline stage 1 of 2" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % C1))) and
+                any("collectives go over TCP" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % C))),
+                "group C's stages on nodes 7 and 8 meet over TCP")
+        pref = [completion(GW["gp"], p)[0] for p in prompts]
+        pgot = [None] * len(prompts)
+
+        def one(i):
+            pgot[i] = completion(GW["gc"], prompts[i])[0]
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        h.check(pgot == pref, "six greedy answers at once from two stages on two nodes: each the producer's single "
+                "rank's, token for token")
+        def stage_fault(what, do):
+            """A long stream from group C alone; do() once it is under way: the stream must end with an error,
+            not hang, and stage 0 go down with the group."""
+            b = {"model": MODEL_ID[0], "prompt": "Write a long story about the %s." % what, "max_tokens": 300,
+                 "ignore_eos": True, "temperature": 0, "stream": True}
+            conn = http.client.HTTPConnection(c.addr(1), GW["gc"], timeout=40)  # a hang raises here
+            conn.request("POST", "/v1/completions", json.dumps(b), {"Content-Type": "application/json"})
+            text, err, t_do = "", None, None
+            try:
+                for d in sse(conn.getresponse()):
+                    err = d.get("error") or err
+                    if d.get("choices"):
+                        text += d["choices"][0].get("text", "")
+                    if t_do is None and len(text) > 40:
+                        do([int(p) for p in subprocess.run(["ip", "netns", "pids", c.ns(C1)], capture_output=True,
+                                                           text=True).stdout.split()])
+                        t_do = time.time()
+            except OSError as e:
+                err = "the stream hung: %s" % e
+            h.check(t_do is not None and err is not None and "hung" not in str(err),
+                    "stage 1 on node 8 %s mid-stream: the stream ended %.1f s later with an error, no hang (%s)" %
+                    (what, time.time() - (t_do or time.time()), str(err)[:80]))
+            h.check(wait(lambda: not subprocess.run(["ip", "netns", "pids", c.ns(C)], capture_output=True,
+                                                    text=True).stdout.split(), 30),
+                    "%s: stage 0 on node 7 ended with it: the group goes down whole" % what)
+
+        stage_fault("killed", lambda ps: [os.kill(p, signal.SIGKILL) for p in ps])
+        worker(C, "-restarted")
+        h.check(wait(lambda: up_in("gc", C), 60) and completion(GW["gc"], prompts[0])[0] == pref[0],
+                "group C restarted on both nodes serves again, the same answer")
+        stopped = []
+        stage_fault("frozen", lambda ps: [os.kill(p, signal.SIGSTOP) for p in ps] and stopped.extend(ps))
+        for p in stopped:  # thawed, it finds its group gone and ends
+            os.kill(p, signal.SIGCONT)
+        h.check(wait(lambda: not subprocess.run(["ip", "netns", "pids", c.ns(C1)], capture_output=True,
+                                                text=True).stdout.split(), 30),
+                "frozen: stage 1 thawed finds its group gone and ends")
+        worker(C, "-restarted2")
+        h.check(wait(lambda: up_in("gc", C), 60) and completion(GW["gc"], prompts[1])[0] == pref[1],
+                "group C restarted again serves, the same answer")
 
         # the faults, each on the node serving a live stream
         fault("link down", lambda n: c.link(n, False), lambda n: c.link(n, True))
