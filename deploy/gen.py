@@ -50,7 +50,8 @@ BASE = {
         "groups": 1,                            # replicas of the model (worker groups)
         "nodes": 1,                             # pods per group (LWS size)
         "ranksPerNode": 1,                      # ranks (GPUs) per pod
-        "tensorParallelSize": 1,                # nodes x ranksPerNode
+        "tensorParallelSize": 1,                # ranks a stage (inside a node: shared memory or NCCL)
+        "pipelineParallelSize": 1,              # stages, the layers split; nodes x ranksPerNode = TP x PP
         "model": MODEL,
         "servedModelName": "SmolLM2-135M-Instruct",
         "device": "cpu",
@@ -123,7 +124,8 @@ def profile(**changes):
             d = d[k]
         d[keys[-1]] = x
     w = v["worker"]
-    assert w["tensorParallelSize"] == w["nodes"] * w["ranksPerNode"], "tensorParallelSize = nodes x ranksPerNode"
+    assert w["tensorParallelSize"] * w["pipelineParallelSize"] == w["nodes"] * w["ranksPerNode"], \
+        "tensorParallelSize x pipelineParallelSize = nodes x ranksPerNode"
     return startup_budget(v)
 
 
@@ -172,11 +174,12 @@ PROFILES = {
     # cpu-small split in two: a prefill group (kv_producer) beside the decode group (kv_consumer); prompts
     # whose uncached part passes gateway.maxLocalPrefillLength are prefilled there and their KV sent over
     "cpu-pd": profile(**CPU_SMALL, worker__kvTransferConfig='{"kv_role": "kv_consumer"}', prefill__enabled=True),
-    # cpu-small's group on two nodes: one rank a pod, the LWS group of two; CPU ranks on different hosts meet
-    # over TCP (the leader's port 7700 for the join, then an ephemeral one for the collectives). The KV
-    # tiers run on one rank, so this profile has none
+    # cpu-small's group on two nodes as vLLM splits a model over nodes: a pipeline stage a node (half the
+    # layers each), the LWS group of two; its ranks meet over TCP (the leader's port 7700 for the join, then
+    # an ephemeral one for the stage hops), and the two stages' steps overlap. The KV tiers run on one
+    # rank, so this profile has none
     "cpu-multinode": profile(**dict(CPU_SMALL, worker__kvOffloadingSize="", worker__kvOffloadingDiskSize=""),
-                             worker__nodes=2, worker__tensorParallelSize=2),
+                             worker__nodes=2, worker__pipelineParallelSize=2),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
     "gpu-8b": gpu_profile("llama-3-8b-instruct", "llmserve-models-8b", 1, 1, "64Gi", "8", "auto", 8192,
                           worker__loadTimeout=900),
@@ -188,7 +191,9 @@ PROFILES = {
                                     worker__shmSize="32Gi"),
     # 70B with TP=16 over two 8-GPU nodes: one LWS group of two pods, NCCL across them (the group's
     # join on the leader's port 7700, NCCL's own sockets between the pods); 8 KV heads over 16 ranks:
-    # each KV head on two ranks
+    # each KV head on two ranks. TP=8 inside a node x PP=2 across them is the better shape (a stage hop a
+    # step instead of two all-reduces a layer over the fabric), but pipeline stages run on the CPU backend
+    # only so far: the GPU stage wire (NCCL send/recv) is not built
     # across the pods NCCL needs the fabric: an RDMA device per pod (rdma/ib: the shared-device plugin's
     # resource name; set your cluster's) and IPC_LOCK to pin its memory
     "multinode-70b-tp16": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 2, 8, "640Gi", "64", "bf16", 32768,
@@ -429,7 +434,8 @@ def worker_args(leader, prefill=False):
         ["--node-index", "$(LWS_WORKER_INDEX)", "--group-address", "tcp://$(LWS_LEADER_ADDRESS):%d" % GROUP]
     return ["--model", S("worker.model"), "--served-model-name", S("worker.servedModelName"),
             "--listen", "tcp://0.0.0.0:%d" % RPC, "--health-port", str(PROBE), "--device", S("worker.device"),
-            "--tensor-parallel-size", S("worker.tensorParallelSize"), "--ranks-per-node", S("worker.ranksPerNode")] + \
+            "--tensor-parallel-size", S("worker.tensorParallelSize"), "--pipeline-parallel-size",
+            S("worker.pipelineParallelSize"), "--ranks-per-node", S("worker.ranksPerNode")] + \
         node + ["--join-timeout", S("worker.joinTimeout"), "--load-timeout", S("worker.loadTimeout"),
                 "--max-model-len", S("worker.maxModelLen"), "--max-num-seqs", S("worker.maxNumSeqs"),
                 "--kv-cache-memory", S("worker.kvCacheMemory"), "--gpu-memory-utilization",
