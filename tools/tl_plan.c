@@ -78,39 +78,55 @@ double tl_kv_bytes_per_token(const tl_model_shape *m, double kv_elem_bytes) {
 
 void tl_plan(const tl_model_shape *m, const tl_plan_in *in, tl_plan_out *o) {
     memset(o, 0, sizeof *o);
-    int tp = in->tp > 0 ? in->tp : 1, L = in->max_model_len > 0 ? in->max_model_len : m->ctx;
+    int tp = in->tp > 0 ? in->tp : 1, pp = in->pp > 0 ? in->pp : 1, L = in->max_model_len > 0 ? in->max_model_len : m->ctx;
     double weights = m->weight_bytes > 0 ? m->weight_bytes : m->params * in->weight_elem_bytes;
-    o->weight_bytes_per_gpu = weights / tp;
     o->kv_bytes_per_token = tl_kv_bytes_per_token(m, in->kv_elem_bytes);
     /* KV heads split over the ranks (replicated when there are fewer heads than ranks) */
     int kv_per_gpu = m->n_kv_head >= tp ? (m->n_kv_head + tp - 1) / tp : 1;
-    o->kv_bytes_per_token_per_gpu = 2.0 * m->n_layer * kv_per_gpu * m->head_dim * in->kv_elem_bytes;
     /* activations of one step (fp32 on the way, a few buffers of the widest
      * layer per batched token) and the logits of the running sequences */
     int bt = in->max_batched_tokens > 0 ? in->max_batched_tokens : 2048, seqs = in->max_num_seqs > 0 ? in->max_num_seqs : 256;
     double widest = fmax(m->dim, fmax((double)m->hidden / tp, (double)m->n_head * m->head_dim / tp));
     o->activation_bytes_per_gpu = (double)bt * widest * 4 * 6 + (double)seqs * m->vocab * 4;
     double budget = in->gpu_memory * (in->utilization > 0 ? in->utilization : 0.9);
-    o->kv_pool_bytes_per_gpu = budget - o->weight_bytes_per_gpu - o->activation_bytes_per_gpu;
     if (m->n_kv_head < tp && m->n_kv_head > 0 && tp % m->n_kv_head) {
-        o->fits = 0;
         snprintf(o->why, sizeof o->why, "%d KV heads cannot be spread evenly over %d GPUs", m->n_kv_head, tp);
         return;
     }
-    if (o->kv_pool_bytes_per_gpu <= 0) {
-        o->fits = 0;
-        snprintf(o->why, sizeof o->why,
-                 "the weights (%.1f GiB per GPU) and activations (%.1f GiB) leave no room for the KV cache in %.1f GiB "
-                 "(%.0f%% of %.1f GiB): use more GPUs, a smaller dtype or quantization",
-                 o->weight_bytes_per_gpu / 1073741824.0, o->activation_bytes_per_gpu / 1073741824.0, budget / 1073741824.0,
-                 100 * (in->utilization > 0 ? in->utilization : 0.9), in->gpu_memory / 1073741824.0);
-        o->kv_pool_bytes_per_gpu = 0;
+    if (pp > m->n_layer || pp > TL_PLAN_MAX_STAGES) {
+        snprintf(o->why, sizeof o->why, "%d pipeline stages for %d layers", pp, m->n_layer);
         return;
     }
-    o->max_tokens = floor(o->kv_pool_bytes_per_gpu / o->kv_bytes_per_token_per_gpu);
+    /* stages: the layers as the worker splits them (the earlier stages one more where they do not divide);
+     * the embeddings on stage 0, the LM head (a copy of them when tied) on the last, the rest by layer */
+    double emb = (double)m->vocab * m->dim * (weights / fmax(m->params, 1)), head = emb;
+    double per_layer = (weights - emb - (m->tied ? 0 : head)) / m->n_layer;
+    o->stages = pp;
+    int worst = 0;
+    for (int s = 0; s < pp; s++) {
+        int l0 = (int)(((long long)s * m->n_layer + pp - 1) / pp), l1 = (int)(((long long)(s + 1) * m->n_layer + pp - 1) / pp);
+        double w = pp == 1 ? weights / tp : (per_layer * (l1 - l0) + (s == pp - 1 ? head : 0)) / tp + (s == 0 ? emb / tp : 0);
+        double kv = 2.0 * (l1 - l0) * kv_per_gpu * m->head_dim * in->kv_elem_bytes, pool = budget - w - o->activation_bytes_per_gpu;
+        o->stage[s].l0 = l0, o->stage[s].l1 = l1, o->stage[s].weight_bytes = w, o->stage[s].kv_bytes_per_token = kv;
+        o->stage[s].kv_pool_bytes = pool > 0 ? pool : 0;
+        o->stage[s].max_tokens = pool > 0 ? floor(pool / kv) : 0;
+        if (o->stage[s].max_tokens < o->stage[worst].max_tokens || (pool <= 0 && o->stage[worst].kv_pool_bytes > 0)) worst = s;
+    }
+    o->weight_bytes_per_gpu = o->stage[worst].weight_bytes;
+    o->kv_bytes_per_token_per_gpu = o->stage[worst].kv_bytes_per_token;
+    o->kv_pool_bytes_per_gpu = o->stage[worst].kv_pool_bytes;
+    if (o->kv_pool_bytes_per_gpu <= 0) {
+        snprintf(o->why, sizeof o->why,
+                 "the weights (%.1f GiB per GPU%s) and activations (%.1f GiB) leave no room for the KV cache in %.1f GiB "
+                 "(%.0f%% of %.1f GiB): use more GPUs, a smaller dtype or quantization",
+                 o->weight_bytes_per_gpu / 1073741824.0, pp > 1 ? " on the fullest stage" : "",
+                 o->activation_bytes_per_gpu / 1073741824.0, budget / 1073741824.0,
+                 100 * (in->utilization > 0 ? in->utilization : 0.9), in->gpu_memory / 1073741824.0);
+        return;
+    }
+    o->max_tokens = o->stage[worst].max_tokens;
     o->max_full_seqs = L > 0 ? floor(o->max_tokens / L) : 0;
     if (o->max_tokens < L) {
-        o->fits = 0;
         snprintf(o->why, sizeof o->why,
                  "the KV cache holds %.0f tokens, less than one sequence of max_model_len %d: lower --max-model-len or add "
                  "memory",

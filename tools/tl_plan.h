@@ -21,7 +21,8 @@ typedef struct {
     double gpu_memory;          /* bytes per GPU */
     double utilization;         /* share of it for weights + activations + KV */
     int max_model_len;          /* 0: the model's */
-    int tp;                     /* tensor-parallel size */
+    int tp;                     /* tensor-parallel size (ranks a stage) */
+    int pp;                     /* pipeline stages (the layers split as the worker splits them); 0: 1 */
     double weight_elem_bytes;   /* dtype / quantization of the weights when weight_bytes is 0 */
     double kv_elem_bytes;       /* 2 fp16/bf16, 1 fp8/int8, 4 fp32 */
     int max_num_seqs;           /* for the activation estimate */
@@ -35,7 +36,14 @@ typedef struct {
     double max_tokens, max_full_seqs;
     int fits;
     char why[256];                      /* when it does not fit */
+    /* per pipeline stage (pp of them, at most TL_PLAN_MAX_STAGES): its layers [l0, l1), what one of its GPUs
+     * holds (stage 0 the embeddings, the last the LM head), its KV bytes a token and the tokens its pool
+     * holds. The group's cache is the same number of blocks on every stage, so the fewest tokens of any stage
+     * is the group's: the *_per_gpu figures above are that stage's */
+    int stages;
+    struct { int l0, l1; double weight_bytes, kv_bytes_per_token, kv_pool_bytes, max_tokens; } stage[64];
 } tl_plan_out;
+#define TL_PLAN_MAX_STAGES 64
 
 /* Built-in shapes (cm_model_preset). 0 or LLM_ENOTFOUND. */
 int tl_model_preset(const char *name, tl_model_shape *out);

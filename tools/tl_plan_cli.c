@@ -25,10 +25,11 @@ static double dtype_bytes(const char *s) {
 
 int tl_plan_main(int argc, char **argv) {
     const char *model = NULL, *dtype = "fp16", *kvd = "fp16", *quant = NULL;
-    double gpu_gib = 80, util = 0.9, mml = 0, tp = 1, seqs = 256, bt = 2048;
+    double gpu_gib = 80, util = 0.9, mml = 0, tp = 1, pp = 1, seqs = 256, bt = 2048;
     int as_json = 0;
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"gpu-memory", 1, 0, 'g'}, {"gpu-memory-utilization", 1, 0, 'u'},
                                        {"max-model-len", 1, 0, 'l'}, {"tensor-parallel-size", 1, 0, 't'},
+                                       {"pipeline-parallel-size", 1, 0, 'P'},
                                        {"dtype", 1, 0, 'd'}, {"kv-cache-dtype", 1, 0, 'k'}, {"quantization", 1, 0, 'q'},
                                        {"max-num-seqs", 1, 0, 's'}, {"max-num-batched-tokens", 1, 0, 'b'},
                                        {"json", 0, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
@@ -41,6 +42,7 @@ int tl_plan_main(int argc, char **argv) {
         case 'u': bad = cm_parse_double("--gpu-memory-utilization", optarg, 0.01, 1, &util); break;
         case 'l': bad = cm_parse_double("--max-model-len", optarg, 1, 1e8, &mml); break;
         case 't': bad = cm_parse_double("--tensor-parallel-size", optarg, 1, 1024, &tp); break;
+        case 'P': bad = cm_parse_double("--pipeline-parallel-size", optarg, 1, TL_PLAN_MAX_STAGES, &pp); break;
         case 'd': dtype = optarg; break;
         case 'k': kvd = optarg; break;
         case 'q': quant = optarg; break;
@@ -49,7 +51,8 @@ int tl_plan_main(int argc, char **argv) {
         case 'j': as_json = 1; break;
         case 'h':
             printf("usage: llmserve plan --model GGUF|config.json|PRESET [--gpu-memory GiB] [--gpu-memory-utilization F]\n"
-                   "       [--max-model-len N] [--tensor-parallel-size N] [--dtype fp16|bf16|fp32] [--kv-cache-dtype fp16|fp8|fp32]\n"
+                   "       [--max-model-len N] [--tensor-parallel-size N] [--pipeline-parallel-size N]\n"
+                   "       [--dtype fp16|bf16|fp32] [--kv-cache-dtype fp16|fp8|fp32]\n"
                    "       [--quantization int8|int4|fp8] [--max-num-seqs N] [--max-num-batched-tokens N] [--json]\n"
                    "presets: %s\n", cm_model_preset_names());
             return 0;
@@ -75,7 +78,7 @@ int tl_plan_main(int argc, char **argv) {
         fprintf(stderr, "llmserve plan: %s\n", err);
         return 1;
     }
-    tl_plan_in in = {gpu_gib * 1073741824.0, util, (int)mml, (int)tp, dtype_bytes(quant ? quant : dtype), dtype_bytes(kvd),
+    tl_plan_in in = {gpu_gib * 1073741824.0, util, (int)mml, (int)tp, (int)pp, dtype_bytes(quant ? quant : dtype), dtype_bytes(kvd),
                      (int)seqs, (int)bt};
     if (!in.weight_elem_bytes || !in.kv_elem_bytes) {
         fprintf(stderr, "llmserve plan: unknown dtype '%s'\n", !in.kv_elem_bytes ? kvd : quant ? quant : dtype);
@@ -94,6 +97,15 @@ int tl_plan_main(int argc, char **argv) {
                               o.kv_bytes_per_token_per_gpu, "kv_pool_bytes_per_gpu", o.kv_pool_bytes_per_gpu, "max_tokens",
                               o.max_tokens, "max_full_length_seqs", o.max_full_seqs, "fits", o.fits, "why",
                               o.fits ? NULL : o.why);
+        json_object_set_new(j, "pipeline_parallel_size", json_integer(in.pp));
+        json_t *st = json_array();
+        for (int i = 0; i < o.stages; i++)
+            json_array_append_new(st, json_pack("{s:i,s:i,s:f,s:f,s:f,s:f}", "first_layer", o.stage[i].l0, "layers",
+                                                o.stage[i].l1 - o.stage[i].l0, "weight_bytes_per_gpu",
+                                                o.stage[i].weight_bytes, "kv_bytes_per_token_per_gpu",
+                                                o.stage[i].kv_bytes_per_token, "kv_pool_bytes_per_gpu",
+                                                o.stage[i].kv_pool_bytes, "max_tokens", o.stage[i].max_tokens));
+        json_object_set_new(j, "stages", st);
         char *s = json_dumps(j, JSON_INDENT(2));
         puts(s);
         free(s);
@@ -104,7 +116,13 @@ int tl_plan_main(int argc, char **argv) {
         if (m.n_expert)
             printf("experts: %d a layer, %d a token: %.2fB parameters active a token (all %.2fB held in memory)\n",
                    m.n_expert, m.n_expert_used, m.active_params / 1e9, m.params / 1e9);
-        printf("GPU: %.1f GiB x %d, %.0f%% usable\n", gpu_gib, in.tp, util * 100);
+        printf("GPU: %.1f GiB x %d, %.0f%% usable\n", gpu_gib, in.tp * in.pp, util * 100);
+        for (int i = 0; in.pp > 1 && i < o.stages; i++)
+            printf("stage %d: layers %d..%d%s%s on %d GPU(s): weights %.2f GiB, KV %.0f bytes a token, pool %.2f GiB = "
+                   "%.0f tokens a GPU\n", i, o.stage[i].l0, o.stage[i].l1 - 1, i == 0 ? " + embeddings" : "",
+                   i == o.stages - 1 ? " + LM head" : "", in.tp, o.stage[i].weight_bytes / 1073741824.0,
+                   o.stage[i].kv_bytes_per_token, o.stage[i].kv_pool_bytes / 1073741824.0, o.stage[i].max_tokens);
+        if (in.pp > 1) printf("(the fullest stage sets the group's cache: its figures below)\n");
         printf("weights per GPU:        %10.2f GiB\n", o.weight_bytes_per_gpu / 1073741824.0);
         printf("activations per GPU:    %10.2f GiB (estimate: %d batched tokens, %d sequences)\n",
                o.activation_bytes_per_gpu / 1073741824.0, in.max_batched_tokens, in.max_num_seqs);

@@ -42,7 +42,8 @@ int main(int argc, char **argv) {
     CHECK_NEAR(x.params / 1e9, 8.2, 0.05);
     CHECK(x.active_params == x.params);
     /* 70B fp16 does not fit one 80 GiB GPU; over 4 it does: weights 32.85 GiB each */
-    tl_plan_in in = {80 * 1073741824.0, 0.9, 8192, 1, 2, 2, 256, 2048};
+    tl_plan_in in = {.gpu_memory = 80 * 1073741824.0, .utilization = 0.9, .max_model_len = 8192, .tp = 1,
+                     .weight_elem_bytes = 2, .kv_elem_bytes = 2, .max_num_seqs = 256, .max_batched_tokens = 2048};
     tl_plan_out o;
     tl_plan(&m, &in, &o);
     CHECK_INT(o.fits, 0);
@@ -58,6 +59,30 @@ int main(int argc, char **argv) {
     in.tp = 16;
     tl_plan(&m, &in, &o);
     CHECK_NEAR(o.kv_bytes_per_token_per_gpu, 2.0 * 80 * 1 * 128 * 2, 0);
+    double w16 = o.weight_bytes_per_gpu, t16 = o.max_tokens;
+    /* TP 8 x PP 2 on the same 16 GPUs: 40 layers a stage, one KV head a GPU, so half the KV bytes a token of
+     * TP 16's; the layers' weights halve too, stage 0 adds the embeddings, stage 1 the LM head */
+    in.tp = 8;
+    in.pp = 2;
+    tl_plan(&m, &in, &o);
+    CHECK_INT(o.fits, 1);
+    CHECK_INT(o.stages, 2);
+    CHECK(o.stage[0].l0 == 0 && o.stage[0].l1 == 40 && o.stage[1].l0 == 40 && o.stage[1].l1 == 80);
+    CHECK_NEAR(o.stage[0].kv_bytes_per_token, 2.0 * 40 * 1 * 128 * 2, 0);
+    double emb = (double)m.vocab * m.dim * 2 / 8;
+    CHECK_NEAR(o.stage[0].weight_bytes, o.stage[1].weight_bytes, 1); /* embeddings there, an untied head here */
+    CHECK_NEAR(o.stage[0].weight_bytes + o.stage[1].weight_bytes, 2 * w16, 1e3); /* all of it, over 8 a stage */
+    CHECK(o.stage[0].weight_bytes > emb);
+    CHECK(o.max_tokens > 1.9 * t16); /* half the KV a token */
+    /* 5 layers in 2 stages: 3 + 2 (the earlier stage takes the extra one, as the worker does); more stages
+     * than layers do not fit */
+    m.n_layer = 5;
+    tl_plan(&m, &in, &o);
+    CHECK(o.stage[0].l1 == 3 && o.stage[1].l0 == 3 && o.stage[1].l1 == 5);
+    in.pp = 6;
+    tl_plan(&m, &in, &o);
+    CHECK(!o.fits && strstr(o.why, "6 pipeline stages"));
+    in.pp = 1;
     CHECK_RC(tl_model_preset("no-such-model", &m), LLM_ENOTFOUND);
     char err[256];
     CHECK(tl_model_from_config("/nonexistent/config.json", &m, err, sizeof err) != 0);
