@@ -22,6 +22,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +58,12 @@ static void set_opts(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
+#define SPIN_S 0.05
+
 /* All of len bytes in (wr 0) or out (wr 1), each wait within timeout_s (0: none). */
 static int io_full(int fd, void *p, size_t len, int wr, double timeout_s) {
     char *b = p;
-    double end = timeout_s > 0 ? now_s() + timeout_s : 0;
+    double end = timeout_s > 0 ? now_s() + timeout_s : 0, spin_end = 0;
     while (len) {
         ssize_t n = wr ? send(fd, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, b, len, MSG_DONTWAIT);
         if (n > 0) {
@@ -71,6 +74,15 @@ static int io_full(int fd, void *p, size_t len, int wr, double timeout_s) {
         if (n == 0) return LLM_EIO; /* the peer closed */
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) return LLM_EIO;
+        /* the peer is usually a few ms away (a stage's layers, a rank's share): yield for up to SPIN_S before
+         * sleeping in poll, as the shm backend does; a core that halts meanwhile (a VM's vCPU especially)
+         * comes back slower to the next step's compute than the wait would cost */
+        double t = now_s();
+        if (!spin_end) spin_end = t + SPIN_S;
+        if (t < spin_end) {
+            sched_yield();
+            continue;
+        }
         int ms = -1;
         if (end > 0) {
             double left = end - now_s();
