@@ -54,8 +54,9 @@ def gateway(name, port, wports):
                     ",".join("tcp://127.0.0.1:%d" % p for p in wports), "--log-level", "info"], name + ".log")
 
 
-def complete(port, body, timeout=120):
-    """(text, finish_reason, token logprobs) of one completion; streamed when body says so."""
+def complete(port, body, timeout=120, each=None):
+    """(text, finish_reason, token logprobs) of one completion; streamed when body says so (each(text so far)
+    after every event)."""
     req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -70,6 +71,8 @@ def complete(port, body, timeout=120):
                 text += ch.get("text", "")
                 fin = ch.get("finish_reason") or fin
                 lps += (ch.get("logprobs") or {}).get("token_logprobs") or []
+            if each:
+                each(text)
         return text, fin if err is None else "error: %s" % err, lps or None
 
 
@@ -180,30 +183,27 @@ try:
         body = {"model": mid, "prompt": prompt(3), "max_tokens": 200, "ignore_eos": True, "temperature": 0,
                 "stream": True}
         want = complete(ONE_G, dict(body, stream=False))[0]
+        at = {}
+
+        def watch(text):
+            if "landed" not in at and len(text) > 30:
+                m = get(BOTH_G, "/metrics")[1]
+                at["landed"] = re.search(r'^llmserve:gateway_inflight\{[^}]*tcp://127.0.0.1:%d[^}]*\} 1$' % PP_W, m,
+                                         re.M) is not None
+                if at["landed"] and pids:
+                    os.kill(int(pids[0]), signal.SIGKILL)
+                    at["t_kill"] = time.time()
+
         for attempt in range(4):  # the router picks the group: a stream that landed on the pipeline
-            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % BOTH_G, json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            text, fin, err, landed, t_kill = "", None, None, None, None
-            with urllib.request.urlopen(req, timeout=60) as r:
-                for d in sse(r):
-                    if "error" in d:
-                        err = d["error"]
-                    for ch in d.get("choices", []):
-                        text += ch.get("text", "")
-                        fin = ch.get("finish_reason") or fin
-                    if landed is None and len(text) > 30:
-                        m = get(BOTH_G, "/metrics")[1]
-                        landed = re.search(r'^llmserve:gateway_inflight\{[^}]*tcp://127.0.0.1:%d[^}]*\} 1$' % PP_W, m,
-                                           re.M) is not None
-                        if landed and pids:
-                            os.kill(int(pids[0]), signal.SIGKILL)
-                            t_kill = time.time()
-            if landed:
+            at.clear()
+            text, fin, _ = complete(BOTH_G, body, 60, watch)
+            if at.get("landed"):
                 break
+        t_kill = at.get("t_kill")
         h.check(t_kill is not None, "a stream landed on the two stages and stage 1 was killed under it")
-        h.check(err is None and fin == "length" and text == want,
+        h.check(fin == "length" and text == want,
                 "it ended %.1f s later, resumed on the single rank, text identical (%s)" %
-                (time.time() - (t_kill or time.time()), err or "%d chars" % len(text)))
+                (time.time() - (t_kill or time.time()), fin if fin != "length" else "%d chars" % len(text)))
         end = time.time() + 30
         pp = [p for p in h.procs if "--pipeline-parallel-size" in p.args][0]
         while time.time() < end and pp.poll() is None:
