@@ -192,6 +192,10 @@ def run_fault(name, do, undo, want, topic):
         err = "the stream hung: %s" % e
     took = time.time() - t_fault if t_fault else -1
     h.check(node is not None, "%s: the stream ran on node %s" % (name, node))
+    if text != ref:  # where the two part, for the log
+        k = next((i for i, (x, y) in enumerate(zip(text, ref)) if x != y), min(len(text), len(ref)))
+        print("  %s: the text parts from group B's alone at char %d of %d/%d: %r vs %r" %
+              (name, k, len(text), len(ref), text[max(0, k - 20):k + 40], ref[max(0, k - 20):k + 40]))
     h.check(err is None and fin == "length" and text == ref,
             "%s: the stream ended %.1f s after the fault, resumed on the other group, text identical (%s)" %
             (name, took, err or "%d chars" % len(text)))
