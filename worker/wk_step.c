@@ -126,6 +126,7 @@ static int step_pipe(wk_engine *e) {
         e->ve = 1 - e->ve;
         if ((rc = wk_sched_plan(e, &tokens))) return rc;
     }
+    if (!e->n_plan && !e->n_fplan) return 0; /* nothing to run or to collect: stage 1 need hear nothing */
     int rows = plan_rows(e->plan, e->n_plan);
     if ((rc = logits_room(&e->logits, &e->logits_rows, rows, e->m->cfg.vocab))) return rc;
     struct timespec t0;
