@@ -52,5 +52,6 @@ out:
         if (sigs[i]) event_free(sigs[i]);
     gw_stop(g);
     free(g);
+    nng_fini(); /* the closed sockets' queued messages are freed on nng's reaper thread: let it finish */
     return ret;
 }

@@ -167,7 +167,13 @@ def fault(name, do, undo, want=None):
 def run_fault(name, do, undo, want, topic):
     prompt, kw = "Write a long story about %s, a lighthouse keeper." % topic, dict(max_tokens=300,
                                                                                    ignore_eos=True)
-    ref = completion(GW["gref"], prompt, **kw)[0]
+    # the reference gateway sees only group B: after a fault on node B it must see it back first (the
+    # previous fault's undo waited for g1 and g2 alone)
+    h.check(wait(lambda: up_in("gref", B), 60), "%s: group B is up in the reference gateway" % name)
+    ref, ref_fin, _ = completion(GW["gref"], prompt, **kw)
+    if ref_fin != "length":
+        h.check(False, "%s: group B alone answered whole (%r, %d chars)" % (name, ref_fin, len(ref)))
+        return True
     b = {"model": MODEL_ID[0], "prompt": prompt, "temperature": 0, "stream": True}
     b.update(kw)
     conn = http.client.HTTPConnection(c.addr(0), LB, timeout=30)  # a hang raises here
