@@ -143,14 +143,15 @@ int wk_model_flag(wk_load_flags *f, int code, const char *arg) {
         static const struct { const char *name; int type; } t[] = {
             {"auto", 0},         {"f16", CM_F16},     {"float16", CM_F16}, {"half", CM_F16},    {"bf16", CM_BF16},
             {"bfloat16", CM_BF16}, {"f32", CM_F32},   {"float32", CM_F32}, {"float", CM_F32},   {"q8_0", CM_Q8_0},
-            {"q4_0", CM_Q4_0},   {"q4_1", CM_Q4_1}};
+            {"q4_0", CM_Q4_0},   {"q4_1", CM_Q4_1},   {"q4_k", CM_Q4_K},   {"q6_k", CM_Q6_K}};
         for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
             if (!strcasecmp(arg, t[i].name)) {
                 f->dtype = t[i].type;
                 f->dtype_set = i > 0; /* "auto" leaves the default */
                 return 0;
             }
-        fprintf(stderr, "llmserve: --dtype expects auto, f16, bf16, f32, q8_0, q4_0 or q4_1, not '%s'\n", arg);
+        fprintf(stderr, "llmserve: --dtype expects auto, f16, bf16, f32, q8_0, q4_0, q4_1, q4_k or q6_k, not '%s'\n",
+                arg);
         return LLM_EINVAL;
     }
     case WK_M_DEVICE:

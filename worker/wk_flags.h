@@ -136,7 +136,7 @@ enum { WK_MODEL_FLAG_BASE = 0x2000, WK_M_LOAD_FORMAT = WK_MODEL_FLAG_BASE, WK_M_
     "                              smollm2-135m) or a\n"                                          \
     "                              config.json path (gpt_oss, llama, mistral, mixtral, qwen2, qwen3,\n" \
     "                              qwen3_moe)\n"                                                    \
-    "  --dtype T                   dummy weight type: f16 (default), bf16, f32, q8_0, q4_0, q4_1\n" \
+    "  --dtype T                   dummy weight type: f16 (default), bf16, f32, q8_0, q4_0, q4_1, q4_k, q6_k\n" \
     "  --dummy-seed N              seed of the dummy weights (default 0)\n"
 
 typedef struct {

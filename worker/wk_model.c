@@ -315,6 +315,12 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         rc = LLM_EUNSUP;
         goto fail;
     }
+    if (o->model_config && o->device == WK_DEV_CUDA && (o->dummy_type == CM_Q4_K || o->dummy_type == CM_Q6_K)) {
+        snprintf(err, errlen, "--dtype %s: dummy K-quant weights are made for the CPU only (with --device cuda use "
+                 "f16, bf16, f32, q8_0, q4_0 or q4_1)", cm_dtype_name(o->dummy_type));
+        rc = LLM_EUNSUP;
+        goto fail;
+    }
     if (o->model_config) { /* --load-format dummy: random weights of a preset's or config.json's shape */
         cm_model_config dc;
         if ((rc = cm_model_config_resolve(o->model_config, &dc, err, errlen)) ||

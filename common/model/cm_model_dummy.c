@@ -129,6 +129,22 @@ static void fill(void *dst, int type, uint64_t n, float a, uint64_t *s) {
         }
         return;
     }
+    if (type == CM_Q4_K || type == CM_Q6_K) { /* random codes and sub-block scales, a sane super-block scale */
+        size_t bb = cm_dtype_block_bytes(type), nb = (size_t)(n / 256);
+        uint8_t *p = dst;
+        /* Q4_K: w = d*sc*q - dmin*m, sc and m 6-bit, q 0..15 (|w| up to ~945 d); Q6_K: w = d*sc*(q-32), sc
+         * int8 (|w| up to 4096 d); d at 0 (Q4_K, dmin at 2) or at the block's end (Q6_K) */
+        uint16_t dh = cm_f32_to_f16(type == CM_Q4_K ? a / 945 : a / 4096), mh = cm_f32_to_f16(a / 945);
+        for (size_t b = 0; b < nb; b++, p += bb) {
+            for (size_t i = 0; i < bb; i += 8) {
+                uint64_t r = mix(s);
+                memcpy(p + i, &r, bb - i < 8 ? bb - i : 8);
+            }
+            if (type == CM_Q4_K) memcpy(p, &dh, 2), memcpy(p + 2, &mh, 2);
+            else memcpy(p + bb - 2, &dh, 2);
+        }
+        return;
+    }
     /* Q8_0: w = d*q, q in [-128, 127]; Q4_0: w = d*(q-8); Q4_1: w = d*q + m, q in [0, 15] */
     size_t bb = cm_dtype_block_bytes(type), nb = (size_t)(n / 32), hd = type == CM_Q4_1 ? 4 : 2;
     uint8_t *p = dst;
@@ -148,8 +164,8 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
                    char *err, size_t errlen) {
     *out = NULL;
     if (wtype != CM_F32 && wtype != CM_F16 && wtype != CM_BF16 && wtype != CM_Q8_0 && wtype != CM_Q4_0 &&
-        wtype != CM_Q4_1) {
-        snprintf(err, errlen, "dummy weights: type %s is not one of f32, f16, bf16, q8_0, q4_0, q4_1",
+        wtype != CM_Q4_1 && wtype != CM_Q4_K && wtype != CM_Q6_K) {
+        snprintf(err, errlen, "dummy weights: type %s is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k",
                  cm_dtype_name(wtype));
         return LLM_EUNSUP;
     }
@@ -158,9 +174,10 @@ int cm_model_dummy(const cm_model_config *cfg, int wtype, uint64_t seed, unsigne
     int rc = cm_model_validate_config(&c, err, errlen);
     if (rc) return rc;
     uint64_t D = c.dim, QD = (uint64_t)c.n_head * c.head_dim, KVD = (uint64_t)c.n_kv_head * c.head_dim, H = c.hidden;
-    if (cm_dtype_block(wtype) > 1 && (D % 32 || QD % 32 || H % 32)) {
-        snprintf(err, errlen, "dummy weights: %s needs dim, heads x head_dim and FFN size in multiples of 32",
-                 cm_dtype_name(wtype));
+    uint64_t blk = cm_dtype_block(wtype);
+    if (blk > 1 && (D % blk || QD % blk || H % blk)) {
+        snprintf(err, errlen, "dummy weights: %s needs dim, heads x head_dim and FFN size in multiples of %llu",
+                 cm_dtype_name(wtype), (unsigned long long)blk);
         return LLM_EUNSUP;
     }
     /* name, [ne0 (row length), ne1 (rows)], type: matrices in wtype, vectors in F32 */

@@ -73,8 +73,9 @@ static void quant_act_avx2(const float *x, int64_t k, int8_t *qs, float *d, floa
  * eight add up exactly in int16 (30,720), in any order, and one vpmaddwd per
  * row and block widens them. The same ops for every row whatever BN, so a
  * sequence's logits do not depend on its batch. */
-static inline __attribute__((always_inline)) void q4_tile16(const kn_pq4 *P, int64_t nb, const kn_act *a, int b0,
-                                                            const int BN, __m256 *out) {
+static inline __attribute__((always_inline)) void q4_tile16(const char *P, const int sym, int64_t nb,
+                                                            const kn_act *a, int b0, const int BN, __m256 *out) {
+    const size_t bs = sym ? sizeof(kn_pq4s) : sizeof(kn_pq4); /* kn_pq4s: Q4_0, m = -8d not stored */
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const int8_t *xr[2];
     __m256 acc[4];
@@ -83,12 +84,14 @@ static inline __attribute__((always_inline)) void q4_tile16(const kn_pq4 *P, int
         xr[t] = a->qs + (size_t)(b0 + t) * a->k;
     }
     for (int64_t blk = 0; blk < nb; blk++) {
-        const kn_pq4 *p = &P[blk];
-        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
+        const char *p = P + (size_t)blk * bs;
+        const uint8_t *qs = sym ? ((const kn_pq4s *)p)->qs[0] : ((const kn_pq4 *)p)->qs[0];
+        const uint16_t *pd = (const uint16_t *)p, *pm = sym ? NULL : ((const kn_pq4 *)p)->m;
+        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(p + 4096 + l, _MM_HINT_T0);
         __m256i u[4];
         for (int c = 0; c < 4; c++) {
-            __m256i v0 = _mm256_loadu_si256((const __m256i *)p->qs[c]);
-            __m256i v1 = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32));
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * c));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32));
             __m256i lo0 = _mm256_and_si256(v0, m4), hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4);
             __m256i lo1 = _mm256_and_si256(v1, m4), hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4);
             for (int t = 0; t < BN; t++) {
@@ -103,8 +106,9 @@ static inline __attribute__((always_inline)) void q4_tile16(const kn_pq4 *P, int
             }
         }
         for (int h = 0; h < 2; h++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d + 8 * h)));
-            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m + 8 * h)));
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pd + 8 * h)));
+            __m256 mw = sym ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.f))
+                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(pm + 8 * h)));
             for (int t = 0; t < BN; t++) {
                 size_t ai = (size_t)(b0 + t) * a->nblk + blk;
                 __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(u[2 * t + h], ones));
@@ -118,8 +122,15 @@ static inline __attribute__((always_inline)) void q4_tile16(const kn_pq4 *P, int
 
 static __attribute__((noinline)) void tile16_q4(const kn_weight *w, int64_t g, int64_t nb, const kn_act *a, int b0,
                                                  int bn, __m256 *acc) {
-    if (bn == 2) q4_tile16((const kn_pq4 *)w->packed + g * nb, nb, a, b0, 2, acc);
-    else q4_tile16((const kn_pq4 *)w->packed + g * nb, nb, a, b0, 1, acc);
+    if (w->pack == KN_PACK_Q4S) {
+        const char *P = (const char *)((const kn_pq4s *)w->packed + g * nb);
+        if (bn == 2) q4_tile16(P, 1, nb, a, b0, 2, acc);
+        else q4_tile16(P, 1, nb, a, b0, 1, acc);
+        return;
+    }
+    const char *P = (const char *)((const kn_pq4 *)w->packed + g * nb);
+    if (bn == 2) q4_tile16(P, 0, nb, a, b0, 2, acc);
+    else q4_tile16(P, 0, nb, a, b0, 1, acc);
 }
 
 /* Q8: weights stored q+128; xor gives signed q, and |q| * sign(x, q) keeps
@@ -292,7 +303,7 @@ static void expand_group(const char *P, int mode, int64_t nb, kn_pq8h *out) {
 
 static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
-    if (w->pack == KN_PACK_Q4) { /* whole groups, two activation rows a tile */
+    if (w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S) { /* whole groups, two activation rows a tile */
         for (int64_t g = g0; g < g1; g++)
             for (int b0 = 0; b0 < B; b0 += 2) {
                 int bn = B - b0 < 2 ? B - b0 : 2;

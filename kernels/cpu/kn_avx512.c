@@ -34,21 +34,25 @@ static void quant_act_avx512(const float *x, int64_t k, int8_t *qs, float *d, fl
 
 /* One 16-row group against up to BT activation rows. Weights of the block
  * are unpacked once into registers and reused for every activation row. */
-static inline void q4_group(const kn_pq4 *P, int64_t nb, const kn_act *a, int b0, int bn,
-                            __m512 *acc) {
+/* sym: kn_pq4s blocks (Q4_0: m = -8d, not stored), else kn_pq4. */
+static inline __attribute__((always_inline)) void q4_group(const char *P, const int sym, int64_t nb,
+                                                           const kn_act *a, int b0, int bn, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const size_t bs = sym ? sizeof(kn_pq4s) : sizeof(kn_pq4);
     __m512 accm[BT];
     for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
-        const kn_pq4 *p = &P[blk];
+        const char *p = P + (size_t)blk * bs;
+        const uint8_t *qs = sym ? ((const kn_pq4s *)p)->qs[0] : ((const kn_pq4 *)p)->qs[0];
         /* hardware prefetchers stop at 4 KiB page ends; ask for the block
          * PF_AHEAD bytes on (it may belong to the next group: that is fine) */
-        for (int l = 0; l < (int)sizeof *p; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
-        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d));
-        __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m));
+        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(p + PF_AHEAD + l, _MM_HINT_T0);
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512 mw = sym ? _mm512_mul_ps(dw, _mm512_set1_ps(-8.f))
+                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const kn_pq4 *)p)->m));
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; c++) {
-            __m512i v = _mm512_loadu_si512(p->qs[c]);
+            __m512i v = _mm512_loadu_si512(qs + 64 * c);
             lo[c] = _mm512_and_si512(v, m4);
             hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
@@ -187,7 +191,9 @@ static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, in
                 q8h_group((const char *)((const kn_pq4h *)w->packed + g * nb), 1, nb, a, b0, bn, acc);
             else if (w->pack == KN_PACK_Q6H)
                 q8h_group((const char *)((const kn_pq6h *)w->packed + g * nb), 2, nb, a, b0, bn, acc);
-            else q4_group((const kn_pq4 *)w->packed + g * nb, nb, a, b0, bn, acc);
+            else if (w->pack == KN_PACK_Q4S)
+                q4_group((const char *)((const kn_pq4s *)w->packed + g * nb), 1, nb, a, b0, bn, acc);
+            else q4_group((const char *)((const kn_pq4 *)w->packed + g * nb), 0, nb, a, b0, bn, acc);
             store_rows(y, ldy, b0, bn, g, w->n, acc);
         }
 }

@@ -156,28 +156,31 @@ const char *kn_isa_name(void) {
 /* ---- weights ------------------------------------------------------------ */
 
 /* 4-bit types (Q4_0, Q4_1, Q4_K: one scale and minimum per block of 32) into
- * kn_pq4; scales are rounded to fp16 (Q4_K's d*scale has up to 17
+ * kn_pq4, Q4_0 (whose minimum is -8 times its scale) into kn_pq4s; scales are rounded to fp16 (Q4_K's d*scale has up to 17
  * significant bits: a relative change below 2.5e-4, far under the int8
  * activations' rounding). */
 static void repack_q4(kn_weight *w) {
     int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
     size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
-    kn_pq4 *P = w->packed;
+    int sym = w->pack == KN_PACK_Q4S;
+    size_t bs = sym ? sizeof(kn_pq4s) : sizeof(kn_pq4);
     for (int64_t g = 0; g < ng; g++)
         for (int64_t blk = 0; blk < nb; blk++) {
-            kn_pq4 *p = &P[g * nb + blk];
-            memset(p, 0, sizeof *p);
+            kn_pq4 *p = (kn_pq4 *)((char *)w->packed + (size_t)(g * nb + blk) * bs);
+            kn_pq4s *ps = (kn_pq4s *)p;
+            memset(p, 0, bs);
             for (int r = 0; r < KN_ROWS; r++) {
                 int64_t row = g * KN_ROWS + r;
                 if (row >= w->n) continue; /* zero rows pad the last group */
                 uint8_t q[32];
                 float d[2], m[2];
                 cm_unpack32(w->type, (const uint8_t *)w->raw + (size_t)row * rb, blk, q, d, m);
-                p->d[r] = cm_f32_to_f16(d[0]);
-                p->m[r] = cm_f32_to_f16(m[0]);
+                uint8_t *qs = sym ? ps->qs[0] : p->qs[0];
+                if (sym) ps->d[r] = cm_f32_to_f16(d[0]);
+                else p->d[r] = cm_f32_to_f16(d[0]), p->m[r] = cm_f32_to_f16(m[0]);
                 for (int c = 0; c < 4; c++)
                     for (int i = 0; i < 4; i++)
-                        p->qs[c][r * 4 + i] = (uint8_t)(q[8 * c + i] | (q[8 * c + 4 + i] << 4));
+                        qs[64 * c + r * 4 + i] = (uint8_t)(q[8 * c + i] | (q[8 * c + 4 + i] << 4));
             }
         }
 }
@@ -250,19 +253,21 @@ int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw
     }
     if (k % (int64_t)cm_dtype_block(type)) return LLM_EINVAL;
     int64_t ng = (n + KN_ROWS - 1) / KN_ROWS, nb = k / 32;
-    w->pack = type == CM_Q8_0                                         ? KN_PACK_Q8
-              : type == CM_Q4_0 || type == CM_Q4_1 || type == CM_Q4_K ? KN_PACK_Q4
-              : type == CM_Q2_K || type == CM_Q3_K                    ? KN_PACK_Q4H
-                                                                      : KN_PACK_Q6H;
+    w->pack = type == CM_Q8_0                      ? KN_PACK_Q8
+              : type == CM_Q4_0                    ? KN_PACK_Q4S
+              : type == CM_Q4_1 || type == CM_Q4_K ? KN_PACK_Q4
+              : type == CM_Q2_K || type == CM_Q3_K ? KN_PACK_Q4H
+                                                   : KN_PACK_Q6H;
     size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8    ? sizeof(kn_pq8)
                                      : w->pack == KN_PACK_Q4  ? sizeof(kn_pq4)
+                                     : w->pack == KN_PACK_Q4S ? sizeof(kn_pq4s)
                                      : w->pack == KN_PACK_Q4H ? sizeof(kn_pq4h)
                                      : w->pack == KN_PACK_Q6H ? sizeof(kn_pq6h)
                                                               : sizeof(kn_pq8h));
     w->packed = aligned_alloc(64, (sz + 63) / 64 * 64);
     if (!w->packed) return LLM_ENOMEM;
     if (w->pack == KN_PACK_Q8) repack_q8(w);
-    else if (w->pack == KN_PACK_Q4) repack_q4(w);
+    else if (w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S) repack_q4(w);
     else repack_q8h(w);
     return 0;
 }
@@ -379,7 +384,8 @@ static void mm_task(void *p, int ith, int nth) {
         if (g0 < 0) g0 = 0;
         if (g1 > ng) g1 = ng;
         if (g1 <= g0) continue;
-        if (kn_weight_wants_act(w) && w->pack == KN_PACK_Q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        int q4 = w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S;
+        if (kn_weight_wants_act(w) && q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (kn_weight_wants_act(w) && (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H)) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (kn_weight_wants_act(w)) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {

@@ -72,19 +72,24 @@ static inline void kn_neon_unpack(const kn_weight *w, int64_t g, int64_t nb, int
         }
         return;
     }
-    const kn_pq4 *p = (const kn_pq4 *)w->packed + g * nb + blk;
+    int sym = w->pack == KN_PACK_Q4S; /* kn_pq4s: Q4_0, m = -8d not stored */
+    const char *p = sym ? (const char *)((const kn_pq4s *)w->packed + g * nb + blk)
+                        : (const char *)((const kn_pq4 *)w->packed + g * nb + blk);
+    const uint8_t *qs = sym ? ((const kn_pq4s *)p)->qs[0] : ((const kn_pq4 *)p)->qs[0];
+    const uint16_t *pd = (const uint16_t *)p;
     const uint8x16_t m4 = vdupq_n_u8(0x0f);
-    __builtin_prefetch((const char *)p + 4096);
-    __builtin_prefetch((const char *)p + 4096 + 256);
+    __builtin_prefetch(p + 4096);
+    __builtin_prefetch(p + 4096 + 256);
     for (int c = 0; c < 4; c++)
         for (int r = 0; r < 4; r++) {
-            uint8x16_t v = vld1q_u8(p->qs[c] + 16 * r);
+            uint8x16_t v = vld1q_u8(qs + 64 * c + 16 * r);
             wq[2 * c][r] = vreinterpretq_s8_u8(vandq_u8(v, m4));
             wq[2 * c + 1][r] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
         }
     for (int r = 0; r < 4; r++) {
-        dw[0][r] = dw[1][r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d + 4 * r)));
-        mw[0][r] = mw[1][r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->m + 4 * r)));
+        dw[0][r] = dw[1][r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(pd + 4 * r)));
+        mw[0][r] = mw[1][r] = sym ? vmulq_n_f32(dw[0][r], -8.f)
+                                  : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(((const kn_pq4 *)p)->m + 4 * r)));
     }
 }
 

@@ -98,23 +98,27 @@ static void quant_act_scalar(const float *x, int64_t k, int8_t *qs, float *d, fl
 static void gemm_q4_scalar(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
                            int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
-    const kn_pq4 *P = w->packed;
+    int sym = w->pack == KN_PACK_Q4S; /* kn_pq4s: m = -8d */
+    size_t bs = sym ? sizeof(kn_pq4s) : sizeof(kn_pq4);
     for (int64_t g = g0; g < g1; g++)
         for (int b = 0; b < B; b++) {
             float acc[KN_ROWS] = {0};
             const int8_t *xq = a->qs + (size_t)b * a->k;
             for (int64_t blk = 0; blk < nb; blk++) {
-                const kn_pq4 *p = &P[g * nb + blk];
+                const char *pb = (const char *)w->packed + (size_t)(g * nb + blk) * bs;
+                const uint16_t *pd = (const uint16_t *)pb, *pm = sym ? NULL : ((const kn_pq4 *)pb)->m;
+                const uint8_t *qs = sym ? ((const kn_pq4s *)pb)->qs[0] : ((const kn_pq4 *)pb)->qs[0];
                 const int8_t *xb = xq + 32 * blk;
                 float dx = a->d[(size_t)b * nb + blk], dsx = a->ds[(size_t)b * nb + blk];
                 for (int r = 0; r < KN_ROWS; r++) {
                     int s = 0;
                     for (int c = 0; c < 4; c++)
                         for (int i = 0; i < 4; i++) {
-                            uint8_t v = p->qs[c][r * 4 + i];
+                            uint8_t v = qs[64 * c + r * 4 + i];
                             s += (v & 15) * xb[8 * c + i] + (v >> 4) * xb[8 * c + 4 + i];
                         }
-                    acc[r] += cm_f16_to_f32(p->d[r]) * dx * (float)s + cm_f16_to_f32(p->m[r]) * dsx;
+                    float dw = cm_f16_to_f32(pd[r]), mw = sym ? dw * -8.f : cm_f16_to_f32(pm[r]);
+                    acc[r] += dw * dx * (float)s + mw * dsx;
                 }
             }
             for (int r = 0; r < KN_ROWS && g * KN_ROWS + r < w->n; r++)

@@ -4,6 +4,7 @@
  *
  *   llmserve-gemm-bench [--threads 2] [--reps 7] [--isa avx2,avx512]
  *       [--type q4_1,q8_0] [--batch 1,4,16,32,151] [--shape 1536x576,576x1536]
+ *       [--cold MiB]
  *
  * A shape NxK is N output rows of length K (SmolLM2-135M: 576x576 for
  * q/o, 1536x576 for gate/up, 576x1536 for down, 49152x576 for the head).
@@ -13,6 +14,12 @@
  * bound is bandwidth, the prefill bound is MACs). Activations are quantized
  * once outside the timing, as the forward pass quantizes once per input
  * that several matmuls share. Random weights with plausible scales.
+ *
+ * The weights of one shape stay in the caches from call to call (a server
+ * CPU's last level holds hundreds of MiB): that measures the kernel. With
+ * --cold MiB each path holds copies of the matrix, together at least MiB,
+ * and the calls go round them, so every call streams its weights from DRAM
+ * as a decode step does (give a few times the last-level cache).
  * A benchmark, not a test: it prints figures and checks nothing. */
 #include "cm_dtype.h"
 #include "cm_quantize.h"
@@ -72,13 +79,14 @@ static int parse_list(const char *s, int64_t *out, int max, int pairs) {
 
 int main(int argc, char **argv) {
     int threads = 2, reps = 7;
+    int64_t cold_mib = 0;
     const char *isa_list = NULL, *type_list = "q4_1,q8_0";
     int64_t batch[16], shape[32];
     int n_batch = parse_list("1,4,16,32,151", batch, 16, 0);
     int n_shape = parse_list("1536x576,576x1536,576x576", shape, 32, 1);
     static const struct option opts[] = {{"threads", 1, 0, 't'}, {"reps", 1, 0, 'r'},   {"isa", 1, 0, 'i'},
                                          {"type", 1, 0, 'y'},    {"batch", 1, 0, 'b'},  {"shape", 1, 0, 's'},
-                                         {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+                                         {"cold", 1, 0, 'c'},    {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -88,14 +96,15 @@ int main(int argc, char **argv) {
         case 'y': type_list = optarg; break;
         case 'b': n_batch = parse_list(optarg, batch, 16, 0); break;
         case 's': n_shape = parse_list(optarg, shape, 32, 1); break;
+        case 'c': cold_mib = atoll(optarg); break;
         default:
             fprintf(stderr, "usage: %s [--threads 2] [--reps 7] [--isa avx2,avx512] [--type q4_1,q8_0] "
-                            "[--batch 1,4,16,32,151] [--shape 1536x576,576x1536,576x576]\n", argv[0]);
+                            "[--batch 1,4,16,32,151] [--shape 1536x576,576x1536,576x576] [--cold MiB]\n", argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
-    if (threads < 1 || reps < 1 || n_batch < 1 || n_shape < 2) {
-        fprintf(stderr, "gemm-bench: bad --threads, --reps, --batch or --shape\n");
+    if (threads < 1 || reps < 1 || n_batch < 1 || n_shape < 2 || cold_mib < 0 || cold_mib > 65536) {
+        fprintf(stderr, "gemm-bench: bad --threads, --reps, --batch, --shape or --cold\n");
         return 2;
     }
     kn_init();
@@ -116,8 +125,8 @@ int main(int argc, char **argv) {
     if (!n_isa) return 1;
     kn_pool *pool;
     if (kn_pool_create(threads, &pool)) return 1;
-    printf("%-6s %-11s %5s %-12s %9s %9s  (median of %d, %d thread(s))\n", "type", "shape", "B", "path", "GMAC/s",
-           "GB/s", reps, threads);
+    printf("%-6s %-11s %5s %-12s %9s %9s  (median of %d, %d thread(s)%s)\n", "type", "shape", "B", "path", "GMAC/s",
+           "GB/s", reps, threads, cold_mib ? ", weights from DRAM" : "");
     char tbuf[64];
     snprintf(tbuf, sizeof tbuf, "%s", type_list);
     for (char *tn = strtok(tbuf, ","); tn; tn = strtok(NULL, ",")) {
@@ -136,12 +145,16 @@ int main(int argc, char **argv) {
                 return 2;
             }
             void *raw = rand_weight(type, n, k);
-            kn_weight w[8];
+            double wbytes = (double)cm_dtype_row_bytes(type, (uint64_t)k) * (double)n;
+            int copies = cold_mib ? (int)((double)cold_mib * 1048576.0 / wbytes) + 1 : 1;
+            if (copies > 4096) copies = 4096;
+            kn_weight *w = calloc((size_t)(n_isa * copies), sizeof *w);
+            if (!w) return 1;
             for (int i = 0; i < n_isa; i++) {
                 kn_set_isa(isas[i]); /* repacked under the path that runs it */
-                if (!raw || kn_weight_init(&w[i], type, n, k, raw)) return 1;
+                for (int j = 0; j < copies; j++)
+                    if (!raw || kn_weight_init(&w[i * copies + j], type, n, k, raw)) return 1;
             }
-            double wbytes = (double)cm_dtype_row_bytes(type, (uint64_t)k) * (double)n;
             for (int bi = 0; bi < n_batch; bi++) {
                 int B = (int)batch[bi];
                 if (B < 1) continue;
@@ -157,10 +170,10 @@ int main(int argc, char **argv) {
                 int calls[8];
                 for (int i = 0; i < n_isa; i++) { /* calibrate: ~50 ms a timing */
                     kn_set_isa(isas[i]);
-                    wp[0] = &w[i];
                     double t0 = bn_now();
                     int m = 0;
                     while (bn_now() - t0 < 0.02) {
+                        wp[0] = &w[i * copies + m % copies];
                         kn_matmul_multi(pool, 1, wp, yp, x, &a, B);
                         m++;
                     }
@@ -169,9 +182,11 @@ int main(int argc, char **argv) {
                 for (int r = 0; r < reps && r < 64; r++)
                     for (int i = 0; i < n_isa; i++) {
                         kn_set_isa(isas[i]);
-                        wp[0] = &w[i];
                         double t0 = bn_now();
-                        for (int m = 0; m < calls[i]; m++) kn_matmul_multi(pool, 1, wp, yp, x, &a, B);
+                        for (int m = 0; m < calls[i]; m++) {
+                            wp[0] = &w[i * copies + (r * calls[i] + m) % copies];
+                            kn_matmul_multi(pool, 1, wp, yp, x, &a, B);
+                        }
                         t[i][r] = (bn_now() - t0) / calls[i];
                     }
                 for (int i = 0; i < n_isa; i++) {
@@ -186,7 +201,8 @@ int main(int argc, char **argv) {
                 free(x);
                 free(y);
             }
-            for (int i = 0; i < n_isa; i++) kn_weight_free(&w[i]);
+            for (int i = 0; i < n_isa * copies; i++) kn_weight_free(&w[i]);
+            free(w);
             free(raw);
         }
     }

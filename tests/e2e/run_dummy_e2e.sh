@@ -19,6 +19,9 @@ expect 2 "needs --model-config" -- --load-format dummy
 expect 2 "add --load-format dummy" -- --model-config llama-3-8b
 expect 2 "load-format expects auto or dummy" -- --load-format safetensors
 expect 2 "dtype expects" -- --load-format dummy --model-config smollm2-135m --dtype q9_9
+# K-quant dummies need whole 256-blocks in every row (SmolLM2's dim is 576)
+expect 2 "Q4_K needs dim, heads x head_dim and FFN size in multiples of 256" -- --load-format dummy \
+    --model-config smollm2-135m --dtype q4_k
 expect 2 "unknown model preset 'no-such-model' (presets: gpt-oss-20b" -- --load-format dummy --model-config no-such-model
 echo '{"hidden_size": 64}' > "$OUT/bad.json"
 expect 2 "needs num_hidden_layers" -- --load-format dummy --model-config "$OUT/bad.json"
@@ -38,6 +41,15 @@ rc=$?
 grep -q "model dummy:smollm2-135m: llama, 30 layers" "$OUT/log" && grep -q "KV cache" "$OUT/log" && [ $rc = 0 ] \
     || { echo "FAIL: dummy worker (rc $rc)"; cat "$OUT/log"; exit 1; }
 echo "dummy e2e: refusals clear, dummy smollm2-135m worker started and stopped cleanly"
+# K-quant dummies (the roofline bench's Q4_K and Q6_K decode) of a shape in whole 256-blocks generate
+echo '{"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "intermediate_size": 512, "vocab_size": 1000}' > "$OUT/k.json"
+for t in q4_k q6_k; do
+    "$1/llmserve" generate --load-format dummy --model-config "$OUT/k.json" --dtype $t --prompt hi --max-tokens 4 \
+        --ignore-eos --temperature 0 >"$OUT/o" 2>&1 && grep -q "decode 4 tokens" "$OUT/o" \
+        || { echo "FAIL: dummy $t generate: $(cat "$OUT/o")"; exit 1; }
+done
+echo "dummy e2e: dummy Q4_K and Q6_K weights generate"
 G=$1/llmserve-gateway
 "$G" --load-format dummy >"$OUT/o" 2>&1; rc=$?
 [ $rc = 2 ] && grep -q "go together" "$OUT/o" || { echo "FAIL: gateway --load-format dummy alone: rc $rc"; exit 1; }
