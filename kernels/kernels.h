@@ -21,7 +21,8 @@
 
 #define KN_ROWS 16 /* rows per interleaved group */
 
-enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3, KN_PACK_Q4H = 4, KN_PACK_Q6H = 5, KN_PACK_Q4S = 6 };
+enum { KN_PACK_NONE = 0, KN_PACK_Q4 = 1, KN_PACK_Q8 = 2, KN_PACK_Q8H = 3, KN_PACK_Q4H = 4, KN_PACK_Q6H = 5, KN_PACK_Q4S = 6,
+       KN_PACK_Q6S = 7 };
 
 /* Interleaved group-block of a 4-bit matrix: 16 rows x 32 elements.
  * chunk c (0..3), byte r*4+i: low nibble = row r element 8c+i,
@@ -67,13 +68,20 @@ typedef struct {
     uint8_t qs[4][64];
     uint8_t qh[2][64];
 } kn_pq6h;
+/* Q6_K's (m = -32d: no m stored; 448 bytes a block, not 512, 0.875 bytes a weight to the file's 0.82). The
+ * kernels take m as d * -32, exact in float and in fp16, so an expanded kn_pq8h block holds the same m. */
+typedef struct {
+    uint16_t d[2][KN_ROWS]; /* fp16 */
+    uint8_t qs[4][64];
+    uint8_t qh[2][64];
+} kn_pq6s;
 
 typedef struct kn_weight {
     int type;            /* enum cm_dtype of raw */
     int64_t n, k;        /* rows, row length */
     const void *raw;     /* GGUF layout, [n][k] in blocks */
     int pack;            /* KN_PACK_* */
-    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq4s, kn_pq8, kn_pq8h, kn_pq4h or kn_pq6h, owned */
+    void *packed;        /* [ceil(n/16)][k/32] kn_pq4, kn_pq4s, kn_pq8, kn_pq8h, kn_pq4h, kn_pq6h or kn_pq6s, owned */
     const int32_t *perm; /* [k] or NULL: the rows hold input perm[j] at j (act-order GPTQ); the
                           * caller gathers x[perm[j]] before the matmul, the kernels never look */
 } kn_weight;

@@ -1,5 +1,6 @@
 /* kn_avx2.c - AVX2 + FMA + F16C path (vpmaddubsw + vpmaddwd for the integer
  * dot products). Compiled with those flags; called only after cpuid says so. */
+#include "cm_dtype.h"
 #include "kn_int.h"
 
 #include <immintrin.h>
@@ -181,23 +182,24 @@ static inline __m256i top2(__m256i h, int c) {
     }
 }
 
-/* mode 0: kn_pq8h; 1: kn_pq4h; 2: kn_pq6h (nibbles and two bits from qh). */
+/* mode 0: kn_pq8h; 1: kn_pq4h; 2: kn_pq6h (nibbles and two bits from qh); 3: kn_pq6s (2's, m = -32d). */
 static inline __attribute__((always_inline)) void q8h_tile(const char *P, int64_t nb, int h, const kn_act *a,
                                                            int b0, const int BN, __m256 *out, const int mode) {
     const int nib = mode != 0;
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
-    const size_t bs = mode == 2 ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
     __m256 acc[BT2];
     for (int t = 0; t < BN; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
         const kn_pq8h *p = (const kn_pq8h *)(P + (size_t)blk * bs);
         if (h == 0)
             for (int l = 0; l < (int)bs; l += 64) _mm_prefetch((const char *)p + 4096 + l, _MM_HINT_T0);
+        const uint8_t *qs = (const uint8_t *)p + qo;
         __m256i v4[4], qh[2];
         if (nib) /* kn_pq4h: chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
-            for (int c = 0; c < 4; c++) v4[c] = _mm256_loadu_si256((const __m256i *)(((const kn_pq4h *)p)->qs[c] + 32 * h));
-        if (mode == 2)
-            for (int e = 0; e < 2; e++) qh[e] = _mm256_loadu_si256((const __m256i *)(((const kn_pq6h *)p)->qh[e] + 32 * h));
+            for (int c = 0; c < 4; c++) v4[c] = _mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32 * h));
+        if (mode >= 2)
+            for (int e = 0; e < 2; e++) qh[e] = _mm256_loadu_si256((const __m256i *)(qs + 256 + 64 * e + 32 * h));
         for (int e = 0; e < 2; e++) {
             __m256i si[BT2];
             for (int t = 0; t < BN; t++) si[t] = _mm256_setzero_si256();
@@ -206,13 +208,13 @@ static inline __attribute__((always_inline)) void q8h_tile(const char *P, int64_
                 if (nib) {
                     w0 = _mm256_and_si256(e ? _mm256_srli_epi16(v4[c & 3], 4) : v4[c & 3], m4);
                     w1 = _mm256_and_si256(e ? _mm256_srli_epi16(v4[(c + 1) & 3], 4) : v4[(c + 1) & 3], m4);
-                    if (mode == 2) {
+                    if (mode >= 2) {
                         w0 = _mm256_or_si256(w0, top2(qh[e], c));
                         w1 = _mm256_or_si256(w1, top2(qh[e], c + 1));
                     }
                 } else {
-                    w0 = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
-                    w1 = _mm256_loadu_si256((const __m256i *)(p->qs[c + 1] + 32 * h));
+                    w0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32 * h));
+                    w1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * (c + 1) + 32 * h));
                 }
                 for (int t = 0; t < BN; t++) {
                     const int32_t *xb = (const int32_t *)(a->qs + (size_t)(b0 + t) * a->k + 32 * blk);
@@ -223,7 +225,8 @@ static inline __attribute__((always_inline)) void q8h_tile(const char *P, int64_
                 }
             }
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->d[e] + 8 * h)));
-            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m[e] + 8 * h)));
+            __m256 mw = mode == 3 ? _mm256_mul_ps(dw, _mm256_set1_ps(-32.f))
+                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p->m[e] + 8 * h)));
             for (int t = 0; t < BN; t++) {
                 size_t ai = (size_t)(b0 + t) * a->nblk + blk;
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[ai])), acc[t]);
@@ -245,6 +248,10 @@ static inline __attribute__((always_inline)) void q6h_tile(const char *P, int64_
                                                            const int BN, __m256 *out) {
     q8h_tile(P, nb, h, a, b0, BN, out, 2);
 }
+static inline __attribute__((always_inline)) void q6s_tile(const char *P, int64_t nb, int h, const kn_act *a, int b0,
+                                                           const int BN, __m256 *out) {
+    q8h_tile(P, nb, h, a, b0, BN, out, 3);
+}
 
 /* The tile for bn rows (1..BT2), each size its own inlined copy. */
 #define BY_SIZE(fn, P)                                                                                 \
@@ -259,6 +266,7 @@ static __attribute__((noinline)) void tile_q8(const kn_weight *w, int64_t g, int
     if (w->pack == KN_PACK_Q8H) BY_SIZE(q8h_tile8, (const char *)((const kn_pq8h *)w->packed + g * nb))
     else if (w->pack == KN_PACK_Q4H) BY_SIZE(q4h_tile, (const char *)((const kn_pq4h *)w->packed + g * nb))
     else if (w->pack == KN_PACK_Q6H) BY_SIZE(q6h_tile, (const char *)((const kn_pq6h *)w->packed + g * nb))
+    else if (w->pack == KN_PACK_Q6S) BY_SIZE(q6s_tile, (const char *)((const kn_pq6s *)w->packed + g * nb))
     else BY_SIZE(q8_tile, (const kn_pq8 *)w->packed + g * nb)
 }
 #undef BY_SIZE
@@ -272,25 +280,33 @@ static void store8(float *yr, int64_t r0, int64_t n, __m256 v) {
     }
 }
 
-/* A group's kn_pq4h (mode 1) or kn_pq6h (mode 2) blocks as kn_pq8h: a batch of more than one tile
- * unpacks each block once instead of once a tile (prefill: the unpacking is a third of the work). */
+/* A group's kn_pq4h (mode 1), kn_pq6h (2) or kn_pq6s (3) blocks as kn_pq8h: a batch of more than one
+ * tile unpacks each block once instead of once a tile (prefill: the unpacking is a third of the work).
+ * Mode 3's m is -32d, which fp16 holds exactly, as the tile computes it in float. */
 static void expand_group(const char *P, int mode, int64_t nb, kn_pq8h *out) {
-    const size_t bs = mode == 2 ? sizeof(kn_pq6h) : sizeof(kn_pq4h);
+    const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t blk = 0; blk < nb; blk++) {
-        const kn_pq6h *p = (const kn_pq6h *)(P + (size_t)blk * bs); /* kn_pq4h is its prefix */
+        const kn_pq8h *p = (const kn_pq8h *)(P + (size_t)blk * bs); /* d (and m) where kn_pq8h has them */
+        const uint8_t *qs = (const uint8_t *)p + qo, *qh = qs + 256;
         kn_pq8h *o = &out[blk];
-        memcpy(o->d, p->d, sizeof o->d + sizeof o->m);
+        if (mode == 3) {
+            memcpy(o->d, p->d, sizeof o->d);
+            for (int e = 0; e < 2; e++)
+                for (int r = 0; r < KN_ROWS; r++) o->m[e][r] = cm_f32_to_f16(-32.f * cm_f16_to_f32(o->d[e][r]));
+        } else {
+            memcpy(o->d, p->d, sizeof o->d + sizeof o->m);
+        }
         for (int h = 0; h < 2; h++) {
             __m256i q0 = _mm256_setzero_si256(), q1 = q0;
-            if (mode == 2) {
-                q0 = _mm256_loadu_si256((const __m256i *)(p->qh[0] + 32 * h));
-                q1 = _mm256_loadu_si256((const __m256i *)(p->qh[1] + 32 * h));
+            if (mode >= 2) {
+                q0 = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                q1 = _mm256_loadu_si256((const __m256i *)(qh + 64 + 32 * h));
             }
             for (int c = 0; c < 4; c++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(p->qs[c] + 32 * h));
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32 * h));
                 __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if (mode == 2) {
+                if (mode >= 2) {
                     lo = _mm256_or_si256(lo, top2(q0, c));
                     hi = _mm256_or_si256(hi, top2(q1, c));
                 }
@@ -319,15 +335,14 @@ static void gemm_avx2(const kn_weight *w, const kn_act *a, int B, float *y, int6
     }
     /* kn_pq4h / kn_pq6h against more than one tile: each group expanded to kn_pq8h once (x), not per tile;
        without the memory for it, unpacked per tile */
-    int mode = w->pack == KN_PACK_Q6H ? 2 : w->pack == KN_PACK_Q4H ? 1 : 0;
+    int mode = kn_q8h_mode(w->pack);
     kn_pq8h *x = mode && B > BT2 ? aligned_alloc(64, sizeof(kn_pq8h) * (size_t)nb) : NULL;
     for (int64_t g = g0; g < g1; g++) {
         const kn_weight *tw = w;
         int64_t tg = g;
         kn_weight v;
         if (x) {
-            expand_group((const char *)w->packed + (size_t)(g * nb) * (mode == 2 ? sizeof(kn_pq6h) : sizeof(kn_pq4h)),
-                         mode, nb, x);
+            expand_group((const char *)w->packed + (size_t)(g * nb) * kn_q8h_bytes(mode), mode, nb, x);
             v = *w;
             v.pack = KN_PACK_Q8H;
             v.packed = x;

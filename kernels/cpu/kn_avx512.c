@@ -119,7 +119,7 @@ static inline __m512i top2(__m512i h, int c) {
  * in the low ones of qs[c & 3] (c < 4) or the high ones; kn_pq6h (mode 2): those and two more bits from qh. */
 static inline __attribute__((always_inline)) void q8h_group(const char *P, const int mode, int64_t nb, const kn_act *a,
                                                             int b0, int bn, __m512 *acc) {
-    const size_t bs = mode == 2 ? sizeof(kn_pq6h) : mode ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 accm[BT];
     for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
@@ -128,26 +128,29 @@ static inline __attribute__((always_inline)) void q8h_group(const char *P, const
         for (int l = 0; l < (int)bs; l += 64) _mm_prefetch((const char *)p + PF_AHEAD + l, _MM_HINT_T0);
         __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[0]));
         __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[1]));
-        __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
-        __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
+        __m512 m0 = mode == 3 ? _mm512_mul_ps(d0, _mm512_set1_ps(-32.f))
+                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
+        __m512 m1 = mode == 3 ? _mm512_mul_ps(d1, _mm512_set1_ps(-32.f))
+                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
+        const uint8_t *qs = (const uint8_t *)p + qo, *qh = qs + 256;
         __m512i w[8];
         if (mode) {
             __m512i h0 = _mm512_setzero_si512(), h1 = h0;
-            if (mode == 2) {
-                h0 = _mm512_loadu_si512(((const kn_pq6h *)p)->qh[0]);
-                h1 = _mm512_loadu_si512(((const kn_pq6h *)p)->qh[1]);
+            if (mode >= 2) {
+                h0 = _mm512_loadu_si512(qh);
+                h1 = _mm512_loadu_si512(qh + 64);
             }
             for (int c = 0; c < 4; c++) {
-                __m512i v = _mm512_loadu_si512(((const kn_pq4h *)p)->qs[c]);
+                __m512i v = _mm512_loadu_si512(qs + 64 * c);
                 w[c] = _mm512_and_si512(v, m4);
                 w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                if (mode == 2) {
+                if (mode >= 2) {
                     w[c] = _mm512_or_si512(w[c], top2(h0, c));
                     w[c + 4] = _mm512_or_si512(w[c + 4], top2(h1, c));
                 }
             }
         } else {
-            for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(p->qs[c]);
+            for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(qs + 64 * c);
         }
         for (int t = 0; t < bn; t++) {
             int b = b0 + t;
@@ -191,6 +194,8 @@ static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, in
                 q8h_group((const char *)((const kn_pq4h *)w->packed + g * nb), 1, nb, a, b0, bn, acc);
             else if (w->pack == KN_PACK_Q6H)
                 q8h_group((const char *)((const kn_pq6h *)w->packed + g * nb), 2, nb, a, b0, bn, acc);
+            else if (w->pack == KN_PACK_Q6S)
+                q8h_group((const char *)((const kn_pq6s *)w->packed + g * nb), 3, nb, a, b0, bn, acc);
             else if (w->pack == KN_PACK_Q4S)
                 q4_group((const char *)((const kn_pq4s *)w->packed + g * nb), 1, nb, a, b0, bn, acc);
             else q4_group((const char *)((const kn_pq4 *)w->packed + g * nb), 0, nb, a, b0, bn, acc);

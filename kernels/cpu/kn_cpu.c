@@ -6,6 +6,7 @@
 #include "kn_int.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,14 +191,14 @@ static void repack_q4(kn_weight *w) {
 static void repack_q8h(kn_weight *w) {
     int64_t nb = w->k / 32, ng = (w->n + KN_ROWS - 1) / KN_ROWS;
     size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
-    int nib = w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H, six = w->pack == KN_PACK_Q6H;
-    size_t bs = six ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    int sym = w->pack == KN_PACK_Q6S; /* kn_pq6s: d only (m = -32d), qs and qh 64 bytes earlier */
+    int six = w->pack == KN_PACK_Q6H || sym, nib = w->pack == KN_PACK_Q4H || six;
+    size_t bs = sym ? sizeof(kn_pq6s) : six ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
     for (int64_t g = 0; g < ng; g++)
         for (int64_t blk = 0; blk < nb; blk++) {
             /* the two share d and m's place; only qs differs */
             kn_pq8h *p = (kn_pq8h *)((char *)w->packed + (size_t)(g * nb + blk) * bs);
-            kn_pq4h *p4 = (kn_pq4h *)p;
-            kn_pq6h *p6 = (kn_pq6h *)p;
+            uint8_t *qs = (uint8_t *)p + kn_q8h_qs(kn_q8h_mode(w->pack)), *qh = qs + 256; /* 4 x 64 nibble bytes */
             memset(p, 0, bs);
             for (int r = 0; r < KN_ROWS; r++) {
                 int64_t row = g * KN_ROWS + r;
@@ -207,13 +208,13 @@ static void repack_q8h(kn_weight *w) {
                 cm_unpack32(w->type, (const uint8_t *)w->raw + (size_t)row * rb, blk, q, d, m);
                 for (int h = 0; h < 2; h++) {
                     p->d[h][r] = cm_f32_to_f16(d[h]);
-                    p->m[h][r] = cm_f32_to_f16(m[h]);
+                    if (!sym) p->m[h][r] = cm_f32_to_f16(m[h]);
                 }
                 for (int c = 0; c < 8; c++)
                     for (int i = 0; i < 4; i++) {
-                        if (nib) p4->qs[c & 3][r * 4 + i] |= (uint8_t)((q[4 * c + i] & 15) << (c >= 4 ? 4 : 0));
-                        else p->qs[c][r * 4 + i] = q[4 * c + i];
-                        if (six) p6->qh[c >> 2][r * 4 + i] |= (uint8_t)(((q[4 * c + i] >> 4) & 3) << (2 * (c & 3)));
+                        if (nib) qs[64 * (c & 3) + r * 4 + i] |= (uint8_t)((q[4 * c + i] & 15) << (c >= 4 ? 4 : 0));
+                        else qs[64 * c + r * 4 + i] = q[4 * c + i];
+                        if (six) qh[64 * (c >> 2) + r * 4 + i] |= (uint8_t)(((q[4 * c + i] >> 4) & 3) << (2 * (c & 3)));
                     }
             }
         }
@@ -257,12 +258,14 @@ int kn_weight_init(kn_weight *w, int type, int64_t n, int64_t k, const void *raw
               : type == CM_Q4_0                    ? KN_PACK_Q4S
               : type == CM_Q4_1 || type == CM_Q4_K ? KN_PACK_Q4
               : type == CM_Q2_K || type == CM_Q3_K ? KN_PACK_Q4H
+              : type == CM_Q6_K                    ? KN_PACK_Q6S
                                                    : KN_PACK_Q6H;
     size_t sz = (size_t)(ng * nb) * (w->pack == KN_PACK_Q8    ? sizeof(kn_pq8)
                                      : w->pack == KN_PACK_Q4  ? sizeof(kn_pq4)
                                      : w->pack == KN_PACK_Q4S ? sizeof(kn_pq4s)
                                      : w->pack == KN_PACK_Q4H ? sizeof(kn_pq4h)
                                      : w->pack == KN_PACK_Q6H ? sizeof(kn_pq6h)
+                                     : w->pack == KN_PACK_Q6S ? sizeof(kn_pq6s)
                                                               : sizeof(kn_pq8h));
     w->packed = aligned_alloc(64, (sz + 63) / 64 * 64);
     if (!w->packed) return LLM_ENOMEM;
@@ -386,7 +389,7 @@ static void mm_task(void *p, int ith, int nth) {
         if (g1 <= g0) continue;
         int q4 = w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S;
         if (kn_weight_wants_act(w) && q4) impl->gemm_q4(w, c->a, c->B, c->y[i], w->n, g0, g1);
-        else if (kn_weight_wants_act(w) && (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H)) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
+        else if (kn_weight_wants_act(w) && kn_pack_q8h(w->pack)) impl->gemm_q8h(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else if (kn_weight_wants_act(w)) impl->gemm_q8(w, c->a, c->B, c->y[i], w->n, g0, g1);
         else {
             int64_t r1 = g1 * KN_ROWS < w->n ? g1 * KN_ROWS : w->n;

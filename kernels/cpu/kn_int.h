@@ -5,6 +5,7 @@
 
 #include "kernels.h"
 
+#include <stddef.h>
 #include <string.h>
 
 /* Where one KV head's rows live: position j at byte offset kn_kv_off(r, j)
@@ -69,6 +70,20 @@ typedef struct {
     int (*attn_tile)(const float *q, size_t qs, const struct kn_kv_rows *kv, int len0, int nt, int hd, int g,
                      float scale, float *s, float *out);
 } kn_impl;
+
+/* The byte-a-weight family of packs, read as kn_pq8h: kn_pq8h, kn_pq4h, kn_pq6h, kn_pq6s. */
+static inline int kn_pack_q8h(int pack) {
+    return pack == KN_PACK_Q8H || pack == KN_PACK_Q4H || pack == KN_PACK_Q6H || pack == KN_PACK_Q6S;
+}
+/* Their modes in the kernels: 0 kn_pq8h, 1 kn_pq4h, 2 kn_pq6h, 3 kn_pq6s (2's bits, no m: m = -32d). */
+static inline int kn_q8h_mode(int pack) {
+    return pack == KN_PACK_Q6S ? 3 : pack == KN_PACK_Q6H ? 2 : pack == KN_PACK_Q4H ? 1 : 0;
+}
+static inline size_t kn_q8h_bytes(int mode) {
+    return mode == 3 ? sizeof(kn_pq6s) : mode == 2 ? sizeof(kn_pq6h) : mode ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+}
+/* Where a mode's qs start in its block (qh, of modes 2 and 3, right after them). */
+static inline size_t kn_q8h_qs(int mode) { return mode == 3 ? offsetof(kn_pq6s, qs) : offsetof(kn_pq8h, qs); }
 
 /* Rows (tokens x query heads of one KV head) of one attn_tile call at most. */
 #define KN_ATTN_TILE_ROWS 16

@@ -44,7 +44,7 @@ static inline int32x4_t dot4_mull(int32x4_t acc, int8x16_t w, int8x16_t x) {
  * tile (batch-invariance). */
 static void group_mull(const kn_weight *w, int64_t g, const kn_act *a, int b0, int bn, float32x4_t acc[][4]) {
     int64_t nb = w->k / 32;
-    int q8 = w->pack == KN_PACK_Q8, q8h = w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H;
+    int q8 = w->pack == KN_PACK_Q8, q8h = kn_pack_q8h(w->pack);
     for (int t = 0; t < bn; t++)
         for (int r = 0; r < 4; r++) acc[t][r] = vdupq_n_f32(0);
     for (int64_t blk = 0; blk < nb; blk++) {

@@ -15,22 +15,22 @@
  * differ, the others' are the same. */
 static inline void kn_neon_unpack(const kn_weight *w, int64_t g, int64_t nb, int64_t blk, int8x16_t wq[8][4],
                                   float32x4_t dw[2][4], float32x4_t mw[2][4]) {
-    if (w->pack == KN_PACK_Q8H || w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H) {
+    if (kn_pack_q8h(w->pack)) {
         const kn_pq8h *p;
-        if (w->pack != KN_PACK_Q8H) { /* chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
-            int six = w->pack == KN_PACK_Q6H;
-            const char *pb = (const char *)w->packed + (size_t)(g * nb + blk) * (six ? sizeof(kn_pq6h) : sizeof(kn_pq4h));
-            const kn_pq4h *p4 = (const kn_pq4h *)pb;
+        int mode = kn_q8h_mode(w->pack);
+        if (mode) { /* chunk c in the low nibbles of qs[c & 3] (c < 4), else the high ones */
+            int six = mode >= 2;
+            const char *pb = (const char *)w->packed + (size_t)(g * nb + blk) * kn_q8h_bytes(mode);
+            const uint8_t *qs = (const uint8_t *)pb + kn_q8h_qs(mode), *qh = qs + 256;
             const uint8x16_t m4 = vdupq_n_u8(0x0f), m30 = vdupq_n_u8(0x30);
             __builtin_prefetch(pb + 4096);
             __builtin_prefetch(pb + 4096 + 256);
             for (int c = 0; c < 4; c++)
                 for (int r = 0; r < 4; r++) {
-                    uint8x16_t v = vld1q_u8(p4->qs[c] + 16 * r);
+                    uint8x16_t v = vld1q_u8(qs + 64 * c + 16 * r);
                     uint8x16_t lo = vandq_u8(v, m4), hi = vshrq_n_u8(v, 4);
                     if (six) { /* two more bits, from qh[e] bits 2c..2c+1, to bits 4..5 */
-                        const kn_pq6h *p6 = (const kn_pq6h *)pb;
-                        uint8x16_t h0 = vld1q_u8(p6->qh[0] + 16 * r), h1 = vld1q_u8(p6->qh[1] + 16 * r);
+                        uint8x16_t h0 = vld1q_u8(qh + 16 * r), h1 = vld1q_u8(qh + 64 + 16 * r);
                         switch (c) {
                         case 0: h0 = vshlq_n_u8(h0, 4), h1 = vshlq_n_u8(h1, 4); break;
                         case 1: h0 = vshlq_n_u8(h0, 2), h1 = vshlq_n_u8(h1, 2); break;
@@ -55,7 +55,8 @@ static inline void kn_neon_unpack(const kn_weight *w, int64_t g, int64_t nb, int
         for (int e = 0; e < 2; e++)
             for (int r = 0; r < 4; r++) {
                 dw[e][r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->d[e] + 4 * r)));
-                mw[e][r] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->m[e] + 4 * r)));
+                mw[e][r] = mode == 3 ? vmulq_n_f32(dw[e][r], -32.f) /* kn_pq6s: m = -32d, not stored */
+                                     : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p->m[e] + 4 * r)));
             }
         return;
     }

@@ -154,16 +154,15 @@ static void gemm_q8_scalar(const kn_weight *w, const kn_act *a, int B, float *y,
 static void gemm_q8h_scalar(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy,
                             int64_t g0, int64_t g1) {
     int64_t nb = w->k / 32;
-    int nib = w->pack == KN_PACK_Q4H || w->pack == KN_PACK_Q6H, six = w->pack == KN_PACK_Q6H;
-    size_t bs = six ? sizeof(kn_pq6h) : nib ? sizeof(kn_pq4h) : sizeof(kn_pq8h);
+    int mode = kn_q8h_mode(w->pack), nib = mode != 0, six = mode >= 2;
+    size_t bs = kn_q8h_bytes(mode);
     for (int64_t g = g0; g < g1; g++)
         for (int b = 0; b < B; b++) {
             float acc[KN_ROWS] = {0};
             const int8_t *xq = a->qs + (size_t)b * a->k;
             for (int64_t blk = 0; blk < nb; blk++) {
                 const kn_pq8h *p = (const kn_pq8h *)((const char *)w->packed + (size_t)(g * nb + blk) * bs);
-                const kn_pq4h *p4 = (const kn_pq4h *)p;
-                const kn_pq6h *p6 = (const kn_pq6h *)p;
+                const uint8_t *qs = (const uint8_t *)p + kn_q8h_qs(mode), *qh = qs + 256;
                 const int8_t *xb = xq + 32 * blk;
                 float dx = a->d[(size_t)b * nb + blk];
                 const float *hs = a->hs + ((size_t)b * nb + blk) * 2;
@@ -172,11 +171,12 @@ static void gemm_q8h_scalar(const kn_weight *w, const kn_act *a, int B, float *y
                         int s = 0;
                         for (int c = 4 * h; c < 4 * h + 4; c++)
                             for (int i = 0; i < 4; i++) {
-                                int u = nib ? (p4->qs[c & 3][r * 4 + i] >> (c >= 4 ? 4 : 0)) & 15 : p->qs[c][r * 4 + i];
-                                if (six) u |= ((p6->qh[c >> 2][r * 4 + i] >> (2 * (c & 3))) & 3) << 4;
+                                int u = nib ? (qs[64 * (c & 3) + r * 4 + i] >> (c >= 4 ? 4 : 0)) & 15 : qs[64 * c + r * 4 + i];
+                                if (six) u |= ((qh[64 * (c >> 2) + r * 4 + i] >> (2 * (c & 3))) & 3) << 4;
                                 s += u * xb[4 * c + i];
                             }
-                        acc[r] += cm_f16_to_f32(p->d[h][r]) * dx * (float)s + cm_f16_to_f32(p->m[h][r]) * hs[h];
+                        float dw = cm_f16_to_f32(p->d[h][r]), mw = mode == 3 ? dw * -32.f : cm_f16_to_f32(p->m[h][r]);
+                        acc[r] += dw * dx * (float)s + mw * hs[h];
                     }
             }
             for (int r = 0; r < KN_ROWS && g * KN_ROWS + r < w->n; r++)
