@@ -4,6 +4,10 @@ moe_bench.sh: both engines read the same file.
 
     moe_gguf.py SOURCE.gguf OUT.gguf [--layers N] [--dim D] [--expert-ffn H] [--experts E] [--used K] [--gpt-oss]
 
+--experts 0: a dense model instead (ffn_gate/up/down of FFN size H, no router), for llama.cpp and us
+to read the same file at a real size; Llama-3-8B's shape (SOURCE's vocabulary: 4.15 GB with SmolLM2's):
+    --experts 0 --layers 32 --dim 4096 --heads 32 --kv-heads 8 --expert-ffn 14336
+
 llama architecture with experts (as llama.cpp's converter writes Mixtral):
 merged blk.N.ffn_{gate,up,down}_exps tensors, an F32 router, Q4_0 matrices
 (random codes, scale 1/sqrt(row length) as the dummy loader's), F32 norms.
@@ -52,7 +56,7 @@ def main():
     D, H, E, hd = a.dim, a.expert_ffn, a.experts, a.dim // a.heads
     oss = a.gpt_oss
     w = GGUFWriter(a.out, "gpt-oss" if oss else "llama")
-    w.add_name("gpt-oss-shaped" if oss else "mixtral-shaped")
+    w.add_name("gpt-oss-shaped" if oss else "mixtral-shaped" if a.experts else "dense-%dL-%d" % (a.layers, a.dim))
     if oss:
         w.add_key_value("gpt-oss.expert_feed_forward_length", H, GGUFValueType.UINT32)
         w.add_key_value("gpt-oss.attention.sliding_window", 128, GGUFValueType.UINT32)
@@ -68,8 +72,9 @@ def main():
     w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hd)
-    w.add_expert_count(E)
-    w.add_expert_used_count(a.used)
+    if E:
+        w.add_expert_count(E)
+        w.add_expert_used_count(a.used)
     w.add_file_type(2)  # mostly Q4_0
     for name, f in r.fields.items():
         if name.startswith("tokenizer."):
@@ -107,6 +112,11 @@ def main():
         w.add_tensor(p + "attn_k.weight", q4_0(rng, a.kv_heads * hd, D), raw_dtype=q)
         w.add_tensor(p + "attn_v.weight", q4_0(rng, a.kv_heads * hd, D), raw_dtype=q)
         w.add_tensor(p + "attn_output.weight", q4_0(rng, D, D), raw_dtype=q)
+        if not E:  # dense
+            w.add_tensor(p + "ffn_gate.weight", q4_0(rng, H, D), raw_dtype=q)
+            w.add_tensor(p + "ffn_up.weight", q4_0(rng, H, D), raw_dtype=q)
+            w.add_tensor(p + "ffn_down.weight", q4_0(rng, D, H), raw_dtype=q)
+            continue
         w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((E, D)) / np.sqrt(D)).astype(np.float32))
         if not oss:
             w.add_tensor(p + "ffn_gate_exps.weight", q4_0(rng, E * H, D).reshape(E, H, -1), raw_dtype=q)
