@@ -108,6 +108,11 @@ const char *kn_isa_name(void);
 const char *kn_isa_reason(void);
 /* Forces a path for tests (a name above); LLM_EUNSUP if the CPU lacks it. */
 int kn_set_isa(const char *name);
+/* AMX int8 tiles under the AVX-512 path for batches of 16 rows and more (on where the CPU and kernel allow
+ * it, unless LLMSERVE_AMX=0): on 1 / off 0; LLM_EUNSUP if this machine cannot. Results are the same bits
+ * either way. Returns 0 on success. kn_amx_active: whether they are in use now. */
+int kn_set_amx(int on);
+int kn_amx_active(void);
 
 /* A fixed pool of n threads (the caller is thread 0), created once. */
 int kn_pool_create(int n, kn_pool **out);

@@ -183,8 +183,9 @@ static inline void store_rows(float *y, int64_t ldy, int b0, int bn, int64_t g, 
 static void gemm_avx512(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0,
                         int64_t g1) {
     int64_t nb = w->k / 32;
+    int done = kn_amx_on ? kn_amx_gemm(w, a, B, y, ldy, g0, g1) : 0; /* whole tiles of 16 rows, if any */
     for (int64_t g = g0; g < g1; g++)
-        for (int b0 = 0; b0 < B; b0 += BT) {
+        for (int b0 = done; b0 < B; b0 += BT) {
             int bn = B - b0 < BT ? B - b0 : BT;
             __m512 acc[BT];
             if (w->pack == KN_PACK_Q8) q8_group((const kn_pq8 *)w->packed + g * nb, nb, a, b0, bn, acc);

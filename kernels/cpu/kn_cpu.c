@@ -15,6 +15,11 @@
 #if defined(__aarch64__)
 #include <sys/auxv.h>
 #endif
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static const kn_impl *impl = &kn_impl_scalar;
 static int initialised;
@@ -45,6 +50,50 @@ static const kn_impl *isa_impl(const char *what) {
     if (strcmp(what, "neon-dotprod") == 0) return getauxval(AT_HWCAP) & HWCAP_ASIMDDP ? &kn_impl_neon_dot : NULL;
 #endif
     return strcmp(what, "scalar") == 0 ? &kn_impl_scalar : NULL;
+}
+
+static int amx_state; /* 0 not asked yet, 1 usable, -1 not */
+
+/* The CPU's AMX-TILE and AMX-INT8 bits (cpuid 7.0 EDX 24, 25), and Linux's grant of the tile data state
+ * to this process (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), which it needs before the first
+ * tile instruction of any thread. */
+static int amx_usable(void) {
+    if (amx_state) return amx_state > 0;
+    amx_state = -1;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!isa_impl("avx512") || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1))
+        return 0;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) return 0;
+    amx_state = 1;
+#endif
+    return amx_state > 0;
+}
+
+int kn_set_amx(int on) {
+    if (on && !amx_usable()) return LLM_EUNSUP;
+#if defined(__x86_64__) || defined(__i386__)
+    kn_amx_on = on;
+#endif
+    return 0;
+}
+
+int kn_amx_active(void) {
+    kn_init();
+#if defined(__x86_64__) || defined(__i386__)
+    return kn_amx_on && impl == &kn_impl_avx512;
+#else
+    return 0;
+#endif
+}
+
+/* AMX on by default where usable, LLMSERVE_AMX=0 keeps it off; a note for the start-up line. */
+static void amx_default(char *why, size_t len) {
+    const char *env = getenv("LLMSERVE_AMX");
+    if (env && !strcmp(env, "0")) return;
+    if (kn_set_amx(1) != 0) return;
+    size_t n = strlen(why);
+    if (n < len) snprintf(why + n, len - n, "; AMX int8 tiles for batches of 16+");
 }
 
 int kn_set_isa(const char *name) {
@@ -131,6 +180,7 @@ void kn_init(void) {
     if (env && *env) {
         if (kn_set_isa(env) == 0) {
             snprintf(isa_reason, sizeof isa_reason, "LLMSERVE_ISA=%s", env);
+            if (!strcmp(env, "avx512")) amx_default(isa_reason, sizeof isa_reason);
             return;
         }
         snprintf(pre, sizeof pre, "LLMSERVE_ISA=%.32s is not available on this CPU; ", env);
@@ -147,6 +197,9 @@ void kn_init(void) {
     snprintf(why, sizeof why, "%s", impl == &kn_impl_neon_dot ? "HWCAP has asimddp" : "HWCAP lacks asimddp");
 #endif
     snprintf(isa_reason, sizeof isa_reason, "%s%s", pre, why);
+#if defined(__x86_64__) || defined(__i386__)
+    if (impl == &kn_impl_avx512) amx_default(isa_reason, sizeof isa_reason);
+#endif
 }
 
 const char *kn_isa_name(void) {

@@ -270,6 +270,10 @@ extern const kn_impl kn_impl_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const kn_impl kn_impl_avx2;
 extern const kn_impl kn_impl_avx512;
+/* kn_amx.c: rows [0, B - B % 16) of the AVX-512 path's matmul in AMX int8 tiles, bit for bit its VNNI
+ * result, for kn_pq4, kn_pq4s and kn_pq8 (else 0 rows); the rows it did. Only while kn_amx_on. */
+int kn_amx_gemm(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1);
+extern int kn_amx_on;
 #endif
 #if defined(__aarch64__)
 extern const kn_impl kn_impl_neon;

@@ -96,7 +96,7 @@ static void test_matmul(kn_pool *pool) {
     for (int it = 0; it < 5 * NT; it++) {
         int type = types[it % NT];
         int64_t n = 1 + rnd() % 70, k = cm_dtype_block(type) == 256 ? 256 * (1 + rnd() % 3) : 32 * (1 + rnd() % 24);
-        int B = 1 + (int)(rnd() % 13);
+        int B = it % 3 == 2 ? 16 + (int)(rnd() % 24) : 1 + (int)(rnd() % 13); /* and whole AMX tiles of 16 */
         void *raw = rand_weight(type, n, k);
         float *x = malloc(sizeof(float) * (size_t)(B * k));
         for (int64_t i = 0; i < B * k; i++) x[i] = frand();
@@ -148,6 +148,16 @@ static void test_matmul(kn_pool *pool) {
                 float *y1 = out_buf((size_t)n);
                 kn_matmul(pool, &wi, y1, x + (size_t)(B - 1) * k, &a1, 1);
                 CHECK(memcmp(y1, y + (size_t)(B - 1) * n, sizeof(float) * (size_t)n) == 0);
+                kn_matmul(pool, &wi, y1, x, &a1, 1); /* and the first (in an AMX tile where B >= 16) */
+                CHECK(memcmp(y1, y, sizeof(float) * (size_t)n) == 0);
+                /* AMX tiles, where the machine has them, give the VNNI path's bits */
+                if (!strcmp(isas[is], "avx512") && kn_set_amx(!kn_amx_active()) == 0) {
+                    float *y2 = out_buf((size_t)(B * n));
+                    kn_matmul(pool, &wi, y2, x, &a, B);
+                    CHECK(memcmp(y2, y, sizeof(float) * (size_t)(B * n)) == 0);
+                    CHECK_INT(kn_set_amx(!kn_amx_active()), 0);
+                    free(y2);
+                }
                 free(y1);
                 kn_act_free(&a1);
             }
