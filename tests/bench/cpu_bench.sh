@@ -94,10 +94,11 @@ dbound=$(echo "$bw*1000000000/$bytes" | bc -l)
 # model is) in GB/s against the read bound; at batches the model's gate/up shape in GMAC/s against
 # the path's int8 ceiling.
 if [ -x "$BIN/llmserve-gemm-bench" ]; then
+    amx=; case " $isas " in *" avx512 "*) amx=,avx512-amx ;; esac # AVX-512 alone and with AMX tiles, where present
     echo "gemm alone, Q4_1, $T thread(s), median of 5:"
     { "$BIN/llmserve-gemm-bench" --threads "$T" --reps 5 --isa "${isas// /,}" --type q4_1 --shape 16384x4096 \
           --batch 1 2>/dev/null
-      "$BIN/llmserve-gemm-bench" --threads "$T" --reps 5 --isa "${isas// /,}" --type q4_1 --shape 1536x576 \
+      "$BIN/llmserve-gemm-bench" --threads "$T" --reps 5 --isa "${isas// /,}${amx}" --type q4_1 --shape 1536x576 \
           --batch 32,151 2>/dev/null; } | awk -v bw="$bw" -v a2="$(pk avx2)" -v a5="$(pk avx512)" '
         $1 == "type" { next }
         { c = ($4 == "avx2") ? a2 : ($4 == "avx512") ? a5 : 0

@@ -2,7 +2,7 @@
  * shapes of a model's layers, so a kernel change is measured against the
  * machine's ceilings (llmserve-membw) rather than guessed from a whole run.
  *
- *   llmserve-gemm-bench [--threads 2] [--reps 7] [--isa avx2,avx512]
+ *   llmserve-gemm-bench [--threads 2] [--reps 7] [--isa avx512-amx,avx512,avx2]
  *       [--type q4_1,q8_0] [--batch 1,4,16,32,151] [--shape 1536x576,576x1536]
  *       [--cold MiB]
  *
@@ -77,6 +77,14 @@ static int parse_list(const char *s, int64_t *out, int max, int pairs) {
     return n;
 }
 
+/* A path by name: avx512-amx is AVX-512 with AMX tiles for whole 16-row tiles, avx512 without them. */
+static int set_path(const char *name) {
+    if (!strcmp(name, "avx512-amx")) return kn_set_isa("avx512") || kn_set_amx(1);
+    int rc = kn_set_isa(name);
+    kn_set_amx(0);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     int threads = 2, reps = 7;
     int64_t cold_mib = 0;
@@ -98,7 +106,7 @@ int main(int argc, char **argv) {
         case 's': n_shape = parse_list(optarg, shape, 32, 1); break;
         case 'c': cold_mib = atoll(optarg); break;
         default:
-            fprintf(stderr, "usage: %s [--threads 2] [--reps 7] [--isa avx2,avx512] [--type q4_1,q8_0] "
+            fprintf(stderr, "usage: %s [--threads 2] [--reps 7] [--isa avx512-amx,avx512,avx2] [--type q4_1,q8_0] "
                             "[--batch 1,4,16,32,151] [--shape 1536x576,576x1536,576x576] [--cold MiB]\n", argv[0]);
             return c == 'h' ? 0 : 2;
         }
@@ -108,15 +116,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     kn_init();
-    static const char *all[] = {"avx512", "avx2", "neon-dotprod", "neon", "scalar"};
+    static const char *all[] = {"avx512-amx", "avx512", "avx2", "neon-dotprod", "neon", "scalar"};
     const char *isas[8];
     int n_isa = 0;
     char buf[256];
-    snprintf(buf, sizeof buf, "%s", isa_list ? isa_list : "avx512,avx2,neon-dotprod,neon");
+    snprintf(buf, sizeof buf, "%s", isa_list ? isa_list : "avx512-amx,avx512,avx2,neon-dotprod,neon");
     for (char *t = strtok(buf, ","); t && n_isa < 8; t = strtok(NULL, ",")) {
         int known = 0;
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) known |= !strcmp(t, all[i]);
-        if (!known || kn_set_isa(t)) { /* the default list names every path; only a chosen one is worth a word */
+        if (!known || set_path(t)) { /* the default list names every path; only a chosen one is worth a word */
             if (isa_list) fprintf(stderr, "gemm-bench: path %s is not on this CPU, skipped\n", t);
             continue;
         }
@@ -151,7 +159,7 @@ int main(int argc, char **argv) {
             kn_weight *w = calloc((size_t)(n_isa * copies), sizeof *w);
             if (!w) return 1;
             for (int i = 0; i < n_isa; i++) {
-                kn_set_isa(isas[i]); /* repacked under the path that runs it */
+                set_path(isas[i]); /* repacked under the path that runs it */
                 for (int j = 0; j < copies; j++)
                     if (!raw || kn_weight_init(&w[i * copies + j], type, n, k, raw)) return 1;
             }
@@ -169,7 +177,7 @@ int main(int argc, char **argv) {
                 double macs = (double)n * (double)k * B, t[8][64];
                 int calls[8];
                 for (int i = 0; i < n_isa; i++) { /* calibrate: ~50 ms a timing */
-                    kn_set_isa(isas[i]);
+                    set_path(isas[i]);
                     double t0 = bn_now();
                     int m = 0;
                     while (bn_now() - t0 < 0.02) {
@@ -181,7 +189,7 @@ int main(int argc, char **argv) {
                 }
                 for (int r = 0; r < reps && r < 64; r++)
                     for (int i = 0; i < n_isa; i++) {
-                        kn_set_isa(isas[i]);
+                        set_path(isas[i]);
                         double t0 = bn_now();
                         for (int m = 0; m < calls[i]; m++) {
                             wp[0] = &w[i * copies + (r * calls[i] + m) % copies];
