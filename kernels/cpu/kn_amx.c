@@ -1,6 +1,6 @@
 /* kn_amx.c - AMX int8 tiles for the AVX-512 path's batched matmul (Intel Xeon 4th generation on). Compiled
- * with the AMX and AVX-512 flags; run only after kn_amx_enable has seen the CPU's AMX-INT8 bit and the
- * kernel has granted the tile data (arch_prctl).
+ * with the AMX and AVX-512 flags; run only after kn_cpu.c (kn_set_amx) has seen the CPU's AMX-INT8 bit and
+ * the kernel has granted the tile data (arch_prctl).
  *
  * A 16-row weight group's block (16 rows x 32) is an AMX B tile as the packs already lay it out: chunk c,
  * byte 4r+i = row r element 4c+i, so 8 rows of 64 bytes (kn_pq8 as stored; kn_pq4's nibbles spread to
@@ -27,10 +27,7 @@ typedef struct {
 
 /* Tiles 0-3: C, 16 x 16 int32, for U consecutive blocks (their multiplies overlap; one C tile would
  * serialise each block's multiply, store and reload); 4, 5: A, 16 rows x 32 int8; 6, 7: B, 8 rows x 64. */
-#ifndef AMX_U
-#define AMX_U 4
-#endif
-enum { U = AMX_U };
+enum { U = 4 }; /* block_sums names the four C tiles */
 static void configure(void) {
     static __thread int done;
     if (done) return;
