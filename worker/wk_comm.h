@@ -61,6 +61,18 @@ int wk_comm_tcp_accept(int listen_fd, int size, const uint8_t token[WK_TCP_TOKEN
 int wk_comm_tcp_connect(const char *host, int port, int rank, int size, const uint8_t token[WK_TCP_TOKEN_BYTES],
                         double timeout_s, wk_comm **out);
 
+/* A TCP comm's addresses, numeric: of_root 0, this rank's end of its connection to rank 0 (the address
+ * its host is reached at from there); 1, rank 0's. Not on rank 0 (LLM_EINVAL). */
+int wk_comm_tcp_addr(wk_comm *c, int of_root, char *host, size_t len);
+
+/* Sub-groups of a formed group, as MPI_Comm_split (wk_comm_split.c): a collective over every rank of
+ * world. The ranks that pass the same color >= 0 form one comm, ranked by key (ties by world rank); color
+ * < 0: in none (*out NULL). A sub-group meets over shared memory (its ranks on one host) or, use_tcp (its
+ * first rank's choice), over TCP around its first rank, which needs world on TCP: the address comes from
+ * world's connections. Within world's deadline; a rank that fails makes it fail on every rank. A
+ * pipeline's stages (each a TP group of its own) and the pipe between their first ranks come from here. */
+int wk_comm_split(wk_comm *world, int color, int key, int use_tcp, wk_comm **out);
+
 /* NCCL (builds with CUDA and NCCL: LLMSERVE_HAVE_NCCL): unique id from
  * rank 0, passed over the group's control channel. Buffers are device
  * pointers (broadcast also takes host memory). */

@@ -52,6 +52,20 @@ typedef struct {
 #define HDR_BYTES 4096
 #define MAGIC 0x6c6d7368u
 
+/* A process that exited but is not yet reaped (its parent is another rank, as in a stage's comm of ranks
+ * one driver started) still answers kill(): its state in /proc says Z. */
+static int zombie(pid_t p) {
+    char path[48], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *e = strrchr(buf, ')'); /* the name may hold spaces and parentheses: the state follows the last */
+    return e && e[1] == ' ' && (e[2] == 'Z' || e[2] == 'X');
+}
+
 static int peer_dead(wk_comm *c) {
     shm_impl *s = c->impl;
     for (int r = 0; r < c->size; r++) {
@@ -61,7 +75,7 @@ static int peer_dead(wk_comm *c) {
         if (s->child[r]) { /* our child: a zombie still answers kill(), so reap */
             int st;
             if (waitpid(p, &st, WNOHANG) == p) return r + 1;
-        } else if (kill(p, 0) != 0 && errno == ESRCH) {
+        } else if ((kill(p, 0) != 0 && errno == ESRCH) || zombie(p)) {
             return r + 1;
         }
     }
@@ -214,7 +228,8 @@ int wk_comm_shm_create(int size, char *name_out, size_t name_len, wk_comm **out)
     shm_impl *s = c->impl;
     c->size = size;
     c->timeout_s = WK_COMM_TIMEOUT_S;
-    snprintf(s->name, sizeof s->name, "/llmserve-tp-%d-%lx", (int)getpid(), (long)time(NULL));
+    static _Atomic unsigned seq; /* a process may create several (a group's segment, its stage's) */
+    snprintf(s->name, sizeof s->name, "/llmserve-tp-%d-%lx-%u", (int)getpid(), (long)time(NULL), atomic_fetch_add(&seq, 1));
     int fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
         shm_destroy(c);

@@ -347,3 +347,14 @@ int wk_comm_tcp_connect(const char *host, int port, int rank, int size, const ui
     *out = c;
     return 0;
 }
+
+int wk_comm_tcp_addr(wk_comm *c, int of_root, char *host, size_t len) {
+    tcp_impl *t = c->ops == &tcp_ops ? c->impl : NULL;
+    if (!t || c->rank == 0 || t->fd[0] < 0) return LLM_EINVAL;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if ((of_root ? getpeername(t->fd[0], (struct sockaddr *)&ss, &sl) : getsockname(t->fd[0], (struct sockaddr *)&ss, &sl)) ||
+        getnameinfo((struct sockaddr *)&ss, sl, host, (socklen_t)len, NULL, 0, NI_NUMERICHOST))
+        return LLM_EIO;
+    return 0;
+}

@@ -199,54 +199,94 @@ static void moe_ffn(wk_model *m, const wk_layer *L, int T) {
     }
 }
 
-/* Sums a row-parallel matmul's partial results over the ranks. */
+/* Sums a row-parallel matmul's partial results over the stage's ranks. */
 static int reduce(wk_model *m, float *buf, size_t n) {
     return m->comm && m->tp_size > 1 ? m->comm->ops->all_reduce_sum(m->comm, buf, n) : 0;
 }
 
-/* Pipeline parallelism: after stage k's layers, its rows m->x [T][dim] go out on the group's wire (a
- * broadcast from stage k's rank that every rank takes part in, in stage order, so no rank waits on a
- * message out of turn); stage k+1 computes on them. before: the hops up to this rank's stage (the rows it
- * starts from); after: its own and the later ones. */
-static int stage_hops(wk_model *m, int T, int after) {
-    size_t bytes = sizeof(float) * (size_t)T * m->cfg.dim;
-    int from = after ? m->pp_rank : 0, to = after ? m->pp_size - 1 : m->pp_rank;
-    for (int k = from; k < to; k++) {
-        int rc = m->comm->ops->broadcast(m->comm, m->x, bytes, k * m->tp_size);
-        if (rc) return rc;
+static int bcast(wk_comm *c, void *buf, size_t bytes, int root) { return c->ops->broadcast(c, buf, bytes, root); }
+
+/* The group's driver (the engine's rank): stage 0's first rank. */
+static int driver(const wk_model *m) { return m->pp_rank == 0 && m->tp_rank == 0; }
+
+/* Ranks besides this one: a TP group, pipeline stages or both. */
+static int grouped(const wk_model *m) { return m->pipe || m->tp_size > 1; }
+
+/* What the driver sends every rank (a plan, a keep-alive): down the pipe to the stages' first ranks, which
+ * hand it on to their stages. The driver sends to its own stage first; parts picks where (an overlapped
+ * step goes to its stage before its layers run, to the pipe after). The others take it from wherever it
+ * comes to them. */
+enum { TO_STAGE = 1, TO_PIPE = 2, TO_ALL = 3 };
+static int down(wk_model *m, void *buf, size_t bytes, int parts) {
+    int rc = 0;
+    if (driver(m)) {
+        if ((parts & TO_STAGE) && m->tp_size > 1) rc = bcast(m->comm, buf, bytes, 0);
+        if (!rc && (parts & TO_PIPE) && m->pipe) rc = bcast(m->pipe, buf, bytes, 0);
+        return rc;
     }
-    return 0;
+    if (m->pipe) rc = bcast(m->pipe, buf, bytes, 0);
+    if (!rc && m->tp_size > 1) rc = bcast(m->comm, buf, bytes, 0);
+    return rc;
 }
 
-/* The final norm and the (whole) LM head over the first n rows of m->x into out [n][vocab]. */
+/* Pipeline parallelism: after stage k's layers its rows m->x [T][dim] go down the pipe (a broadcast from
+ * stage k's first rank that every stage's first rank takes part in, in stage order, so none waits on a
+ * message out of turn); stage k+1's first rank hands them to its stage. before: the hops up to this rank's
+ * stage (the rows it starts from); after: its own and the later ones (first ranks only). */
+static int stage_hops(wk_model *m, int T, int after) {
+    size_t bytes = sizeof(float) * (size_t)T * m->cfg.dim;
+    int rc = 0;
+    if (m->pipe)
+        for (int k = after ? m->pp_rank : 0; k < (after ? m->pp_size - 1 : m->pp_rank) && !rc; k++)
+            rc = bcast(m->pipe, m->x, bytes, k);
+    if (!rc && !after && m->pp_rank > 0 && m->tp_size > 1) rc = bcast(m->comm, m->x, bytes, 0);
+    return rc;
+}
+
+/* The final norm and this rank's rows of the LM head over the first n rows of m->x into out [n][vocab_l]. */
 static void lm_head(wk_model *m, int n, float *out) {
     par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, (int)m->cfg.dim, NULL);
     const kn_weight *ow = &m->output;
     mm(m, 1, &ow, &out, m->xb, &m->act_dim, n);
 }
 
-/* Grows the last stage's logits buffer (m->lm_local) to n rows of the whole vocabulary. */
+/* Grows the logits buffers to n rows: lm_local this rank's vocabulary columns (TP), lm_full the whole
+ * vocabulary (pipeline stages). */
 static int lm_grow(wk_model *m, int n) {
     if (n <= m->lm_rows) return 0;
-    float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * m->cfg.vocab);
-    if (!nl) return LLM_ENOMEM;
-    m->lm_local = nl;
+    if (m->tp_size > 1) {
+        float *a = realloc(m->lm_local, sizeof(float) * (size_t)n * (size_t)m->vocab_l);
+        if (!a) return LLM_ENOMEM;
+        m->lm_local = a;
+    }
+    if (m->pp_size > 1) {
+        float *b = realloc(m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab);
+        if (!b) return LLM_ENOMEM;
+        m->lm_full = b;
+    }
     m->lm_rows = n;
     return 0;
 }
 
-/* The last stage's LM head over the n rows that want logits, sent to rank 0 (which samples); the other
- * stages take part in that broadcast into scratch. */
+/* The LM head over n rows (lm_grow'n first), each of the stage's ranks its vocabulary columns, gathered on
+ * its first rank into out [n][vocab] (the others' out is not written). */
+static int head_gather(wk_model *m, int n, float *out) {
+    if (m->tp_size == 1) {
+        lm_head(m, n, out);
+        return 0;
+    }
+    lm_head(m, n, m->lm_local);
+    return m->comm->ops->all_gather_cols(m->comm, m->lm_local, n, m->voc_width, m->tp_rank == 0 ? out : NULL);
+}
+
+/* The last stage's logits over the n rows that want them, sent up the pipe to the driver (which samples);
+ * the other stages' first ranks take part in that broadcast into scratch. */
 static int stage_logits(wk_model *m, int n, float *logits) {
-    const cm_model_config *cf = &m->cfg;
-    int last = m->pp_rank == m->pp_size - 1;
-    float *out = m->comm->rank == 0 ? logits : NULL;
-    int rc = out ? 0 : lm_grow(m, n);
+    int rc = lm_grow(m, n);
     if (rc) return rc;
-    if (!out) out = m->lm_local;
-    if (last) lm_head(m, n, out);
-    return m->comm->ops->broadcast(m->comm, out, sizeof(float) * (size_t)n * cf->vocab,
-                                   (m->pp_size - 1) * m->tp_size);
+    float *full = driver(m) ? logits : m->lm_full;
+    if (m->pp_rank == m->pp_size - 1 && (rc = head_gather(m, n, full))) return rc;
+    return m->pipe ? bcast(m->pipe, full, sizeof(float) * (size_t)n * m->cfg.vocab, m->pp_size - 1) : 0;
 }
 
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
@@ -333,8 +373,7 @@ static int logit_rows(wk_model *m, int n_seq, const wk_batch_seq *s) {
  * (vocabulary-parallel) are gathered on rank 0, whose `logits` is used. */
 static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len,
                         float *logits) {
-    const cm_model_config *cf = &m->cfg;
-    int D = (int)cf->dim, rc;
+    int rc;
     if ((rc = stage_hops(m, T, 0)) || (rc = forward_layers(m, c, n_seq, s, T, max_len)) ||
         (rc = stage_hops(m, T, 1)))
         return rc;
@@ -342,22 +381,7 @@ static int forward_step(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq 
     int n = logit_rows(m, n_seq, s);
     if (!n) return 0;
     if (m->pp_size > 1) return stage_logits(m, n, logits);
-    par_rows(m, OP_NORM, n, m->xb, m->x, m->output_norm, D, NULL);
-    const kn_weight *ow = &m->output;
-    if (m->tp_size == 1) { /* straight into the caller's buffer */
-        float *lo = logits;
-        mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
-        return 0;
-    }
-    if (n > m->lm_rows) {
-        float *nl = realloc(m->lm_local, sizeof(float) * (size_t)n * (size_t)m->vocab_l);
-        if (!nl) return LLM_ENOMEM;
-        m->lm_local = nl;
-        m->lm_rows = n;
-    }
-    float *lo = m->lm_local;
-    mm(m, 1, &ow, &lo, m->xb, &m->act_dim, n);
-    return m->comm->ops->all_gather_cols(m->comm, m->lm_local, n, m->voc_width, m->tp_rank == 0 ? logits : NULL);
+    return (rc = lm_grow(m, n)) ? rc : head_gather(m, n, logits); /* one rank: straight into the caller's buffer */
 }
 
 /* ---- tensor parallel step plans ----------------------------------------
@@ -377,7 +401,8 @@ static int plan_grow(wk_model *m, size_t n) {
     return 0;
 }
 
-static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int32_t magic) {
+/* The plan of a step into m->plan, its header into hdr. */
+static int plan_build(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int32_t magic, int32_t hdr[4]) {
     size_t n = 2 * (size_t)c->n_copies;
     for (int i = 0; i < n_seq; i++) n += 5 + (size_t)s[i].n + (size_t)((s[i].pos0 + s[i].n + c->block_size - 1) >> c->block_shift);
     int rc = plan_grow(m, n);
@@ -397,11 +422,16 @@ static int plan_send(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         memcpy(p, s[i].blocks, sizeof(int32_t) * (size_t)nb);
         p += nb;
     }
-    int32_t hdr[4] = {magic, n_seq, c->n_copies, (int32_t)n};
+    hdr[0] = magic, hdr[1] = n_seq, hdr[2] = c->n_copies, hdr[3] = (int32_t)n;
     c->n_copies = 0;
+    return 0;
+}
+
+/* A built plan sent (parts: down's). */
+static int plan_out(wk_model *m, int32_t hdr[4], int parts) {
     m->plan_t = cm_now();
-    if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
-    return m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * n, 0);
+    int rc = down(m, hdr, sizeof(int32_t) * 4, parts);
+    return rc ? rc : down(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], parts);
 }
 
 /* A step's sequences checked (ids, positions, adapters, the batch capacity); *T its tokens. The CPU's
@@ -436,81 +466,90 @@ static int check_batch(wk_model *m, int n_seq, const wk_batch_seq *s, int *T_out
 }
 
 /* ---- two pipeline stages, overlapped ----------------------------------
- * Rank 0 runs stage 0 and the engine; while stage 1 computes step k, stage 0
- * computes step k + 1 of other sequences (wk_engine's virtual engines). The
- * wire's order is the same on both ranks: a step's plan and rows, then the
- * logits of the step before it (which stage 1 finished meanwhile and sends
- * only now), then stage 1 computes the new step. A plan header with no
- * sequences only collects. */
+ * The driver runs stage 0 and the engine; while stage 1 computes step k,
+ * stage 0 computes step k + 1 of other sequences (wk_engine's virtual
+ * engines). The driver sends a step's plan to its own stage's ranks, runs
+ * their layers with them, then meets stage 1's first rank on the pipe: the
+ * plan and the rows, then the logits of the step before (which stage 1
+ * finished meanwhile and sends only now); stage 1's first rank hands the
+ * plan and the rows to its stage, which computes the new step and gathers
+ * its logits on the first rank. A plan header with no sequences only
+ * collects. */
 #define PLAN_PIPE 0x4c50504e
 
 int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows) {
     int rc, T = 0, max_len;
-    if (m->pp_size != 2 || m->comm->rank != 0) return LLM_EINVAL;
+    int32_t hdr[4] = {PLAN_PIPE, 0, 0, 0};
+    if (m->pp_size != 2 || !driver(m) || !m->pipe) return LLM_EINVAL;
     if (n_seq) {
-        if ((rc = check_batch(m, n_seq, s, &T, &max_len)) ||
-            (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
-            (rc = plan_send(m, c, n_seq, s, PLAN_PIPE)) ||
-            (rc = m->comm->ops->broadcast(m->comm, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
+        if ((rc = check_batch(m, n_seq, s, &T, &max_len)) || (rc = plan_build(m, c, n_seq, s, PLAN_PIPE, hdr)) ||
+            (rc = plan_out(m, hdr, TO_STAGE)) || (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
+            (rc = plan_out(m, hdr, TO_PIPE)) || (rc = bcast(m->pipe, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
             return rc;
     } else {
-        int32_t hdr[4] = {PLAN_PIPE, 0, 0, 0};
         m->plan_t = cm_now();
-        if ((rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0))) return rc;
+        if ((rc = bcast(m->pipe, hdr, sizeof hdr, 0))) return rc;
     }
-    return prev_rows ? m->comm->ops->broadcast(m->comm, prev, sizeof(float) * (size_t)prev_rows * m->cfg.vocab, 1) : 0;
+    return prev_rows ? bcast(m->pipe, prev, sizeof(float) * (size_t)prev_rows * m->cfg.vocab, 1) : 0;
 }
 
-/* Stage 1 of a pipelined step: its rows in, the step before's logits out, then its layers and the LM head
- * into m->lm_local, held (m->pp_pend rows) until rank 0 asks. n_seq 0: only the logits out. */
+/* A rank's part of an overlapped step. Stage 0's other ranks: the layers, with the driver. Stage 1: its
+ * first rank takes the rows in and sends the step before's logits out, hands the rows to its stage, and
+ * the stage runs its layers and the LM head, the logits gathered into the first rank's m->lm_full and held
+ * there (m->pp_pend rows) until the driver asks. n_seq 0: only the logits out. */
 static int follow_pipe(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
     int rc, T = 0, max_len;
-    if (n_seq && ((rc = check_batch(m, n_seq, s, &T, &max_len)) ||
-                  (rc = m->comm->ops->broadcast(m->comm, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0))))
-        return rc;
-    if (m->pp_pend &&
-        (rc = m->comm->ops->broadcast(m->comm, m->lm_local, sizeof(float) * (size_t)m->pp_pend * m->cfg.vocab, 1)))
-        return rc;
-    m->pp_pend = 0;
+    if (n_seq && (rc = check_batch(m, n_seq, s, &T, &max_len))) return rc;
+    if (m->pp_rank == 0) return n_seq ? forward_layers(m, c, n_seq, s, T, m->attn_scratch_len) : 0;
+    size_t rows = sizeof(float) * (size_t)T * m->cfg.dim;
+    if (m->pipe) {
+        if (n_seq && (rc = bcast(m->pipe, m->x, rows, 0))) return rc;
+        if (m->pp_pend && (rc = bcast(m->pipe, m->lm_full, sizeof(float) * (size_t)m->pp_pend * m->cfg.vocab, 1)))
+            return rc;
+        m->pp_pend = 0;
+    }
     if (!n_seq) return 0;
-    if ((rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len))) return rc;
+    if ((m->tp_size > 1 && (rc = bcast(m->comm, m->x, rows, 0))) ||
+        (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)))
+        return rc;
     int n = logit_rows(m, n_seq, s);
-    if (n && (rc = lm_grow(m, n))) return rc;
-    if (n) lm_head(m, n, m->lm_local);
-    m->pp_pend = n;
+    if (!n) return 0;
+    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, m->lm_full))) return rc;
+    if (m->pipe) m->pp_pend = n;
     return 0;
 }
 
 int wk_forward_shutdown(wk_model *m) {
     int32_t hdr[4] = {WK_PLAN_MAGIC, 0, 0, 0};
-    return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    return down(m, hdr, sizeof hdr, TO_ALL);
 }
 
 #define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
 int wk_forward_keepalive(wk_model *m) {
-    if (!m->comm || m->comm->rank != 0 || m->comm->timeout_s <= 0) return 0;
+    wk_comm *w = m->pipe ? m->pipe : m->comm;
+    if (!driver(m) || !grouped(m) || w->timeout_s <= 0) return 0;
     double t = cm_now();
-    if (t - m->plan_t < m->comm->timeout_s / 4) return 0;
+    if (t - m->plan_t < w->timeout_s / 4) return 0;
     m->plan_t = t;
     int32_t hdr[4] = {WK_PLAN_MAGIC, PLAN_KEEPALIVE, 0, 0};
-    return m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    return down(m, hdr, sizeof hdr, TO_ALL);
 }
 
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     *shutdown = 0;
     int32_t hdr[4];
-    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
+    int rc = down(m, hdr, sizeof hdr, TO_ALL);
     if (rc) return rc;
     if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
     if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == WK_PLAN_LORA) {
         char buf[1024];
         if (hdr[3] < 2 || (size_t)hdr[3] > sizeof buf) return LLM_EFORMAT;
-        if ((rc = m->comm->ops->broadcast(m->comm, buf, (size_t)hdr[3], 0))) return rc;
+        if ((rc = down(m, buf, (size_t)hdr[3], TO_ALL))) return rc;
         size_t nl = strnlen(buf, (size_t)hdr[3]);
         if (nl + 1 >= (size_t)hdr[3] || buf[hdr[3] - 1]) return LLM_EFORMAT;
         return wk_lora_follow(m, hdr[2], buf, buf + nl + 1);
     }
-    int pipe = hdr[0] == PLAN_PIPE && m->pp_size == 2 && m->pp_rank == 1;
+    int pipe = hdr[0] == PLAN_PIPE && m->pp_size == 2;
     if ((hdr[0] != WK_PLAN_MAGIC && !pipe) || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0)
         return LLM_EFORMAT;
     if (pipe && hdr[1] == 0) return follow_pipe(m, c, 0, NULL); /* rank 0 collects the logits in flight */
@@ -518,7 +557,7 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         *shutdown = 1;
         return 0;
     }
-    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = m->comm->ops->broadcast(m->comm, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)))
+    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = down(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], TO_ALL)))
         return rc;
     const int32_t *p = m->plan, *end = m->plan + hdr[3];
     if (2 * (int64_t)hdr[2] > hdr[3]) return LLM_EFORMAT;
@@ -544,9 +583,9 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
 int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
     int T, max_len, rc = check_batch(m, n_seq, s, &T, &max_len);
     if (rc) return rc;
-    if (m->comm && m->comm->size > 1 && m->comm->rank == 0) {
-        rc = plan_send(m, c, n_seq, s, WK_PLAN_MAGIC);
-        if (rc) return rc;
+    if (driver(m) && grouped(m)) {
+        int32_t hdr[4];
+        if ((rc = plan_build(m, c, n_seq, s, WK_PLAN_MAGIC, hdr)) || (rc = plan_out(m, hdr, TO_ALL))) return rc;
     }
     if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
     return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);

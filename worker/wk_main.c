@@ -170,12 +170,7 @@ static int run(int argc, char **argv) {
         fprintf(stderr, "llmserve-worker: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (pp > 1) { /* stages of one rank each: refused what would cross them */
-        if (tp > 1) {
-            fprintf(stderr, "llmserve-worker: --pipeline-parallel-size with --tensor-parallel-size %d: stages of more "
-                            "than one rank (a TP collective per stage) are not built yet; use one or the other\n", tp);
-            return 2;
-        }
+    if (pp > 1) { /* refused what would cross the stages */
         if (eo.spec.method != WK_SPEC_NONE || kv_role != WK_KV_BOTH || eo.kv_offload_bytes || eo.kv_offload_dir ||
             lf.lora_on || lf.n_lora_modules) {
             fprintf(stderr, "llmserve-worker: --pipeline-parallel-size runs without %s for now\n",
@@ -328,7 +323,9 @@ static int run(int argc, char **argv) {
                          .device = my_rank % local,
                          .join_timeout_s = join_s,
                          .collective_timeout_s = coll_s,
-                         .load_timeout_s = load_s};
+                         .load_timeout_s = load_s,
+                         .pp = pp,
+                         .per_node = per_node};
         int rc = wk_tp_start(&to, argc, argv, &group_h, err, sizeof err);
         if (rc) {
             fprintf(stderr, "llmserve-worker: tensor parallel group: %s\n", err);

@@ -373,10 +373,18 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         goto fail;
     }
     m->comm = o->comm;
+    m->pipe = o->pipe;
     m->pp_size = o->pp_size > 1 ? o->pp_size : 1;
-    m->tp_size = o->comm ? o->comm->size / m->pp_size : 1;
-    m->tp_rank = o->comm ? o->comm->rank % m->tp_size : 0;
-    m->pp_rank = o->comm ? o->comm->rank / m->tp_size : 0;
+    m->tp_size = o->comm ? o->comm->size : 1;
+    m->tp_rank = o->comm ? o->comm->rank : 0;
+    m->pp_rank = m->pp_size > 1 ? o->pp_rank : 0;
+    if (m->pp_rank < 0 || m->pp_rank >= m->pp_size || (m->pp_size > 1 && m->tp_rank == 0) != (m->pipe != NULL) ||
+        (m->pipe && (m->pipe->size != m->pp_size || m->pipe->rank != m->pp_rank))) {
+        snprintf(err, errlen, "stage %d of %d pipeline stages: the pipe between the stages' first ranks does not "
+                 "match", m->pp_rank, m->pp_size);
+        rc = LLM_EINVAL;
+        goto fail;
+    }
     if ((rc = stage_layers(m, err, errlen))) goto fail;
     m->expert_parallel = o->expert_parallel;
     if ((rc = shard(m, err, errlen))) goto fail;
@@ -595,6 +603,7 @@ void wk_model_free(wk_model *m) {
     free(m->slices);
     free(m->voc_width);
     free(m->lm_local);
+    free(m->lm_full);
     free(m->plan);
     free(m->plan_seqs);
     kn_act_free(&m->act_dim);

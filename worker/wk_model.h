@@ -78,12 +78,17 @@ typedef struct wk_model {
      * [kv0, kv0+n_kv_l), FFN columns [hid0, hid0+hidden_l), vocabulary rows
      * [voc0, voc0+vocab_l) of the LM head. */
     int tp_rank, tp_size;
-    wk_comm *comm;
+    wk_comm *comm;                       /* this stage's TP group (tp_size ranks), or NULL */
     /* pipeline parallelism (--pipeline-parallel-size): this rank is stage pp_rank of pp_size and holds
      * layers [layer0, layer1) (their weights and KV only); stage 0 embeds, the last stage computes the
-     * logits. Stages pass the step's hidden rows over comm, whose rank 0 drives (pp_size 1: every layer) */
+     * logits. The stages' first ranks pass the step's hidden rows over the pipe (its rank = the stage)
+     * and hand what comes down it on to their stage's comm; the pipe's rank 0 drives (pp_size 1: every
+     * layer, no pipe) */
+    wk_comm *pipe;
     int pp_rank, pp_size, layer0, layer1;
-    int pp_pend;                         /* stage 1, overlapped: logits rows held in lm_local for rank 0 */
+    int pp_pend;                         /* stage 1, overlapped: logits rows held in lm_full for rank 0 */
+    float *lm_full;                      /* [lm_rows][vocab]: the last stage's gathered logits, or where
+                                          * another stage's first rank takes part in their broadcast */
     int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
     /* experts [exp0, exp1) live on this rank (all of them but under --enable-expert-parallel, where
      * each is whole on one rank and hid0/hidden_l cover every column) */
@@ -113,8 +118,10 @@ typedef struct {
     const char *tokenizer_path;          /* llama2.c models: tokenizer.bin */
     int threads;                         /* 0: all online CPUs */
     int max_batch;                       /* tokens per step (prefill chunk), default 64 */
-    wk_comm *comm;                       /* tensor parallel group, or NULL */
-    int pp_size;                         /* pipeline stages over comm's ranks, one rank each (0 or 1: none) */
+    wk_comm *comm;                       /* tensor parallel group (this rank's stage), or NULL */
+    int pp_size;                         /* pipeline stages (0 or 1: none) */
+    int pp_rank;                         /* this rank's stage */
+    wk_comm *pipe;                       /* the stages' first ranks (pp_size of them; NULL on the others) */
     const char *model_config;            /* set: dummy weights of this preset / config.json shape */
     int dummy_type;                      /* their cm_dtype (CM_F32 is 0: flags default to F16) */
     uint64_t seed;                       /* their seed */

@@ -38,12 +38,23 @@ typedef struct {
     double collective_timeout_s;
     /* --load-timeout: how long a follower waits for rank 0's model load; 0: no limit */
     double load_timeout_s;
+    /* --pipeline-parallel-size: the ranks are pp stages of size/pp, rank = stage x (size/pp) + its TP rank;
+     * 0 or 1: one stage */
+    int pp;
+    /* --ranks-per-node (0: one host): which ranks share a host, so a stage on one host meets over shared
+     * memory even when the group spans hosts */
+    int per_node;
 } wk_tp_opts;
 
 /* Forms the group: rank 0 leads (starts its host's ranks, answers the
  * joins), the others join; every rank meets at a barrier before it loads. */
 int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *err, size_t errlen);
 wk_comm *wk_tp_comm(wk_tp *t);
+/* With pipeline stages of several ranks the group is two wires (wk_comm_split): each stage's own TP comm,
+ * and the pipe between the stages' first ranks (the others have none). One stage: the group's comm is the
+ * stage's; stages of one rank: the group's comm is the pipe. */
+wk_comm *wk_tp_stage_comm(wk_tp *t);
+wk_comm *wk_tp_pipe_comm(wk_tp *t);
 /* wk_model_load for this rank's shard (t NULL: the whole model). */
 int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen);
 /* Rank 0, after creating the engine: tells the ranks the cache geometry. */

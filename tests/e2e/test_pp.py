@@ -12,7 +12,9 @@ chunks and decodes share steps), every answer must be the single rank's,
 token for token, with the same log-probabilities: greedy and seeded,
 streamed and not. Then the faults: stage 1 killed mid-stream (rank 0 sees
 it at its next hop, the group ends whole, the stream resumes on the single
-rank with its text unchanged), and the flags refused by name."""
+rank with its text unchanged), and the flags refused by name. Stages of two
+ranks (PP=2 x TP=2) answer as one TP=2 group does, and go down whole when
+a rank inside a stage dies."""
 import json
 import os
 import re
@@ -34,6 +36,7 @@ if not os.path.exists(MODEL):
     sys.exit(77)
 h = Harness("llmserve-pp-")
 ONE_W, ONE_G, PP_W, PP_G, BOTH_G, PP_H, TIGHT_W, TIGHT_G, TIGHT_H, PP3_W, PP3_G = (free_port() for _ in range(11))
+TP2_W, TP2_G, PPTP_W, PPTP_G, PPTP_BOTH_G = (free_port() for _ in range(5))
 WORDS = ("river stone lantern orchard copper meadow violin harbor thunder saffron glacier velvet compass "
          "ember quarry falcon willow cinder marble tundra").split()
 
@@ -97,6 +100,45 @@ def model_id(port):
     return json.loads(get(port, "/v1/models")[1])["data"][0]["id"]
 
 
+def killed_under_stream(gport, wport, rank, ref_gport, who, other):
+    """Rank `rank` of the group at wport SIGKILLed under a stream through the gateway at gport (over that
+    group and another): the stream resumes on the other with its text unchanged (ref_gport's answer), and
+    the group goes down whole."""
+    pids = subprocess.run(["pgrep", "-f", "llmserve-worker.*--listen tcp://127.0.0.1:%d.*--rank %d " % (wport, rank)],
+                          capture_output=True, text=True).stdout.split()
+    h.check(len(pids) == 1, "%s is its own process (%s)" % (who, pids))
+    body = {"model": mid, "prompt": prompt(3), "max_tokens": 200, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    want = complete(ref_gport, dict(body, stream=False))[0]
+    at = {}
+
+    def watch(text):
+        if "landed" not in at and len(text) > 30:
+            m = get(gport, "/metrics")[1]
+            at["landed"] = re.search(r'^llmserve:gateway_inflight\{[^}]*tcp://127.0.0.1:%d[^}]*\} 1$' % wport, m,
+                                     re.M) is not None
+            if at["landed"] and pids:
+                os.kill(int(pids[0]), signal.SIGKILL)
+                at["t_kill"] = time.time()
+
+    for attempt in range(4):  # the router picks the group: a stream that landed on the pipeline
+        at.clear()
+        text, fin, _ = complete(gport, body, 60, watch)
+        if at.get("landed"):
+            break
+    t_kill = at.get("t_kill")
+    h.check(t_kill is not None, "a stream landed on the stages and %s was killed under it" % who)
+    h.check(fin == "length" and text == want,
+            "it ended %.1f s later, resumed on %s, text identical (%s)" %
+            (time.time() - (t_kill or time.time()), other, fin if fin != "length" else "%d chars" % len(text)))
+    end = time.time() + 30
+    grp = [p for p in h.procs if "tcp://127.0.0.1:%d" % wport in " ".join(p.args)][0]
+    while time.time() < end and grp.poll() is None:
+        time.sleep(0.2)
+    h.check(grp.poll() is not None, "the driver ended with %s: the group goes down whole (exit %s)" %
+            (who, grp.poll()))
+
+
 try:
     worker("one", ONE_W, [])
     worker("pp", PP_W, ["--pipeline-parallel-size", "2", "--health-port", str(PP_H), "--health-host", "127.0.0.1"])
@@ -138,6 +180,29 @@ try:
         steps = [l for l in open(os.path.join(h.tmp, "pp.log")) if "rank 1" in l and "failed" in l]
         h.check(not steps, "stage 1 ran every step")
 
+        # stages of two ranks (PP=2 x TP=2: four processes, each stage its own TP comm) against one TP=2
+        # group: each stage sums the same two shares in the same order, so the answers are the TP group's
+        tp2 = worker("tp2", TP2_W, ["--tensor-parallel-size", "2"])
+        gateway("gtp2", TP2_G, [TP2_W])
+        worker("pptp", PPTP_W, ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "2"])
+        gateway("gpptp", PPTP_G, [PPTP_W])
+        if h.check(ready(TP2_G) and ready(PPTP_G), "a TP=2 group and a PP=2 x TP=2 group serve"):
+            log = open(os.path.join(h.tmp, "pptp.log")).read()
+            h.check("2 pipeline stages of 2 ranks" in log and "rank 3 of 4" in log and
+                    "pipeline stage 1 of 2: layers 15..29, the LM head" in log,
+                    "four ranks in two stages of two, each stage its own comm")
+            ref2 = at_once(TP2_G, bodies)
+            got = at_once(PPTP_G, bodies)
+            same = sum(1 for a, b in zip(ref2, got) if a == b and a[1] in ("length", "stop"))
+            h.check(same == len(bodies), "PP=2 x TP=2: %d/%d answers and log-probabilities equal to TP=2's, under "
+                    "continuous batching with the stages overlapped" % (same, len(bodies)))
+            # a rank that is neither the driver nor a stage's first one (stage 1's second) killed mid-stream:
+            # its stage's first rank sees it at the next collective, the pipe ends, the group goes down whole
+            gateway("gpptpboth", PPTP_BOTH_G, [PPTP_W, TP2_W])
+            if h.check(ready(PPTP_BOTH_G), "a gateway over the PP x TP group and the TP group"):
+                killed_under_stream(PPTP_BOTH_G, PPTP_W, 3, TP2_G, "stage 1's second rank", "the TP=2 group")
+        tp2.terminate()
+
         # clients gone mid-stream while their steps are in flight: the rows come back to no one, the rest go on
         def drop(i):
             b = {"model": mid, "prompt": prompt(i), "max_tokens": 200, "ignore_eos": True, "temperature": 0,
@@ -177,39 +242,7 @@ try:
         # stage 1 killed mid-stream: the group ends whole, the stream resumes on the single rank
         gateway("gboth", BOTH_G, [PP_W, ONE_W])
         h.check(ready(BOTH_G), "a gateway over both")
-        pids = subprocess.run(["pgrep", "-f", "llmserve-worker.*--listen tcp://127.0.0.1:%d.*--rank 1" % PP_W],
-                              capture_output=True, text=True).stdout.split()
-        h.check(len(pids) == 1, "stage 1 is its own process (%s)" % pids)
-        body = {"model": mid, "prompt": prompt(3), "max_tokens": 200, "ignore_eos": True, "temperature": 0,
-                "stream": True}
-        want = complete(ONE_G, dict(body, stream=False))[0]
-        at = {}
-
-        def watch(text):
-            if "landed" not in at and len(text) > 30:
-                m = get(BOTH_G, "/metrics")[1]
-                at["landed"] = re.search(r'^llmserve:gateway_inflight\{[^}]*tcp://127.0.0.1:%d[^}]*\} 1$' % PP_W, m,
-                                         re.M) is not None
-                if at["landed"] and pids:
-                    os.kill(int(pids[0]), signal.SIGKILL)
-                    at["t_kill"] = time.time()
-
-        for attempt in range(4):  # the router picks the group: a stream that landed on the pipeline
-            at.clear()
-            text, fin, _ = complete(BOTH_G, body, 60, watch)
-            if at.get("landed"):
-                break
-        t_kill = at.get("t_kill")
-        h.check(t_kill is not None, "a stream landed on the two stages and stage 1 was killed under it")
-        h.check(fin == "length" and text == want,
-                "it ended %.1f s later, resumed on the single rank, text identical (%s)" %
-                (time.time() - (t_kill or time.time()), fin if fin != "length" else "%d chars" % len(text)))
-        end = time.time() + 30
-        pp = [p for p in h.procs if "--pipeline-parallel-size" in p.args][0]
-        while time.time() < end and pp.poll() is None:
-            time.sleep(0.2)
-        h.check(pp.poll() is not None, "stage 0 ended with its stage 1: the group goes down whole (exit %s)" %
-                pp.poll())
+        killed_under_stream(BOTH_G, PP_W, 1, ONE_G, "stage 1", "the single rank")
 
     def refused(extra, words):
         p = subprocess.run([BUILD + "/llmserve-worker", "--model", MODEL, "--pipeline-parallel-size", "2"] + extra,
@@ -217,7 +250,6 @@ try:
         return p.returncode == 2 and words in p.stderr, p.stderr.strip()[-200:]
 
     for extra, words, what in (
-            (["--tensor-parallel-size", "2"], "stages of more than one rank", "with --tensor-parallel-size 2"),
             (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative decoding",
              "with speculative decoding"),
             (["--kv-transfer-config", '{"kv_role": "kv_producer"}'], "--kv-transfer-config",

@@ -2,7 +2,8 @@
  * model and on a generated one: ranks 1..n-1 forked children over the
  * shared-memory comm, rank 0 the driver, against TP=1; more ranks than KV
  * heads (each KV head replicated on ranks that split its query heads); a
- * TP size that fits neither refused by name; pipeline stages, bit-identical.
+ * TP size that fits neither refused by name; pipeline stages, of one rank and
+ * of two (PP x TP), bit-identical.
  *   argv[1] the default model (skips when absent) */
 #include "cm_error.h"
 #include "cm_log.h"
@@ -26,7 +27,31 @@ static wk_model *model;
 static int32_t prompt0[64];
 static int n_prompt0;
 static int expert_parallel; /* the ranks' --enable-expert-parallel */
-static int pp_stages;       /* the ranks as pipeline stages (--pipeline-parallel-size) instead of TP */
+static int pp_stages;       /* the ranks in this many pipeline stages (--pipeline-parallel-size), each a TP group
+                             * of the rest; 0: one TP group */
+
+/* Rank r's comms in a group of n ranks over world (shared memory): one TP group, stages of one rank on
+ * world as the pipe, or stages of several ranks split from it (each stage's TP comm, the pipe between
+ * their first ranks), as wk_tp forms them. */
+static int rank_comms(wk_comm *world, int n, int r, wk_model_opts *o, wk_comm **stage, wk_comm **pipe) {
+    *stage = *pipe = NULL;
+    if (pp_stages < 2) {
+        o->comm = world;
+        return 0;
+    }
+    int T = n / pp_stages;
+    o->pp_size = pp_stages;
+    o->pp_rank = r / T;
+    if (T == 1) {
+        o->pipe = world;
+        return 0;
+    }
+    int rc = wk_comm_split(world, r / T, r % T, 0, stage);
+    if (!rc) rc = wk_comm_split(world, r % T == 0 ? 0 : -1, r / T, 0, pipe);
+    o->comm = *stage;
+    o->pipe = *pipe;
+    return rc;
+}
 
 /* In-process TP=2 over the shared-memory comm (rank 1 a forked child)
  * against TP=1: logits close in the int8 path, identical greedy tokens in
@@ -53,9 +78,13 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
             wk_model *m1;
             char e1[256];
             wk_model_opts o1 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1,
-                                .max_batch = 64, .comm = c1, .expert_parallel = expert_parallel,
-                                .pp_size = pp_stages ? n : 0};
-            if (wk_model_load(&o1, &m1, e1, sizeof e1)) _exit(3);
+                                .max_batch = 64, .expert_parallel = expert_parallel};
+            wk_comm *st1, *pi1;
+            if (rank_comms(c1, n, r, &o1, &st1, &pi1)) _exit(6);
+            if (wk_model_load(&o1, &m1, e1, sizeof e1)) {
+                fprintf(stderr, "rank %d: %s\n", r, e1);
+                _exit(3);
+            }
             wk_cache *cache;
             if (wk_cache_create(m1, act_f32 ? KN_KV_F32 : KN_KV_F16, 16, CTX / 16, &cache)) _exit(4);
             for (;;) {
@@ -70,7 +99,9 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
     wk_model *m0;
     char err[256];
     wk_model_opts o0 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1, .max_batch = 64,
-                        .comm = comm, .expert_parallel = n > 1 && expert_parallel, .pp_size = pp_stages ? n : 0};
+                        .expert_parallel = n > 1 && expert_parallel};
+    wk_comm *st0, *pi0;
+    CHECK_RC(rank_comms(comm, n, 0, &o0, &st0, &pi0), 0);
     CHECK_RC(wk_model_load(&o0, &m0, err, sizeof err), 0);
     wk_kv *kv;
     CHECK_RC(wk_kv_create(m0, CTX, act_f32 ? KN_KV_F32 : KN_KV_F16, &kv), 0);
@@ -93,6 +124,8 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
     free(lg);
     wk_kv_free(kv);
     wk_model_free(m0);
+    wk_comm_free(st0);
+    wk_comm_free(pi0);
     wk_comm_free(comm);
     kn_set_act_f32(0);
 }
@@ -237,10 +270,11 @@ static void test_tp_moe(void) {
     remove(cfg);
 }
 
-/* Pipeline parallelism: the layers in stages, one rank each, the hidden rows passed on and the logits
- * sent back to rank 0. Each layer's math is the same math on the same rows, so the tokens and the logits
- * are bit-identical to one process: the default model in two stages (int8 activations), a generated one
- * of 5 layers in three (2 + 2 + 1); more stages than layers refused by name. */
+/* Pipeline parallelism: the layers in stages, the hidden rows passed on and the logits sent back to rank
+ * 0. Each layer's math is the same math on the same rows, so the tokens and the logits are bit-identical
+ * to one process: the default model in two stages (int8 activations), a generated one of 5 layers in three
+ * (2 + 2 + 1); stages of two ranks each (PP x TP) bit-identical to one TP=2 group; more stages than layers
+ * refused by name. */
 static void test_pp(void) {
     enum { GEN = 12 };
     size_t V = model->cfg.vocab;
@@ -248,12 +282,23 @@ static void test_pp(void) {
     int32_t ga[GEN], gb[GEN];
     double ms1, ms2;
     tp1_logits(0, ga, a, GEN, &ms1);
-    pp_stages = 1;
+    pp_stages = 2;
     tpn_logits(2, NULL, 0, prompt0, n_prompt0, gb, b, GEN, &ms2);
     int same = 0, bits = !memcmp(a, b, sizeof(float) * V);
     while (same < GEN && ga[same] == gb[same]) same++;
     fprintf(stderr, "  PP=2 vs one process: prompt logits %s, greedy equal for %d/%d; %.1f ms vs %.1f ms for prompt + "
                     "%d tokens (1 thread a stage)\n", bits ? "bit-identical" : "DIFFER", same, GEN, ms2, ms1, GEN);
+    CHECK(bits);
+    CHECK_INT(same, GEN);
+    /* PP=2 x TP=2 (four ranks: two stages of two) against TP=2: the default model, int8 activations */
+    pp_stages = 0;
+    tpn_logits(2, NULL, 0, prompt0, n_prompt0, ga, a, GEN, &ms1);
+    pp_stages = 2;
+    tpn_logits(4, NULL, 0, prompt0, n_prompt0, gb, b, GEN, &ms2);
+    bits = !memcmp(a, b, sizeof(float) * V);
+    for (same = 0; same < GEN && ga[same] == gb[same];) same++;
+    fprintf(stderr, "  PP=2 x TP=2 vs TP=2: prompt logits %s, greedy equal for %d/%d; %.1f ms vs %.1f ms\n",
+            bits ? "bit-identical" : "DIFFER", same, GEN, ms2, ms1);
     CHECK(bits);
     CHECK_INT(same, GEN);
     const char *cfg = "/tmp/llmserve-worker-test-pp5.json";
@@ -269,15 +314,23 @@ static void test_pp(void) {
         int32_t ta[8], tb[8];
         pp_stages = 0;
         tpn_logits(1, cfg, 1, prompt, 8, ta, la, 8, &ms1);
-        pp_stages = 1;
+        pp_stages = 3;
         tpn_logits(3, cfg, 1, prompt, 8, tb, lb, 8, &ms2);
+        CHECK(!memcmp(la, lb, sizeof la));
+        CHECK(!memcmp(ta, tb, sizeof ta));
+        /* three stages of two ranks (PP=3 x TP=2: six processes) against one TP=2 group: each stage's
+         * all-reduces sum the same two shares in the same order, so the logits are the TP group's bits */
+        pp_stages = 0;
+        tpn_logits(2, cfg, 1, prompt, 8, ta, la, 8, &ms1);
+        pp_stages = 3;
+        tpn_logits(6, cfg, 1, prompt, 8, tb, lb, 8, &ms2);
         CHECK(!memcmp(la, lb, sizeof la));
         CHECK(!memcmp(ta, tb, sizeof ta));
         wk_model *m;
         char err[300] = "", name[64];
         wk_comm *comm;
         CHECK_RC(wk_comm_shm_create(6, name, sizeof name, &comm), 0);
-        wk_model_opts o = {.model_config = cfg, .threads = 1, .max_batch = 16, .comm = comm, .pp_size = 6};
+        wk_model_opts o = {.model_config = cfg, .threads = 1, .max_batch = 16, .pipe = comm, .pp_size = 6};
         CHECK(wk_model_load(&o, &m, err, sizeof err) == LLM_EUNSUP && strstr(err, "--pipeline-parallel-size 6"));
         wk_comm_free(comm);
         remove(cfg);
