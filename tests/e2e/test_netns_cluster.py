@@ -11,15 +11,17 @@ interfaces and a bridge, not loopback.
           hosts, its collectives over TCP (--ranks-per-node 1)
   node 3  group B: tensor parallel on one host, over shared memory
   node 4  a kv_producer     node 5  a kv_consumer (KV blocks node 4 -> 5)
-  node 7  group C's pipeline stage 0, node 8 its stage 1
-          (--pipeline-parallel-size 2 --ranks-per-node 1: the hidden rows
+  node 7  group C's pipeline stage 0, node 8 its stage 1, each stage two
+          tensor-parallel ranks (--pipeline-parallel-size 2
+          --tensor-parallel-size 2 --ranks-per-node 2: vLLM's shape, TP
+          inside a node over shared memory, PP across nodes: the hidden rows
           and the logits cross the bridge every step)
 
 Checks: greedy answers through haproxy equal those of group B alone (so
 TP=2 over TCP between nodes gives the tokens of TP=2 over shared memory);
 a long prompt's KV crosses from the producer's node to the consumer's,
-answer unchanged; group C's two stages answer as the producer's single
-rank does, token for token, and a stage killed or frozen mid-stream ends
+answer unchanged; group C's two stages of two ranks answer as group B
+(TP=2) does, token for token, and a stage (both its ranks) killed or frozen mid-stream ends
 the stream (an error, no hang: --collective-timeout 5 for the frozen one)
 and the group comes back; then the faults, each
 on the node that serves a live stream: its interface taken down (silence,
@@ -74,8 +76,9 @@ def worker(node, tag=""):
     if node in (A, A1):  # one rank a node, the group formed over node 2's address
         args += ["--tensor-parallel-size", "2", "--ranks-per-node", "1", "--node-index", str(int(node == A1)),
                  "--group-address", "tcp://%s:%d" % (c.addr(A), GROUP_PORT)]
-    elif node in (C, C1):  # a stage a node, the group formed over node 7's address
-        args += ["--pipeline-parallel-size", "2", "--ranks-per-node", "1", "--node-index", str(int(node == C1)),
+    elif node in (C, C1):  # a stage of two ranks a node, the group formed over node 7's address
+        args += ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "2", "--ranks-per-node", "2",
+                 "--node-index", str(int(node == C1)),
                  "--group-address", "tcp://%s:%d" % (c.addr(C), GROUP_PORT), "--collective-timeout", "5"]
     elif node == B:
         args += ["--tensor-parallel-size", "2"]
@@ -289,11 +292,12 @@ backend gateways
                                             'direction="sent"'),
                 "its KV blocks crossed from node 4 to node 5 (%s)" % blocks)
 
-        # pipeline parallelism across two nodes: stage 0 on node 7, stage 1 on node 8
+        # pipeline parallelism across two nodes: stage 0 on node 7, stage 1 on node 8, two ranks each
         h.check(any("pipeline stage 1 of 2" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % C1))) and
-                any("collectives go over TCP" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % C))),
-                "group C's stages on nodes 7 and 8 meet over TCP")
-        pref = [completion(GW["gp"], p)[0] for p in prompts]
+                any("2 pipeline stages of 2 ranks: each stage's collectives over shared memory, the stages' hops "
+                    "over TCP" in l for l in open(os.path.join(h.tmp, "worker-n%d.log" % C))),
+                "group C's stages on nodes 7 and 8 (two ranks each, over shared memory) meet over TCP")
+        pref = ref  # group B alone: TP=2 (each stage sums the same two shares in the same order)
         pgot = [None] * len(prompts)
 
         def one(i):
@@ -304,8 +308,8 @@ backend gateways
             t.start()
         for t in ts:
             t.join()
-        h.check(pgot == pref, "six greedy answers at once from two stages on two nodes: each the producer's single "
-                "rank's, token for token")
+        h.check(pgot == pref, "six greedy answers at once from PP=2 x TP=2 on two nodes: each group B's (TP=2 "
+                "on one node), token for token")
         def stage_fault(what, do):
             """A long stream from group C alone; do() once it is under way: the stream must end with an error,
             not hang, and stage 0 go down with the group."""
