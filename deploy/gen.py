@@ -174,12 +174,14 @@ PROFILES = {
     # cpu-small split in two: a prefill group (kv_producer) beside the decode group (kv_consumer); prompts
     # whose uncached part passes gateway.maxLocalPrefillLength are prefilled there and their KV sent over
     "cpu-pd": profile(**CPU_SMALL, worker__kvTransferConfig='{"kv_role": "kv_consumer"}', prefill__enabled=True),
-    # cpu-small's group on two nodes as vLLM splits a model over nodes: a pipeline stage a node (half the
-    # layers each), the LWS group of two; its ranks meet over TCP (the leader's port 7700 for the join, then
-    # an ephemeral one for the stage hops), and the two stages' steps overlap. The KV tiers run on one
-    # rank, so this profile has none
+    # cpu-small's group on two nodes as vLLM splits a model over nodes: TP inside a node, PP across them.
+    # A pipeline stage a node (half the layers each), two TP ranks in each pod meeting over its shared
+    # memory; the LWS group of two pods meets over TCP (the leader's port 7700 for the join, then an
+    # ephemeral one for the stage hops between the pods), and the two stages' steps overlap. The KV tiers
+    # run on one rank, so this profile has none
     "cpu-multinode": profile(**dict(CPU_SMALL, worker__kvOffloadingSize="", worker__kvOffloadingDiskSize=""),
-                             worker__nodes=2, worker__pipelineParallelSize=2),
+                             worker__nodes=2, worker__ranksPerNode=2, worker__tensorParallelSize=2,
+                             worker__pipelineParallelSize=2),
     # an 8B model on one GPU (NOTES has the memory arithmetic)
     "gpu-8b": gpu_profile("llama-3-8b-instruct", "llmserve-models-8b", 1, 1, "64Gi", "8", "auto", 8192,
                           worker__loadTimeout=900),

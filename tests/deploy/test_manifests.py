@@ -379,9 +379,14 @@ def loopback(objs, name="cpu-small"):
         if size > 1:  # pods are hosts: their ranks share no memory and meet over TCP
             log = open(os.path.join(tmp, "w0.log"), errors="replace").read()
             pp = int(arg_value(sets[0], "--pipeline-parallel-size") or 1)
-            check("collectives go over TCP" in log and (pp == 1 or "pipeline stage 0 of %d" % pp in log),
-                  "loopback: the %s group's %d pods (one rank each) form one %s group over TCP" %
-                  (name, size, "PP=%d" % pp if pp > 1 else "TP=%d" % size))
+            tp = int(arg_value(sets[0], "--tensor-parallel-size") or 1)
+            per = int(arg_value(sets[0], "--ranks-per-node") or 1)
+            staged = pp == 1 or ("pipeline stage 0 of %d" % pp in log and
+                                 (tp == 1 or "%d pipeline stages of %d ranks: each stage's collectives over shared "
+                                  "memory, the stages' hops over TCP" % (pp, tp) in log))
+            check("collectives go over TCP" in log and staged,
+                  "loopback: the %s group's %d pods (%d ranks each) form one %s group over TCP" %
+                  (name, size, per, "PP=%d x TP=%d" % (pp, tp) if pp > 1 else "TP=%d" % tp))
         if len(sets) > 1:  # P/D: a prompt past maxLocalPrefillLength is prefilled by the prefill set, decoded here
             n = int(arg_value(gargs, "--max-local-prefill-length")) + 100
             body = json.dumps({"model": arg_value(sets[0], "--served-model-name"), "prompt": [1000 + i % 5000 for i in range(n)],
