@@ -37,6 +37,7 @@ if not os.path.exists(MODEL):
 h = Harness("llmserve-pp-")
 ONE_W, ONE_G, PP_W, PP_G, BOTH_G, PP_H, TIGHT_W, TIGHT_G, TIGHT_H, PP3_W, PP3_G = (free_port() for _ in range(11))
 TP2_W, TP2_G, PPTP_W, PPTP_G, PPTP_BOTH_G = (free_port() for _ in range(5))
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'
 WORDS = ("river stone lantern orchard copper meadow violin harbor thunder saffron glacier velvet compass "
          "ember quarry falcon willow cinder marble tundra").split()
 
@@ -181,21 +182,28 @@ try:
         h.check(not steps, "stage 1 ran every step")
 
         # stages of two ranks (PP=2 x TP=2: four processes, each stage its own TP comm) against one TP=2
-        # group: each stage sums the same two shares in the same order, so the answers are the TP group's
+        # group: each stage sums the same two shares in the same order, so the answers are the TP group's;
+        # with n-gram speculation on the stages (its verify step is a step of more rows: the same answers)
         tp2 = worker("tp2", TP2_W, ["--tensor-parallel-size", "2"])
         gateway("gtp2", TP2_G, [TP2_W])
-        worker("pptp", PPTP_W, ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "2"])
+        worker("pptp", PPTP_W, ["--pipeline-parallel-size", "2", "--tensor-parallel-size", "2",
+                                "--speculative-config", NGRAM])
         gateway("gpptp", PPTP_G, [PPTP_W])
         if h.check(ready(TP2_G) and ready(PPTP_G), "a TP=2 group and a PP=2 x TP=2 group serve"):
             log = open(os.path.join(h.tmp, "pptp.log")).read()
             h.check("2 pipeline stages of 2 ranks" in log and "rank 3 of 4" in log and
                     "pipeline stage 1 of 2: layers 15..29, the LM head" in log,
                     "four ranks in two stages of two, each stage its own comm")
-            ref2 = at_once(TP2_G, bodies)
-            got = at_once(PPTP_G, bodies)
+            echo = [{"model": mid, "prompt": "Say it again: %s. %s. %s." % ((" ".join(WORDS[i:i + 4]),) * 3),
+                     "max_tokens": 40, "logprobs": 1, "temperature": 0, "stream": i % 2 == 0} for i in range(3)]
+            ref2 = at_once(TP2_G, bodies + echo)
+            got = at_once(PPTP_G, bodies + echo)
             same = sum(1 for a, b in zip(ref2, got) if a == b and a[1] in ("length", "stop"))
-            h.check(same == len(bodies), "PP=2 x TP=2: %d/%d answers and log-probabilities equal to TP=2's, under "
-                    "continuous batching with the stages overlapped" % (same, len(bodies)))
+            drafts = re.search(r"^vllm:spec_decode_num_draft_tokens_total\S* (\S+)$", get(PPTP_G, "/metrics")[1], re.M)
+            h.check(same == len(ref2) and drafts and float(drafts.group(1)) > 0,
+                    "PP=2 x TP=2 with n-gram speculation (%s tokens drafted): %d/%d answers and log-probabilities "
+                    "equal to TP=2's, under continuous batching with the stages overlapped" %
+                    (drafts.group(1) if drafts else "?", same, len(ref2)))
             # a rank that is neither the driver nor a stage's first one (stage 1's second) killed mid-stream:
             # its stage's first rank sees it at the next collective, the pipe ends, the group goes down whole
             gateway("gpptpboth", PPTP_BOTH_G, [PPTP_W, TP2_W])
@@ -250,8 +258,8 @@ try:
         return p.returncode == 2 and words in p.stderr, p.stderr.strip()[-200:]
 
     for extra, words, what in (
-            (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "speculative decoding",
-             "with speculative decoding"),
+            (["--speculative-config", '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 3}' % MODEL],
+             "a draft model", "with a draft model"),
             (["--kv-transfer-config", '{"kv_role": "kv_producer"}'], "--kv-transfer-config",
              "as a kv_producer"),
             (["--device", "cuda"], "CPU backend only", "on --device cuda")):
