@@ -229,6 +229,20 @@ static int down(wk_model *m, void *buf, size_t bytes, int parts) {
     return rc;
 }
 
+int wk_forward_grouped(const wk_model *m) { return grouped(m); }
+
+int wk_forward_down(wk_model *m, void *buf, size_t bytes) { return down(m, buf, bytes, TO_ALL); }
+
+int wk_forward_agree(wk_model *m, int failed, int *any) {
+    float f = (float)failed;
+    int rc = 0;
+    if (m->tp_size > 1) rc = m->comm->ops->all_reduce_sum(m->comm, &f, 1);   /* each stage's */
+    if (!rc && m->pipe) rc = m->pipe->ops->all_reduce_sum(m->pipe, &f, 1);   /* the stages' first ranks' */
+    if (!rc && m->tp_size > 1 && m->pp_size > 1) rc = bcast(m->comm, &f, sizeof f, 0); /* the sum over all, to each stage */
+    *any = f > 0.5f;
+    return rc;
+}
+
 /* Pipeline parallelism: after stage k's layers its rows m->x [T][dim] go down the pipe (a broadcast from
  * stage k's first rank that every stage's first rank takes part in, in stage order, so none waits on a
  * message out of turn); stage k+1's first rank hands them to its stage. before: the hops up to this rank's

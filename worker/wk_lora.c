@@ -397,18 +397,14 @@ static int send_update(wk_model *m, int slot, const char *name, const char *path
     memcpy(buf + nl + 1, path, pl + 1);
     int32_t hdr[4] = {WK_PLAN_MAGIC, WK_PLAN_LORA, slot, (int32_t)n};
     m->plan_t = cm_now();
-    int rc = m->comm->ops->broadcast(m->comm, hdr, sizeof hdr, 0);
-    return rc ? rc : m->comm->ops->broadcast(m->comm, buf, n, 0);
+    int rc = wk_forward_down(m, hdr, sizeof hdr);
+    return rc ? rc : wk_forward_down(m, buf, n);
 }
 
 /* Every rank says whether its part of an update failed; all learn whether any did (one all-reduce). */
 static int agree(wk_model *m, int failed, int *any) {
     *any = failed;
-    if (!m->comm || m->tp_size < 2) return 0;
-    float f = (float)failed;
-    int rc = m->comm->ops->all_reduce_sum(m->comm, &f, 1);
-    *any = f > 0.5f;
-    return rc;
+    return wk_forward_grouped(m) ? wk_forward_agree(m, failed, any) : 0;
 }
 
 static void put(wk_model *m, int slot, wk_lora *L) {
@@ -444,13 +440,13 @@ int wk_lora_add(wk_model *m, const char *name, const char *path, char *err, size
     if (rc) return rc; /* nothing sent: the other ranks never hear of it */
     L->gen = ++m->lora_version;
     put(m, slot, L);
-    if (m->tp_size > 1) {
+    if (wk_forward_grouped(m)) {
         int any;
         if ((rc = send_update(m, slot, name, path)) || (rc = agree(m, 0, &any))) return rc;
         if (any) {
             put(m, slot, NULL);
             wk_lora_free(L);
-            snprintf(err, errlen, "LoRA adapter %s: another tensor-parallel rank could not load %s (see its log)",
+            snprintf(err, errlen, "LoRA adapter %s: another rank of the group could not load %s (see its log)",
                      name, path);
             return LLM_EIO;
         }
@@ -479,7 +475,7 @@ int wk_lora_collect(wk_model *m) {
     for (int i = 0; i < m->n_loras; i++) {
         wk_lora *L = m->loras[i];
         if (!L || !L->dead || L->refs > 0) continue;
-        int rc = m->tp_size > 1 ? send_update(m, i + 1, L->name, "") : 0;
+        int rc = wk_forward_grouped(m) ? send_update(m, i + 1, L->name, "") : 0;
         put(m, i + 1, NULL);
         wk_lora_free(L);
         if (rc) return rc;

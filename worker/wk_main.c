@@ -171,13 +171,11 @@ static int run(int argc, char **argv) {
         return 2;
     }
     if (pp > 1) { /* refused what would cross the stages */
-        if (eo.spec.method == WK_SPEC_DRAFT || kv_role != WK_KV_BOTH || eo.kv_offload_bytes || eo.kv_offload_dir ||
-            lf.lora_on || lf.n_lora_modules) {
+        if (eo.spec.method == WK_SPEC_DRAFT || kv_role != WK_KV_BOTH || eo.kv_offload_bytes || eo.kv_offload_dir) {
             fprintf(stderr, "llmserve-worker: --pipeline-parallel-size runs without %s for now\n",
                     eo.spec.method == WK_SPEC_DRAFT ? "a draft model (speculative decoding by method draft_model "
                                                       "runs on one rank; method ngram runs on the stages)"
                     : kv_role != WK_KV_BOTH        ? "--kv-transfer-config (each stage would send its layers' blocks)"
-                    : lf.lora_on || lf.n_lora_modules ? "LoRA adapters (each stage would load its layers' factors)"
                                                       : "--kv-offloading-size / --kv-offloading-dir (each stage holds "
                                                         "its layers' blocks)");
             return 2;

@@ -5,8 +5,9 @@ vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     lora_runtime.py GATEWAY_URL OTHER_GATEWAY_URL MERGED_A_URL MERGED_B_URL DIR BASE_NAME
 
 GATEWAY_URL fronts two worker groups started with --enable-lora --max-loras 2
-and no adapters, one of them over 2 tensor-parallel ranks; OTHER_GATEWAY_URL
-fronts that one alone (so every answer through it is the TP group's). DIR holds lora-a and lora-b. Checked: a load answers
+and no adapters, one of them two pipeline stages of 2 tensor-parallel ranks;
+OTHER_GATEWAY_URL fronts that one alone (so every answer through it is the
+staged group's). DIR holds lora-a and lora-b. Checked: a load answers
 vLLM's success text and the adapter then gives the merged model's tokens and
 log-probabilities on both gateways (the other learns of it from the groups'
 Health); loading a name twice, a missing directory, a third adapter past

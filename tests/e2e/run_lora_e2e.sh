@@ -8,7 +8,8 @@
 # lora_check.py holds every adapter's answers to the merged model's, alone
 # and batched with the other adapter and the base model. Adapters the engine
 # cannot apply are refused by name. lora_runtime.py loads and unloads adapters
-# while two more groups serve (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
+# while two more groups serve (POST /v1/load_lora_adapter, /v1/unload_lora_adapter),
+# one of them PP=2 x TP=2.
 #   run_lora_e2e.sh BUILD_DIR MODEL
 # Exit 77 (skipped) when the model or the packages cannot be had.
 set -uo pipefail
@@ -40,11 +41,13 @@ done
 U=http://127.0.0.1
 "$VENV/bin/python" "$HERE/lora_check.py" $U:$((B + 10)) $U:$((B + 11)) $U:$((B + 12)) base $U:$((B + 13)) $U:$((B + 14)) ||
     { tail -5 "$OUT"/*.log; exit 1; }
-# adapters loaded and unloaded at run time: two groups (one over 2 TP ranks) with --enable-lora and none at
-# start, behind one gateway; a second gateway fronts the TP group alone
+# adapters loaded and unloaded at run time: two groups (one of two pipeline stages of 2 TP ranks each, where
+# an update goes down the pipe to every stage and all four ranks agree) with --enable-lora and none at start,
+# behind one gateway; a second gateway fronts the staged group alone
 RT=(--enable-lora --max-loras 2 --served-model-name base)
 "${W[@]}" --model "$OUT/base.gguf" "${RT[@]}" --listen tcp://127.0.0.1:$((B + 5)) >"$OUT/w5.log" 2>&1 & PIDS+=($!)
-"${W[@]}" --model "$OUT/base.gguf" "${RT[@]}" --tensor-parallel-size 2 --listen tcp://127.0.0.1:$((B + 6)) \
+"${W[@]}" --model "$OUT/base.gguf" "${RT[@]}" --tensor-parallel-size 2 --pipeline-parallel-size 2 \
+    --listen tcp://127.0.0.1:$((B + 6)) \
     >"$OUT/w6.log" 2>&1 & PIDS+=($!)
 "$BUILD/llmserve-gateway" --port $((B + 15)) --workers tcp://127.0.0.1:$((B + 5)),tcp://127.0.0.1:$((B + 6)) \
     --log-level warn >"$OUT/g5.log" 2>&1 & PIDS+=($!)
