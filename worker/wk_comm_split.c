@@ -63,7 +63,7 @@ int wk_comm_split(wk_comm *world, int color, int key, int use_tcp, wk_comm **out
     *out = NULL;
     int n = world->size, me = world->rank, rc = 0;
     if (n > MAX_RANKS) return LLM_EINVAL;
-    ck all[MAX_RANKS];
+    ck all[MAX_RANKS] = {{0, 0}};
     for (int r = 0; r < n && !rc; r++) { /* every rank's color and key */
         ck v = {color, key};
         rc = world->ops->broadcast(world, &v, sizeof v, r);

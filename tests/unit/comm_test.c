@@ -4,7 +4,10 @@
  * every rank; the column gather (one rank without an output), broadcasts
  * from rank 0 and from another rank, the barrier; a connection with the
  * wrong token is refused; a rank that exits, and one past the deadline,
- * make the others' collectives fail with LLM_EIO, not hang. */
+ * make the others' collectives fail with LLM_EIO, not hang. wk_comm_split
+ * over that group: a sub-group over TCP whose first rank is not the
+ * group's (its address from its own connection), one over shared memory,
+ * a rank in none, a group of one; each sums only its own. */
 #include "cm_error.h"
 #include "tst.h"
 #include "wk_comm.h"
@@ -74,6 +77,25 @@ static int run(wk_comm *c, int mode) {
     return 0;
 }
 
+/* wk_comm_split over the group: {2, 1} over TCP (keys reversed: rank 2 first, so it listens at the address
+ * of its own connection to rank 0) beside {0} alone; then {0, 2} over shared memory with rank 1 in none.
+ * Each sub-group's all-reduce sums its members only. */
+static int split_run(wk_comm *c) {
+    c->timeout_s = 10;
+    wk_comm *a = NULL, *b = NULL;
+    if (wk_comm_split(c, c->rank == 0 ? 0 : 1, -c->rank, 1, &a) || !a) return 20;
+    int want_rank = c->rank == 0 ? 0 : c->rank == 2 ? 0 : 1, want_size = c->rank == 0 ? 1 : 2;
+    if (a->rank != want_rank || a->size != want_size) return 21;
+    float f = (float)(c->rank + 1);
+    if (a->ops->all_reduce_sum(a, &f, 1) || f != (c->rank == 0 ? 1.f : 5.f)) return 22;
+    if (wk_comm_split(c, c->rank == 1 ? -1 : 0, c->rank, 0, &b) || (c->rank == 1) != (b == NULL)) return 23;
+    f = (float)(c->rank + 1);
+    if (b && (b->ops->all_reduce_sum(b, &f, 1) || f != 4.f || b->rank != c->rank / 2)) return 24;
+    wk_comm_free(a);
+    wk_comm_free(b);
+    return c->ops->barrier(c) ? 25 : 0;
+}
+
 /* A group on loopback; rank 0 here, 1 and 2 forked. The exit codes of the children, or -1. */
 static int group(int mode, int *child_rc) {
     int lfd, port;
@@ -95,7 +117,7 @@ static int group(int mode, int *child_rc) {
             }
             if (wk_comm_tcp_connect("127.0.0.1", port, r, N, TOKEN, 10, &c)) _exit(2);
             c->timeout_s = 0.5;
-            int rc = run(c, mode);
+            int rc = mode == 3 ? split_run(c) : run(c, mode);
             wk_comm_free(c);
             _exit(rc);
         }
@@ -107,7 +129,7 @@ static int group(int mode, int *child_rc) {
     int mine = -1;
     if (!rc) {
         c->timeout_s = 0.5;
-        mine = run(c, mode);
+        mine = mode == 3 ? split_run(c) : run(c, mode);
         wk_comm_free(c);
     }
     for (int r = 1; r < N; r++) {
@@ -129,6 +151,10 @@ int main(void) {
     CHECK_INT(crc[1], 0);
     /* a rank past the deadline: the others fail within it, and the late one then fails too */
     CHECK_INT(group(2, crc), 0);
+    CHECK_INT(crc[1], 0);
+    CHECK_INT(crc[2], 0);
+    /* sub-groups split from it */
+    CHECK_INT(group(3, crc), 0);
     CHECK_INT(crc[1], 0);
     CHECK_INT(crc[2], 0);
     printf("comm_test: %d checks, %d failed\n", tst_checks, tst_failures);
