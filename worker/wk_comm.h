@@ -73,6 +73,17 @@ int wk_comm_tcp_addr(wk_comm *c, int of_root, char *host, size_t len);
  * pipeline's stages (each a TP group of its own) and the pipe between their first ranks come from here. */
 int wk_comm_split(wk_comm *world, int color, int key, int use_tcp, wk_comm **out);
 
+/* A pipeline's wires, split from a formed group of pp stages of size/pp ranks (rank = stage x that + its TP
+ * rank): its stage's TP comm (NULL with one rank a stage; over TCP when stage_tcp), and on each stage's
+ * first rank the pair with the stage before (prev) and after (next), and on stage 0's and the last one's
+ * the ring pair that carries the logits back (pipe_tcp: the pairs over TCP). In a pair the earlier stage is
+ * rank 0 (in the ring, stage 0). Two stages: ring is the same comm as next (stage 0) or prev (stage 1). */
+typedef struct {
+    wk_comm *stage, *prev, *next, *ring;
+} wk_comm_pipe;
+int wk_comm_pipeline(wk_comm *world, int pp, int stage_tcp, int pipe_tcp, wk_comm_pipe *out);
+void wk_comm_pipe_free(wk_comm_pipe *p);
+
 /* NCCL (builds with CUDA and NCCL: LLMSERVE_HAVE_NCCL): unique id from
  * rank 0, passed over the group's control channel. Buffers are device
  * pointers (broadcast also takes host memory). */

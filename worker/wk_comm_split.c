@@ -114,3 +114,37 @@ out:
     *out = c;
     return 0;
 }
+
+/* A split whose sub-group is this rank alone is no pair: freed. */
+static int pair(wk_comm *world, int color, int key, int use_tcp, wk_comm **out) {
+    int rc = wk_comm_split(world, color, key, use_tcp, out);
+    if (!rc && *out && (*out)->size < 2) {
+        wk_comm_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int wk_comm_pipeline(wk_comm *world, int pp, int stage_tcp, int pipe_tcp, wk_comm_pipe *out) {
+    memset(out, 0, sizeof *out);
+    if (pp < 2 || world->size % pp) return LLM_EINVAL;
+    int T = world->size / pp, s = world->rank / T, first = world->rank % T == 0, rc = 0;
+    wk_comm *a = NULL, *b = NULL;
+    if (T > 1) rc = wk_comm_split(world, s, world->rank % T, stage_tcp, &out->stage);
+    if (!rc) rc = pair(world, first ? s / 2 : -1, s, pipe_tcp, &a);              /* (0,1), (2,3), ... */
+    if (!rc) rc = pair(world, first && s > 0 ? (s - 1) / 2 : -1, s, pipe_tcp, &b); /* (1,2), (3,4), ... */
+    out->next = s % 2 ? b : a;
+    out->prev = s % 2 ? a : b;
+    if (!rc && pp == 2) out->ring = s ? out->prev : out->next;
+    else if (!rc) rc = pair(world, first && (s == 0 || s == pp - 1) ? 0 : -1, s, pipe_tcp, &out->ring);
+    if (rc) wk_comm_pipe_free(out);
+    return rc;
+}
+
+void wk_comm_pipe_free(wk_comm_pipe *p) {
+    if (p->ring != p->prev && p->ring != p->next) wk_comm_free(p->ring);
+    wk_comm_free(p->stage);
+    wk_comm_free(p->prev);
+    wk_comm_free(p->next);
+    memset(p, 0, sizeof *p);
+}

@@ -24,7 +24,8 @@ int wk_draft_model_load(const wk_model_opts *target, wk_model *tm, const wk_spec
                         char *err, size_t errlen) {
     wk_model_opts o = *target;
     o.pool = tm->pool;
-    o.comm = o.pipe = NULL;
+    o.comm = NULL;
+    o.pipe = NULL;
     o.pp_size = o.pp_rank = 0;
     o.tokenizer_path = NULL;
     if (target->model_config) { /* dummy weights: spec->model is the draft's shape */

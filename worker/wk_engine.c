@@ -159,15 +159,18 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     e->plan = malloc(sizeof *e->plan * (size_t)o->max_num_batched_tokens);
     e->plan_seq = malloc(sizeof *e->plan_seq * (size_t)o->max_num_batched_tokens);
     e->row_copy = malloc(sizeof(float) * c->vocab);
-    /* two pipeline stages overlap their steps (wk_step.c): a second plan, in flight */
-    e->pipe = m->pp_size == 2;
-    e->ve = 1;
-    e->ve_fly = -1;
-    if (e->pipe) {
-        e->fplan = malloc(sizeof *e->fplan * (size_t)o->max_num_batched_tokens);
-        e->fplan_seq = malloc(sizeof *e->fplan_seq * (size_t)o->max_num_batched_tokens);
+    /* two pipeline stages overlap their steps (wk_step.c): a plan in flight, and one more, launched before
+     * it is collected. With three or more, a step's messages would wait on each other across the stages
+     * (every hop waits for its receiver), so their steps run one at a time (wk_forward_batch) */
+    e->pipe = m->pp_size == 2 ? 2 : 0;
+    e->ve = e->pipe - 1;
+    int fly_ok = 1;
+    for (int i = 0; i < e->pipe && i < WK_MAX_STAGES; i++) {
+        e->fly[i].plan = malloc(sizeof *e->fly[i].plan * (size_t)o->max_num_batched_tokens);
+        e->fly[i].seq = malloc(sizeof *e->fly[i].seq * (size_t)o->max_num_batched_tokens);
+        fly_ok &= e->fly[i].plan && e->fly[i].seq;
     }
-    if (!e->eog || !e->plan || !e->plan_seq || !e->row_copy || (e->pipe && (!e->fplan || !e->fplan_seq))) {
+    if (!e->eog || !e->plan || !e->plan_seq || !e->row_copy || !fly_ok || e->pipe > WK_MAX_STAGES) {
         rc = LLM_ENOMEM;
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -234,9 +237,11 @@ void wk_engine_free(wk_engine *e) {
     free(e->plan);
     free(e->plan_seq);
     free(e->logits);
-    free(e->fplan);
-    free(e->fplan_seq);
-    free(e->flogits);
+    for (int i = 0; i < WK_MAX_STAGES; i++) {
+        free(e->fly[i].plan);
+        free(e->fly[i].seq);
+        free(e->fly[i].logits);
+    }
     free(e->row_copy);
     free(e->outs);
     free(e->otok);
@@ -537,8 +542,11 @@ int wk_engine_abort(wk_engine *e, uint64_t id) {
     wk_eng_out_begin(e);
     wk_req *r = find_req(e, id);
     if (!r) return LLM_ENOTFOUND;
-    for (int i = 0; i < e->n_fplan; i++) /* a step in flight: its rows come back to no one */
-        if (e->fplan_seq[i] && e->fplan_seq[i]->req == r) e->fplan_seq[i] = NULL;
+    for (int k = 0; k < e->n_fly; k++) { /* a step in flight: its rows come back to no one */
+        struct wk_fly *f = &e->fly[(e->fly0 + k) % e->pipe];
+        for (int i = 0; i < f->n; i++)
+            if (f->seq[i] && f->seq[i]->req == r) f->seq[i] = NULL;
+    }
     for (int i = 0; i < r->n_seqs; i++) {
         wk_seq *s = r->seqs[i];
         if (s->state == S_DONE) continue;
@@ -554,7 +562,7 @@ int wk_engine_abort(wk_engine *e, uint64_t id) {
 }
 
 int wk_engine_has_work(const wk_engine *e) {
-    return e->n_waiting + e->n_running + e->n_fplan > 0;
+    return e->n_waiting + e->n_running + e->n_fly > 0;
 }
 
 /* ---- after the forward: sampling and stopping ------------------------- */

@@ -15,6 +15,8 @@
 
 enum { S_WAITING = 1, S_RUNNING, S_DONE };
 
+#define WK_MAX_STAGES 64 /* --pipeline-parallel-size's bound: a virtual engine each, a step in flight each */
+
 typedef struct wk_req wk_req;
 
 typedef struct {
@@ -102,16 +104,20 @@ struct wk_engine {
     float *logits, *row_copy;
     int logits_rows;
     wk_copy copies[1];
-    /* two pipeline stages, overlapped (wk_step.c): two virtual engines, each a share of the running
-     * sequences, step in turn; while stage 1 computes one's step (in flight: fplan, its logits to come into
-     * flogits), stage 0 computes the other's. pipe: on; ve: the one being planned; ve_fly: the one in
-     * flight, -1 none. An aborted sequence's entry in flight is NULL (its rows are skipped). */
-    int pipe, ve, ve_fly;
-    wk_batch_seq *fplan;
-    wk_seq **fplan_seq;
-    int n_fplan, fplan_rows;
-    float *flogits;
-    int flogits_rows;
+    /* pipeline stages, overlapped (wk_step.c): a virtual engine a stage, each a share of the running
+     * sequences, step in turn; while the later stages compute the steps in flight (fly[], oldest at
+     * fly0, n_fly of them, up to one a later stage), stage 0 computes another's. pipe: the number of
+     * virtual engines (2 with two stages: wk_forward.c says why not more; 0: off); ve: the one being
+     * planned. An aborted sequence's entry in flight is NULL (its rows are skipped). */
+    int pipe, ve;
+    struct wk_fly {
+        wk_batch_seq *plan;
+        wk_seq **seq;
+        int n, rows, ve;
+        float *logits;
+        int logits_rows;
+    } fly[WK_MAX_STAGES];
+    int fly0, n_fly;
     /* outputs since the last drain */
     out_rec *outs;
     int n_outs, cap_outs, drained;

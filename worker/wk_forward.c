@@ -210,51 +210,59 @@ static int bcast(wk_comm *c, void *buf, size_t bytes, int root) { return c->ops-
 static int driver(const wk_model *m) { return m->pp_rank == 0 && m->tp_rank == 0; }
 
 /* Ranks besides this one: a TP group, pipeline stages or both. */
-static int grouped(const wk_model *m) { return m->pipe || m->tp_size > 1; }
+static int grouped(const wk_model *m) { return m->pp_size > 1 || m->tp_size > 1; }
 
-/* What the driver sends every rank (a plan, a keep-alive): down the pipe to the stages' first ranks, which
- * hand it on to their stages. The driver sends to its own stage first; parts picks where (an overlapped
- * step goes to its stage before its layers run, to the pipe after). The others take it from wherever it
- * comes to them. */
-enum { TO_STAGE = 1, TO_PIPE = 2, TO_ALL = 3 };
-static int down(wk_model *m, void *buf, size_t bytes, int parts) {
-    int rc = 0;
-    if (driver(m)) {
-        if ((parts & TO_STAGE) && m->tp_size > 1) rc = bcast(m->comm, buf, bytes, 0);
-        if (!rc && (parts & TO_PIPE) && m->pipe) rc = bcast(m->pipe, buf, bytes, 0);
-        return rc;
-    }
-    if (m->pipe) rc = bcast(m->pipe, buf, bytes, 0);
-    if (!rc && m->tp_size > 1) rc = bcast(m->comm, buf, bytes, 0);
-    return rc;
+/* ---- the pipeline's wires ----------------------------------------------
+ * What the driver sends every rank goes down a chain: from each stage's
+ * first rank to the next stage's over their pair, and from each first rank
+ * to its stage's other ranks over the stage's comm. up: this rank's part
+ * of taking it in (a first rank from the stage before, another rank from
+ * its first; the driver has nothing to take); on: a first rank's part of
+ * passing it on (to the next stage unless !chain, and to its stage). */
+static int up(wk_model *m, void *buf, size_t bytes) {
+    if (m->tp_rank) return bcast(m->comm, buf, bytes, 0);
+    return m->prev ? bcast(m->prev, buf, bytes, 0) : 0;
+}
+
+static int on(wk_model *m, void *buf, size_t bytes, int chain) {
+    if (m->tp_rank) return 0;
+    int rc = chain && m->next ? bcast(m->next, buf, bytes, 0) : 0;
+    return !rc && m->tp_size > 1 ? bcast(m->comm, buf, bytes, 0) : rc;
+}
+
+static int down(wk_model *m, void *buf, size_t bytes) {
+    int rc = up(m, buf, bytes);
+    return rc ? rc : on(m, buf, bytes, 1);
 }
 
 int wk_forward_grouped(const wk_model *m) { return grouped(m); }
 
-int wk_forward_down(wk_model *m, void *buf, size_t bytes) { return down(m, buf, bytes, TO_ALL); }
+int wk_forward_down(wk_model *m, void *buf, size_t bytes) { return down(m, buf, bytes); }
 
 int wk_forward_agree(wk_model *m, int failed, int *any) {
-    float f = (float)failed;
+    float f = (float)failed, part;
     int rc = 0;
-    if (m->tp_size > 1) rc = m->comm->ops->all_reduce_sum(m->comm, &f, 1);   /* each stage's */
-    if (!rc && m->pipe) rc = m->pipe->ops->all_reduce_sum(m->pipe, &f, 1);   /* the stages' first ranks' */
-    if (!rc && m->tp_size > 1 && m->pp_size > 1) rc = bcast(m->comm, &f, sizeof f, 0); /* the sum over all, to each stage */
+    if (m->tp_size > 1) rc = m->comm->ops->all_reduce_sum(m->comm, &f, 1); /* each stage's */
+    if (!rc && m->pp_size > 1 && !m->tp_rank) { /* down the chain adding, the total back over the ring, down again */
+        if (m->prev && !(rc = bcast(m->prev, &part, sizeof part, 0))) f += part;
+        if (!rc && m->next) rc = bcast(m->next, &f, sizeof f, 0);
+        if (!rc && m->ring) rc = bcast(m->ring, &f, sizeof f, 1);
+        if (!rc && m->prev) rc = bcast(m->prev, &f, sizeof f, 0);
+        if (!rc && m->next) rc = bcast(m->next, &f, sizeof f, 0);
+    }
+    if (!rc && m->tp_size > 1 && m->pp_size > 1) rc = bcast(m->comm, &f, sizeof f, 0); /* the total, to each stage */
     *any = f > 0.5f;
     return rc;
 }
 
-/* Pipeline parallelism: after stage k's layers its rows m->x [T][dim] go down the pipe (a broadcast from
- * stage k's first rank that every stage's first rank takes part in, in stage order, so none waits on a
- * message out of turn); stage k+1's first rank hands them to its stage. before: the hops up to this rank's
- * stage (the rows it starts from); after: its own and the later ones (first ranks only). */
+/* A step's rows m->x [T][dim] coming into this rank's stage (after: going out of it): a first rank takes
+ * them from the stage before and hands them to its stage, or sends them to the stage after. */
 static int stage_hops(wk_model *m, int T, int after) {
     size_t bytes = sizeof(float) * (size_t)T * m->cfg.dim;
-    int rc = 0;
-    if (m->pipe)
-        for (int k = after ? m->pp_rank : 0; k < (after ? m->pp_size - 1 : m->pp_rank) && !rc; k++)
-            rc = bcast(m->pipe, m->x, bytes, k);
-    if (!rc && !after && m->pp_rank > 0 && m->tp_size > 1) rc = bcast(m->comm, m->x, bytes, 0);
-    return rc;
+    if (after) return !m->tp_rank && m->next ? bcast(m->next, m->x, bytes, 0) : 0;
+    if (!m->pp_rank) return 0;
+    int rc = up(m, m->x, bytes);
+    return rc ? rc : on(m, m->x, bytes, 0); /* to its stage only: a hop is between two stages */
 }
 
 /* The final norm and this rank's rows of the LM head over the first n rows of m->x into out [n][vocab_l]. */
@@ -293,14 +301,14 @@ static int head_gather(wk_model *m, int n, float *out) {
     return m->comm->ops->all_gather_cols(m->comm, m->lm_local, n, m->voc_width, m->tp_rank == 0 ? out : NULL);
 }
 
-/* The last stage's logits over the n rows that want them, sent up the pipe to the driver (which samples);
- * the other stages' first ranks take part in that broadcast into scratch. */
+/* The last stage's logits over the n rows that want them, sent back over the ring to the driver (which
+ * samples). */
 static int stage_logits(wk_model *m, int n, float *logits) {
     int rc = lm_grow(m, n);
     if (rc) return rc;
     float *full = driver(m) ? logits : m->lm_full;
     if (m->pp_rank == m->pp_size - 1 && (rc = head_gather(m, n, full))) return rc;
-    return m->pipe ? bcast(m->pipe, full, sizeof(float) * (size_t)n * m->cfg.vocab, m->pp_size - 1) : 0;
+    return m->ring ? bcast(m->ring, full, sizeof(float) * (size_t)n * m->cfg.vocab, 1) : 0;
 }
 
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
@@ -441,11 +449,11 @@ static int plan_build(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
     return 0;
 }
 
-/* A built plan sent (parts: down's). */
-static int plan_out(wk_model *m, int32_t hdr[4], int parts) {
+/* A built plan sent on (the driver's; chain: down the pipeline too, else to its stage only). */
+static int plan_out(wk_model *m, int32_t hdr[4], int chain) {
     m->plan_t = cm_now();
-    int rc = down(m, hdr, sizeof(int32_t) * 4, parts);
-    return rc ? rc : down(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], parts);
+    int rc = on(m, hdr, sizeof(int32_t) * 4, chain);
+    return rc ? rc : on(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], chain);
 }
 
 /* A step's sequences checked (ids, positions, adapters, the batch capacity); *T its tokens. The CPU's
@@ -479,99 +487,122 @@ static int check_batch(wk_model *m, int n_seq, const wk_batch_seq *s, int *T_out
     return 0;
 }
 
-/* ---- two pipeline stages, overlapped ----------------------------------
- * The driver runs stage 0 and the engine; while stage 1 computes step k,
- * stage 0 computes step k + 1 of other sequences (wk_engine's virtual
- * engines). The driver sends a step's plan to its own stage's ranks, runs
- * their layers with them, then meets stage 1's first rank on the pipe: the
- * plan and the rows, then the logits of the step before (which stage 1
- * finished meanwhile and sends only now); stage 1's first rank hands the
- * plan and the rows to its stage, which computes the new step and gathers
- * its logits on the first rank. A plan header with no sequences only
- * collects. */
+/* ---- pipeline stages, overlapped -------------------------------------
+ * The driver runs stage 0 and the engine; while the later stages compute
+ * the steps in flight (up to one a stage), stage 0 computes the next, of
+ * other sequences (wk_engine's virtual engines). The driver sends a step's
+ * plan to its own stage's ranks, runs their layers with them, then passes
+ * the plan and the rows to stage 1. Each later stage's first rank takes
+ * them from the stage before, hands them to its stage, runs its layers and
+ * passes its rows on; the last stage runs the LM head too and holds the
+ * logits, gathered on its first rank, until the next plan reaches it, then
+ * sends them back over the ring; the driver collects the oldest step in
+ * flight after launching one (a plan header with no sequences only
+ * collects; it travels the chain like a plan). The engine overlaps two
+ * stages only (wk_engine.c): every send waits for its receiver, and with
+ * three or more a collect reaching the last stage after a later step has
+ * already released the logits it asks for would make that stage send the
+ * next ones while the driver is still sending down the chain (a cycle of
+ * waits). Overlapping more stages needs a wire whose sends do not wait
+ * (a queue per pair); until then their steps run one at a time. */
 #define PLAN_PIPE 0x4c50504e
 
 int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows) {
     int rc, T = 0, max_len;
     int32_t hdr[4] = {PLAN_PIPE, 0, 0, 0};
-    if (m->pp_size != 2 || !driver(m) || !m->pipe) return LLM_EINVAL;
+    if (m->pp_size < 2 || !driver(m) || !m->next) return LLM_EINVAL;
     if (n_seq) {
         if ((rc = check_batch(m, n_seq, s, &T, &max_len)) || (rc = plan_build(m, c, n_seq, s, PLAN_PIPE, hdr)) ||
-            (rc = plan_out(m, hdr, TO_STAGE)) || (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
-            (rc = plan_out(m, hdr, TO_PIPE)) || (rc = bcast(m->pipe, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
+            (rc = plan_out(m, hdr, 0)) || (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
+            (rc = bcast(m->next, hdr, sizeof hdr, 0)) ||
+            (rc = bcast(m->next, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)) ||
+            (rc = bcast(m->next, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
             return rc;
     } else {
         m->plan_t = cm_now();
-        if ((rc = bcast(m->pipe, hdr, sizeof hdr, 0))) return rc;
+        if ((rc = bcast(m->next, hdr, sizeof hdr, 0))) return rc;
     }
-    return prev_rows ? bcast(m->pipe, prev, sizeof(float) * (size_t)prev_rows * m->cfg.vocab, 1) : 0;
+    return prev_rows ? bcast(m->ring, prev, sizeof(float) * (size_t)prev_rows * m->cfg.vocab, 1) : 0;
 }
 
-/* A rank's part of an overlapped step. Stage 0's other ranks: the layers, with the driver. Stage 1: its
- * first rank takes the rows in and sends the step before's logits out, hands the rows to its stage, and
- * the stage runs its layers and the LM head, the logits gathered into the first rank's m->lm_full and held
- * there (m->pp_pend rows) until the driver asks. n_seq 0: only the logits out. */
-static int follow_pipe(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s) {
-    int rc, T = 0, max_len;
+/* A rank's part of an overlapped step whose header and plan it has (and, a first rank, handed to its
+ * stage). Stage 0's other ranks: the layers, with the driver. A later stage's first rank takes the rows in;
+ * the last stage's sends the logits it holds back; it hands the rows to its stage, which runs its layers;
+ * then it passes the header, the plan and its rows on, or (the last stage) the stage runs the LM head, the
+ * logits gathered and held (m->pp_pend rows). n_seq 0 (a collect): the logits held go back, the header on. */
+static int follow_pipe(wk_model *m, wk_cache *c, int32_t hdr[4], int n_seq, const wk_batch_seq *s) {
+    int rc, T = 0, max_len, last = m->pp_rank == m->pp_size - 1;
     if (n_seq && (rc = check_batch(m, n_seq, s, &T, &max_len))) return rc;
     if (m->pp_rank == 0) return n_seq ? forward_layers(m, c, n_seq, s, T, m->attn_scratch_len) : 0;
     size_t rows = sizeof(float) * (size_t)T * m->cfg.dim;
-    if (m->pipe) {
-        if (n_seq && (rc = bcast(m->pipe, m->x, rows, 0))) return rc;
-        if (m->pp_pend && (rc = bcast(m->pipe, m->lm_full, sizeof(float) * (size_t)m->pp_pend * m->cfg.vocab, 1)))
+    if (!m->tp_rank) {
+        if (n_seq && (rc = bcast(m->prev, m->x, rows, 0))) return rc;
+        if (m->pp_pend && (rc = bcast(m->ring, m->lm_full, sizeof(float) * (size_t)m->pp_pend * m->cfg.vocab, 1)))
             return rc;
         m->pp_pend = 0;
+        if (!n_seq) return m->next ? bcast(m->next, hdr, sizeof(int32_t) * 4, 0) : 0;
+        if (m->tp_size > 1 && (rc = bcast(m->comm, m->x, rows, 0))) return rc;
+    } else if (n_seq && (rc = bcast(m->comm, m->x, rows, 0))) {
+        return rc;
     }
     if (!n_seq) return 0;
-    if ((m->tp_size > 1 && (rc = bcast(m->comm, m->x, rows, 0))) ||
-        (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)))
-        return rc;
+    if ((rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len))) return rc;
+    if (!last) {
+        if (m->tp_rank) return 0;
+        if ((rc = bcast(m->next, hdr, sizeof(int32_t) * 4, 0)) ||
+            (rc = bcast(m->next, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)))
+            return rc;
+        return bcast(m->next, m->x, rows, 0);
+    }
     int n = logit_rows(m, n_seq, s);
     if (!n) return 0;
     if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, m->lm_full))) return rc;
-    if (m->pipe) m->pp_pend = n;
+    if (!m->tp_rank) m->pp_pend = n;
     return 0;
 }
 
 int wk_forward_shutdown(wk_model *m) {
     int32_t hdr[4] = {WK_PLAN_MAGIC, 0, 0, 0};
-    return down(m, hdr, sizeof hdr, TO_ALL);
+    return down(m, hdr, sizeof hdr);
 }
 
 #define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
 int wk_forward_keepalive(wk_model *m) {
-    wk_comm *w = m->pipe ? m->pipe : m->comm;
+    wk_comm *w = m->next ? m->next : m->comm;
     if (!driver(m) || !grouped(m) || w->timeout_s <= 0) return 0;
     double t = cm_now();
     if (t - m->plan_t < w->timeout_s / 4) return 0;
     m->plan_t = t;
     int32_t hdr[4] = {WK_PLAN_MAGIC, PLAN_KEEPALIVE, 0, 0};
-    return down(m, hdr, sizeof hdr, TO_ALL);
+    return down(m, hdr, sizeof hdr);
 }
 
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     *shutdown = 0;
-    int32_t hdr[4];
-    int rc = down(m, hdr, sizeof hdr, TO_ALL);
+    int32_t hdr[4] = {0, 0, 0, 0}; /* the driver takes nothing in: it never follows */
+    int rc = up(m, hdr, sizeof hdr);
     if (rc) return rc;
+    /* an overlapped step goes on down the pipeline once this stage has run it (follow_pipe) */
+    int pipe = hdr[0] == PLAN_PIPE && m->pp_size > 1;
+    if ((rc = on(m, hdr, sizeof hdr, !pipe))) return rc;
     if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
     if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == WK_PLAN_LORA) {
         char buf[1024];
         if (hdr[3] < 2 || (size_t)hdr[3] > sizeof buf) return LLM_EFORMAT;
-        if ((rc = down(m, buf, (size_t)hdr[3], TO_ALL))) return rc;
+        if ((rc = down(m, buf, (size_t)hdr[3]))) return rc;
         size_t nl = strnlen(buf, (size_t)hdr[3]);
         if (nl + 1 >= (size_t)hdr[3] || buf[hdr[3] - 1]) return LLM_EFORMAT;
         return wk_lora_follow(m, hdr[2], buf, buf + nl + 1);
     }
-    int pipe = hdr[0] == PLAN_PIPE && m->pp_size == 2;
     if ((hdr[0] != WK_PLAN_MAGIC && !pipe) || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0)
         return LLM_EFORMAT;
-    if (pipe && hdr[1] == 0) return follow_pipe(m, c, 0, NULL); /* rank 0 collects the logits in flight */
+    if (pipe && hdr[1] == 0) return follow_pipe(m, c, hdr, 0, NULL); /* the driver collects a step in flight */
     if (hdr[1] == 0) {
         *shutdown = 1;
         return 0;
     }
-    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = down(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], TO_ALL)))
+    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = up(m, m->plan, sizeof(int32_t) * (size_t)hdr[3])) ||
+        (rc = on(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], !pipe)))
         return rc;
     const int32_t *p = m->plan, *end = m->plan + hdr[3];
     if (2 * (int64_t)hdr[2] > hdr[3]) return LLM_EFORMAT;
@@ -591,7 +622,7 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         m->plan_seqs[i] = (wk_batch_seq){p + 5, n, p[1], p + 5 + n, p[2], lora};
         p += 5 + n + nb;
     }
-    return pipe ? follow_pipe(m, c, hdr[1], m->plan_seqs) : wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
+    return pipe ? follow_pipe(m, c, hdr, hdr[1], m->plan_seqs) : wk_forward_batch(m, c, hdr[1], m->plan_seqs, NULL);
 }
 
 int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
@@ -599,7 +630,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
     if (rc) return rc;
     if (driver(m) && grouped(m)) {
         int32_t hdr[4];
-        if ((rc = plan_build(m, c, n_seq, s, WK_PLAN_MAGIC, hdr)) || (rc = plan_out(m, hdr, TO_ALL))) return rc;
+        if ((rc = plan_build(m, c, n_seq, s, WK_PLAN_MAGIC, hdr)) || (rc = plan_out(m, hdr, 1))) return rc;
     }
     if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
     return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);

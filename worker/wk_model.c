@@ -373,19 +373,22 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
         goto fail;
     }
     m->comm = o->comm;
-    m->pipe = o->pipe;
     m->pp_size = o->pp_size > 1 ? o->pp_size : 1;
     m->tp_size = o->comm ? o->comm->size : 1;
     m->tp_rank = o->comm ? o->comm->rank : 0;
     m->pp_rank = m->pp_size > 1 ? o->pp_rank : 0;
-    if (m->pp_rank < 0 || m->pp_rank >= m->pp_size || (m->pp_size > 1 && m->tp_rank == 0) != (m->pipe != NULL) ||
-        (m->pipe && (m->pipe->size != m->pp_size || m->pipe->rank != m->pp_rank))) {
-        snprintf(err, errlen, "stage %d of %d pipeline stages: the pipe between the stages' first ranks does not "
+    if (m->pp_size > 1 && m->tp_rank == 0 && o->pipe)
+        m->prev = o->pipe->prev, m->next = o->pipe->next, m->ring = o->pipe->ring;
+    if ((rc = stage_layers(m, err, errlen))) goto fail; /* the stage count first: more than layers is refused */
+    int first = m->pp_size > 1 && m->tp_rank == 0, s = m->pp_rank, last = s == m->pp_size - 1;
+    int has_prev = m->prev != NULL, has_next = m->next != NULL, has_ring = m->ring != NULL;
+    if (s < 0 || s >= m->pp_size || (first && (has_prev != (s > 0) || has_next != !last || has_ring != (s == 0 || last))) ||
+        (m->prev && m->prev->rank != 1) || (m->next && m->next->rank != 0) || (m->ring && m->ring->rank != !!s)) {
+        snprintf(err, errlen, "stage %d of %d pipeline stages: the pairs between the stages' first ranks do not "
                  "match", m->pp_rank, m->pp_size);
         rc = LLM_EINVAL;
         goto fail;
     }
-    if ((rc = stage_layers(m, err, errlen))) goto fail;
     m->expert_parallel = o->expert_parallel;
     if ((rc = shard(m, err, errlen))) goto fail;
     int threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);

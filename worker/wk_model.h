@@ -81,10 +81,11 @@ typedef struct wk_model {
     wk_comm *comm;                       /* this stage's TP group (tp_size ranks), or NULL */
     /* pipeline parallelism (--pipeline-parallel-size): this rank is stage pp_rank of pp_size and holds
      * layers [layer0, layer1) (their weights and KV only); stage 0 embeds, the last stage computes the
-     * logits. The stages' first ranks pass the step's hidden rows over the pipe (its rank = the stage)
-     * and hand what comes down it on to their stage's comm; the pipe's rank 0 drives (pp_size 1: every
-     * layer, no pipe) */
-    wk_comm *pipe;
+     * logits. The stages' first ranks pass the step's hidden rows to the next stage over their pair
+     * (prev, next: wk_comm_pipeline), the last stage's logits go back to stage 0 over the ring pair, and
+     * each first rank hands what reaches it on to its stage's comm; stage 0's first rank drives (pp_size
+     * 1: every layer, no pairs) */
+    wk_comm *prev, *next, *ring;
     int pp_rank, pp_size, layer0, layer1;
     int pp_pend;                         /* stage 1, overlapped: logits rows held in lm_full for rank 0 */
     float *lm_full;                      /* [lm_rows][vocab]: the last stage's gathered logits, or where
@@ -121,7 +122,7 @@ typedef struct {
     wk_comm *comm;                       /* tensor parallel group (this rank's stage), or NULL */
     int pp_size;                         /* pipeline stages (0 or 1: none) */
     int pp_rank;                         /* this rank's stage */
-    wk_comm *pipe;                       /* the stages' first ranks (pp_size of them; NULL on the others) */
+    const wk_comm_pipe *pipe;            /* the pipeline's wires (wk_comm_pipeline): its pairs are used */
     const char *model_config;            /* set: dummy weights of this preset / config.json shape */
     int dummy_type;                      /* their cm_dtype (CM_F32 is 0: flags default to F16) */
     uint64_t seed;                       /* their seed */

@@ -217,10 +217,16 @@ int wk_sched_plan(wk_engine *e, int *tokens) {
             }
         }
     }
-    /* admit waiting requests into what is left; not in a step that had to preempt. Two pipeline stages: into
-     * the virtual engine planned while it holds no more than the other, so that their steps stay even */
+    /* admit waiting requests into what is left; not in a step that had to preempt. Pipeline stages: into the
+     * virtual engine planned while it holds no more than the emptiest other, so that their steps stay even */
     int mine = 0;
-    for (int i = 0; e->pipe && i < e->n_running; i++) mine += e->running[i]->ve == e->ve ? 1 : -1;
+    if (e->pipe) {
+        int held[WK_MAX_STAGES] = {0}, least = 1 << 30;
+        for (int i = 0; i < e->n_running; i++) held[e->running[i]->ve]++;
+        for (int v = 0; v < e->pipe; v++)
+            if (v != e->ve && held[v] < least) least = held[v];
+        mine = held[e->ve] - least;
+    }
     while (!preempted && e->n_waiting && budget > 0 && mine <= 0) {
         wk_seq *s = e->waiting[0];
         wk_req *r = s->req;

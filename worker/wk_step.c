@@ -1,8 +1,10 @@
 /* wk_step.c - one engine step: plan (wk_sched.c), forward, then sample what
  * the forward gave and report. With two pipeline stages the steps overlap:
- * two virtual engines (as vLLM's), each a share of the running sequences,
- * step in turn, so that stage 0 computes one's step while stage 1 computes
- * the other's, and the logits of a step are sampled one call later. */
+ * a virtual engine (as vLLM's) a stage, each a share of the running
+ * sequences, step in turn, so that stage 0 computes one's step while the
+ * later stage computes the other's, and the logits of a step are sampled
+ * once as many later steps have been launched as there are later stages
+ * (the loop is written for any number; wk_engine.c starts it for two). */
 #include "wk_engine_int.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -115,34 +117,54 @@ static int report(wk_engine *e) {
     return 0;
 }
 
-/* Two stages: plan the virtual engine not in flight (with none in flight, the one that did not go last,
- * or the other when it has nothing), launch its step, collect the one in flight and sample it; the new
- * one is in flight until the next call. */
+/* Whether virtual engine v has a step in flight. */
+static int flying(const wk_engine *e, int v) {
+    for (int k = 0; k < e->n_fly; k++)
+        if (e->fly[(e->fly0 + k) % e->pipe].ve == v) return 1;
+    return 0;
+}
+
+/* Pipeline stages: plan the next virtual engine not in flight that has something to run (in turn after the
+ * one planned last), launch its step and, once as many are in flight as there are later stages (or when
+ * there is nothing to launch), collect the oldest and sample it; the new one stays in flight. */
 static int step_pipe(wk_engine *e) {
-    int tokens = 0, rc;
-    e->ve = e->ve_fly >= 0 ? 1 - e->ve_fly : 1 - e->ve;
-    if ((rc = wk_sched_plan(e, &tokens))) return rc;
-    if (!e->n_plan && e->ve_fly < 0) {
-        e->ve = 1 - e->ve;
+    int tokens = 0, rc, P = e->pipe;
+    e->n_plan = 0;
+    for (int k = 1; k <= P && !e->n_plan; k++) {
+        int v = (e->ve + k) % P;
+        if (flying(e, v)) continue;
+        e->ve = v;
         if ((rc = wk_sched_plan(e, &tokens))) return rc;
     }
-    if (!e->n_plan && !e->n_fplan) return 0; /* nothing to run or to collect: stage 1 need hear nothing */
+    if (!e->n_plan && !e->n_fly) return 0; /* nothing to run or to collect: the stages need hear nothing */
     int rows = plan_rows(e->plan, e->n_plan);
     if ((rc = logits_room(&e->logits, &e->logits_rows, rows, e->m->cfg.vocab))) return rc;
+    /* the new step goes in flight: its plan and logits buffer swap places with a free slot's */
+    if (e->n_plan) {
+        struct wk_fly *f = &e->fly[(e->fly0 + e->n_fly) % P];
+        wk_batch_seq *p = f->plan;
+        wk_seq **ps = f->seq;
+        float *l = f->logits;
+        int lr = f->logits_rows;
+        f->plan = e->plan, f->seq = e->plan_seq, f->logits = e->logits, f->logits_rows = e->logits_rows;
+        f->n = e->n_plan, f->rows = rows, f->ve = e->ve;
+        e->plan = p, e->plan_seq = ps, e->logits = l, e->logits_rows = lr;
+        e->n_fly++;
+    }
+    struct wk_fly *old = e->n_fly == P || !e->n_plan ? &e->fly[e->fly0] : NULL, *nw = &e->fly[(e->fly0 + e->n_fly - 1) % P];
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if ((rc = wk_forward_pp(e->m, e->cache, e->n_plan, e->plan, e->flogits, e->fplan_rows))) return rc;
-    if (e->n_plan) observe(e, e->plan, e->n_plan, tokens, ms_since(&t0));
-    if (e->n_fplan && (rc = take(e, e->fplan, e->fplan_seq, e->n_fplan, e->flogits))) return rc;
-    /* the new step goes in flight: its plan and logits buffer swap places with the one just taken */
-    wk_batch_seq *p = e->fplan;
-    wk_seq **ps = e->fplan_seq;
-    float *l = e->flogits;
-    int lr = e->flogits_rows;
-    e->fplan = e->plan, e->fplan_seq = e->plan_seq, e->flogits = e->logits, e->flogits_rows = e->logits_rows;
-    e->plan = p, e->plan_seq = ps, e->logits = l, e->logits_rows = lr;
-    e->n_fplan = e->n_plan, e->fplan_rows = rows, e->ve_fly = e->n_plan ? e->ve : -1;
+    if ((rc = wk_forward_pp(e->m, e->cache, e->n_plan, e->n_plan ? nw->plan : NULL, old ? old->logits : NULL,
+                            old ? old->rows : 0)))
+        return rc;
+    if (e->n_plan) observe(e, nw->plan, nw->n, tokens, ms_since(&t0));
     e->n_plan = 0;
+    if (old) {
+        e->fly0 = (e->fly0 + 1) % P;
+        e->n_fly--;
+        if (old->n && (rc = take(e, old->plan, old->seq, old->n, old->logits))) return rc;
+        old->n = 0;
+    }
     if ((rc = report(e))) return rc;
     return tokens;
 }

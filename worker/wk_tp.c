@@ -43,7 +43,7 @@ typedef struct {
 
 struct wk_tp {
     int size, rank, backend, device, pp, per_node;
-    wk_comm *stage, *pipe; /* pipeline stages of several ranks (wk_tp_stage_comm); else NULL: comm is the one */
+    wk_comm_pipe pc;       /* pipeline stages: the wires split from comm (wk_comm_pipeline); else empty */
     double join_s, step_s, load_s; /* the deadlines (wk_tp_opts) */
     wk_comm *comm;
     pid_t child[64];
@@ -57,33 +57,33 @@ wk_comm *wk_tp_comm(wk_tp *t) { return t ? t->comm : NULL; }
 
 wk_comm *wk_tp_stage_comm(wk_tp *t) {
     if (!t) return NULL;
-    return t->pp > 1 ? t->stage : t->comm;
+    return t->pp > 1 ? t->pc.stage : t->comm;
 }
 
-wk_comm *wk_tp_pipe_comm(wk_tp *t) {
-    if (!t || t->pp < 2) return NULL;
-    return t->size == t->pp ? t->comm : t->pipe;
-}
+const wk_comm_pipe *wk_tp_pipe(wk_tp *t) { return t && t->pp > 1 ? &t->pc : NULL; }
 
-/* Stages of several ranks: each stage's TP comm (shared memory where its ranks share a host, else TCP
- * around its first rank) and the pipe between the stages' first ranks (TCP where the group spans hosts),
- * split from the group's comm within --join-timeout. */
+/* Pipeline stages: each stage's TP comm (shared memory where its ranks share a host, else TCP around its
+ * first rank), the pairs between neighbouring stages' first ranks and the ring pair back to stage 0 (TCP
+ * where the group spans hosts), split from the group's comm within --join-timeout. */
 static int split(wk_tp *t, char *err, size_t errlen) {
-    int T = t->size / t->pp, s = t->rank / T, r = t->rank % T;
+    int T = t->size / t->pp, s = t->rank / T;
     int spans = t->backend == BACKEND_TCP && t->per_node > 0 && s * T / t->per_node != (s * T + T - 1) / t->per_node;
     t->comm->timeout_s = t->join_s;
-    int rc = wk_comm_split(t->comm, s, r, spans, &t->stage);
-    if (!rc) rc = wk_comm_split(t->comm, r == 0 ? 0 : -1, s, t->backend == BACKEND_TCP, &t->pipe);
+    int rc = wk_comm_pipeline(t->comm, t->pp, spans, t->backend == BACKEND_TCP, &t->pc);
     t->comm->timeout_s = t->step_s;
     if (rc) {
         snprintf(err, errlen, "the pipeline's stages could not form their own comms: %s", cm_strerror(rc));
         return rc;
     }
-    t->stage->timeout_s = t->step_s;
-    if (t->pipe) t->pipe->timeout_s = t->step_s;
-    if (t->rank == 0)
-        CM_INFO("%d pipeline stages of %d ranks: each stage's collectives over %s, the stages' hops over %s", t->pp,
-                T, spans ? "TCP" : "shared memory", t->backend == BACKEND_TCP ? "TCP" : "shared memory");
+    wk_comm *w[4] = {t->pc.stage, t->pc.prev, t->pc.next, t->pc.ring};
+    for (int i = 0; i < 4; i++)
+        if (w[i]) w[i]->timeout_s = t->step_s;
+    const char *hops = t->backend == BACKEND_TCP ? "TCP" : "shared memory";
+    if (t->rank == 0 && T > 1)
+        CM_INFO("%d pipeline stages of %d ranks: each stage's collectives over %s, the stages' hops over %s", t->pp, T,
+                spans ? "TCP" : "shared memory", hops);
+    else if (t->rank == 0)
+        CM_INFO("%d pipeline stages of one rank: the stages' hops over %s", t->pp, hops);
     return 0;
 }
 
@@ -253,7 +253,7 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
     }
 #endif
     rc = formed(t, err, errlen);
-    if (!rc && t->pp > 1 && t->size > t->pp) rc = split(t, err, errlen);
+    if (!rc && t->pp > 1) rc = split(t, err, errlen);
 out:
     nng_close(rep);
     if (lfd >= 0) close(lfd);
@@ -349,7 +349,7 @@ static int join(wk_tp *t, char *err, size_t errlen) {
 #endif
     }
     rc = formed(t, err, errlen);
-    if (!rc && t->pp > 1 && t->size > t->pp) rc = split(t, err, errlen);
+    if (!rc && t->pp > 1) rc = split(t, err, errlen);
     return rc;
 }
 
@@ -395,7 +395,7 @@ int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *e
 int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen) {
     wk_model_opts mo = *o;
     mo.comm = wk_tp_stage_comm(t);
-    mo.pipe = wk_tp_pipe_comm(t);
+    mo.pipe = wk_tp_pipe(t);
     mo.pp_rank = t && t->pp > 1 ? t->rank / (t->size / t->pp) : 0;
     int rc = wk_model_load(&mo, out, err, errlen);
     if (!rc && t) t->m = *out;
@@ -466,8 +466,7 @@ void wk_tp_free(wk_tp *t) {
             waitpid(t->child[i], &st, 0);
         }
     }
-    wk_comm_free(t->stage);
-    wk_comm_free(t->pipe);
+    wk_comm_pipe_free(&t->pc);
     wk_comm_free(t->comm);
     free(t);
 }

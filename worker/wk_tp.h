@@ -50,11 +50,11 @@ typedef struct {
  * joins), the others join; every rank meets at a barrier before it loads. */
 int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *err, size_t errlen);
 wk_comm *wk_tp_comm(wk_tp *t);
-/* With pipeline stages of several ranks the group is two wires (wk_comm_split): each stage's own TP comm,
- * and the pipe between the stages' first ranks (the others have none). One stage: the group's comm is the
- * stage's; stages of one rank: the group's comm is the pipe. */
+/* With pipeline stages the group splits its wires (wk_comm_pipeline): each stage's own TP comm (NULL with
+ * one rank a stage), and the pairs between the stages' first ranks; wk_tp_pipe: those, NULL with one
+ * stage, whose TP comm is the group's. */
 wk_comm *wk_tp_stage_comm(wk_tp *t);
-wk_comm *wk_tp_pipe_comm(wk_tp *t);
+const wk_comm_pipe *wk_tp_pipe(wk_tp *t);
 /* wk_model_load for this rank's shard (t NULL: the whole model). */
 int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err, size_t errlen);
 /* Rank 0, after creating the engine: tells the ranks the cache geometry. */

@@ -30,26 +30,20 @@ static int expert_parallel; /* the ranks' --enable-expert-parallel */
 static int pp_stages;       /* the ranks in this many pipeline stages (--pipeline-parallel-size), each a TP group
                              * of the rest; 0: one TP group */
 
-/* Rank r's comms in a group of n ranks over world (shared memory): one TP group, stages of one rank on
- * world as the pipe, or stages of several ranks split from it (each stage's TP comm, the pipe between
- * their first ranks), as wk_tp forms them. */
-static int rank_comms(wk_comm *world, int n, int r, wk_model_opts *o, wk_comm **stage, wk_comm **pipe) {
-    *stage = *pipe = NULL;
+/* Rank r's comms in a group of n ranks over world (shared memory): one TP group, or pipeline stages whose
+ * wires are split from it (each stage's TP comm, the pairs between the stages' first ranks and the ring
+ * back), as wk_tp forms them. */
+static int rank_comms(wk_comm *world, int n, int r, wk_model_opts *o, wk_comm_pipe *pc) {
+    memset(pc, 0, sizeof *pc);
     if (pp_stages < 2) {
         o->comm = world;
         return 0;
     }
-    int T = n / pp_stages;
     o->pp_size = pp_stages;
-    o->pp_rank = r / T;
-    if (T == 1) {
-        o->pipe = world;
-        return 0;
-    }
-    int rc = wk_comm_split(world, r / T, r % T, 0, stage);
-    if (!rc) rc = wk_comm_split(world, r % T == 0 ? 0 : -1, r / T, 0, pipe);
-    o->comm = *stage;
-    o->pipe = *pipe;
+    o->pp_rank = r / (n / pp_stages);
+    int rc = wk_comm_pipeline(world, pp_stages, 0, 0, pc);
+    o->comm = pc->stage;
+    o->pipe = pc;
     return rc;
 }
 
@@ -79,8 +73,8 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
             char e1[256];
             wk_model_opts o1 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1,
                                 .max_batch = 64, .expert_parallel = expert_parallel};
-            wk_comm *st1, *pi1;
-            if (rank_comms(c1, n, r, &o1, &st1, &pi1)) _exit(6);
+            wk_comm_pipe pc1;
+            if (rank_comms(c1, n, r, &o1, &pc1)) _exit(6);
             if (wk_model_load(&o1, &m1, e1, sizeof e1)) {
                 fprintf(stderr, "rank %d: %s\n", r, e1);
                 _exit(3);
@@ -100,8 +94,8 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
     char err[256];
     wk_model_opts o0 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1, .max_batch = 64,
                         .expert_parallel = n > 1 && expert_parallel};
-    wk_comm *st0, *pi0;
-    CHECK_RC(rank_comms(comm, n, 0, &o0, &st0, &pi0), 0);
+    wk_comm_pipe pc0;
+    CHECK_RC(rank_comms(comm, n, 0, &o0, &pc0), 0);
     CHECK_RC(wk_model_load(&o0, &m0, err, sizeof err), 0);
     wk_kv *kv;
     CHECK_RC(wk_kv_create(m0, CTX, act_f32 ? KN_KV_F32 : KN_KV_F16, &kv), 0);
@@ -124,8 +118,7 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
     free(lg);
     wk_kv_free(kv);
     wk_model_free(m0);
-    wk_comm_free(st0);
-    wk_comm_free(pi0);
+    wk_comm_pipe_free(&pc0);
     wk_comm_free(comm);
     kn_set_act_f32(0);
 }
@@ -330,7 +323,7 @@ static void test_pp(void) {
         char err[300] = "", name[64];
         wk_comm *comm;
         CHECK_RC(wk_comm_shm_create(6, name, sizeof name, &comm), 0);
-        wk_model_opts o = {.model_config = cfg, .threads = 1, .max_batch = 16, .pipe = comm, .pp_size = 6};
+        wk_model_opts o = {.model_config = cfg, .threads = 1, .max_batch = 16, .pp_size = 6};
         CHECK(wk_model_load(&o, &m, err, sizeof err) == LLM_EUNSUP && strstr(err, "--pipeline-parallel-size 6"));
         wk_comm_free(comm);
         remove(cfg);
