@@ -3,6 +3,7 @@
 #include "wk_model.h"
 #include "wk_cuda.h"
 #include "wk_lora.h"
+#include "wk_wire.h"
 #include "cm_dtype.h"
 #include "cm_quant.h"
 #include "cm_hf_quant.h"
@@ -206,63 +207,14 @@ static int reduce(wk_model *m, float *buf, size_t n) {
 
 static int bcast(wk_comm *c, void *buf, size_t bytes, int root) { return c->ops->broadcast(c, buf, bytes, root); }
 
-/* The group's driver (the engine's rank): stage 0's first rank. */
-static int driver(const wk_model *m) { return m->pp_rank == 0 && m->tp_rank == 0; }
-
-/* Ranks besides this one: a TP group, pipeline stages or both. */
-static int grouped(const wk_model *m) { return m->pp_size > 1 || m->tp_size > 1; }
-
-/* ---- the pipeline's wires ----------------------------------------------
- * What the driver sends every rank goes down a chain: from each stage's
- * first rank to the next stage's over their pair, and from each first rank
- * to its stage's other ranks over the stage's comm. up: this rank's part
- * of taking it in (a first rank from the stage before, another rank from
- * its first; the driver has nothing to take); on: a first rank's part of
- * passing it on (to the next stage unless !chain, and to its stage). */
-static int up(wk_model *m, void *buf, size_t bytes) {
-    if (m->tp_rank) return bcast(m->comm, buf, bytes, 0);
-    return m->prev ? bcast(m->prev, buf, bytes, 0) : 0;
-}
-
-static int on(wk_model *m, void *buf, size_t bytes, int chain) {
-    if (m->tp_rank) return 0;
-    int rc = chain && m->next ? bcast(m->next, buf, bytes, 0) : 0;
-    return !rc && m->tp_size > 1 ? bcast(m->comm, buf, bytes, 0) : rc;
-}
-
-static int down(wk_model *m, void *buf, size_t bytes) {
-    int rc = up(m, buf, bytes);
-    return rc ? rc : on(m, buf, bytes, 1);
-}
-
-int wk_forward_grouped(const wk_model *m) { return grouped(m); }
-
-int wk_forward_down(wk_model *m, void *buf, size_t bytes) { return down(m, buf, bytes); }
-
-int wk_forward_agree(wk_model *m, int failed, int *any) {
-    float f = (float)failed, part;
-    int rc = 0;
-    if (m->tp_size > 1) rc = m->comm->ops->all_reduce_sum(m->comm, &f, 1); /* each stage's */
-    if (!rc && m->pp_size > 1 && !m->tp_rank) { /* down the chain adding, the total back over the ring, down again */
-        if (m->prev && !(rc = bcast(m->prev, &part, sizeof part, 0))) f += part;
-        if (!rc && m->next) rc = bcast(m->next, &f, sizeof f, 0);
-        if (!rc && m->ring) rc = bcast(m->ring, &f, sizeof f, 1);
-        if (!rc && m->prev) rc = bcast(m->prev, &f, sizeof f, 0);
-        if (!rc && m->next) rc = bcast(m->next, &f, sizeof f, 0);
-    }
-    if (!rc && m->tp_size > 1 && m->pp_size > 1) rc = bcast(m->comm, &f, sizeof f, 0); /* the total, to each stage */
-    *any = f > 0.5f;
-    return rc;
-}
-
 /* A step's rows m->x [T][dim] coming into this rank's stage (after: going out of it): a first rank takes
  * them from the stage before and hands them to its stage, or sends them to the stage after. */
 static int stage_hops(wk_model *m, int T, int after) {
     size_t bytes = sizeof(float) * (size_t)T * m->cfg.dim;
     if (after) return !m->tp_rank && m->next ? bcast(m->next, m->x, bytes, 0) : 0;
     if (!m->pp_rank) return 0;
-    int rc = up(m, m->x, bytes);
-    return rc ? rc : on(m, m->x, bytes, 0); /* to its stage only: a hop is between two stages */
+    int rc = wk_wire_up(m, m->x, bytes);
+    return rc ? rc : wk_wire_on(m, m->x, bytes, 0); /* to its stage only: a hop is between two stages */
 }
 
 /* The final norm and this rank's rows of the LM head over the first n rows of m->x into out [n][vocab_l]. */
@@ -306,7 +258,7 @@ static int head_gather(wk_model *m, int n, float *out) {
 static int stage_logits(wk_model *m, int n, float *logits) {
     int rc = lm_grow(m, n);
     if (rc) return rc;
-    float *full = driver(m) ? logits : m->lm_full;
+    float *full = wk_wire_driver(m) ? logits : m->lm_full;
     if (m->pp_rank == m->pp_size - 1 && (rc = head_gather(m, n, full))) return rc;
     return m->ring ? bcast(m->ring, full, sizeof(float) * (size_t)n * m->cfg.vocab, 1) : 0;
 }
@@ -452,8 +404,8 @@ static int plan_build(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
 /* A built plan sent on (the driver's; chain: down the pipeline too, else to its stage only). */
 static int plan_out(wk_model *m, int32_t hdr[4], int chain) {
     m->plan_t = cm_now();
-    int rc = on(m, hdr, sizeof(int32_t) * 4, chain);
-    return rc ? rc : on(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], chain);
+    int rc = wk_wire_on(m, hdr, sizeof(int32_t) * 4, chain);
+    return rc ? rc : wk_wire_on(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], chain);
 }
 
 /* A step's sequences checked (ids, positions, adapters, the batch capacity); *T its tokens. The CPU's
@@ -510,7 +462,7 @@ static int check_batch(wk_model *m, int n_seq, const wk_batch_seq *s, int *T_out
 int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows) {
     int rc, T = 0, max_len;
     int32_t hdr[4] = {PLAN_PIPE, 0, 0, 0};
-    if (m->pp_size < 2 || !driver(m) || !m->next) return LLM_EINVAL;
+    if (m->pp_size < 2 || !wk_wire_driver(m) || !m->next) return LLM_EINVAL;
     if (n_seq) {
         if ((rc = check_batch(m, n_seq, s, &T, &max_len)) || (rc = plan_build(m, c, n_seq, s, PLAN_PIPE, hdr)) ||
             (rc = plan_out(m, hdr, 0)) || (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
@@ -563,33 +515,33 @@ static int follow_pipe(wk_model *m, wk_cache *c, int32_t hdr[4], int n_seq, cons
 
 int wk_forward_shutdown(wk_model *m) {
     int32_t hdr[4] = {WK_PLAN_MAGIC, 0, 0, 0};
-    return down(m, hdr, sizeof hdr);
+    return wk_wire_down(m, hdr, sizeof hdr);
 }
 
 #define PLAN_KEEPALIVE (-1) /* n_seq of an empty step: rank 0 is idle, and alive */
 int wk_forward_keepalive(wk_model *m) {
     wk_comm *w = m->next ? m->next : m->comm;
-    if (!driver(m) || !grouped(m) || w->timeout_s <= 0) return 0;
+    if (!wk_wire_driver(m) || !wk_wire_grouped(m) || w->timeout_s <= 0) return 0;
     double t = cm_now();
     if (t - m->plan_t < w->timeout_s / 4) return 0;
     m->plan_t = t;
     int32_t hdr[4] = {WK_PLAN_MAGIC, PLAN_KEEPALIVE, 0, 0};
-    return down(m, hdr, sizeof hdr);
+    return wk_wire_down(m, hdr, sizeof hdr);
 }
 
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     *shutdown = 0;
     int32_t hdr[4] = {0, 0, 0, 0}; /* the driver takes nothing in: it never follows */
-    int rc = up(m, hdr, sizeof hdr);
+    int rc = wk_wire_up(m, hdr, sizeof hdr);
     if (rc) return rc;
     /* an overlapped step goes on down the pipeline once this stage has run it (follow_pipe) */
     int pipe = hdr[0] == PLAN_PIPE && m->pp_size > 1;
-    if ((rc = on(m, hdr, sizeof hdr, !pipe))) return rc;
+    if ((rc = wk_wire_on(m, hdr, sizeof hdr, !pipe))) return rc;
     if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == PLAN_KEEPALIVE && !hdr[2] && !hdr[3]) return 0;
     if (hdr[0] == WK_PLAN_MAGIC && hdr[1] == WK_PLAN_LORA) {
         char buf[1024];
         if (hdr[3] < 2 || (size_t)hdr[3] > sizeof buf) return LLM_EFORMAT;
-        if ((rc = down(m, buf, (size_t)hdr[3]))) return rc;
+        if ((rc = wk_wire_down(m, buf, (size_t)hdr[3]))) return rc;
         size_t nl = strnlen(buf, (size_t)hdr[3]);
         if (nl + 1 >= (size_t)hdr[3] || buf[hdr[3] - 1]) return LLM_EFORMAT;
         return wk_lora_follow(m, hdr[2], buf, buf + nl + 1);
@@ -601,8 +553,8 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
         *shutdown = 1;
         return 0;
     }
-    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = up(m, m->plan, sizeof(int32_t) * (size_t)hdr[3])) ||
-        (rc = on(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], !pipe)))
+    if ((rc = plan_grow(m, (size_t)hdr[3])) || (rc = wk_wire_up(m, m->plan, sizeof(int32_t) * (size_t)hdr[3])) ||
+        (rc = wk_wire_on(m, m->plan, sizeof(int32_t) * (size_t)hdr[3], !pipe)))
         return rc;
     const int32_t *p = m->plan, *end = m->plan + hdr[3];
     if (2 * (int64_t)hdr[2] > hdr[3]) return LLM_EFORMAT;
@@ -628,7 +580,7 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
 int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *logits) {
     int T, max_len, rc = check_batch(m, n_seq, s, &T, &max_len);
     if (rc) return rc;
-    if (driver(m) && grouped(m)) {
+    if (wk_wire_driver(m) && wk_wire_grouped(m)) {
         int32_t hdr[4];
         if ((rc = plan_build(m, c, n_seq, s, WK_PLAN_MAGIC, hdr)) || (rc = plan_out(m, hdr, 1))) return rc;
     }

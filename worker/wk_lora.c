@@ -1,6 +1,7 @@
 /* wk_lora.c - PEFT LoRA adapters: loading into this rank's share, and the
  * per-sequence deltas of a step (wk_lora.h). */
 #include "wk_lora.h"
+#include "wk_wire.h"
 
 #include "cm_dtype.h"
 #include "cm_error.h"
@@ -397,14 +398,14 @@ static int send_update(wk_model *m, int slot, const char *name, const char *path
     memcpy(buf + nl + 1, path, pl + 1);
     int32_t hdr[4] = {WK_PLAN_MAGIC, WK_PLAN_LORA, slot, (int32_t)n};
     m->plan_t = cm_now();
-    int rc = wk_forward_down(m, hdr, sizeof hdr);
-    return rc ? rc : wk_forward_down(m, buf, n);
+    int rc = wk_wire_down(m, hdr, sizeof hdr);
+    return rc ? rc : wk_wire_down(m, buf, n);
 }
 
 /* Every rank says whether its part of an update failed; all learn whether any did (one all-reduce). */
 static int agree(wk_model *m, int failed, int *any) {
     *any = failed;
-    return wk_forward_grouped(m) ? wk_forward_agree(m, failed, any) : 0;
+    return wk_wire_grouped(m) ? wk_wire_agree(m, failed, any) : 0;
 }
 
 static void put(wk_model *m, int slot, wk_lora *L) {
@@ -440,7 +441,7 @@ int wk_lora_add(wk_model *m, const char *name, const char *path, char *err, size
     if (rc) return rc; /* nothing sent: the other ranks never hear of it */
     L->gen = ++m->lora_version;
     put(m, slot, L);
-    if (wk_forward_grouped(m)) {
+    if (wk_wire_grouped(m)) {
         int any;
         if ((rc = send_update(m, slot, name, path)) || (rc = agree(m, 0, &any))) return rc;
         if (any) {
@@ -475,7 +476,7 @@ int wk_lora_collect(wk_model *m) {
     for (int i = 0; i < m->n_loras; i++) {
         wk_lora *L = m->loras[i];
         if (!L || !L->dead || L->refs > 0) continue;
-        int rc = wk_forward_grouped(m) ? send_update(m, i + 1, L->name, "") : 0;
+        int rc = wk_wire_grouped(m) ? send_update(m, i + 1, L->name, "") : 0;
         put(m, i + 1, NULL);
         wk_lora_free(L);
         if (rc) return rc;

@@ -211,13 +211,6 @@ int wk_forward_shutdown(wk_model *m);
  * wk_forward_follow hands it to wk_lora_follow). */
 #define WK_PLAN_MAGIC 0x4c504c4e
 #define WK_PLAN_LORA (-2)
-/* Whether the model has ranks besides this one (a TP group, pipeline stages or both). */
-int wk_forward_grouped(const wk_model *m);
-/* Rank 0 to every rank of the group, down the pipe and on to each stage (the others: from wherever it
- * comes to them); what the LoRA updates travel on. */
-int wk_forward_down(wk_model *m, void *buf, size_t bytes);
-/* Every rank says whether its part failed; all learn whether any did (*any), over every stage. */
-int wk_forward_agree(wk_model *m, int failed, int *any);
 /* Rank 0, idle: once a quarter of the group's collective deadline has
  * passed since it last sent the ranks a step, an empty step that keeps them
  * within it (wk_forward_follow returns with nothing run). Nothing without

@@ -303,22 +303,19 @@ static void test_pp(void) {
               "\"max_position_embeddings\": 1024, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0}\n", f);
         fclose(f);
         const int32_t prompt[] = {1, 17, 42, 99, 256, 7, 300, 11};
-        float la[512], lb[512];
-        int32_t ta[8], tb[8];
-        pp_stages = 0;
-        tpn_logits(1, cfg, 1, prompt, 8, ta, la, 8, &ms1);
-        pp_stages = 3;
-        tpn_logits(3, cfg, 1, prompt, 8, tb, lb, 8, &ms2);
-        CHECK(!memcmp(la, lb, sizeof la));
-        CHECK(!memcmp(ta, tb, sizeof ta));
-        /* three stages of two ranks (PP=3 x TP=2: six processes) against one TP=2 group: each stage's
-         * all-reduces sum the same two shares in the same order, so the logits are the TP group's bits */
-        pp_stages = 0;
-        tpn_logits(2, cfg, 1, prompt, 8, ta, la, 8, &ms1);
-        pp_stages = 3;
-        tpn_logits(6, cfg, 1, prompt, 8, tb, lb, 8, &ms2);
-        CHECK(!memcmp(la, lb, sizeof la));
-        CHECK(!memcmp(ta, tb, sizeof ta));
+        /* three stages of one rank against one process; three stages of two ranks (PP=3 x TP=2: six
+         * processes) against one TP=2 group: each stage's all-reduces sum the same two shares in the same
+         * order, so the logits are the TP group's bits */
+        for (int tp = 1; tp <= 2; tp++) {
+            float la[512], lb[512];
+            int32_t ta[8], tb[8];
+            pp_stages = 0;
+            tpn_logits(tp, cfg, 1, prompt, 8, ta, la, 8, &ms1);
+            pp_stages = 3;
+            tpn_logits(3 * tp, cfg, 1, prompt, 8, tb, lb, 8, &ms2);
+            CHECK(!memcmp(la, lb, sizeof la));
+            CHECK(!memcmp(ta, tb, sizeof ta));
+        }
         wk_model *m;
         char err[300] = "", name[64];
         wk_comm *comm;
