@@ -13,8 +13,9 @@ token for token, with the same log-probabilities: greedy and seeded,
 streamed and not. Then the faults: stage 1 killed mid-stream (rank 0 sees
 it at its next hop, the group ends whole, the stream resumes on the single
 rank with its text unchanged), and the flags refused by name. Stages of two
-ranks (PP=2 x TP=2) answer as one TP=2 group does, and go down whole when
-a rank inside a stage dies."""
+ranks (PP=2 x TP=2) answer as one TP=2 group does, with n-gram speculation
+on, and go down whole when a rank inside a stage dies; the same group as four
+hosts on loopback (every wire over TCP) answers the same."""
 import json
 import os
 import re
@@ -36,7 +37,7 @@ if not os.path.exists(MODEL):
     sys.exit(77)
 h = Harness("llmserve-pp-")
 ONE_W, ONE_G, PP_W, PP_G, BOTH_G, PP_H, TIGHT_W, TIGHT_G, TIGHT_H, PP3_W, PP3_G = (free_port() for _ in range(11))
-TP2_W, TP2_G, PPTP_W, PPTP_G, PPTP_BOTH_G = (free_port() for _ in range(5))
+TP2_W, TP2_G, PPTP_W, PPTP_G, PPTP_BOTH_G, HOSTS_W, HOSTS_G, HOSTS_J = (free_port() for _ in range(8))
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'
 WORDS = ("river stone lantern orchard copper meadow violin harbor thunder saffron glacier velvet compass "
          "ember quarry falcon willow cinder marble tundra").split()
@@ -209,6 +210,23 @@ try:
             gateway("gpptpboth", PPTP_BOTH_G, [PPTP_W, TP2_W])
             if h.check(ready(PPTP_BOTH_G), "a gateway over the PP x TP group and the TP group"):
                 killed_under_stream(PPTP_BOTH_G, PPTP_W, 3, TP2_G, "stage 1's second rank", "the TP=2 group")
+            # the same group as four hosts (--ranks-per-node 1, each rank started on its own with --node-index,
+            # joining over TCP): each stage's TP comm is TCP too, around a first rank that is not rank 0 for
+            # stage 1 (its address is its own end of its connection to rank 0)
+            for i in range(4):
+                h.start([BUILD + "/llmserve-worker", "--model", MODEL, "--max-model-len", "1024", "--max-num-seqs", "8",
+                         "--threads", "1", "--log-level", "info", "--pipeline-parallel-size", "2",
+                         "--tensor-parallel-size", "2", "--ranks-per-node", "1", "--node-index", str(i),
+                         "--group-address", "tcp://127.0.0.1:%d" % HOSTS_J] +
+                        (["--listen", "tcp://127.0.0.1:%d" % HOSTS_W] if i == 0 else []), "hosts%d.log" % i)
+            gateway("ghosts", HOSTS_G, [HOSTS_W])
+            if h.check(ready(HOSTS_G), "PP=2 x TP=2 as four hosts on loopback serves"):
+                log = open(os.path.join(h.tmp, "hosts0.log")).read()
+                got = at_once(HOSTS_G, bodies)
+                h.check("2 pipeline stages of 2 ranks: each stage's collectives over TCP, the stages' hops over TCP"
+                        in log and got == ref2[:len(bodies)],
+                        "every wire over TCP (the stages' TP comms and the hops): %d/%d answers equal to TP=2's" %
+                        (sum(1 for a, b in zip(ref2, got) if a == b), len(bodies)))
         tp2.terminate()
 
         # clients gone mid-stream while their steps are in flight: the rows come back to no one, the rest go on
