@@ -225,7 +225,7 @@ static void lm_head(wk_model *m, int n, float *out) {
 }
 
 /* Grows the logits buffers to n rows: lm_local this rank's vocabulary columns (TP), lm_full the whole
- * vocabulary (pipeline stages). */
+ * vocabulary where the last pipeline stage gathers it (its first rank). */
 static int lm_grow(wk_model *m, int n) {
     if (n <= m->lm_rows) return 0;
     if (m->tp_size > 1) {
@@ -233,7 +233,7 @@ static int lm_grow(wk_model *m, int n) {
         if (!a) return LLM_ENOMEM;
         m->lm_local = a;
     }
-    if (m->pp_size > 1) {
+    if (m->pp_size > 1 && m->pp_rank == m->pp_size - 1 && !m->tp_rank) {
         float *b = realloc(m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab);
         if (!b) return LLM_ENOMEM;
         m->lm_full = b;
@@ -256,11 +256,11 @@ static int head_gather(wk_model *m, int n, float *out) {
 /* The last stage's logits over the n rows that want them, sent back over the ring to the driver (which
  * samples). */
 static int stage_logits(wk_model *m, int n, float *logits) {
-    int rc = lm_grow(m, n);
-    if (rc) return rc;
-    float *full = wk_wire_driver(m) ? logits : m->lm_full;
-    if (m->pp_rank == m->pp_size - 1 && (rc = head_gather(m, n, full))) return rc;
-    return m->ring ? bcast(m->ring, full, sizeof(float) * (size_t)n * m->cfg.vocab, 1) : 0;
+    int rc;
+    if (wk_wire_driver(m)) return bcast(m->ring, logits, sizeof(float) * (size_t)n * m->cfg.vocab, 1);
+    if (m->pp_rank != m->pp_size - 1) return 0; /* a middle stage, or stage 0's other ranks: no logits */
+    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, m->lm_full))) return rc;
+    return m->ring ? bcast(m->ring, m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab, 1) : 0;
 }
 
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
