@@ -138,6 +138,23 @@ void pr_free(pr_env *e) {
     if (e) llmserve__envelope__free_unpacked(e, NULL);
 }
 
+#if !defined(__SANITIZE_ADDRESS__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define __SANITIZE_ADDRESS__ 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+/* A message nng_sendmsg accepted belongs to nng. nng before 1.7 loses one
+ * when a socket closes while a pipe's send is being cancelled (upstream
+ * issue 1713: the transport's pipe_send returns on a cancelled aio without
+ * freeing it); Debian ships 1.5.2, so the leak checker would now and then
+ * report the worker's or gateway's last message to a closing peer. Only
+ * allocations made inside pr_send are excused: pr_send frees a message
+ * nng refused, so what leaks from here was nng's to free. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:pr_send\n"; }
+#endif
+
 int pr_send(nng_socket s, pr_env *env, int flags) {
     env->version = PR_VERSION;
     if (secret_len) {
