@@ -77,7 +77,8 @@ int wk_comm_split(wk_comm *world, int color, int key, int use_tcp, wk_comm **out
  * rank): its stage's TP comm (NULL with one rank a stage; over TCP when stage_tcp), and on each stage's
  * first rank the pair with the stage before (prev) and after (next), and on stage 0's and the last one's
  * the ring pair that carries the logits back (pipe_tcp: the pairs over TCP). In a pair the earlier stage is
- * rank 0 (in the ring, stage 0). Two stages: ring is the same comm as next (stage 0) or prev (stage 1). */
+ * rank 0 (in the ring, stage 0). The ring is a comm of its own even with two stages (where it joins the
+ * same two ranks as the pair): the last stage sends on it from a thread of its own (wk_wire.h). */
 typedef struct {
     wk_comm *stage, *prev, *next, *ring;
 } wk_comm_pipe;

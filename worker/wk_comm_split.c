@@ -135,14 +135,13 @@ int wk_comm_pipeline(wk_comm *world, int pp, int stage_tcp, int pipe_tcp, wk_com
     if (!rc) rc = pair(world, first && s > 0 ? (s - 1) / 2 : -1, s, pipe_tcp, &b); /* (1,2), (3,4), ... */
     out->next = s % 2 ? b : a;
     out->prev = s % 2 ? a : b;
-    if (!rc && pp == 2) out->ring = s ? out->prev : out->next;
-    else if (!rc) rc = pair(world, first && (s == 0 || s == pp - 1) ? 0 : -1, s, pipe_tcp, &out->ring);
+    if (!rc) rc = pair(world, first && (s == 0 || s == pp - 1) ? 0 : -1, s, pipe_tcp, &out->ring);
     if (rc) wk_comm_pipe_free(out);
     return rc;
 }
 
 void wk_comm_pipe_free(wk_comm_pipe *p) {
-    if (p->ring != p->prev && p->ring != p->next) wk_comm_free(p->ring);
+    wk_comm_free(p->ring);
     wk_comm_free(p->stage);
     wk_comm_free(p->prev);
     wk_comm_free(p->next);

@@ -159,10 +159,10 @@ int wk_engine_create(wk_model *m, const wk_engine_opts *oi, wk_engine **out, cha
     e->plan = malloc(sizeof *e->plan * (size_t)o->max_num_batched_tokens);
     e->plan_seq = malloc(sizeof *e->plan_seq * (size_t)o->max_num_batched_tokens);
     e->row_copy = malloc(sizeof(float) * c->vocab);
-    /* two pipeline stages overlap their steps (wk_step.c): a plan in flight, and one more, launched before
-     * it is collected. With three or more, a step's messages would wait on each other across the stages
-     * (every hop waits for its receiver), so their steps run one at a time (wk_forward_batch) */
-    e->pipe = m->pp_size == 2 ? 2 : 0;
+    /* pipeline stages overlap their steps (wk_step.c): a step in flight a stage, the oldest collected once
+     * each stage has one */
+    e->pipe = m->pp_size > 1 ? m->pp_size : 0;
+    if (e->pipe) CM_INFO("pipeline of %d stages: %d virtual engines, a step of each in flight at once", e->pipe, e->pipe);
     e->ve = e->pipe - 1;
     int fly_ok = 1;
     for (int i = 0; i < e->pipe && i < WK_MAX_STAGES; i++) {
@@ -217,6 +217,9 @@ static void req_free(wk_engine *e, wk_req *r) {
 
 void wk_engine_free(wk_engine *e) {
     if (!e) return;
+    if (e->pipe)
+        CM_INFO("pipeline of %d stages: %llu steps launched, up to %d in flight at once", e->pipe,
+                (unsigned long long)e->launched, e->fly_peak);
     for (int i = 0; i < e->n_reqs; i++) req_free(e, e->reqs[i]);
     free(e->reqs);
     cm_idmap_free(&e->by_id);

@@ -107,9 +107,11 @@ struct wk_engine {
     /* pipeline stages, overlapped (wk_step.c): a virtual engine a stage, each a share of the running
      * sequences, step in turn; while the later stages compute the steps in flight (fly[], oldest at
      * fly0, n_fly of them, up to one a later stage), stage 0 computes another's. pipe: the number of
-     * virtual engines (2 with two stages: wk_forward.c says why not more; 0: off); ve: the one being
-     * planned. An aborted sequence's entry in flight is NULL (its rows are skipped). */
-    int pipe, ve;
+     * virtual engines (as many as stages; 0: off); ve: the one being planned; fly_peak: the most steps
+     * in flight at once, launched: the steps launched (said when the engine ends). An aborted sequence's
+     * entry in flight is NULL (its rows are skipped). */
+    int pipe, ve, fly_peak;
+    uint64_t launched;
     struct wk_fly {
         wk_batch_seq *plan;
         wk_seq **seq;

@@ -260,7 +260,9 @@ static int stage_logits(wk_model *m, int n, float *logits) {
     if (wk_wire_driver(m)) return bcast(m->ring, logits, sizeof(float) * (size_t)n * m->cfg.vocab, 1);
     if (m->pp_rank != m->pp_size - 1) return 0; /* a middle stage, or stage 0's other ranks: no logits */
     if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, m->lm_full))) return rc;
-    return m->ring ? bcast(m->ring, m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab, 1) : 0;
+    if (!m->ring) return 0;
+    if ((rc = wk_wire_back_flush(m))) return rc; /* overlapped steps' logits still going back first */
+    return bcast(m->ring, m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab, 1);
 }
 
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
@@ -446,23 +448,19 @@ static int check_batch(wk_model *m, int n_seq, const wk_batch_seq *s, int *T_out
  * plan to its own stage's ranks, runs their layers with them, then passes
  * the plan and the rows to stage 1. Each later stage's first rank takes
  * them from the stage before, hands them to its stage, runs its layers and
- * passes its rows on; the last stage runs the LM head too and holds the
- * logits, gathered on its first rank, until the next plan reaches it, then
- * sends them back over the ring; the driver collects the oldest step in
- * flight after launching one (a plan header with no sequences only
- * collects; it travels the chain like a plan). The engine overlaps two
- * stages only (wk_engine.c): every send waits for its receiver, and with
- * three or more a collect reaching the last stage after a later step has
- * already released the logits it asks for would make that stage send the
- * next ones while the driver is still sending down the chain (a cycle of
- * waits). Overlapping more stages needs a wire whose sends do not wait
- * (a queue per pair); until then their steps run one at a time. */
+ * passes its rows on; the last stage runs the LM head too, gathers the
+ * logits on its first rank and queues them for the ring (the way back,
+ * wk_wire.h: a thread sends them, in order, while the stage takes the next
+ * step's rows in). The driver collects the oldest step in flight after
+ * launching one, or alone when there is nothing to launch: it takes the
+ * next logits off the ring. The wires down are a chain and the way back
+ * never holds it up, so no wait closes a cycle, for any number of stages. */
 #define PLAN_PIPE 0x4c50504e
 
 int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows) {
     int rc, T = 0, max_len;
     int32_t hdr[4] = {PLAN_PIPE, 0, 0, 0};
-    if (m->pp_size < 2 || !wk_wire_driver(m) || !m->next) return LLM_EINVAL;
+    if (m->pp_size < 2 || !wk_wire_driver(m) || !m->next || !m->ring) return LLM_EINVAL;
     if (n_seq) {
         if ((rc = check_batch(m, n_seq, s, &T, &max_len)) || (rc = plan_build(m, c, n_seq, s, PLAN_PIPE, hdr)) ||
             (rc = plan_out(m, hdr, 0)) || (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
@@ -470,35 +468,23 @@ int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, fl
             (rc = bcast(m->next, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)) ||
             (rc = bcast(m->next, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
             return rc;
-    } else {
-        m->plan_t = cm_now();
-        if ((rc = bcast(m->next, hdr, sizeof hdr, 0))) return rc;
     }
     return prev_rows ? bcast(m->ring, prev, sizeof(float) * (size_t)prev_rows * m->cfg.vocab, 1) : 0;
 }
 
 /* A rank's part of an overlapped step whose header and plan it has (and, a first rank, handed to its
- * stage). Stage 0's other ranks: the layers, with the driver. A later stage's first rank takes the rows in;
- * the last stage's sends the logits it holds back; it hands the rows to its stage, which runs its layers;
- * then it passes the header, the plan and its rows on, or (the last stage) the stage runs the LM head, the
- * logits gathered and held (m->pp_pend rows). n_seq 0 (a collect): the logits held go back, the header on. */
+ * stage). Stage 0's other ranks: the layers, with the driver. A later stage's first rank takes the rows in
+ * and hands them to its stage, which runs its layers; then it passes the header, the plan and its rows on,
+ * or (the last stage) the stage runs the LM head, the logits gathered on its first rank and queued for the
+ * way back. */
 static int follow_pipe(wk_model *m, wk_cache *c, int32_t hdr[4], int n_seq, const wk_batch_seq *s) {
     int rc, T = 0, max_len, last = m->pp_rank == m->pp_size - 1;
-    if (n_seq && (rc = check_batch(m, n_seq, s, &T, &max_len))) return rc;
-    if (m->pp_rank == 0) return n_seq ? forward_layers(m, c, n_seq, s, T, m->attn_scratch_len) : 0;
+    if ((rc = check_batch(m, n_seq, s, &T, &max_len))) return rc;
+    if (m->pp_rank == 0) return forward_layers(m, c, n_seq, s, T, m->attn_scratch_len);
     size_t rows = sizeof(float) * (size_t)T * m->cfg.dim;
-    if (!m->tp_rank) {
-        if (n_seq && (rc = bcast(m->prev, m->x, rows, 0))) return rc;
-        if (m->pp_pend && (rc = bcast(m->ring, m->lm_full, sizeof(float) * (size_t)m->pp_pend * m->cfg.vocab, 1)))
-            return rc;
-        m->pp_pend = 0;
-        if (!n_seq) return m->next ? bcast(m->next, hdr, sizeof(int32_t) * 4, 0) : 0;
-        if (m->tp_size > 1 && (rc = bcast(m->comm, m->x, rows, 0))) return rc;
-    } else if (n_seq && (rc = bcast(m->comm, m->x, rows, 0))) {
+    if ((rc = wk_wire_up(m, m->x, rows)) || (rc = wk_wire_on(m, m->x, rows, 0)) ||
+        (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)))
         return rc;
-    }
-    if (!n_seq) return 0;
-    if ((rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len))) return rc;
     if (!last) {
         if (m->tp_rank) return 0;
         if ((rc = bcast(m->next, hdr, sizeof(int32_t) * 4, 0)) ||
@@ -508,9 +494,10 @@ static int follow_pipe(wk_model *m, wk_cache *c, int32_t hdr[4], int n_seq, cons
     }
     int n = logit_rows(m, n_seq, s);
     if (!n) return 0;
-    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, m->lm_full))) return rc;
-    if (!m->tp_rank) m->pp_pend = n;
-    return 0;
+    float *out = NULL;
+    if (!m->tp_rank && !(out = wk_wire_back_buf(m, (size_t)n * m->cfg.vocab, &rc))) return rc;
+    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, out))) return rc;
+    return m->tp_rank ? 0 : wk_wire_back_send(m);
 }
 
 int wk_forward_shutdown(wk_model *m) {
@@ -548,8 +535,8 @@ int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown) {
     }
     if ((hdr[0] != WK_PLAN_MAGIC && !pipe) || hdr[1] < 0 || hdr[1] > m->max_batch || hdr[2] < 0 || hdr[3] < 0)
         return LLM_EFORMAT;
-    if (pipe && hdr[1] == 0) return follow_pipe(m, c, hdr, 0, NULL); /* the driver collects a step in flight */
     if (hdr[1] == 0) {
+        if (pipe) return LLM_EFORMAT; /* an overlapped step has sequences */
         *shutdown = 1;
         return 0;
     }

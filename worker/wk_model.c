@@ -2,6 +2,7 @@
  * on the CPU or the GPU), norms, RoPE, the tokenizer; and freeing it. The
  * KV cache is wk_kv.c, the forward pass wk_forward.c. */
 #include "wk_model.h"
+#include "wk_wire.h"
 #include "wk_cuda.h"
 #include "wk_lora.h"
 #include "cm_dtype.h"
@@ -571,6 +572,7 @@ fail:
 
 void wk_model_free(wk_model *m) {
     if (!m) return;
+    wk_wire_back_stop(m);
     wk_cuda_free(m);
     if (m->layers) {
         for (uint32_t l = 0; l < m->cfg.n_layer; l++) {

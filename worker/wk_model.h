@@ -87,9 +87,9 @@ typedef struct wk_model {
      * 1: every layer, no pairs) */
     wk_comm *prev, *next, *ring;
     int pp_rank, pp_size, layer0, layer1;
-    int pp_pend;                         /* stage 1, overlapped: logits rows held in lm_full for rank 0 */
-    float *lm_full;                      /* [lm_rows][vocab]: the last stage's gathered logits, or where
-                                          * another stage's first rank takes part in their broadcast */
+    struct wk_back *back;                /* the last stage's first rank, overlapped: the sender of the
+                                          * logits back over the ring (wk_wire.h) */
+    float *lm_full;                      /* [lm_rows][vocab]: the last stage's gathered logits (first rank) */
     int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
     /* experts [exp0, exp1) live on this rank (all of them but under --enable-expert-parallel, where
      * each is whole on one rank and hid0/hidden_l cover every column) */

@@ -1,10 +1,9 @@
 /* wk_step.c - one engine step: plan (wk_sched.c), forward, then sample what
- * the forward gave and report. With two pipeline stages the steps overlap:
- * a virtual engine (as vLLM's) a stage, each a share of the running
+ * the forward gave and report. With pipeline stages the steps overlap: a
+ * virtual engine (as vLLM's) a stage, each a share of the running
  * sequences, step in turn, so that stage 0 computes one's step while the
- * later stage computes the other's, and the logits of a step are sampled
- * once as many later steps have been launched as there are later stages
- * (the loop is written for any number; wk_engine.c starts it for two). */
+ * later stages compute the others', and the logits of a step are sampled
+ * once as many later steps have been launched as there are later stages. */
 #include "wk_engine_int.h"
 #include "cm_error.h"
 #include "cm_log.h"
@@ -128,10 +127,10 @@ static int flying(const wk_engine *e, int v) {
  * one planned last), launch its step and, once as many are in flight as there are later stages (or when
  * there is nothing to launch), collect the oldest and sample it; the new one stays in flight. */
 static int step_pipe(wk_engine *e) {
-    int tokens = 0, rc, P = e->pipe;
+    int tokens = 0, rc, P = e->pipe, from = e->ve;
     e->n_plan = 0;
     for (int k = 1; k <= P && !e->n_plan; k++) {
-        int v = (e->ve + k) % P;
+        int v = (from + k) % P;
         if (flying(e, v)) continue;
         e->ve = v;
         if ((rc = wk_sched_plan(e, &tokens))) return rc;
@@ -150,6 +149,8 @@ static int step_pipe(wk_engine *e) {
         f->n = e->n_plan, f->rows = rows, f->ve = e->ve;
         e->plan = p, e->plan_seq = ps, e->logits = l, e->logits_rows = lr;
         e->n_fly++;
+        e->launched++;
+        if (e->n_fly > e->fly_peak) e->fly_peak = e->n_fly;
     }
     struct wk_fly *old = e->n_fly == P || !e->n_plan ? &e->fly[e->fly0] : NULL, *nw = &e->fly[(e->fly0 + e->n_fly - 1) % P];
     struct timespec t0;

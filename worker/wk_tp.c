@@ -1,4 +1,5 @@
 #include "wk_tp.h"
+#include "wk_wire.h"
 #include "cm_error.h"
 #include "cm_log.h"
 #include "pr_wire.h"
@@ -446,6 +447,12 @@ int wk_tp_follow(wk_tp *t, wk_model *m, const wk_engine_opts *eo, volatile sig_a
         if (shutdown) break;
         steps++;
         (void)stop; /* rank 0 decides when the group stops */
+    }
+    int r2 = wk_wire_back_stop(m); /* the last stage's way back: what it still holds goes first */
+    if (!rc && r2) {
+        snprintf(err, errlen, "the logits of step %llu did not reach rank 0: %s", (unsigned long long)steps,
+                 cm_strerror(r2));
+        rc = r2;
     }
     wk_cache_free(c);
     return rc;

@@ -24,4 +24,16 @@ int wk_wire_down(wk_model *m, void *buf, size_t bytes);
 /* Every rank says whether its part failed; all learn whether any did (*any), over every stage. */
 int wk_wire_agree(wk_model *m, int failed, int *any);
 
+/* The way back: the last pipeline stage's first rank sends each overlapped step's logits to the driver over
+ * the ring from a thread of its own, in the order the steps came, so the stage goes on to the next step's
+ * rows while the driver is still sending down the chain; a send that waited for its receiver would close a
+ * cycle of waits once three stages or more overlap. back_buf: a buffer of floats to gather the logits into
+ * (waits while every one is queued; NULL and *rc on a failed send); back_send queues the buffer back_buf
+ * gave last. flush waits until the queue is empty (before the ring is used otherwise); stop ends the
+ * thread. Each returns the first send's error, if one failed. */
+float *wk_wire_back_buf(wk_model *m, size_t floats, int *rc);
+int wk_wire_back_send(wk_model *m);
+int wk_wire_back_flush(wk_model *m);
+int wk_wire_back_stop(wk_model *m);
+
 #endif

@@ -5,8 +5,8 @@ and the real model.
 
 A group of two pipeline stages (--pipeline-parallel-size 2: rank 0 holds
 the first half of the layers and the embeddings, rank 1 the rest and the LM
-head) behind one gateway, against one rank behind another (and three stages, whose steps run one at a time).
-Under continuous
+head) behind one gateway, against one rank behind another (and three stages,
+with up to three steps in flight). Under continuous
 batching (eight requests at once, prompts of different lengths, so prefill
 chunks and decodes share steps), every answer must be the single rank's,
 token for token, with the same log-probabilities: greedy and seeded,
@@ -177,8 +177,13 @@ try:
                     print("  one rank: %r\n  2 stages: %r" % (a[:2], b[:2]))
                     break
         got3 = at_once(PP3_G, bodies)
-        h.check(got3 == ref, "three stages (10 layers each, steps not overlapped): the same %d answers" % len(ref))
+        h.check(got3 == ref, "three stages (10 layers each, steps overlapped): the same %d answers" % len(ref))
         pp3.terminate()
+        pp3.wait(30)
+        peak = re.search(r"pipeline of 3 stages: (\d+) steps launched, up to (\d+) in flight at once",
+                         open(os.path.join(h.tmp, "pp3.log")).read())
+        h.check(peak and int(peak.group(2)) == 3, "three stages: three steps in flight at once (%s)" %
+                (peak.group(0) if peak else "no summary in the log"))
         steps = [l for l in open(os.path.join(h.tmp, "pp.log")) if "rank 1" in l and "failed" in l]
         h.check(not steps, "stage 1 ran every step")
 

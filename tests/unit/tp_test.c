@@ -12,6 +12,7 @@
 #include "wk_comm.h"
 #include "wk_model.h"
 #include "wk_sampler.h"
+#include "wk_wire.h"
 
 #include <math.h>
 #include <signal.h>
@@ -47,24 +48,28 @@ static int rank_comms(wk_comm *world, int n, int r, wk_model_opts *o, wk_comm_pi
     return rc;
 }
 
-/* In-process TP=2 over the shared-memory comm (rank 1 a forked child)
- * against TP=1: logits close in the int8 path, identical greedy tokens in
- * reference (float activation) mode, where only summation order differs. */
-/* The same forward over n ranks (n-1 forked children over shared memory):
- * the prompt's logits and n_gen greedy tokens. cfg: dummy weights of that
- * shape instead of the model file. */
-static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *prompt, int np, int32_t *greedy_out,
-                       float *logits_out, int n_gen, double *ms) {
-    enum { CTX = 256 };
-    char name[64];
+/* A group of n ranks over shared memory: rank 0 here (its model in g->m), ranks 1..n-1 forked children that
+ * follow it until its shutdown. cfg: dummy weights of that shape instead of the model file. Every rank's
+ * KV cache holds CTX positions in blocks of 16 (F32 with float activations). */
+enum { CTX = 256 };
+typedef struct {
+    int n;
     wk_comm *comm;
-    kn_set_act_f32(act_f32);
-    CHECK_RC(wk_comm_shm_create(n, name, sizeof name, &comm), 0);
-    wk_comm_shm_set_pid(comm, 0, getpid(), 0);
+    wk_comm_pipe pc;
+    wk_model *m;
     pid_t child[8];
+} group;
+
+static void group_start(group *g, int n, const char *cfg, int act_f32) {
+    char name[64];
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    kn_set_act_f32(act_f32);
+    CHECK_RC(wk_comm_shm_create(n, name, sizeof name, &g->comm), 0);
+    wk_comm_shm_set_pid(g->comm, 0, getpid(), 0);
     for (int r = 1; r < n; r++) {
-        child[r] = fork();
-        if (child[r] == 0) {
+        g->child[r] = fork();
+        if (g->child[r] == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             wk_comm *c1;
             if (wk_comm_shm_attach(name, r, &c1)) _exit(2);
@@ -86,17 +91,37 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
                 if (wk_forward_follow(m1, cache, &stop)) _exit(5);
                 if (stop) break;
             }
+            if (wk_wire_back_stop(m1)) _exit(7);
             _exit(0);
         }
-        wk_comm_shm_set_pid(comm, r, child[r], 1);
+        wk_comm_shm_set_pid(g->comm, r, g->child[r], 1);
     }
-    wk_model *m0;
     char err[256];
     wk_model_opts o0 = {.model_path = cfg ? NULL : model_path, .model_config = cfg, .threads = 1, .max_batch = 64,
                         .expert_parallel = n > 1 && expert_parallel};
-    wk_comm_pipe pc0;
-    CHECK_RC(rank_comms(comm, n, 0, &o0, &pc0), 0);
-    CHECK_RC(wk_model_load(&o0, &m0, err, sizeof err), 0);
+    CHECK_RC(rank_comms(g->comm, n, 0, &o0, &g->pc), 0);
+    CHECK_RC(wk_model_load(&o0, &g->m, err, sizeof err), 0);
+}
+
+static void group_stop(group *g) {
+    CHECK_RC(wk_forward_shutdown(g->m), 0);
+    for (int r = 1; r < g->n; r++) {
+        int st;
+        waitpid(g->child[r], &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    wk_model_free(g->m);
+    wk_comm_pipe_free(&g->pc);
+    wk_comm_free(g->comm);
+    kn_set_act_f32(0);
+}
+
+/* The same forward over n ranks: the prompt's logits and n_gen greedy tokens. */
+static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *prompt, int np, int32_t *greedy_out,
+                       float *logits_out, int n_gen, double *ms) {
+    group g;
+    group_start(&g, n, cfg, act_f32);
+    wk_model *m0 = g.m;
     wk_kv *kv;
     CHECK_RC(wk_kv_create(m0, CTX, act_f32 ? KN_KV_F32 : KN_KV_F16, &kv), 0);
     float *lg = malloc(sizeof(float) * m0->cfg.vocab);
@@ -109,18 +134,66 @@ static void tpn_logits(int n, const char *cfg, int act_f32, const int32_t *promp
         CHECK_RC(wk_forward(m0, kv, &t, 1, lg, 0), 0);
     }
     *ms = (cm_now() - t0) * 1e3;
-    CHECK_RC(wk_forward_shutdown(m0), 0);
-    for (int r = 1; r < n; r++) {
-        int st;
-        waitpid(child[r], &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
     free(lg);
     wk_kv_free(kv);
-    wk_model_free(m0);
-    wk_comm_pipe_free(&pc0);
-    wk_comm_free(comm);
-    kn_set_act_f32(0);
+    group_stop(&g);
+}
+
+/* NS sequences (prompt, each with its first token changed), NG greedy tokens each, over n ranks: one step at
+ * a time (wk_forward_batch), or overlapped as the engine runs pipeline stages (wk_forward_pp: a step
+ * launched, the oldest collected once as many are in flight as there are stages). A hash of every logits
+ * row each sequence got, and its tokens. */
+enum { NS = 4, NG = 6 };
+static void tpn_steps(int n, const char *cfg, int overlap, const int32_t *prompt, int np, int32_t toks[NS][NG],
+                      uint64_t hash[NS]) {
+    group g;
+    group_start(&g, n, cfg, 1);
+    wk_model *m0 = g.m;
+    size_t V = m0->cfg.vocab;
+    wk_cache *c;
+    CHECK_RC(wk_cache_create(m0, KN_KV_F32, 16, CTX / 16, &c), 0);
+    int32_t seq[NS][32], blocks[NS], pos[NS] = {0}, got[NS] = {0}, fifo[NS], f0 = 0, nf = 0, busy[NS] = {0}, next = 0;
+    float *lg = malloc(sizeof(float) * V);
+    for (int i = 0; i < NS; i++) {
+        memcpy(seq[i], prompt, sizeof(int32_t) * (size_t)np);
+        seq[i][0] = (seq[i][0] + 31 * i) % (int32_t)V;
+        blocks[i] = i; /* np + NG fit one block of 16 */
+        hash[i] = 1469598103934665603ull;
+    }
+    for (int left = NS * NG; left > 0;) {
+        int i = -1;
+        for (int k = 0; k < NS && i < 0; k++) {
+            int j = (next + k) % NS;
+            if (!busy[j] && got[j] < NG) i = j;
+        }
+        wk_batch_seq b = {0};
+        if (i >= 0) {
+            int nt = pos[i] ? 1 : np;
+            b = (wk_batch_seq){seq[i] + pos[i], nt, pos[i], &blocks[i], nt - 1, 0};
+            next = (i + 1) % NS;
+        }
+        int j = -1; /* the step whose logits come back now */
+        if (!overlap) {
+            CHECK_RC(wk_forward_batch(m0, c, 1, &b, lg), 0);
+            j = i;
+        } else {
+            if (i >= 0) fifo[(f0 + nf++) % NS] = i, busy[i] = 1;
+            int collect = nf == m0->pp_size || i < 0;
+            CHECK_RC(wk_forward_pp(m0, c, i >= 0, i >= 0 ? &b : NULL, collect ? lg : NULL, collect), 0);
+            if (collect) j = fifo[f0], f0 = (f0 + 1) % NS, nf--, busy[j] = 0;
+        }
+        if (i >= 0) pos[i] += b.n;
+        if (j < 0) continue;
+        for (size_t k = 0; k < V * sizeof(float); k++)
+            hash[j] = (hash[j] ^ ((const uint8_t *)lg)[k]) * 1099511628211ull;
+        int32_t t = wk_argmax(lg, (int)V);
+        toks[j][got[j]++] = t;
+        seq[j][np + got[j] - 1] = t;
+        left--;
+    }
+    free(lg);
+    wk_cache_free(c);
+    group_stop(&g);
 }
 
 static void tp_logits(int act_f32, int32_t *greedy_out, float *logits_out, int n_gen, double *ms) {
@@ -315,6 +388,23 @@ static void test_pp(void) {
             tpn_logits(3 * tp, cfg, 1, prompt, 8, tb, lb, 8, &ms2);
             CHECK(!memcmp(la, lb, sizeof la));
             CHECK(!memcmp(ta, tb, sizeof ta));
+        }
+        /* overlapped as the engine runs them (a step of each of four sequences in flight, up to one a
+         * stage): three stages of one rank and of two, four of one, each sequence's logits rows the bits
+         * of the same steps run one at a time on one process or one TP=2 group */
+        const int shapes[][2] = {{3, 1}, {3, 2}, {4, 1}};
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            int32_t ta[NS][NG], tb[NS][NG];
+            uint64_t ha[NS], hb[NS];
+            pp_stages = 0;
+            tpn_steps(shapes[k][1], cfg, 0, prompt, 8, ta, ha);
+            pp_stages = shapes[k][0];
+            tpn_steps(shapes[k][0] * shapes[k][1], cfg, 1, prompt, 8, tb, hb);
+            int eq = !memcmp(ha, hb, sizeof ha) && !memcmp(ta, tb, sizeof ta);
+            fprintf(stderr, "  PP=%d x TP=%d overlapped (%d sequences, up to %d steps in flight) vs TP=%d one step at "
+                            "a time: logits %s\n", shapes[k][0], shapes[k][1], NS, shapes[k][0], shapes[k][1],
+                    eq ? "bit-identical" : "DIFFER");
+            CHECK(eq);
         }
         wk_model *m;
         char err[300] = "", name[64];
