@@ -201,9 +201,10 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
  * and runs it on their shard. wk_forward_shutdown (rank 0) ends the loop
  * (*shutdown = 1). LLM_EIO when a rank died, LLM_EFORMAT for a bad plan. */
 int wk_forward_follow(wk_model *m, wk_cache *c, int *shutdown);
-/* Two pipeline stages, overlapped (rank 0): stage 0's layers over this step (n_seq 0: none), its plan and
- * rows sent to stage 1, then the logits of the step launched before (prev_rows rows into prev; 0: none),
- * which stage 1 finished while stage 0 computed. The caller keeps the two steps' sequences apart. */
+/* Pipeline stages, overlapped (rank 0): stage 0's layers over this step (n_seq 0: none), its plan and rows
+ * sent to stage 1, then the logits of the oldest step in flight (prev_rows rows into prev; 0: none), which
+ * the later stages finished while stage 0 computed; they come back in the order the steps went down. The
+ * caller keeps the steps' sequences apart (a sequence in one step in flight at most). */
 int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, float *prev, int prev_rows);
 int wk_forward_shutdown(wk_model *m);
 /* A step plan's header is {WK_PLAN_MAGIC, n_seq, copies, words}; an n_seq of WK_PLAN_LORA is a LoRA
