@@ -86,6 +86,7 @@ typedef struct wk_cuda {
     float *logits_all;            /* [B][vocab] gathered from the ranks (tensor parallel) */
     int32_t *meta, *hmeta;        /* step metadata: device and host staging */
     size_t meta_cap;              /* int32s */
+    int step_rows, step_logits;   /* the last step's rows and rows that want logits (for wk_cuda_head) */
     float *ws;                    /* split-K attention workspace */
     size_t ws_bytes;
 } wk_cuda;
@@ -156,6 +157,10 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
         snprintf(err, errlen, "--device cuda: no CUDA device is visible (driver, CUDA_VISIBLE_DEVICES)");
         return LLM_EDEVICE;
     }
+    if (m->pp_size > 1 && m->tp_size == 1 && (rc = kn_cuda_set_device(m->gpu % n_dev))) { /* a stage's GPU */
+        snprintf(err, errlen, "--device cuda: cannot select GPU %d: %s", m->gpu % n_dev, cm_strerror(rc));
+        return rc;
+    }
     const cm_model_config *c = &m->cfg;
     if (c->gemma || c->qk_norm || c->n_expert) {
         snprintf(err, errlen, "--device cuda: %s (%s) runs on the CPU only for now", c->arch,
@@ -175,11 +180,15 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
     if ((rc = kn_cuda_blas_create(&g->blas)) || (rc = kn_cuda_sm_count(&g->n_sm))) goto fail;
     int fp8 = m->quant == WK_QUANT_FP8;
     if (fp8 && (rc = kn_cuda_fp8_create(&g->f8))) goto fail;
-    /* the embedding and the LM head stay in their own type, as vLLM keeps them */
-    if ((rc = up_weight(g, &m->tok_embd, &g->embd, 1u << 20, 0))) goto fail;
-    if (c->tied && m->tp_size == 1 && m->output.raw == m->tok_embd.raw) g->out = g->embd;
-    else if ((rc = up_weight(g, &m->output, &g->out, (1u << 20) + 1, 0))) goto fail;
-    for (size_t l = 0; l < L; l++) {
+    /* the embedding and the LM head stay in their own type, as vLLM keeps them; a pipeline stage holds the
+     * embedding if it is the first (or the last, whose head shares it), the head if it is the last, and
+     * its own layers only */
+    int first = m->pp_rank == 0, last = m->pp_rank == m->pp_size - 1;
+    int share = c->tied && m->tp_size == 1 && m->output.raw == m->tok_embd.raw;
+    if ((first || (last && share)) && (rc = up_weight(g, &m->tok_embd, &g->embd, 1u << 20, 0))) goto fail;
+    if (last && share) g->out = g->embd;
+    else if (last && (rc = up_weight(g, &m->output, &g->out, (1u << 20) + 1, 0))) goto fail;
+    for (size_t l = (size_t)m->layer0; l < (size_t)m->layer1; l++) {
         const wk_layer *Ly = &m->layers[l];
         const kn_weight *mats[N_MAT] = {&Ly->wq, &Ly->wk, &Ly->wv, &Ly->wo, &Ly->gate, &Ly->up, &Ly->down};
         for (int j = 0; j < N_MAT; j++)
@@ -301,22 +310,31 @@ static int stage(wk_cuda *g, const wk_cache *c, int n_seq, const wk_batch_seq *s
     return kn_cuda_upload(g->meta, g->hmeta, sizeof(int32_t) * need);
 }
 
-int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
+/* This rank's layers over a step: stage 0 embeds the tokens, a later pipeline stage uploads the rows that
+ * came from the stage before (m->x); *nl: the rows that want logits (their indexes stay in g->meta for
+ * the head). */
+static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, int *nl) {
     wk_cuda *g = m->cu;
     const cm_model_config *cf = &m->cfg;
     int D = (int)cf->dim, hd = (int)cf->head_dim, nh = m->n_head_l, nkv = m->n_kv_l, H = m->hidden_l;
-    int QD = nh * hd, KVD = nkv * hd, nl, rc;
+    int QD = nh * hd, KVD = nkv * hd, rc;
     int32_t *d;
-    if ((rc = stage(g, c, n_seq, s, T, &nl, &d))) return rc;
-    const int32_t *d_ids = d, *d_pos = d + T, *d_rseq = d + 2 * T, *d_slot = d + 3 * T, *d_lrows = d + 4 * T,
-                  *d_soff = d + 5 * T, *d_blk = d + 5 * T + n_seq;
+    if ((rc = stage(g, c, n_seq, s, T, nl, &d))) return rc;
+    g->step_rows = T;
+    g->step_logits = *nl;
+    const int32_t *d_ids = d, *d_pos = d + T, *d_rseq = d + 2 * T, *d_slot = d + 3 * T, *d_soff = d + 5 * T,
+                  *d_blk = d + 5 * T + n_seq;
     kn_cuda_attn_geom geo;
     if ((rc = kn_cuda_attn_plan(T, nh, hd, max_len, g->n_sm, &geo))) return rc;
     if (geo.workspace_bytes > g->ws_bytes) return LLM_ERANGE; /* cannot happen: see wk_cuda_load */
 #define TRY(call)                                                                                  \
     if ((rc = (call))) return rc
-    TRY(kn_cuda_embed(g->embd.type, g->embd.d, g->embd.n, D, d_ids, T, g->x));
-    for (uint32_t l = 0; l < cf->n_layer; l++) {
+    if (m->pp_rank == 0) {
+        TRY(kn_cuda_embed(g->embd.type, g->embd.d, g->embd.n, D, d_ids, T, g->x));
+    } else {
+        TRY(kn_cuda_upload(g->x, m->x, sizeof(float) * (size_t)T * (size_t)D)); /* host staging: the hop's rows */
+    }
+    for (uint32_t l = (uint32_t)m->layer0; l < (uint32_t)m->layer1; l++) {
         const dweight *w = g->w + (size_t)l * N_MAT;
         float *const *vec = g->vec + (size_t)l * N_VEC;
         TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[0], T, D, cf->norm_eps));
@@ -330,7 +348,7 @@ int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, 
             TRY(kn_cuda_scale(g->q, cf->attn_scale * sqrtf((float)hd), (size_t)T * (size_t)QD));
         TRY(kn_cuda_rope_rows(g->q, T, nh, hd, (int)cf->rope_dim, cf->rope_type, d_pos, g->inv_freq));
         TRY(kn_cuda_rope_rows(g->k, T, nkv, hd, (int)cf->rope_dim, cf->rope_type, d_pos, g->inv_freq));
-        size_t layer = (size_t)l * (size_t)c->n_blocks * c->block_stride;
+        size_t layer = (size_t)(l - (uint32_t)m->layer0) * (size_t)c->n_blocks * c->block_stride; /* the stage's cache */
         TRY(kn_cuda_kv_store(c->type, c->k + layer, c->v + layer, c->block_stride, g->k, g->v, d_slot, T, KVD,
                              c->block_shift));
         kn_cuda_attn_args aa = {T,     nh,     nkv,          hd,          c->type, c->block_shift, max_len, g->n_sm,
@@ -348,19 +366,62 @@ int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, 
         TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));
         TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
     }
-    if (!nl) return kn_cuda_sync();
+    return 0;
+}
+
+/* The final norm and the LM head over the step's nl rows that want logits; *full: the whole vocabulary's
+ * logits on the device (gathered on the first rank under TP). */
+static int run_head(wk_model *m, int nl, float **full) {
+    wk_cuda *g = m->cu;
+    const cm_model_config *cf = &m->cfg;
+    int D = (int)cf->dim, rc;
+    const int32_t *d_lrows = g->meta + 4 * (size_t)g->step_rows;
     TRY(kn_cuda_gather_rows(g->xb, g->x, d_lrows, nl, D));
     TRY(kn_cuda_rmsnorm(g->xb2, g->xb, g->out_norm, nl, D, cf->norm_eps));
     TRY(dmm(g, &g->out, g->xb2, g->logits, nl));
-    float *full = g->logits;
-    if (m->tp_size > 1) { /* vocabulary-parallel LM head: rank 0 gathers the columns */
+    *full = g->logits;
+    if (m->tp_size > 1) { /* vocabulary-parallel LM head: the first rank gathers the columns */
         TRY(kn_cuda_sync());
         TRY(m->comm->ops->all_gather_cols(m->comm, g->logits, nl, m->voc_width, m->tp_rank == 0 ? g->logits_all : NULL));
-        full = g->logits_all;
+        *full = g->logits_all;
     }
 #undef TRY
+    return 0;
+}
+
+/* The longest sequence a step attends over (the attention's split plan). */
+static int step_len(int n_seq, const wk_batch_seq *s) {
+    int L = 0;
+    for (int i = 0; i < n_seq; i++)
+        if (s[i].pos0 + s[i].n > L) L = s[i].pos0 + s[i].n;
+    return L;
+}
+
+int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T) {
+    int nl, rc = run_layers(m, c, n_seq, s, T, step_len(n_seq, s), &nl);
+    if (rc) return rc;
+    if (m->pp_rank == m->pp_size - 1) return kn_cuda_sync(); /* the head runs next, on the device */
+    return kn_cuda_download(m->x, m->cu->x, sizeof(float) * (size_t)T * m->cfg.dim); /* the rows for the next stage */
+}
+
+int wk_cuda_head(wk_model *m, int n, float *out) {
+    wk_cuda *g = m->cu;
+    if (!g || n != g->step_logits || m->pp_rank != m->pp_size - 1) return LLM_EINVAL;
+    float *full;
+    int rc = run_head(m, n, &full);
+    if (rc) return rc;
+    if (!out || m->tp_rank) return kn_cuda_sync();
+    return kn_cuda_download(out, full, sizeof(float) * (size_t)n * m->cfg.vocab);
+}
+
+int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
+    int nl, rc = run_layers(m, c, n_seq, s, T, max_len, &nl);
+    if (rc) return rc;
+    if (!nl) return kn_cuda_sync();
+    float *full;
+    if ((rc = run_head(m, nl, &full))) return rc;
     if (!logits) return kn_cuda_sync();
-    return kn_cuda_download(logits, full, sizeof(float) * (size_t)nl * cf->vocab);
+    return kn_cuda_download(logits, full, sizeof(float) * (size_t)nl * m->cfg.vocab);
 }
 
 #else /* built without CUDA */
@@ -374,6 +435,14 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
 void wk_cuda_free(wk_model *m) { (void)m; }
 int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
     (void)m, (void)c, (void)n_seq, (void)s, (void)T, (void)max_len, (void)logits;
+    return LLM_EUNSUP;
+}
+int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T) {
+    (void)m, (void)c, (void)n_seq, (void)s, (void)T;
+    return LLM_EUNSUP;
+}
+int wk_cuda_head(wk_model *m, int n, float *out) {
+    (void)m, (void)n, (void)out;
     return LLM_EUNSUP;
 }
 int wk_cuda_alloc(void **d, size_t bytes) {

@@ -245,6 +245,7 @@ static int lm_grow(wk_model *m, int n) {
 /* The LM head over n rows (lm_grow'n first), each of the stage's ranks its vocabulary columns, gathered on
  * its first rank into out [n][vocab] (the others' out is not written). */
 static int head_gather(wk_model *m, int n, float *out) {
+    if (m->device == WK_DEV_CUDA) return wk_cuda_head(m, n, m->tp_rank ? NULL : out);
     if (m->tp_size == 1) {
         lm_head(m, n, out);
         return 0;
@@ -268,6 +269,7 @@ static int stage_logits(wk_model *m, int n, float *logits) {
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
  * its rows in m->x) and this stage's layers run over them. */
 static int forward_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len) {
+    if (m->device == WK_DEV_CUDA) return wk_cuda_layers(m, c, n_seq, s, T); /* a pipeline stage on the GPU */
     const cm_model_config *cf = &m->cfg;
     int D = (int)cf->dim, H = m->hidden_l, rc;
     for (int i = 0, t = 0; i < n_seq; i++) {
@@ -337,10 +339,10 @@ static int forward_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_se
 
 /* The rows that want logits gathered to the front of m->x; how many. */
 static int logit_rows(wk_model *m, int n_seq, const wk_batch_seq *s) {
-    int n = 0, D = (int)m->cfg.dim;
+    int n = 0, D = (int)m->cfg.dim, move = m->device != WK_DEV_CUDA; /* the GPU's rows stay on it */
     for (int i = 0, t = 0; i < n_seq; t += s[i].n, i++)
         for (int j = s[i].logits_from; j < s[i].n; j++, n++)
-            if (n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
+            if (move && n != t + j) memcpy(m->x + (size_t)n * D, m->x + (size_t)(t + j) * D, sizeof(float) * (size_t)D);
     return n;
 }
 
@@ -571,7 +573,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         int32_t hdr[4];
         if ((rc = plan_build(m, c, n_seq, s, WK_PLAN_MAGIC, hdr)) || (rc = plan_out(m, hdr, 1))) return rc;
     }
-    if (m->device == WK_DEV_CUDA) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
+    if (m->device == WK_DEV_CUDA && m->pp_size == 1) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
     return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
 }
 

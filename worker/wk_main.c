@@ -272,7 +272,7 @@ static int run(int argc, char **argv) {
     int encoder = model && !mo.model_config && cm_model_open(model, &probe, NULL, 0) == 0 && probe->cfg.encoder;
     int layers = probe ? (int)probe->cfg.n_layer : 0;
     cm_model_close(probe);
-    if (wk_model_pp_check(pp, layers, mo.device, err, sizeof err)) {
+    if (wk_model_pp_check(pp, tp, layers, mo.device, err, sizeof err)) {
         fprintf(stderr, "llmserve-worker: %s\n", err);
         wk_health_stop(health);
         return 2;
@@ -317,8 +317,10 @@ static int run(int argc, char **argv) {
                          .rank = my_rank,
                          .group_addr = group,
                          .spawn = spawn,
-                         .use_nccl = lf.device == WK_DEV_CUDA,
-                         .use_tcp = lf.device != WK_DEV_CUDA && per_node && per_node < world, /* hosts share no memory */
+                         /* GPU TP over NCCL; GPU pipeline stages (one GPU each) pass host-staged rows on the
+                          * CPU wires */
+                         .use_nccl = lf.device == WK_DEV_CUDA && pp == 1,
+                         .use_tcp = (lf.device != WK_DEV_CUDA || pp > 1) && per_node && per_node < world, /* hosts share no memory */
                          .device = my_rank % local,
                          .join_timeout_s = join_s,
                          .collective_timeout_s = coll_s,

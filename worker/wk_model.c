@@ -156,14 +156,14 @@ static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, 
     return load_weight_part(m, w, name, k, n, 0, n, 0, k, err, errlen);
 }
 
-int wk_model_pp_check(int pp, int n_layer, int device, char *err, size_t errlen) {
+int wk_model_pp_check(int pp, int tp, int n_layer, int device, char *err, size_t errlen) {
     if (pp > 1 && n_layer > 0 && pp > n_layer) {
         snprintf(err, errlen, "--pipeline-parallel-size %d is more stages than the model's %d layers", pp, n_layer);
         return LLM_EUNSUP;
     }
-    if (pp > 1 && device == WK_DEV_CUDA) {
-        snprintf(err, errlen, "--pipeline-parallel-size runs on the CPU backend only for now (the GPU stage wire, "
-                 "NCCL send/recv between stages, is not built)");
+    if (pp > 1 && tp > 1 && device == WK_DEV_CUDA) {
+        snprintf(err, errlen, "--pipeline-parallel-size with --tensor-parallel-size runs on the CPU backend only for "
+                 "now (on --device cuda a stage is one GPU: each stage's own NCCL communicator is not built)");
         return LLM_EUNSUP;
     }
     return 0;
@@ -174,7 +174,7 @@ int wk_model_pp_check(int pp, int n_layer, int device, char *err, size_t errlen)
  * other stages' layer tensors are marked used: they are theirs, not ignored. */
 static int stage_layers(wk_model *m, char *err, size_t errlen) {
     int L = (int)m->cfg.n_layer, P = m->pp_size, s = m->pp_rank;
-    int rc = wk_model_pp_check(P, L, m->device, err, errlen);
+    int rc = wk_model_pp_check(P, m->tp_size, L, m->device, err, errlen);
     if (rc) return rc;
     m->layer0 = (int)(((int64_t)s * L + P - 1) / P);
     m->layer1 = (int)(((int64_t)(s + 1) * L + P - 1) / P);
@@ -375,6 +375,7 @@ int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errl
     }
     m->comm = o->comm;
     m->pp_size = o->pp_size > 1 ? o->pp_size : 1;
+    m->gpu = o->gpu;
     m->tp_size = o->comm ? o->comm->size : 1;
     m->tp_rank = o->comm ? o->comm->rank : 0;
     m->pp_rank = m->pp_size > 1 ? o->pp_rank : 0;

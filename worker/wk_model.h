@@ -87,6 +87,7 @@ typedef struct wk_model {
      * 1: every layer, no pairs) */
     wk_comm *prev, *next, *ring;
     int pp_rank, pp_size, layer0, layer1;
+    int gpu;                             /* CUDA pipeline stages: this rank's GPU (wk_model_opts.gpu) */
     struct wk_back *back;                /* the last stage's first rank, overlapped: the sender of the
                                           * logits back over the ring (wk_wire.h) */
     float *lm_full;                      /* [lm_rows][vocab]: the last stage's gathered logits (first rank) */
@@ -123,6 +124,8 @@ typedef struct {
     int pp_size;                         /* pipeline stages (0 or 1: none) */
     int pp_rank;                         /* this rank's stage */
     const wk_comm_pipe *pipe;            /* the pipeline's wires (wk_comm_pipeline): its pairs are used */
+    int gpu;                             /* CUDA, pipeline stages: this rank's GPU on its host (modulo those
+                                          * visible; TP ranks take theirs in the NCCL communicator) */
     const char *model_config;            /* set: dummy weights of this preset / config.json shape */
     int dummy_type;                      /* their cm_dtype (CM_F32 is 0: flags default to F16) */
     uint64_t seed;                       /* their seed */
@@ -148,7 +151,7 @@ enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1, WK_QUANT_AWQ = 2, WK_QUANT_GPTQ = 3 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
 /* --pipeline-parallel-size P of a model of n_layer layers (0: not known yet) on device: refused by name
  * where it cannot run (LLM_EUNSUP and err), before a group forms for it. */
-int wk_model_pp_check(int pp, int n_layer, int device, char *err, size_t errlen);
+int wk_model_pp_check(int pp, int tp, int n_layer, int device, char *err, size_t errlen);
 void wk_model_free(wk_model *m);
 
 /* The KV cache: a pool of blocks of block_size positions per layer.

@@ -398,6 +398,7 @@ int wk_model_load_tp(const wk_model_opts *o, wk_tp *t, wk_model **out, char *err
     mo.comm = wk_tp_stage_comm(t);
     mo.pipe = wk_tp_pipe(t);
     mo.pp_rank = t && t->pp > 1 ? t->rank / (t->size / t->pp) : 0;
+    mo.gpu = t ? t->device : 0;
     int rc = wk_model_load(&mo, out, err, errlen);
     if (!rc && t) t->m = *out;
     return rc;

@@ -17,8 +17,11 @@
 #       1024 in / 128 out), llama-3-8b and llama-3-70b with --quantization
 #       fp8 (the 70B on one GPU); then the whole stack (llmserve serve on
 #       dummy llama-3-8b) swept with llmserve bench serve.
-# Not built yet: AWQ/GPTQ INT4 checkpoints, CUDA graphs, FP8 KV cache. The
-# tensor-parallel CUDA forward needs two GPUs to check. Without a GPU it
+#   (d) pipeline stages on the GPU (tests/gpu/pp_gpu.py): two stages sharing
+#       the GPU, their hops staged through the host, against one rank.
+# Not built yet: AWQ/GPTQ INT4 checkpoints, CUDA graphs, FP8 KV cache, a
+# stage of several GPUs (its own NCCL communicator). The tensor-parallel
+# CUDA forward needs two GPUs to check. Without a GPU it
 # says so and exits 0.
 #   tests/gpu/run.sh [BUILD_DIR]      (default build-gpu)
 set -uo pipefail
@@ -71,6 +74,10 @@ timeout 150 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1,64 --prom
     --speculative-config "{\"method\": \"draft_model\", \"model\": \"$D1B/config.json\", \"num_speculative_tokens\": 4, \"cost_rule\": false}" \
     || { echo "== engine 8B + 1B draft FAILED"; fail=1; }
 rm -rf "$D1B"
+echo "== pipeline stages on the GPU: PP=2 (two processes on this GPU, host-staged hops) vs one rank, dummy head_dim 128"
+cmake --build "$BUILD" -j "$(nproc)" --target llmserve-worker llmserve-gateway 2>&1 | grep -E "error" ; true
+timeout 150 python3 "$ROOT/tests/gpu/pp_gpu.py" "$BUILD" --device cuda 2>&1 | grep -v "^20" | tail -12
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "== pipeline stages FAILED"; fail=1; }
 echo "== serving: llmserve serve on dummy llama-3-8b BF16, bench serve --sweep max-concurrency=1,8,24 (1024 in / 128 out)"
 cmake --build "$BUILD" -j "$(nproc)" --target llmserve llmserve-worker llmserve-gateway 2>&1 | grep -E "error" ; true
 PORT=18123
