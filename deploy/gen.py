@@ -191,18 +191,15 @@ PROFILES = {
     # 70B on 8 GPUs of one node, BF16
     "gpu-70b-tp8-bf16": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 1, 8, "640Gi", "64", "bf16", 16384,
                                     worker__shmSize="32Gi"),
-    # 70B with TP=16 over two 8-GPU nodes: one LWS group of two pods, NCCL across them (the group's
-    # join on the leader's port 7700, NCCL's own sockets between the pods); 8 KV heads over 16 ranks:
-    # each KV head on two ranks. TP=8 inside a node x PP=2 across them is the better shape (a stage hop a
-    # step instead of two all-reduces a layer over the fabric), but pipeline stages run on the CPU backend
-    # only so far: the GPU stage wire (NCCL send/recv) is not built
-    # across the pods NCCL needs the fabric: an RDMA device per pod (rdma/ib: the shared-device plugin's
-    # resource name; set your cluster's) and IPC_LOCK to pin its memory
-    "multinode-70b-tp16": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 2, 8, "640Gi", "64", "bf16", 32768,
-                                      worker__shmSize="32Gi", worker__addCapabilities=["IPC_LOCK"],
-                                      worker__resources={k: dict(v, **{"rdma/ib": 1}) for k, v in
-                                                         gpu(8, "640Gi", "64").items()},
-                                      worker__env=NCCL_ENV + [{"name": "NCCL_IB_DISABLE", "value": "0"}]),
+    # 70B over two 8-GPU nodes as vLLM runs it: TP=8 inside a node x PP=2 across them, one LWS group of
+    # two pods (the group's join on the leader's port 7700). Each pod is a stage: its 8 GPUs one NCCL
+    # communicator (NVLink inside the node), the stage hop a step's rows over TCP between the pods' first
+    # ranks, staged through the host (NCCL send/recv between the stages is not built), instead of TP=16's
+    # two all-reduces a layer across the fabric; each GPU holds one KV head of its stage's 40 layers, so
+    # the cache holds twice TP=16's tokens (NOTES). The two stages' steps overlap (a virtual engine each)
+    "multinode-70b-tp8-pp2": gpu_profile("llama-3-70b-instruct", "llmserve-models-70b", 2, 8, "640Gi", "64", "bf16",
+                                         32768, worker__shmSize="32Gi", worker__tensorParallelSize=8,
+                                         worker__pipelineParallelSize=2),
     # the CPU base with an embedding group beside the generation group (/v1/embeddings)
     "embeddings": profile(embedding__enabled=True),
     # clusters without the LWS controller: one pod a group, as a StatefulSet
@@ -231,11 +228,12 @@ NOTES = {
   weights per GPU 16.43 GiB (BF16 over 8); activations 0.50 GiB
   KV 327680 bytes a token (2 x 80 layers x 8 kv heads x 128 x 2 bytes), 40960 per GPU
   KV pool per GPU 109.98 GiB = 2,882,944 tokens: 175 full 16384-token sequences at once""",
-    "multinode-70b-tp16": """llmserve plan --model llama-3-70b --gpu-memory 141 --gpu-memory-utilization 0.9 --tensor-parallel-size 16 --dtype bf16 \\
-    --max-model-len 32768
+    "multinode-70b-tp8-pp2": """llmserve plan --model llama-3-70b --gpu-memory 141 --gpu-memory-utilization 0.9 --tensor-parallel-size 8 \\
+    --pipeline-parallel-size 2 --dtype bf16 --max-model-len 32768
+  stage 0: layers 0..39 + embeddings on 8 GPUs, stage 1: layers 40..79 + LM head on 8 GPUs
   weights per GPU 8.21 GiB (BF16 over 16); activations 0.50 GiB
-  KV 327680 bytes a token; 8 KV heads over 16 ranks: one head (40960 bytes a token) on each GPU
-  KV pool per GPU 118.19 GiB = 3,098,257 tokens: 94 full 32768-token sequences at once""",
+  KV 327680 bytes a token: one KV head of a stage's 40 layers (20480 bytes a token) on each GPU
+  KV pool per GPU 118.19 GiB = 6,196,515 tokens: 189 full 32768-token sequences at once (TP=16: 94)""",
 }
 
 

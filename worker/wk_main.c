@@ -272,7 +272,7 @@ static int run(int argc, char **argv) {
     int encoder = model && !mo.model_config && cm_model_open(model, &probe, NULL, 0) == 0 && probe->cfg.encoder;
     int layers = probe ? (int)probe->cfg.n_layer : 0;
     cm_model_close(probe);
-    if (wk_model_pp_check(pp, tp, layers, mo.device, err, sizeof err)) {
+    if (wk_model_pp_check(pp, layers, err, sizeof err)) {
         fprintf(stderr, "llmserve-worker: %s\n", err);
         wk_health_stop(health);
         return 2;

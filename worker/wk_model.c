@@ -156,14 +156,9 @@ static int load_weight(wk_model *m, kn_weight *w, const char *name, uint64_t k, 
     return load_weight_part(m, w, name, k, n, 0, n, 0, k, err, errlen);
 }
 
-int wk_model_pp_check(int pp, int tp, int n_layer, int device, char *err, size_t errlen) {
+int wk_model_pp_check(int pp, int n_layer, char *err, size_t errlen) {
     if (pp > 1 && n_layer > 0 && pp > n_layer) {
         snprintf(err, errlen, "--pipeline-parallel-size %d is more stages than the model's %d layers", pp, n_layer);
-        return LLM_EUNSUP;
-    }
-    if (pp > 1 && tp > 1 && device == WK_DEV_CUDA) {
-        snprintf(err, errlen, "--pipeline-parallel-size with --tensor-parallel-size runs on the CPU backend only for "
-                 "now (on --device cuda a stage is one GPU: each stage's own NCCL communicator is not built)");
         return LLM_EUNSUP;
     }
     return 0;
@@ -174,7 +169,7 @@ int wk_model_pp_check(int pp, int tp, int n_layer, int device, char *err, size_t
  * other stages' layer tensors are marked used: they are theirs, not ignored. */
 static int stage_layers(wk_model *m, char *err, size_t errlen) {
     int L = (int)m->cfg.n_layer, P = m->pp_size, s = m->pp_rank;
-    int rc = wk_model_pp_check(P, m->tp_size, L, m->device, err, errlen);
+    int rc = wk_model_pp_check(P, L, err, errlen);
     if (rc) return rc;
     m->layer0 = (int)(((int64_t)s * L + P - 1) / P);
     m->layer1 = (int)(((int64_t)(s + 1) * L + P - 1) / P);

@@ -149,9 +149,9 @@ typedef struct {
 enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1, WK_QUANT_AWQ = 2, WK_QUANT_GPTQ = 3 };
 
 int wk_model_load(const wk_model_opts *o, wk_model **out, char *err, size_t errlen);
-/* --pipeline-parallel-size P of a model of n_layer layers (0: not known yet) on device: refused by name
- * where it cannot run (LLM_EUNSUP and err), before a group forms for it. */
-int wk_model_pp_check(int pp, int tp, int n_layer, int device, char *err, size_t errlen);
+/* --pipeline-parallel-size P of a model of n_layer layers (0: not known yet): refused by name where it
+ * cannot run (LLM_EUNSUP and err), before a group forms for it. */
+int wk_model_pp_check(int pp, int n_layer, char *err, size_t errlen);
 void wk_model_free(wk_model *m);
 
 /* The KV cache: a pool of blocks of block_size positions per layer.

@@ -44,7 +44,9 @@ typedef struct {
 
 struct wk_tp {
     int size, rank, backend, device, pp, per_node;
+    int stage_nccl;        /* GPU pipeline stages of several ranks: each stage's TP comm is NCCL */
     wk_comm_pipe pc;       /* pipeline stages: the wires split from comm (wk_comm_pipeline); else empty */
+    wk_comm *stage_cpu;    /* stage_nccl: the stage's CPU comm the NCCL one's id went over (kept for the end) */
     double join_s, step_s, load_s; /* the deadlines (wk_tp_opts) */
     wk_comm *comm;
     pid_t child[64];
@@ -63,6 +65,34 @@ wk_comm *wk_tp_stage_comm(wk_tp *t) {
 
 const wk_comm_pipe *wk_tp_pipe(wk_tp *t) { return t && t->pp > 1 ? &t->pc : NULL; }
 
+/* A GPU stage's TP comm: an NCCL communicator of the stage's ranks, from an id its first rank makes and
+ * hands out over the stage's CPU comm; that one stays for the end (wk_tp_free). */
+static int stage_nccl(wk_tp *t, int T, char *err, size_t errlen) {
+#ifdef LLMSERVE_HAVE_NCCL
+    uint8_t id[WK_NCCL_ID_BYTES] = {0};
+    wk_comm *cpu = t->pc.stage;
+    float bad = cpu->rank == 0 && wk_comm_nccl_unique_id(id) ? 1.f : 0.f;
+    int rc = cpu->ops->all_reduce_sum(cpu, &bad, 1);
+    if (!rc && bad) rc = LLM_EIO;
+    if (!rc) rc = cpu->ops->broadcast(cpu, id, sizeof id, 0);
+    wk_comm *n = NULL;
+    if (!rc) rc = wk_comm_nccl_create(id, cpu->rank, T, t->device, t->join_s, &n);
+    if (rc) {
+        snprintf(err, errlen, "the pipeline stage's NCCL communicator: %s", cm_strerror(rc));
+        return rc;
+    }
+    n->timeout_s = t->step_s;
+    t->stage_cpu = cpu;
+    t->pc.stage = n;
+    if (t->rank == 0) CM_INFO("each pipeline stage's %d GPUs over NCCL, the stages' hops staged through the host", T);
+    return 0;
+#else
+    (void)T;
+    snprintf(err, errlen, "GPU pipeline stages of several ranks need NCCL: this build has none");
+    return LLM_EUNSUP;
+#endif
+}
+
 /* Pipeline stages: each stage's TP comm (shared memory where its ranks share a host, else TCP around its
  * first rank), the pairs between neighbouring stages' first ranks and the ring pair back to stage 0 (TCP
  * where the group spans hosts), split from the group's comm within --join-timeout. */
@@ -79,6 +109,7 @@ static int split(wk_tp *t, char *err, size_t errlen) {
     wk_comm *w[4] = {t->pc.stage, t->pc.prev, t->pc.next, t->pc.ring};
     for (int i = 0; i < 4; i++)
         if (w[i]) w[i]->timeout_s = t->step_s;
+    if (t->stage_nccl && (rc = stage_nccl(t, T, err, errlen))) return rc;
     const char *hops = t->backend == BACKEND_TCP ? "TCP" : "shared memory";
     if (t->rank == 0 && T > 1)
         CM_INFO("%d pipeline stages of %d ranks: each stage's collectives over %s, the stages' hops over %s", t->pp, T,
@@ -362,7 +393,10 @@ int wk_tp_start(const wk_tp_opts *o, int argc, char **argv, wk_tp **out, char *e
     if (!t) return LLM_ENOMEM;
     t->size = size;
     t->rank = rank;
-    t->backend = o->use_nccl ? BACKEND_NCCL : o->use_tcp ? BACKEND_TCP : BACKEND_SHM;
+    /* GPU pipeline stages: the group forms on the CPU backends (the hops are host-staged) and each stage of
+     * several GPUs gets an NCCL communicator of its own (split) */
+    t->backend = o->use_nccl && o->pp <= 1 ? BACKEND_NCCL : o->use_tcp ? BACKEND_TCP : BACKEND_SHM;
+    t->stage_nccl = o->use_nccl && o->pp > 1 && size / o->pp > 1;
     t->device = o->device;
     t->join_s = o->join_timeout_s;
     t->step_s = o->collective_timeout_s;
@@ -475,6 +509,7 @@ void wk_tp_free(wk_tp *t) {
         }
     }
     wk_comm_pipe_free(&t->pc);
+    wk_comm_free(t->stage_cpu);
     wk_comm_free(t->comm);
     free(t);
 }

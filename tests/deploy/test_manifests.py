@@ -526,9 +526,19 @@ def main():
         ok = pool and seqs and (pool.group(1) + " GiB") in note and (" %s full" % seqs.group(1)) in note and \
             mml == gen.PROFILES[name]["worker"]["maxModelLen"] and \
             int(args[args.index("--tensor-parallel-size") + 1] if "--tensor-parallel-size" in args else 1) == \
-            gen.PROFILES[name]["worker"]["tensorParallelSize"]
+            gen.PROFILES[name]["worker"]["tensorParallelSize"] and \
+            int(args[args.index("--pipeline-parallel-size") + 1] if "--pipeline-parallel-size" in args else 1) == \
+            gen.PROFILES[name]["worker"].get("pipelineParallelSize", 1)
         check(ok, "plan: %s's memory notes match llmserve plan (KV pool %s GiB, %s sequences)" %
               (name, pool and pool.group(1), seqs and seqs.group(1)))
+    # 70B over two nodes: TP within a node (8 GPUs a pod), PP across them (a stage a pod of the LWS group)
+    mn = by_key(gen.render(gen.PROFILES["multinode-70b-tp8-pp2"]))["leaderworkerset-llmserve-worker"]["spec"]
+    margs = mn["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]
+    flag = lambda f: margs[margs.index(f) + 1] if f in margs else None  # noqa: E731
+    check(mn["leaderWorkerTemplate"]["size"] == 2 and flag("--tensor-parallel-size") == "8" and
+          flag("--pipeline-parallel-size") == "2" and flag("--device") == "cuda",
+          "multinode-70b-tp8-pp2: an LWS group of 2 pods, TP=8 x PP=2 on CUDA (%s, %s, size %s)" %
+          (flag("--tensor-parallel-size"), flag("--pipeline-parallel-size"), mn["leaderWorkerTemplate"]["size"]))
     # the GPU profiles' model storage: the claim the chart makes, filled by a download Job (here from a local
     # HTTP server, the way the Job's container runs it), the workers mounting that claim and loading that file
     v = copy.deepcopy(gen.PROFILES["gpu-8b"])

@@ -284,9 +284,7 @@ try:
             (["--speculative-config", '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 3}' % MODEL],
              "a draft model", "with a draft model"),
             (["--kv-transfer-config", '{"kv_role": "kv_producer"}'], "--kv-transfer-config",
-             "as a kv_producer"),
-            (["--device", "cuda", "--tensor-parallel-size", "2"], "each stage's own NCCL communicator",
-             "x --tensor-parallel-size 2 on --device cuda")):
+             "as a kv_producer")):
         r, err = refused(extra, words)
         h.check(r, "--pipeline-parallel-size 2 %s is refused by name (%s)" % (what, err.split("\n")[-1]))
     r, err = refused(["--pipeline-parallel-size", "31"], "more stages than the model's 30 layers")

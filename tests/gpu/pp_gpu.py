@@ -7,8 +7,9 @@ it, on dummy weights of a head_dim-128 llama shape.
 One request at a time, every step is the same step on both (the same rows, the same kernels, the same
 GEMM shapes), so the greedy tokens and their log-probabilities must be equal; then eight at once through
 the stages (continuous batching over two virtual engines, both stages busy) must all complete. --device
-cpu runs the same check on the CPU backend (how the script itself is tested where no GPU is). Exit 0 when
-every check holds."""
+cpu runs the same check on the CPU backend (how the script itself is tested where no GPU is). With four
+GPUs, stages of two GPUs each (an NCCL communicator a stage) against one TP=2 group too. Exit 0 when every
+check holds."""
 import json
 import os
 import subprocess
@@ -34,7 +35,8 @@ with open(cfg, "w") as f:  # head_dim 128, GQA 4, the layers split in two, a voc
                "intermediate_size": 2816 if GPU else 1024, "num_attention_heads": 8 if GPU else 4,
                "num_key_value_heads": 2 if GPU else 1, "num_hidden_layers": LAYERS, "vocab_size": 32000,
                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}, f)
-ONE_W, ONE_G, PP_W, PP_G = (free_port() for _ in range(4))
+ONE_W, ONE_G, PP_W, PP_G, TP_W, TP_G, PPTP_W, PPTP_G = (free_port() for _ in range(8))
+N_GPU = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.split("\n")) - 1 if GPU else 0
 
 
 def worker(name, port, extra):
@@ -42,6 +44,18 @@ def worker(name, port, extra):
                     "--listen", "tcp://127.0.0.1:%d" % port, "--max-model-len", "1024", "--max-num-seqs", "8",
                     "--max-num-batched-tokens", "256", "--log-level", "info"] +
                    (["--threads", "1"] if DEVICE == "cpu" else []) + extra, name + ".log")
+
+
+def same_answers(a_port, b_port, what):
+    prompts = ["word %d " % i * (3 + 7 * i) for i in range(4)]
+    same = 0
+    for p in prompts:
+        a, b = complete(a_port, p, 16), complete(b_port, p, 16)
+        same += a == b
+        if a != b:
+            print("  %r\n  %r" % (a[2][:4], b[2][:4]))
+    h.check(same == len(prompts), "%s, one request at a time: %d/%d answers and log-probabilities equal" %
+            (what, same, len(prompts)))
 
 
 def gateway(name, port, wport):
@@ -71,15 +85,7 @@ try:
     h.check("pipeline stage 1 of 2: layers %d..%d, the LM head" % (LAYERS // 2, LAYERS - 1) in log,
             "stage 1 holds layers %d..%d and the LM head" % (LAYERS // 2, LAYERS - 1))
     if ok:
-        prompts = ["word %d " % i * (3 + 7 * i) for i in range(4)]
-        same = 0
-        for p in prompts:
-            a, b = complete(ONE_G, p, 16), complete(PP_G, p, 16)
-            same += a == b
-            if a != b:
-                print("  one rank: %r\n  2 stages: %r" % (a[2][:4], b[2][:4]))
-        h.check(same == len(prompts), "one request at a time: %d/%d answers and log-probabilities equal to one "
-                "rank's" % (same, len(prompts)))
+        same_answers(ONE_G, PP_G, "two stages against one rank")
         out = [None] * 8
 
         def one(i):
@@ -95,6 +101,15 @@ try:
             t.join()
         done = sum(1 for o in out if o[1] == "length")
         h.check(done == 8, "eight requests at once through the stages: %d/8 complete" % done)
+    if N_GPU >= 4:  # stages of two GPUs (an NCCL communicator each) against one TP=2 group
+        worker("tp", TP_W, ["--tensor-parallel-size", "2"])
+        worker("pptp", PPTP_W, ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"])
+        gateway("gtp", TP_G, TP_W)
+        gateway("gpptp", PPTP_G, PPTP_W)
+        if h.check(ready(TP_G, 300) and ready(PPTP_G, 300), "TP=2 and PP=2 x TP=2 on four GPUs serve"):
+            same_answers(TP_G, PPTP_G, "PP=2 x TP=2 against TP=2")
+    elif GPU:
+        print("pp_gpu: PP=2 x TP=2 skipped: %d GPUs here, it needs 4" % N_GPU)
 except Exception as e:  # noqa: BLE001 (a failure, said, not lost in the exit below)
     h.check(False, "the check ran to its end (%s: %s)" % (type(e).__name__, e))
 finally:
