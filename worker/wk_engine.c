@@ -235,6 +235,9 @@ void wk_engine_free(wk_engine *e) {
     free(e->dmap);
     free(e->dend);
     wk_sample_ctx_free(&e->sc);
+    for (int i = 0; i < e->n_psc; i++) wk_sample_ctx_free(&e->psc[i]);
+    free(e->psc);
+    free(e->draws);
     wk_guide_free(e->guide);
     free(e->eog);
     free(e->plan);
@@ -657,15 +660,29 @@ static int resume(wk_engine *e, wk_seq *s, const int32_t *out, int n, size_t tex
     return 0;
 }
 
+/* The ends a sequence may not draw yet (min_tokens). */
+static const int32_t *end_mask(const wk_seq *s, int *n) {
+    const wk_req *r = s->req;
+    *n = s->n_tok - r->n_prompt < r->p.min_tokens ? r->n_end_ids : 0;
+    return *n ? r->end_ids : NULL;
+}
+
+int32_t wk_eng_draw(wk_seq *s, wk_sample_ctx *sc, float *row, wk_token_lp *lp) {
+    const wk_req *r = s->req;
+    int n_mask, nlp = r->p.logprobs;
+    const int32_t *mask = end_mask(s, &n_mask);
+    return wk_sample_next(sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt, s->n_tok - r->n_prompt,
+                          mask, n_mask, nlp > 0 ? nlp : 0, nlp >= 0 ? lp : NULL);
+}
+
+int wk_eng_accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp) {
+    return accept(e, s, t, s->req->p.logprobs >= 0 ? lp : NULL);
+}
+
 int wk_eng_sample(wk_engine *e, wk_seq *s, float *row) {
     wk_req *r = s->req;
-    int n_gen = s->n_tok - r->n_prompt;
-    const int32_t *mask = NULL;
-    int n_mask = 0;
-    if (n_gen < r->p.min_tokens) {
-        mask = r->end_ids;
-        n_mask = r->n_end_ids;
-    }
+    int n_gen = s->n_tok - r->n_prompt, n_mask;
+    const int32_t *mask = end_mask(s, &n_mask);
     wk_token_lp lp;
     int nlp = r->p.logprobs, done = 0;
     int32_t t;
@@ -683,8 +700,7 @@ int wk_eng_sample(wk_engine *e, wk_seq *s, float *row) {
             return 0;
         }
     } else {
-        t = wk_sample_next(&e->sc, &r->p.s, &s->rng, row, s->tok, r->n_prompt, s->tok + r->n_prompt, n_gen, mask, n_mask,
-                           nlp > 0 ? nlp : 0, nlp >= 0 ? &lp : NULL);
+        t = wk_eng_draw(s, &e->sc, row, &lp);
     }
     int rc = accept(e, s, t, nlp >= 0 ? &lp : NULL);
     if (!rc && done && !s->finish) s->finish = WK_FINISH_STOP; /* the grammar allows nothing more */

@@ -87,6 +87,16 @@ struct wk_engine {
     struct wk_tier *tier;    /* lower KV tiers under blocks (wk_offload.c), or NULL */
     uint64_t kv_fp;          /* the model and KV layout's fingerprint (wk_offload.c), 0 until first asked */
     wk_sample_ctx sc;
+    /* a step's draws over the model's threads (wk_step.c): a scratch each, the draws waiting */
+    wk_sample_ctx *psc;
+    int n_psc;
+    struct wk_draw {
+        wk_seq *s;
+        float *row;
+        int32_t t;
+        wk_token_lp lp;
+    } *draws;
+    int n_draws, cap_draws;
     wk_guide *guide;         /* structured outputs; made by the first request with a grammar */
     int32_t *eog;            /* end-of-generation ids of the vocabulary */
     int n_eog;
@@ -168,6 +178,11 @@ int wk_eng_emit(wk_engine *e, wk_seq *s);
 void wk_eng_seq_finish(wk_engine *e, wk_seq *s, int finish);
 void wk_eng_req_drop(wk_engine *e, wk_req *r);
 int wk_eng_sample(wk_engine *e, wk_seq *s, float *row);
+/* wk_eng_sample of a sequence without a grammar in two halves: the draw (from its own state and row, with
+ * sc's scratch: draws of different sequences may run at once, each with its own sc), then the token taken
+ * (the engine's thread, in the plan's order). */
+int32_t wk_eng_draw(wk_seq *s, wk_sample_ctx *sc, float *row, wk_token_lp *lp);
+int wk_eng_accept(wk_engine *e, wk_seq *s, int32_t t, const wk_token_lp *lp);
 int wk_eng_fork(wk_engine *e, wk_seq *s0);
 int wk_eng_verify(wk_engine *e, wk_seq *s, float *rows);
 

@@ -47,12 +47,60 @@ static void observe(wk_engine *e, const wk_batch_seq *plan, int n_plan, int toke
     e->st.tokens_computed += (uint64_t)tokens;
 }
 
+/* The step's plain draws (sequences without a grammar, one row each), over the model's threads: each
+ * thread a share of them with its own scratch. A draw reads and writes only its sequence's state and row,
+ * so the tokens are those of the draws one by one. */
+static void draw_part(void *ctx, int ith, int nth) {
+    wk_engine *e = ctx;
+    for (int i = ith; i < e->n_draws; i += nth) {
+        struct wk_draw *d = &e->draws[i];
+        d->t = wk_eng_draw(d->s, &e->psc[ith], d->row, &d->lp);
+    }
+}
+
+/* A draw put off to the step's parallel part (room made as needed); 0, or LLM_ENOMEM. */
+static int defer(wk_engine *e, wk_seq *s, float *row) {
+    if (e->n_draws == e->cap_draws) {
+        int cap = e->cap_draws ? 2 * e->cap_draws : 64;
+        struct wk_draw *d = realloc(e->draws, sizeof *d * (size_t)cap);
+        if (!d) return LLM_ENOMEM;
+        e->draws = d;
+        e->cap_draws = cap;
+    }
+    e->draws[e->n_draws++] = (struct wk_draw){.s = s, .row = row};
+    return 0;
+}
+
+/* The draws put off: run over the pool (one alone on this thread), then taken in the plan's order. */
+static int draw_all(wk_engine *e) {
+    int n = e->n_draws, rc = 0;
+    e->n_draws = 0;
+    if (!n) return 0;
+    kn_pool *pool = e->m->pool;
+    int nth = pool && n > 1 ? kn_pool_size(pool) : 1;
+    if (e->n_psc < nth) { /* a scratch a thread, made once */
+        wk_sample_ctx *p = realloc(e->psc, sizeof *p * (size_t)nth);
+        if (!p) return LLM_ENOMEM;
+        e->psc = p;
+        for (; e->n_psc < nth; e->n_psc++)
+            if ((rc = wk_sample_ctx_init(&e->psc[e->n_psc], (int)e->m->cfg.vocab))) return rc;
+    }
+    e->n_draws = n;
+    if (nth > 1) kn_pool_run(pool, draw_part, e);
+    else draw_part(e, 0, 1);
+    e->n_draws = 0;
+    for (int i = 0; i < n && !rc; i++) rc = wk_eng_accept(e, e->draws[i].s, e->draws[i].t, &e->draws[i].lp);
+    return rc;
+}
+
 /* A computed step's logits taken: positions committed, prompt log-probabilities, tokens sampled (a
- * request's first forks its choices), drafts verified. A NULL sequence was aborted while in flight. */
+ * request's first forks its choices), drafts verified. A NULL sequence was aborted while in flight. The
+ * plain draws wait for the end, where they run at once (draw_all). */
 static int take(wk_engine *e, const wk_batch_seq *plan, wk_seq *const *plan_seq, int n_plan, float *logits) {
     size_t V = e->m->cfg.vocab;
     float *row = logits;
     int rc;
+    e->n_draws = 0;
     for (int i = 0; i < n_plan; i++) {
         wk_seq *s = plan_seq[i];
         if (!s) {
@@ -78,6 +126,7 @@ static int take(wk_engine *e, const wk_batch_seq *plan, wk_seq *const *plan_seq,
             }
             if (!sample) continue;
         }
+        int forks = 0;
         if (s->n_tok == r->n_prompt && s->tok_sent == 0 && !r->forked && s->index == 0) {
             cm_detok_init(&s->dt, e->m->tok);
             s->dt.first = 0;
@@ -88,12 +137,15 @@ static int take(wk_engine *e, const wk_batch_seq *plan, wk_seq *const *plan_seq,
                     memcpy(e->row_copy, row, sizeof(float) * V);
                     if ((rc = wk_eng_sample(e, r->seqs[c], e->row_copy))) return rc;
                 }
+                forks = 1;
             }
         }
-        if ((rc = wk_eng_sample(e, s, row))) return rc;
+        if (!s->gs && !forks) rc = defer(e, s, row); /* a grammar's draw walks the shared guide: here, in turn */
+        else rc = wk_eng_sample(e, s, row);
+        if (rc) return rc;
         row += V;
     }
-    return 0;
+    return draw_all(e);
 }
 
 /* Reports every sequence's news and lets finished choices and requests go. */

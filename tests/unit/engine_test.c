@@ -19,7 +19,24 @@
 #include <string.h>
 #include <unistd.h>
 
-static void test_batched_equals_alone(void) {
+/* Request i's parameters: greedy, or (sampled) seeded draws of several kinds, which a step runs over the
+ * model's threads at once (wk_step.c draw_all): each must be its draws alone. */
+static wk_params params_of(int i, int sampled, int gen) {
+    wk_params gp = greedy(gen);
+    if (!sampled) return gp;
+    gp.s.temperature = 0.7f + 0.05f * (float)(i % 5);
+    gp.has_seed = 1;
+    gp.seed = 1000u + (uint64_t)i;
+    if (i % 2) gp.s.top_p = 0.9f;
+    if (i % 3 == 1) gp.s.top_k = 40;
+    if (i % 4 == 2) gp.s.presence_penalty = 0.5f, gp.s.repetition_penalty = 1.1f;
+    if (i % 5 == 3) gp.s.min_p = 0.05f;
+    if (i % 6 == 4) gp.logprobs = 2;
+    gp.ignore_eos = 1;
+    return gp;
+}
+
+static void test_batched_equals_alone(int sampled) {
     enum { N = 32, GEN = 12 };
     static result alone[N], together[N];
     static int32_t p[N][400];
@@ -38,7 +55,7 @@ static void test_batched_equals_alone(void) {
     o.prefix_caching = 0;
     CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
     for (int i = 0; i < N; i++) {
-        wk_params gp = greedy(GEN);
+        wk_params gp = params_of(i, sampled, GEN);
         CHECK_RC(wk_engine_add(e, (uint64_t)i, p[i], len[i], &gp, err, sizeof err), 0);
         run_all(e, alone);
     }
@@ -48,7 +65,7 @@ static void test_batched_equals_alone(void) {
     o.prefix_caching = 0;
     CHECK_RC(wk_engine_create(model, &o, &e, err, sizeof err), 0);
     for (int i = 0; i < N; i++) {
-        wk_params gp = greedy(GEN);
+        wk_params gp = params_of(i, sampled, GEN);
         CHECK_RC(wk_engine_add(e, (uint64_t)i, p[i], len[i], &gp, err, sizeof err), 0);
     }
     run_all(e, together);
@@ -66,7 +83,9 @@ static void test_batched_equals_alone(void) {
     }
     CHECK_INT(same, N);
     CHECK(st.steps > (uint64_t)(N * GEN) / 64); /* it really ran many requests per step */
-    fprintf(stderr, "  batched == alone: %d/%d prompts, %llu steps\n", same, N, (unsigned long long)st.steps);
+    fprintf(stderr, "  batched == alone (%s): %d/%d prompts, %llu steps, draws over %d threads\n",
+            sampled ? "seeded draws: temperature, top-p, top-k, min-p, penalties, logprobs" : "greedy", same, N,
+            (unsigned long long)st.steps, kn_pool_size(model->pool));
 }
 
 /* Priorities: lower first, strictly while starve_ms is 0; a lower priority that has waited starve_ms goes
@@ -761,7 +780,8 @@ int main(int argc, char **argv) {
     test_starvation();
     if (!UNDER_TSAN) { /* under ThreadSanitizer, 20 times slower: the thread pool's races show in the tests above */
         test_preemption();
-        test_batched_equals_alone();
+        test_batched_equals_alone(0);
+        test_batched_equals_alone(1);
     }
     engine_tst_end();
     return tst_done("engine_test");
