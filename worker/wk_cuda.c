@@ -152,6 +152,19 @@ static int up_vec(const float *h, size_t n, float **d) {
 
 int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
     int n_dev = 0, rc;
+    /* what the kernels cannot compute is said first, with or without a GPU here */
+    const cm_model_config *c = &m->cfg;
+    if (c->gemma || c->qk_norm || c->n_expert) {
+        snprintf(err, errlen, "--device cuda: %s (%s) runs on the CPU only for now", c->arch,
+                 c->gemma ? "sliding-window attention, GeGLU, the extra norms"
+                 : c->n_expert ? "experts" : "per-head query and key norms");
+        return LLM_EUNSUP;
+    }
+    if (c->head_dim == 0 || c->head_dim % 32 || c->head_dim > 256) { /* kn_cuda_attn_plan's range */
+        snprintf(err, errlen, "--device cuda: head_dim %d is not supported by the CUDA attention kernel (a multiple "
+                 "of 32 up to 256); this model runs with --device cpu", (int)c->head_dim);
+        return LLM_EUNSUP;
+    }
     kn_cuda_device_count(&n_dev);
     if (!n_dev) {
         snprintf(err, errlen, "--device cuda: no CUDA device is visible (driver, CUDA_VISIBLE_DEVICES)");
@@ -160,13 +173,6 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
     if (m->pp_size > 1 && m->tp_size == 1 && (rc = kn_cuda_set_device(m->gpu % n_dev))) { /* a stage's GPU */
         snprintf(err, errlen, "--device cuda: cannot select GPU %d: %s", m->gpu % n_dev, cm_strerror(rc));
         return rc;
-    }
-    const cm_model_config *c = &m->cfg;
-    if (c->gemma || c->qk_norm || c->n_expert) {
-        snprintf(err, errlen, "--device cuda: %s (%s) runs on the CPU only for now", c->arch,
-                 c->gemma ? "sliding-window attention, GeGLU, the extra norms"
-                 : c->n_expert ? "experts" : "per-head query and key norms");
-        return LLM_EUNSUP;
     }
     wk_cuda *g = calloc(1, sizeof *g);
     if (!g) return LLM_ENOMEM;

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 
 // grid: rows blocks, 256 threads; sum of squares in fp32, tree-reduced in shared memory
@@ -128,10 +130,35 @@ extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, c
     return 0;
 }
 
+static int sync_mode = -1; /* LLMSERVE_CUDA_SYNC, read once */
+
+int kn_cuda_after_launch(const char *file, int line) {
+    cudaError_t e = cudaGetLastError();
+    int mode = __atomic_load_n(&sync_mode, __ATOMIC_RELAXED);
+    if (mode < 0) {
+        const char *v = getenv("LLMSERVE_CUDA_SYNC");
+        mode = v && *v && strcmp(v, "0") != 0;
+        __atomic_store_n(&sync_mode, mode, __ATOMIC_RELAXED);
+    }
+    if (e == cudaSuccess && mode) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) return 0;
+    fprintf(stderr, "%s:%d: CUDA error %s: %s%s\n", file, line, cudaGetErrorName(e), cudaGetErrorString(e),
+            mode ? " (LLMSERVE_CUDA_SYNC: in the kernel launched here)" : "");
+    return LLM_EDEVICE;
+}
+
 extern "C" int kn_cuda_sm_count(int *n) {
     int dev;
     KN_CUDA_CHECK(cudaGetDevice(&dev));
     KN_CUDA_CHECK(cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev));
+    return 0;
+}
+
+extern "C" int kn_cuda_compute_capability(int *major, int *minor) {
+    int dev;
+    KN_CUDA_CHECK(cudaGetDevice(&dev));
+    KN_CUDA_CHECK(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev));
+    KN_CUDA_CHECK(cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev));
     return 0;
 }
 

@@ -35,6 +35,8 @@ int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float 
 
 /* SMs of the current device, and its memory (bytes) as cudaMemGetInfo says. */
 int kn_cuda_sm_count(int *n);
+/* The current device's compute capability (9.0 for H100/H200); FP8 tensor cores from 8.9. */
+int kn_cuda_compute_capability(int *major, int *minor);
 int kn_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 /* ---- paged attention (kn_cuda_attn.cu) ---------------------------------- */

@@ -24,7 +24,16 @@ extern "C" {
             return LLM_EDEVICE;                                                                    \
         }                                                                                          \
     } while (0)
-#define KN_CUDA_LAUNCHED() KN_CUDA_CHECK(cudaGetLastError())
+/* After a kernel launch or a cuBLAS call: the launch's own error, and with
+ * LLMSERVE_CUDA_SYNC=1 in the environment a device-wide sync after each one,
+ * so a fault is reported at the kernel that made it (file and line) rather
+ * than at the next download. Debugging only: it serializes every step. */
+int kn_cuda_after_launch(const char *file, int line);
+#define KN_CUDA_LAUNCHED()                                                                         \
+    do {                                                                                           \
+        int r_ = kn_cuda_after_launch(__FILE__, __LINE__);                                         \
+        if (r_) return r_;                                                                         \
+    } while (0)
 #define KN_CUBLAS_CHECK(call)                                                                      \
     do {                                                                                           \
         cublasStatus_t s_ = (call);                                                                \
@@ -32,6 +41,7 @@ extern "C" {
             fprintf(stderr, "%s:%d: cuBLAS error %s\n", __FILE__, __LINE__, cublasGetStatusName(s_)); \
             return LLM_EDEVICE;                                                                    \
         }                                                                                          \
+        KN_CUDA_LAUNCHED();                                                                        \
     } while (0)
 
 /* Element i of a row stored in GGUF layout (F32, F16, BF16, and every

@@ -45,6 +45,9 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
     return z ^ (z >> 31);
 }
 
+// a logit survives the threshold; -inf (masked by a grammar) never does, even when no filter set one
+__device__ __forceinline__ bool kept(float v, float thr) { return v >= thr && v > -INFINITY; }
+
 // grid: rows CTAs of SAMPLE_THREADS
 __global__ void sample_kernel(float *logits, int vocab, const kn_cuda_sample_params *params, const int32_t *hist,
                               int32_t *out) {
@@ -93,21 +96,25 @@ __global__ void sample_kernel(float *logits, int vocab, const kn_cuda_sample_par
         return;
     }
     const float inv_t = 1.f / P.temperature;
-    float mx = -INFINITY, mn = INFINITY;
+    float mx = -INFINITY, mn = INFINITY; // mn: the smallest finite logit; a -inf one (a grammar's mask) is never kept
     for (int i = t; i < vocab; i += nt) {
         float v = l[i] * inv_t;
         l[i] = v;
         mx = fmaxf(mx, v);
-        mn = fminf(mn, v);
+        if (v > -INFINITY) mn = fminf(mn, v);
     }
     mx = block_max(mx, sh);
     mn = -block_max(-mn, sh);
+    if (mx == -INFINITY) { // every token masked: nothing to draw (the host never asks this)
+        if (t == 0) out[blockIdx.x] = 0;
+        return;
+    }
     float thr = -INFINITY;
     if (P.top_k > 0 && P.top_k < vocab) { // largest threshold keeping at least top_k logits
         float lo = mn, hi = mx;
         for (int it = 0; it < 40; it++) {
             float mid = 0.5f * (lo + hi), c = 0.f;
-            for (int i = t; i < vocab; i += nt) c += l[i] >= mid ? 1.f : 0.f;
+            for (int i = t; i < vocab; i += nt) c += kept(l[i], mid) ? 1.f : 0.f;
             if (block_sum(c, sh) >= (float)P.top_k) lo = mid;
             else hi = mid;
         }
@@ -116,12 +123,12 @@ __global__ void sample_kernel(float *logits, int vocab, const kn_cuda_sample_par
     if (P.min_p > 0.f) thr = fmaxf(thr, mx + logf(P.min_p));
     if (P.top_p > 0.f && P.top_p < 1.f) { // largest threshold whose kept mass is at least top_p
         float z = 0.f;
-        for (int i = t; i < vocab; i += nt) z += l[i] >= thr ? expf(l[i] - mx) : 0.f;
+        for (int i = t; i < vocab; i += nt) z += kept(l[i], thr) ? expf(l[i] - mx) : 0.f;
         z = block_sum(z, sh);
         float lo = thr > mn ? thr : mn, hi = mx;
         for (int it = 0; it < 40; it++) {
             float mid = 0.5f * (lo + hi), s = 0.f;
-            for (int i = t; i < vocab; i += nt) s += l[i] >= mid ? expf(l[i] - mx) : 0.f;
+            for (int i = t; i < vocab; i += nt) s += kept(l[i], mid) ? expf(l[i] - mx) : 0.f;
             if (block_sum(s, sh) >= P.top_p * z) lo = mid;
             else hi = mid;
         }
@@ -130,7 +137,7 @@ __global__ void sample_kernel(float *logits, int vocab, const kn_cuda_sample_par
     // inverse CDF in index order: each thread owns a contiguous chunk of the row
     int per = (vocab + nt - 1) / nt, i0 = t * per, i1 = min(vocab, i0 + per);
     float mine = 0.f;
-    for (int i = i0; i < i1; i++) mine += l[i] >= thr ? expf(l[i] - mx) : 0.f;
+    for (int i = i0; i < i1; i++) mine += kept(l[i], thr) ? expf(l[i] - mx) : 0.f;
     sh_v[t] = mine;
     __syncthreads();
     for (int s = 1; s < nt; s <<= 1) { // inclusive scan (Hillis-Steele)
@@ -149,7 +156,7 @@ __global__ void sample_kernel(float *logits, int vocab, const kn_cuda_sample_par
         float acc = before;
         int pick = -1, last = -1;
         for (int i = i0; i < i1 && pick < 0; i++) {
-            if (l[i] < thr) continue;
+            if (!kept(l[i], thr)) continue;
             last = i;
             acc += expf(l[i] - mx);
             if (u < acc) pick = i;
@@ -161,7 +168,7 @@ __global__ void sample_kernel(float *logits, int vocab, const kn_cuda_sample_par
         int pick = sh_i[0];
         if (pick < 0) // u fell on the total (rounding): the last kept token of the row
             for (int i = vocab - 1; i >= 0 && pick < 0; i--)
-                if (l[i] >= thr) pick = i;
+                if (kept(l[i], thr)) pick = i;
         out[blockIdx.x] = pick < 0 ? 0 : pick;
     }
 }

@@ -18,11 +18,21 @@ static float frand(void) { return (float)rand() / (float)RAND_MAX * 2.f - 1.f; }
 /* Paged attention: K/V written by the GPU into a NaN-poisoned pool through
  * shuffled block tables must equal the CPU's store bit for bit, and the
  * attention over them (decodes, a prefill chunk over a cached prefix, a long
- * context that splits) must match kn_attention. */
-static void attention(int kv_type) {
-    enum { NH = 6, NKV = 2, HD = 64, SHIFT = 4, BS = 16, NBLK = 256, NSEQ = 4 };
+ * context that splits, partial last blocks) must match kn_attention. Each
+ * case is a head_dim, a GQA ratio and a block size; T[s] query rows of
+ * sequence s sit after P0[s] cached positions. */
+typedef struct {
+    int hd, nh, nkv, shift, nseq;
+    int T[4], P0[4];
+    double tol;
+} attn_case;
+
+static void attention(int kv_type, const attn_case *ac) {
+    const int HD = ac->hd, NH = ac->nh, NKV = ac->nkv, SHIFT = ac->shift, BS = 1 << SHIFT, NSEQ = ac->nseq;
+    const int *T = ac->T, *P0 = ac->P0;
     const int W = NKV * HD;
-    const int T[NSEQ] = {1, 7, 1, 1}, P0[NSEQ] = {2999, 40, 0, 500};
+    int NBLK = 8; /* a few blocks no sequence uses: they stay NaN */
+    for (int s = 0; s < NSEQ; s++) NBLK += (P0[s] + T[s] + BS - 1) / BS;
     size_t es = kn_kv_elem_bytes(kv_type), stride = (size_t)BS * W * es, bytes = stride * NBLK;
     char *kc = malloc(bytes), *vc = malloc(bytes), *kg = malloc(bytes), *vg = malloc(bytes);
     float nanv = NAN;
@@ -32,10 +42,10 @@ static void attention(int kv_type) {
         else kc[i] = 0x7f; /* E4M3 NaN */
     }
     memcpy(vc, kc, bytes);
-    int perm[NBLK];
+    int *perm = malloc(sizeof(int) * (size_t)NBLK);
     for (int i = 0; i < NBLK; i++) perm[i] = i;
     for (int i = NBLK - 1; i > 0; i--) { int j = rand() % (i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-    int32_t blocks[NBLK], seq_off[NSEQ];
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)NBLK), seq_off[4];
     int nb = 0, rows = 0, total = 0, max_len = 0;
     for (int s = 0; s < NSEQ; s++) {
         int len = P0[s] + T[s];
@@ -84,8 +94,8 @@ static void attention(int kv_type) {
     float *q = malloc(sizeof(float) * (size_t)rows * NH * HD), *ref = malloc(sizeof(float) * (size_t)rows * NH * HD),
           *got = malloc(sizeof(float) * (size_t)rows * NH * HD);
     for (int i = 0; i < rows * NH * HD; i++) q[i] = frand();
-    kn_attn_seq seqs[NSEQ];
-    int32_t row_seq[16], row_pos[16];
+    kn_attn_seq seqs[4];
+    int32_t *row_seq = malloc(sizeof(int32_t) * (size_t)rows), *row_pos = malloc(sizeof(int32_t) * (size_t)rows);
     int r = 0;
     for (int s = 0; s < NSEQ; s++) {
         seqs[s] = (kn_attn_seq){T[s], P0[s], r, blocks + seq_off[s]};
@@ -104,33 +114,36 @@ static void attention(int kv_type) {
         int32_t *drs, *drp, *dso, *dbl;
         kn_cuda_malloc((void **)&dq, sizeof(float) * (size_t)rows * NH * HD);
         kn_cuda_malloc((void **)&dout, sizeof(float) * (size_t)rows * NH * HD);
-        kn_cuda_malloc((void **)&drs, sizeof row_seq);
-        kn_cuda_malloc((void **)&drp, sizeof row_pos);
+        kn_cuda_malloc((void **)&drs, sizeof(int32_t) * (size_t)rows);
+        kn_cuda_malloc((void **)&drp, sizeof(int32_t) * (size_t)rows);
         kn_cuda_malloc((void **)&dso, sizeof seq_off);
-        kn_cuda_malloc((void **)&dbl, sizeof blocks);
+        kn_cuda_malloc((void **)&dbl, sizeof(int32_t) * (size_t)NBLK);
         size_t wsb = (size_t)rows * NH * KN_CUDA_ATTN_MAX_SPLITS * (HD + 2) * sizeof(float);
         kn_cuda_malloc((void **)&dws, wsb);
         kn_cuda_upload(dq, q, sizeof(float) * (size_t)rows * NH * HD);
-        kn_cuda_upload(drs, row_seq, sizeof row_seq);
-        kn_cuda_upload(drp, row_pos, sizeof row_pos);
+        kn_cuda_upload(drs, row_seq, sizeof(int32_t) * (size_t)rows);
+        kn_cuda_upload(drp, row_pos, sizeof(int32_t) * (size_t)rows);
         kn_cuda_upload(dso, seq_off, sizeof seq_off);
-        kn_cuda_upload(dbl, blocks, sizeof blocks);
+        kn_cuda_upload(dbl, blocks, sizeof(int32_t) * (size_t)NBLK);
         kn_cuda_attn_args ga = {rows, NH, NKV, HD, kv_type, SHIFT, max_len, force_rows ? 100000 : n_sm,
                                 dq, dout, dk, dv, stride, drs, drp, dso, dbl, dws, wsb};
         CHECK_RC(kn_cuda_paged_attention(&ga), 0);
         CHECK_RC(kn_cuda_sync(), 0);
         kn_cuda_download(got, dout, sizeof(float) * (size_t)rows * NH * HD);
         double e = tst_rel_l2(got, ref, (size_t)rows * NH * HD);
-        printf("cuda paged attention kv %s, %s: rel %.2e\n",
+        kn_cuda_attn_geom geo;
+        kn_cuda_attn_plan(rows, NH, HD, max_len, force_rows ? 100000 : n_sm, &geo);
+        printf("cuda paged attention kv %s, head_dim %d, GQA %d, block %d, context %d, %s (%d splits): rel %.2e\n",
                kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",
-               force_rows ? "more splits" : "as planned", e);
-        CHECK(e < 1e-5);
+               HD, NH / NKV, BS, max_len, force_rows ? "more splits" : "as planned", geo.splits, e);
+        CHECK(e < ac->tol);
         kn_cuda_free(dq); kn_cuda_free(dout); kn_cuda_free(drs); kn_cuda_free(drp);
         kn_cuda_free(dso); kn_cuda_free(dbl); kn_cuda_free(dws);
     }
     kn_pool_destroy(pool);
     kn_cuda_free(dk); kn_cuda_free(dv); kn_cuda_free(dkr); kn_cuda_free(dvr); kn_cuda_free(dslot);
     free(kc); free(vc); free(kg); free(vg); free(k); free(v); free(slot); free(q); free(ref); free(got); free(scratch);
+    free(perm); free(blocks); free(row_seq); free(row_pos);
 }
 
 /* cuBLAS GEMM (F16, BF16), dequantization to F16 and the embedding gather. */
@@ -235,7 +248,11 @@ static void fp8(void) {
         CHECK_RC(kn_cuda_fp8_quantize(f8, CM_F16, dw, N, K, per_ch, dq, ds), 0);
         int rc = kn_cuda_gemm_fp8(f8, dq, ds, N, K, dx, dy, B);
         if (rc == LLM_EUNSUP) {
-            printf("cuda fp8: this GPU has no FP8 tensor-core kernel; skipped\n");
+            int ma = 0, mi = 0;
+            CHECK_RC(kn_cuda_compute_capability(&ma, &mi), 0);
+            printf("cuda fp8: no FP8 tensor-core kernel on this GPU (sm_%d%d)%s\n", ma, mi,
+                   ma * 10 + mi >= 89 ? ": FAILED, sm_89 and later have them" : "; skipped");
+            CHECK(ma * 10 + mi < 89); /* Ada and Hopper must run it: unsupported there is a failure */
             break;
         }
         CHECK_RC(rc, 0);
@@ -349,6 +366,40 @@ static void sampling(void) {
         CHECK(ok);
         CHECK(distinct > 1);
     }
+    /* a grammar's mask: -inf on every even token. top-k and top-p still cut among the tokens left, and no
+     * draw, filtered or not, lands on a masked token (the filters once read -inf as the row's minimum and
+     * kept everything) */
+    float *lm = malloc(sizeof(float) * (size_t)V);
+    int nf = 0;
+    for (int i = 0; i < V; i++) lm[i] = i % 2 ? l[i] : -INFINITY;
+    for (int i = 1; i < V; i += 2) sorted[nf++] = l[i];
+    qsort(sorted, (size_t)nf, sizeof(float), cmp_desc);
+    z = 0, acc = 0;
+    for (int i = 0; i < nf; i++) z += exp((sorted[i] - sorted[0]) / T);
+    pth = sorted[0];
+    for (int i = 0; i < nf && acc < 0.5 * z; i++) { acc += exp((sorted[i] - sorted[0]) / T); pth = sorted[i]; }
+    for (int mode = 0; mode < 3; mode++) {
+        kn_cuda_sample_params q = {0};
+        q.temperature = (float)T;
+        q.repetition_penalty = 1.f;
+        if (mode == 0) q.top_k = 5;
+        if (mode == 1) q.top_p = 0.5f;
+        float cut = mode == 0 ? sorted[4] : mode == 1 ? pth : -INFINITY;
+        int ok = 1, distinct = 0, prev = -1;
+        for (int s = 0; s < 64; s++) {
+            q.seed = 99;
+            q.step = s;
+            int id = sample_one(dl, lm, V, &q, NULL, 0);
+            ok &= id >= 0 && id < V && id % 2 == 1 && lm[id] >= cut - 1e-4f;
+            distinct += id != prev;
+            prev = id;
+        }
+        printf("cuda sampling under a mask, mode %d: every draw allowed %s, %d changes over 64 draws\n", mode,
+               ok ? "yes" : "NO", distinct);
+        CHECK(ok);
+        CHECK(distinct > 1);
+    }
+    free(lm);
     kn_cuda_free(dl);
     free(l);
     free(sorted);
@@ -453,10 +504,21 @@ int main(void) {
         kn_cuda_free(dwt); kn_cuda_free(dxs); kn_cuda_free(dys);
         free(raw); free(xs); free(yr); free(yg);
     }
-    attention(KN_KV_F16);
-    attention(KN_KV_F32);
-    attention(KN_KV_FP8);
-    attention(KN_KV_BF16);
+    /* head_dim 64 (GQA 3, block 16): every KV type; then the shapes of real models: head_dim 64 with GQA 1
+     * over blocks of 32, head_dim 128 with GQA 4 over blocks of 32 and a 32k context (11 rows x 32 heads fill
+     * two waves of 132 SMs: no split as planned), head_dim 256 with GQA 8; every case has partial last blocks */
+    static const attn_case base = {64, 6, 2, 4, 4, {1, 7, 1, 1}, {2999, 40, 0, 500}, 1e-5},
+                           real[] = {{64, 4, 4, 5, 2, {2, 1}, {63, 200}, 1e-5},
+                                     {128, 32, 8, 5, 3, {1, 1, 9}, {32767, 100, 37}, 1e-4},
+                                     {256, 8, 1, 4, 2, {1, 3}, {1000, 15}, 1e-5}};
+    attention(KN_KV_F16, &base);
+    attention(KN_KV_F32, &base);
+    attention(KN_KV_FP8, &base);
+    attention(KN_KV_BF16, &base);
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        attention(KN_KV_BF16, &real[i]);
+        attention(KN_KV_F16, &real[i]);
+    }
     dense();
     fp8();
     sampling();

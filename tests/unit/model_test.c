@@ -441,6 +441,20 @@ static void dummy(void) {
     CHECK_RC(dummy_logits(qwen, CM_F16, 1, q, &nt), 0);
     CHECK_RC(nt, 2 + 12); /* tied: no LM head; q/k/v biases */
     CHECK(isfinite(q[0]) && isfinite(q[319]));
+    /* --device cuda refuses at load, by name, what its kernels cannot compute (head_dim 16 here), and says so
+     * whether or not this machine has a GPU */
+    {
+        wk_model_opts go = {.threads = 1, .max_batch = 4, .model_config = llama, .dummy_type = CM_F32, .seed = 1,
+                            .device = WK_DEV_CUDA, .dummy_on_host = 1};
+        wk_model *mg = NULL;
+        CHECK_RC(wk_model_load(&go, &mg, err, sizeof err), LLM_EUNSUP);
+#ifdef LLMSERVE_HAVE_CUDA
+        CHECK(strstr(err, "head_dim 16 is not supported") != NULL);
+#else
+        CHECK(strstr(err, "no CUDA backend") != NULL);
+#endif
+        wk_model_free(mg);
+    }
     /* the stand-in tokenizer: any text encodes to byte tokens and decodes back */
     cm_tokenizer *tk;
     CHECK_RC(cm_tok_synthetic(300, &tk), 0);
