@@ -25,6 +25,15 @@ typedef struct {
     int (*broadcast)(wk_comm *c, void *buf, size_t bytes, int root);
     int (*barrier)(wk_comm *c);
     void (*destroy)(wk_comm *c);
+    /* NCCL only (NULL on the CPU backends, whose operations are done when they return): a collective on
+     * device buffers is only ordered after the kernels before it and before the kernels after it (events
+     * between the compute stream and NCCL's), and returns once enqueued. settle waits, within the deadline
+     * and watching NCCL's asynchronous error, until all of it has finished: before the host reads a
+     * result (the logits, a stage's rows), so a dead peer still ends in LLM_EIO rather than a hang. */
+    int (*settle)(wk_comm *c);
+    /* NCCL only: the device staging its collectives use (a gather of up to `bytes`, a host broadcast),
+     * allocated now, at load, so that nothing grows after the KV pool was sized from what is free. */
+    int (*reserve)(wk_comm *c, size_t bytes);
 } wk_comm_ops;
 
 /* The default deadline of one wait inside a collective (--collective-timeout). */

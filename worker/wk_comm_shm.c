@@ -195,7 +195,8 @@ static void shm_destroy(wk_comm *c) {
     free(c);
 }
 
-static const wk_comm_ops shm_ops = {shm_all_reduce, shm_all_gather_cols, shm_broadcast, shm_barrier, shm_destroy};
+static const wk_comm_ops shm_ops = {shm_all_reduce, shm_all_gather_cols, shm_broadcast, shm_barrier, shm_destroy,
+                                    NULL, NULL};
 
 static int map(shm_impl *s, int fd, int size) {
     s->map_bytes = HDR_BYTES + (size_t)size * SLOT_BYTES;

@@ -225,7 +225,8 @@ static void tcp_destroy(wk_comm *c) {
     free(c);
 }
 
-static const wk_comm_ops tcp_ops = {tcp_all_reduce, tcp_all_gather_cols, tcp_broadcast, tcp_barrier, tcp_destroy};
+static const wk_comm_ops tcp_ops = {tcp_all_reduce, tcp_all_gather_cols, tcp_broadcast, tcp_barrier, tcp_destroy,
+                                    NULL, NULL};
 
 static int make(int rank, int size, wk_comm **out) {
     wk_comm *c = calloc(1, sizeof *c);

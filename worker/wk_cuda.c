@@ -222,6 +222,15 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
      * rows x heads x splits stays under 4 x SMs (kn_cuda_attn_plan) */
     g->ws_bytes = (size_t)4 * (size_t)g->n_sm * (c->head_dim + 2) * sizeof(float) + 4096;
     if ((rc = kn_cuda_malloc((void **)&g->ws, g->ws_bytes))) goto fail;
+    /* every buffer a step can grow, at its largest now: the KV pool is sized next from what is free (the
+     * widest GEMM input is the FFN's down projection, H, or the attention output, QD) */
+    size_t kmax = D > QD ? D : QD;
+    if (H > kmax) kmax = H;
+    if ((rc = kn_cuda_blas_reserve(g->blas, (int)B, (int64_t)kmax))) goto fail;
+    if (fp8 && (rc = kn_cuda_fp8_reserve(g->f8, (int)B, (int64_t)kmax))) goto fail;
+    if (m->comm && m->tp_size > 1 && m->comm->ops->reserve &&
+        (rc = m->comm->ops->reserve(m->comm, sizeof(float) * B * c->vocab + (1u << 20))))
+        goto fail;
     if ((rc = kn_cuda_sync())) goto fail;
     size_t fr = 0, tot = 0;
     kn_cuda_mem_info(&fr, &tot);
@@ -277,12 +286,19 @@ int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes,
     return 0;
 }
 
-/* Sums a row-parallel GEMM's partial results over the ranks (NCCL, on its
- * own stream: our kernels are finished first). */
+/* Sums a row-parallel GEMM's partial results over the ranks (NCCL on its own stream, ordered between our
+ * kernels by events: no host wait). */
 static int reduce(wk_model *m, float *buf, size_t n) {
     if (!m->comm || m->tp_size == 1) return 0;
-    int rc = kn_cuda_sync();
-    return rc ? rc : m->comm->ops->all_reduce_sum(m->comm, buf, n);
+    return m->comm->ops->all_reduce_sum(m->comm, buf, n);
+}
+
+/* The end of a step on the device: NCCL's last collective finished (within the deadline: a dead rank is
+ * LLM_EIO, not a hang), then the host takes bytes from src into dst, or only waits (dst NULL). */
+static int finish(wk_model *m, void *dst, const void *src, size_t bytes) {
+    int rc;
+    if (m->comm && m->tp_size > 1 && m->comm->ops->settle && (rc = m->comm->ops->settle(m->comm))) return rc;
+    return dst ? kn_cuda_download(dst, src, bytes) : kn_cuda_sync();
 }
 
 /* y[B][w.n] = x[B][w.k] . w^T on the device. */
@@ -387,7 +403,6 @@ static int run_head(wk_model *m, int nl, float **full) {
     TRY(dmm(g, &g->out, g->xb2, g->logits, nl));
     *full = g->logits;
     if (m->tp_size > 1) { /* vocabulary-parallel LM head: the first rank gathers the columns */
-        TRY(kn_cuda_sync());
         TRY(m->comm->ops->all_gather_cols(m->comm, g->logits, nl, m->voc_width, m->tp_rank == 0 ? g->logits_all : NULL));
         *full = g->logits_all;
     }
@@ -406,8 +421,8 @@ static int step_len(int n_seq, const wk_batch_seq *s) {
 int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T) {
     int nl, rc = run_layers(m, c, n_seq, s, T, step_len(n_seq, s), &nl);
     if (rc) return rc;
-    if (m->pp_rank == m->pp_size - 1) return kn_cuda_sync(); /* the head runs next, on the device */
-    return kn_cuda_download(m->x, m->cu->x, sizeof(float) * (size_t)T * m->cfg.dim); /* the rows for the next stage */
+    if (m->pp_rank == m->pp_size - 1) return finish(m, NULL, NULL, 0); /* the head runs next, on the device */
+    return finish(m, m->x, m->cu->x, sizeof(float) * (size_t)T * m->cfg.dim); /* the rows for the next stage */
 }
 
 int wk_cuda_head(wk_model *m, int n, float *out) {
@@ -416,18 +431,18 @@ int wk_cuda_head(wk_model *m, int n, float *out) {
     float *full;
     int rc = run_head(m, n, &full);
     if (rc) return rc;
-    if (!out || m->tp_rank) return kn_cuda_sync();
-    return kn_cuda_download(out, full, sizeof(float) * (size_t)n * m->cfg.vocab);
+    if (!out || m->tp_rank) return finish(m, NULL, NULL, 0);
+    return finish(m, out, full, sizeof(float) * (size_t)n * m->cfg.vocab);
 }
 
 int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits) {
     int nl, rc = run_layers(m, c, n_seq, s, T, max_len, &nl);
     if (rc) return rc;
-    if (!nl) return kn_cuda_sync();
+    if (!nl) return finish(m, NULL, NULL, 0);
     float *full;
     if ((rc = run_head(m, nl, &full))) return rc;
-    if (!logits) return kn_cuda_sync();
-    return kn_cuda_download(logits, full, sizeof(float) * (size_t)nl * m->cfg.vocab);
+    if (!logits) return finish(m, NULL, NULL, 0);
+    return finish(m, logits, full, sizeof(float) * (size_t)nl * m->cfg.vocab);
 }
 
 #else /* built without CUDA */

@@ -67,6 +67,9 @@ int kn_cuda_paged_attention(const kn_cuda_attn_args *a);
 /* ---- dense GEMMs through cuBLAS (kn_cuda_gemm.cu) ------------------------ */
 typedef struct kn_cuda_blas kn_cuda_blas;
 int kn_cuda_blas_create(kn_cuda_blas **out);
+/* Every buffer the handle's GEMMs need up to max_rows x max_k activations, and cuBLAS's own workspace
+ * (32 MiB), allocated now: called at load, before the KV pool takes what is free. */
+int kn_cuda_blas_reserve(kn_cuda_blas *b, int max_rows, int64_t max_k);
 void kn_cuda_blas_destroy(kn_cuda_blas *b);
 /* y[B][N] (f32) = x[B][K] . W[N][K]^T for W in F16 or BF16 (row-major, as
  * GGUF and safetensors store it): x is rounded to W's type into the handle's
@@ -100,6 +103,8 @@ int kn_cuda_add(float *d_a, const float *d_b, size_t n);
 /* ---- FP8 E4M3 GEMMs through cuBLASLt (kn_cuda_fp8.cu; sm_89 and newer) ---- */
 typedef struct kn_cuda_fp8 kn_cuda_fp8;
 int kn_cuda_fp8_create(kn_cuda_fp8 **out);
+/* The quantized-activation buffer for up to max_rows x max_k, allocated now (at load, before the KV pool). */
+int kn_cuda_fp8_reserve(kn_cuda_fp8 *f, int max_rows, int64_t max_k);
 void kn_cuda_fp8_destroy(kn_cuda_fp8 *f);
 /* W [n][k] (F32, F16 or BF16 on the device) -> E4M3 codes q [n][k] and
  * scale [n] (per output channel: amax of the row / 448; per tensor: the

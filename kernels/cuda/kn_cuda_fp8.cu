@@ -91,6 +91,19 @@ extern "C" int kn_cuda_fp8_create(kn_cuda_fp8 **out) {
     return 0;
 }
 
+extern "C" int kn_cuda_fp8_reserve(kn_cuda_fp8 *f, int max_rows, int64_t max_k) {
+    if (max_rows <= 0 || max_k <= 0) return LLM_EINVAL;
+    size_t xs = (size_t)max_rows * (size_t)max_k;
+    if (xs > f->xq_bytes) {
+        cudaFree(f->xq);
+        f->xq = NULL;
+        f->xq_bytes = 0;
+        KN_CUDA_CHECK(cudaMalloc((void **)&f->xq, xs));
+        f->xq_bytes = xs;
+    }
+    return 0;
+}
+
 extern "C" void kn_cuda_fp8_destroy(kn_cuda_fp8 *f) {
     if (!f) return;
     if (f->lt) cublasLtDestroy(f->lt);

@@ -12,9 +12,12 @@
 
 struct kn_cuda_blas {
     cublasHandle_t h;
-    void *ws;          // x rounded to W's type, grown on demand (start-up sizes it; no per-step malloc after)
+    void *ws;          // x rounded to W's type, sized at load by kn_cuda_blas_reserve (no per-step malloc after)
     size_t ws_bytes;
+    void *blas_ws;     // cuBLAS's own workspace, given to it at load so that it allocates none later
 };
+
+#define BLAS_WORKSPACE (32u << 20) // what cuBLAS recommends for Hopper
 
 // grid: ceil(n/256) blocks of 256
 __global__ void to_half_kernel(const float *x, __half *y, size_t n) {
@@ -44,7 +47,25 @@ extern "C" void kn_cuda_blas_destroy(kn_cuda_blas *b) {
     if (!b) return;
     if (b->h) cublasDestroy(b->h);
     if (b->ws) cudaFree(b->ws);
+    if (b->blas_ws) cudaFree(b->blas_ws);
     free(b);
+}
+
+extern "C" int kn_cuda_blas_reserve(kn_cuda_blas *b, int max_rows, int64_t max_k) {
+    if (max_rows <= 0 || max_k <= 0) return LLM_EINVAL;
+    if (!b->blas_ws) {
+        KN_CUDA_CHECK(cudaMalloc(&b->blas_ws, BLAS_WORKSPACE));
+        KN_CUBLAS_CHECK(cublasSetWorkspace(b->h, b->blas_ws, BLAS_WORKSPACE));
+    }
+    size_t need = (size_t)max_rows * (size_t)max_k * 2;
+    if (need > b->ws_bytes) {
+        if (b->ws) cudaFree(b->ws);
+        b->ws = NULL;
+        b->ws_bytes = 0;
+        KN_CUDA_CHECK(cudaMalloc(&b->ws, need));
+        b->ws_bytes = need;
+    }
+    return 0;
 }
 
 extern "C" int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, const float *d_x,

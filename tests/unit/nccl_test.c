@@ -1,13 +1,16 @@
 /* nccl_test: the NCCL comm backend on a GPU machine (skips, 77, without
  * one). A single-rank communicator exercises every operation's code path
  * against host-computed results: all-reduce, uneven column gather,
- * broadcast of device and of host memory, barrier. Multi-GPU groups run the
+ * broadcast of device and of host memory, barrier, and the ordering of
+ * NCCL's stream with the compute stream (events, no host sync between).
+ * Multi-GPU groups run the
  * same calls with more ranks (tests/gpu/run.sh). */
 #include "cm_error.h"
 #include "tst.h"
 #include "wk_comm.h"
 
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +46,38 @@ int main(void) {
     CHECK(!strcmp(msg, "step plan"));
     CHECK_RC(c->ops->broadcast(c, d, sizeof(float) * N, 0), 0);
     CHECK_RC(c->ops->barrier(c), 0);
+    /* ordering with the compute stream: NCCL runs on a stream of its own that does not wait for the legacy
+     * one by itself. Each round the compute stream fills a 128 MB buffer (a device copy, about 0.1 ms), the
+     * gather reads it at once and the compute stream reads its output; the gather must see this round's
+     * fill, never the last one's, and settle must return with it done */
+    {
+        enum { R = 512, W = 65536 };
+        size_t bytes = sizeof(float) * (size_t)R * W;
+        float *src[2], *in, *res, probe[4];
+        int wbig[1] = {W}, ordered = 1;
+        cudaMalloc((void **)&src[0], bytes);
+        cudaMalloc((void **)&src[1], bytes);
+        cudaMalloc((void **)&in, bytes);
+        cudaMalloc((void **)&res, bytes);
+        cudaMemset(src[0], 0, bytes);          /* 0.0f everywhere */
+        cudaMemset(src[1], 0x3f, bytes);       /* 0x3f3f3f3f: 0.747f everywhere */
+        cudaDeviceSynchronize();
+        for (int round = 0; round < 10; round++) {
+            cudaMemcpyAsync(in, src[round % 2], bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy);
+            CHECK_RC(c->ops->all_gather_cols(c, in, R, wbig, res), 0);
+            CHECK_RC(c->ops->settle(c), 0);
+            cudaMemcpy(probe, res + (size_t)R * W - 4, sizeof probe, cudaMemcpyDeviceToHost);
+            float want = round % 2 ? 0.747f : 0.f;
+            for (int i = 0; i < 4; i++) ordered &= probe[i] > want - 1e-3f && probe[i] < want + 1e-3f;
+        }
+        printf("nccl_test: 10 gathers of a buffer the compute stream had just filled: %s\n",
+               ordered ? "each saw its fill" : "STALE DATA");
+        CHECK(ordered);
+        cudaFree(src[0]);
+        cudaFree(src[1]);
+        cudaFree(in);
+        cudaFree(res);
+    }
     cudaFree(d);
     cudaFree(out);
     wk_comm_free(c);
