@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,9 @@ int wk_comm_nccl_unique_id(uint8_t id[WK_NCCL_ID_BYTES]) {
     return 0;
 }
 
+static pthread_once_t connect_once = PTHREAD_ONCE_INIT;
+static void connect_at_init(void) { setenv("NCCL_RUNTIME_CONNECT", "0", 0); }
+
 int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, int device, double init_timeout_s,
                         wk_comm **out) {
     *out = NULL;
@@ -259,7 +263,7 @@ int wk_comm_nccl_create(const uint8_t id[WK_NCCL_ID_BYTES], int rank, int size, 
     /* NCCL 2.22+ connects its channels (and allocates their buffers) at the first collective of each kind
      * unless told not to: all of it at init, before the KV pool is sized from the memory left (a user's own
      * setting wins) */
-    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+    pthread_once(&connect_once, connect_at_init);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* init and collectives return at once: enqueued() and settle poll */
     ncclResult_t r = ncclCommInitRankConfig(&n->comm, size, u, rank, &cfg);

@@ -4,12 +4,17 @@
  * cache can hold them.
  *
  *   llmserve-cuda-kernel-bench [--preset llama-3-8b] [--batches 1,64,256] [--ctx 1152] [--hbm-tbps 4.8]
+ *                              [--tflops 989]
  *
  * Prints one row per batch: the time of a decode step's GEMMs (every layer's
- * q, k, v, o, gate, up, down and the LM head, cuBLAS BF16), the weight
- * bandwidth that implies against the HBM bound, paged attention over the
- * batch's KV (f16 cache, blocks of 16, split-K as planned), and the
- * tokens/s upper bound of GEMMs + attention. Median of 5 after a warm-up. */
+ * q, k, v, o, gate, up, down and the LM head, cuBLAS BF16) and paged
+ * attention over the batch's KV (f16 cache, blocks of 16, split-K as
+ * planned), each beside its analytic bound and the fraction of it reached:
+ * the GEMMs move the weights once (bytes / HBM) and do 2 x params x batch
+ * FLOPs (/ the dense BF16 peak, --tflops: H100/H200 SXM 989), the bound the
+ * larger of the two; attention reads every K and V of the batch once
+ * (batch x ctx x 2 x kv width x 2 bytes a layer / HBM). Then the tokens/s
+ * upper bound of GEMMs + attention. Median of 5 after a warm-up. */
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_model.h"
@@ -36,14 +41,15 @@
 int main(int argc, char **argv) {
     const char *preset = "llama-3-8b", *batches = "1,64,256";
     int ctx = 1152;
-    double hbm = 4.8e12;
+    double hbm = 4.8e12, peak = 989e12;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
         else if (!strcmp(argv[i], "--batches")) batches = argv[i + 1];
         else if (!strcmp(argv[i], "--ctx")) ctx = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--hbm-tbps")) hbm = atof(argv[i + 1]) * 1e12;
+        else if (!strcmp(argv[i], "--tflops")) peak = atof(argv[i + 1]) * 1e12;
         else {
-            fprintf(stderr, "usage: %s [--preset NAME] [--batches 1,64,256] [--ctx N] [--hbm-tbps F]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--preset NAME] [--batches 1,64,256] [--ctx N] [--hbm-tbps F] [--tflops F]\n", argv[0]);
             return 2;
         }
     }
@@ -79,7 +85,12 @@ int main(int argc, char **argv) {
     TRY(kn_cuda_sm_count(&n_sm));
     printf("%s BF16 dummy weights: %.2f GB of GEMM weights, %d SMs, HBM bound %.2f TB/s -> %.2f ms a step at B=1\n",
            preset, bytes / 1e9, n_sm, hbm / 1e12, bytes / hbm * 1e3);
-    printf("%6s %12s %10s %8s %14s %12s\n", "batch", "GEMMs ms", "weight TB/s", "of HBM", "attention ms", "tok/s bound");
+    if (!(hbm > 0) || !(peak > 0)) {
+        fprintf(stderr, "kernel bench: --hbm-tbps and --tflops must be positive\n");
+        return 2;
+    }
+    printf("%6s %10s %10s %8s %10s %10s %8s %12s\n", "batch", "GEMMs ms", "bound ms", "of bound", "attn ms",
+           "bound ms", "of bound", "tok/s bound");
     for (const char *p = batches; *p;) {
         int B = atoi(p);
         if (B < 1 || B > 4096) break;
@@ -138,8 +149,10 @@ int main(int argc, char **argv) {
         qsort(tg + 1, 5, sizeof(double), bn_cmp_d);
         qsort(ta + 1, 5, sizeof(double), bn_cmp_d);
         double g_ms = tg[3] * 1e3, a_ms = ta[3] * 1e3;
-        printf("%6d %12.3f %10.2f %7.1f%% %14.3f %12.0f\n", B, g_ms, bytes / tg[3] / 1e12, bytes / tg[3] / hbm * 100,
-               a_ms, B / (tg[3] + ta[3]));
+        double g_mem = bytes / hbm, g_flop = 2.0 * (bytes / 2) * B / peak, g_bound = g_mem > g_flop ? g_mem : g_flop;
+        double a_bound = (double)L * B * ctx * 2.0 * (double)KVD * 2.0 / hbm;
+        printf("%6d %10.3f %10.3f %7.1f%% %10.3f %10.3f %7.1f%% %12.0f\n", B, g_ms, g_bound * 1e3,
+               g_bound / tg[3] * 100, a_ms, a_bound * 1e3, a_bound / ta[3] * 100, B / (tg[3] + ta[3]));
         kn_cuda_free(x); kn_cuda_free(y); kn_cuda_free(kc); kn_cuda_free(vc); kn_cuda_free(q); kn_cuda_free(out);
         kn_cuda_free(ws); kn_cuda_free(row_seq); kn_cuda_free(row_pos); kn_cuda_free(seq_off); kn_cuda_free(blocks);
         free(h_rs); free(h_rp); free(h_so); free(h_bl);

@@ -464,6 +464,52 @@ int main(void) {
         kn_cuda_free(dpos);
         kn_cuda_free(dinv);
     }
+    /* SwiGLU's silu(a) * b, a bias added to every row, a residual add, and the gather of the rows that
+     * want logits, each against the CPU (x holds rows * n = 2880 values: 5 rows of 576) */
+    {
+        enum { R = 5, C = 576 };
+        float *db, *dz;
+        int32_t idx[3] = {4, 0, 2}, *didx;
+        CHECK_RC(kn_cuda_malloc((void **)&db, sizeof(float) * R * C), 0);
+        CHECK_RC(kn_cuda_malloc((void **)&dz, sizeof(float) * R * C), 0);
+        CHECK_RC(kn_cuda_malloc((void **)&didx, sizeof idx), 0);
+        float *b = malloc(sizeof(float) * R * C);
+        for (int i = 0; i < R * C; i++) b[i] = frand() * 2;
+        /* silu */
+        memcpy(ref, x, sizeof(float) * R * C);
+        kn_silu_mul(ref, b, R * C);
+        kn_cuda_upload(dx, x, sizeof(float) * R * C);
+        kn_cuda_upload(db, b, sizeof(float) * R * C);
+        CHECK_RC(kn_cuda_silu_mul(dx, db, R * C), 0);
+        kn_cuda_download(got, dx, sizeof(float) * R * C);
+        double e = tst_rel_l2(got, ref, R * C);
+        printf("cuda silu_mul: rel %.2e\n", e);
+        CHECK(e < 1e-5);
+        /* bias: b's first row added to each of the rows */
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < C; i++) ref[r * C + i] = x[r * C + i] + b[i];
+        kn_cuda_upload(dx, x, sizeof(float) * R * C);
+        CHECK_RC(kn_cuda_add_bias(dx, db, R, C), 0);
+        kn_cuda_download(got, dx, sizeof(float) * R * C);
+        CHECK(memcmp(got, ref, sizeof(float) * R * C) == 0);
+        /* residual add */
+        for (int i = 0; i < R * C; i++) ref[i] = x[i] + b[i];
+        kn_cuda_upload(dx, x, sizeof(float) * R * C);
+        CHECK_RC(kn_cuda_add(dx, db, (size_t)R * C), 0);
+        kn_cuda_download(got, dx, sizeof(float) * R * C);
+        CHECK(memcmp(got, ref, sizeof(float) * R * C) == 0);
+        /* rows 4, 0, 2 gathered */
+        kn_cuda_upload(dx, x, sizeof(float) * R * C);
+        kn_cuda_upload(didx, idx, sizeof idx);
+        CHECK_RC(kn_cuda_gather_rows(dz, dx, didx, 3, C), 0);
+        kn_cuda_download(got, dz, sizeof(float) * 3 * C);
+        for (int r = 0; r < 3; r++) CHECK(memcmp(got + r * C, x + idx[r] * C, sizeof(float) * C) == 0);
+        printf("cuda bias, residual add, row gather: exact\n");
+        kn_cuda_free(db);
+        kn_cuda_free(dz);
+        kn_cuda_free(didx);
+        free(b);
+    }
     /* matmul over the GGUF types against the float64 reference */
     int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_Q5_0, CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {

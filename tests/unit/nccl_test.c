@@ -10,9 +10,49 @@
 #include "wk_comm.h"
 
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* TP=2: two ranks, a thread and a GPU each, one communicator; each all-reduces [rank + 1] * i and gathers
+ * columns of uneven widths. */
+typedef struct {
+    const uint8_t *id;
+    int rank, ok;
+} tp2_arg;
+
+static void *tp2_rank(void *p) {
+    tp2_arg *a = p;
+    enum { N = 4096 };
+    wk_comm *c = NULL;
+    cudaSetDevice(a->rank);
+    if (wk_comm_nccl_create(a->id, a->rank, 2, a->rank, 60, &c)) return NULL;
+    static float h[2][N];
+    float *d, *out, back[N], g[3 * 7];
+    for (int i = 0; i < N; i++) h[a->rank][i] = (float)(a->rank + 1) * (float)i;
+    cudaMalloc((void **)&d, sizeof(float) * N);
+    cudaMalloc((void **)&out, sizeof(float) * 3 * 7);
+    cudaMemcpy(d, h[a->rank], sizeof(float) * N, cudaMemcpyHostToDevice);
+    int ok = c->ops->all_reduce_sum(c, d, N) == 0 && c->ops->settle(c) == 0;
+    cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < N && ok; i++) ok = back[i] == 3.f * (float)i;
+    int width[2] = {3, 4}; /* rank 0 owns 3 columns, rank 1 four; 3 rows */
+    float mine[12];
+    for (int i = 0; i < 12; i++) mine[i] = (float)(a->rank * 100 + i);
+    cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice);
+    ok &= c->ops->all_gather_cols(c, d, 3, width, out) == 0 && c->ops->settle(c) == 0;
+    cudaMemcpy(g, out, sizeof g, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < 3 && ok; r++)
+        for (int j = 0; j < 7 && ok; j++)
+            ok = g[r * 7 + j] == (j < 3 ? (float)(r * 3 + j) : (float)(100 + r * 4 + (j - 3)));
+    ok &= c->ops->barrier(c) == 0;
+    cudaFree(d);
+    cudaFree(out);
+    wk_comm_free(c);
+    a->ok = ok;
+    return NULL;
+}
 
 int main(void) {
     int ndev = 0;
@@ -81,5 +121,18 @@ int main(void) {
     cudaFree(d);
     cudaFree(out);
     wk_comm_free(c);
+    if (ndev >= 2) {
+        uint8_t id2[WK_NCCL_ID_BYTES];
+        CHECK_RC(wk_comm_nccl_unique_id(id2), 0);
+        tp2_arg a[2] = {{id2, 0, 0}, {id2, 1, 0}};
+        pthread_t th[2];
+        for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, tp2_rank, &a[r]);
+        for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+        printf("nccl_test: TP=2 over NCCL on GPUs 0 and 1: all-reduce, uneven gather, barrier %s\n",
+               a[0].ok && a[1].ok ? "right" : "WRONG");
+        CHECK(a[0].ok && a[1].ok);
+    } else {
+        printf("nccl_test: TP=2 over NCCL needs two GPUs, %d here; skipped\n", ndev);
+    }
     return tst_done("nccl_test");
 }
