@@ -286,6 +286,19 @@ int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes,
     return 0;
 }
 
+/* LLMSERVE_CUDA_ATTN=per-head pins the per-head attention kernel (a first run's way around a fault in the
+ * grouped one); anything else, or nothing, lets kn_cuda_paged_attention choose. */
+static int attn_variant(void) {
+    static int v = -1;
+    int got = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (got < 0) {
+        const char *e = getenv("LLMSERVE_CUDA_ATTN");
+        got = e && !strcmp(e, "per-head") ? KN_ATTN_PER_HEAD : KN_ATTN_AUTO;
+        __atomic_store_n(&v, got, __ATOMIC_RELAXED);
+    }
+    return got;
+}
+
 /* Sums a row-parallel GEMM's partial results over the ranks (NCCL on its own stream, ordered between our
  * kernels by events: no host wait). */
 static int reduce(wk_model *m, float *buf, size_t n) {
@@ -375,7 +388,7 @@ static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
                              c->block_shift));
         kn_cuda_attn_args aa = {T,     nh,     nkv,          hd,          c->type, c->block_shift, max_len, g->n_sm,
                                 g->q,  g->att, c->k + layer, c->v + layer, c->block_stride,  d_rseq, d_pos,
-                                d_soff, d_blk, g->ws,        g->ws_bytes};
+                                d_soff, d_blk, g->ws,        g->ws_bytes, attn_variant()};
         TRY(kn_cuda_paged_attention(&aa));
         TRY(dmm(g, &w[3], g->att, g->xb2, T));
         TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));

@@ -61,7 +61,12 @@ typedef struct {
     const int32_t *d_row_seq, *d_row_pos, *d_seq_off, *d_blocks;
     float *d_ws;
     size_t ws_bytes;
+    int variant;            /* KN_ATTN_*: which kernel (tests pin one; the engine leaves it AUTO) */
 } kn_cuda_attn_args;
+/* AUTO: the grouped kernel where it has an instantiation (head_dim 64, 128 or 256 with 2, 4 or 8 query
+ * heads a KV head; 256 with 2 or 4), which reads each K/V row once for the whole group, else the per-head
+ * kernel. PER_HEAD / GROUPED pin one (GROUPED: LLM_EUNSUP where it has none). */
+enum { KN_ATTN_AUTO = 0, KN_ATTN_PER_HEAD = 1, KN_ATTN_GROUPED = 2 };
 int kn_cuda_paged_attention(const kn_cuda_attn_args *a);
 
 /* ---- dense GEMMs through cuBLAS (kn_cuda_gemm.cu) ------------------------ */

@@ -101,6 +101,120 @@ __global__ void paged_attn_kernel(const float *q, float *out, float *ws, const K
     for (int e = 0; e < NE; e++) p[2 + lane + 32 * e] = o[e];
 }
 
+// One K or V row's NE elements at p (lane l's slice [l*NE, l*NE + NE) of a head), in as few loads as
+// its bytes allow: 16-byte loads for 16-bit caches at head_dim 256, 8-byte at 128. The slice is aligned to
+// its own size: the pool is cudaMalloc'd, blocks, rows and heads are multiples of 32 elements apart.
+template <int NE, typename KV>
+__device__ __forceinline__ void load_row(const KV *p, float *out) {
+    constexpr int BYTES = NE * (int)sizeof(KV);
+    union {
+        uint4 v16[BYTES / 16 > 0 ? BYTES / 16 : 1];
+        uint2 v8[BYTES / 8 > 0 ? BYTES / 8 : 1];
+        unsigned v4[BYTES / 4 > 0 ? BYTES / 4 : 1];
+        KV e[NE];
+    } u;
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 16; i++) u.v16[i] = ((const uint4 *)p)[i];
+    } else if constexpr (BYTES % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 8; i++) u.v8[i] = ((const uint2 *)p)[i];
+    } else if constexpr (BYTES % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < BYTES / 4; i++) u.v4[i] = ((const unsigned *)p)[i];
+    } else {
+#pragma unroll
+        for (int e = 0; e < NE; e++) u.e[e] = p[e];
+    }
+#pragma unroll
+    for (int e = 0; e < NE; e++) out[e] = kv_load(&u.e[e]);
+}
+
+// The decode kernel for grouped-query attention. grid: (rows, n_kv, splits), KN_CUDA_ATTN_THREADS threads
+// = 4 warps. One CTA serves the G = n_head / n_kv query heads that share KV head hk, so each K and V row
+// is read once for all G of them (the per-head kernel reads it G times); lane l holds the NE contiguous
+// elements [l*NE, l*NE + NE) of a row (vector loads), V is loaded with K, each warp takes every 4th
+// position with an online softmax per head, and the warps merge through shared memory. The output (or the
+// split's partial, merged by attn_combine_kernel) is laid out as the per-head kernel's.
+template <int NE, int G, typename KV>
+__global__ void paged_attn_gqa_kernel(const float *q, float *out, float *ws, const KV *kc, const KV *vc,
+                                      size_t block_stride_el, const int32_t *row_seq, const int32_t *row_pos,
+                                      const int32_t *seq_off, const int32_t *blocks, int n_head, int n_kv, int bshift,
+                                      int chunk, float scale) {
+    constexpr int HD = NE * 32, NW = KN_CUDA_ATTN_THREADS / 32;
+    const int r = blockIdx.x, hk = blockIdx.y, s = blockIdx.z, splits = gridDim.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int len = row_pos[r] + 1, j0 = s * chunk, j1 = min(len, j0 + chunk);
+    const int32_t *bt = blocks + seq_off[row_seq[r]];
+    float qv[G][NE], acc[G][NE], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float *qh = q + ((size_t)r * n_head + (size_t)hk * G + g) * HD + lane * NE;
+#pragma unroll
+        for (int e = 0; e < NE; e++) {
+            qv[g][e] = qh[e] * scale;
+            acc[g][e] = 0.f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+    }
+    for (int j = j0 + warp; j < j1; j += NW) {
+        size_t base = (size_t)bt[j >> bshift] * block_stride_el +
+                      ((size_t)(j & ((1 << bshift) - 1)) * n_kv + hk) * HD + (size_t)lane * NE;
+        float kr[NE], vr[NE];
+        load_row<NE>(kc + base, kr);
+        load_row<NE>(vc + base, vr);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float dot = 0.f;
+#pragma unroll
+            for (int e = 0; e < NE; e++) dot += qv[g][e] * kr[e];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            float mn = fmaxf(m[g], dot), c = expf(m[g] - mn), p = expf(dot - mn);
+            l[g] = l[g] * c + p;
+#pragma unroll
+            for (int e = 0; e < NE; e++) acc[g][e] = acc[g][e] * c + p * vr[e];
+            m[g] = mn;
+        }
+    }
+    __shared__ float sm_m[NW][G], sm_l[NW][G];
+    __shared__ float sm_acc[NW][G][HD];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < NE; e++) sm_acc[warp][g][lane * NE + e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * HD; idx += KN_CUDA_ATTN_THREADS) {
+        const int g = idx / HD, i = idx % HD, h = hk * G + g;
+        float M = -INFINITY, L = 0.f, o = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, sm_m[w][g]);
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            if (sm_m[w][g] == -INFINITY) continue; // a warp that saw no position
+            float c = expf(sm_m[w][g] - M);
+            L += sm_l[w][g] * c;
+            o += sm_acc[w][g][i] * c;
+        }
+        if (splits == 1) {
+            out[((size_t)r * n_head + h) * HD + i] = L > 0.f ? o / L : 0.f;
+            continue;
+        }
+        float *pw = ws + (((size_t)r * n_head + h) * splits + s) * (HD + 2);
+        if (i == 0) {
+            pw[0] = M;
+            pw[1] = L;
+        }
+        pw[2 + i] = o;
+    }
+}
+
 // grid: (rows, n_head), hd threads: merges the splits of one (row, head).
 __global__ void attn_combine_kernel(float *out, const float *ws, int n_head, int hd, int splits) {
     int r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
@@ -170,14 +284,63 @@ static int launch_attn(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g) {
     return 0;
 }
 
+template <int NE, int G, typename KV>
+static void launch_gqa_as(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g, float scale) {
+    dim3 grid(g->grid[0], (unsigned)a->n_kv, g->grid[2]);
+    size_t stride_el = a->block_stride / sizeof(KV);
+    paged_attn_gqa_kernel<NE, G, KV><<<grid, g->threads>>>(
+        a->d_q, a->d_out, a->d_ws, (const KV *)a->d_kc, (const KV *)a->d_vc, stride_el, a->d_row_seq, a->d_row_pos,
+        a->d_seq_off, a->d_blocks, a->n_head, a->n_kv, a->block_shift, g->chunk, scale);
+}
+
+template <int NE, int G>
+static int launch_gqa(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g) {
+    float scale = 1.f / sqrtf((float)a->hd);
+    if (a->kv_type == KN_KV_F16) launch_gqa_as<NE, G, __half>(a, g, scale);
+    else if (a->kv_type == KN_KV_BF16) launch_gqa_as<NE, G, __nv_bfloat16>(a, g, scale);
+    else if (a->kv_type == KN_KV_FP8) launch_gqa_as<NE, G, __nv_fp8_e4m3>(a, g, scale);
+    else launch_gqa_as<NE, G, float>(a, g, scale);
+    KN_CUDA_LAUNCHED();
+    if (g->splits > 1) {
+        attn_combine_kernel<<<dim3(g->grid[0], g->grid[1]), a->hd>>>(a->d_out, a->d_ws, a->n_head, a->hd, g->splits);
+        KN_CUDA_LAUNCHED();
+    }
+    return 0;
+}
+
+/* The grouped kernel's instantiations: head_dim 64, 128 and 256 with 2, 4 or 8 query heads a KV head
+ * (G x NE <= 32 floats of queries and as many of accumulators a lane). *launched 0 where there is none;
+ * else 1 and the launch's code. */
+static int gqa_launch(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g, int *launched) {
+    int G = a->n_head / a->n_kv;
+    *launched = 1;
+    switch (a->hd * 16 + G) {
+    case 64 * 16 + 2: return launch_gqa<2, 2>(a, g);
+    case 64 * 16 + 4: return launch_gqa<2, 4>(a, g);
+    case 64 * 16 + 8: return launch_gqa<2, 8>(a, g);
+    case 128 * 16 + 2: return launch_gqa<4, 2>(a, g);
+    case 128 * 16 + 4: return launch_gqa<4, 4>(a, g);
+    case 128 * 16 + 8: return launch_gqa<4, 8>(a, g);
+    case 256 * 16 + 2: return launch_gqa<8, 2>(a, g);
+    case 256 * 16 + 4: return launch_gqa<8, 4>(a, g);
+    default: *launched = 0; return 0;
+    }
+}
+
 extern "C" int kn_cuda_paged_attention(const kn_cuda_attn_args *a) {
     kn_cuda_attn_geom g;
     int rc = kn_cuda_attn_plan(a->n_rows, a->n_head, a->hd, a->max_len, a->n_sm, &g);
     if (rc) return rc;
     if (a->n_kv <= 0 || a->n_head % a->n_kv ||
-        a->kv_type < KN_KV_F32 || a->kv_type > KN_KV_BF16)
+        a->kv_type < KN_KV_F32 || a->kv_type > KN_KV_BF16 || a->variant < KN_ATTN_AUTO || a->variant > KN_ATTN_GROUPED)
         return LLM_EINVAL;
     if (g.workspace_bytes > a->ws_bytes) return LLM_ERANGE; // size it with kn_cuda_attn_plan at start
+    if (a->variant != KN_ATTN_PER_HEAD) {
+        int launched;
+        rc = gqa_launch(a, &g, &launched);
+        if (launched) return rc;
+        if (a->variant == KN_ATTN_GROUPED) return LLM_EUNSUP;
+    }
     switch (a->hd / 32) {
     case 1: return launch_attn<1>(a, &g);
     case 2: return launch_attn<2>(a, &g);

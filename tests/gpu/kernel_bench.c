@@ -14,7 +14,9 @@
  * FLOPs (/ the dense BF16 peak, --tflops: H100/H200 SXM 989), the bound the
  * larger of the two; attention reads every K and V of the batch once
  * (batch x ctx x 2 x kv width x 2 bytes a layer / HBM). Then the tokens/s
- * upper bound of GEMMs + attention. Median of 5 after a warm-up. */
+ * upper bound of GEMMs + attention; last, attention with the per-head kernel
+ * pinned (the grouped one is what AUTO picks for GQA shapes). Median of 5
+ * after a warm-up. */
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_model.h"
@@ -89,8 +91,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kernel bench: --hbm-tbps and --tflops must be positive\n");
         return 2;
     }
-    printf("%6s %10s %10s %8s %10s %10s %8s %12s\n", "batch", "GEMMs ms", "bound ms", "of bound", "attn ms",
-           "bound ms", "of bound", "tok/s bound");
+    printf("%6s %10s %10s %8s %10s %10s %8s %12s %12s\n", "batch", "GEMMs ms", "bound ms", "of bound", "attn ms",
+           "bound ms", "of bound", "tok/s bound", "per-head ms");
     for (const char *p = batches; *p;) {
         int B = atoi(p);
         if (B < 1 || B > 4096) break;
@@ -132,8 +134,11 @@ int main(int argc, char **argv) {
         TRY(kn_cuda_upload(seq_off, h_so, sizeof(int32_t) * (size_t)B));
         TRY(kn_cuda_upload(blocks, h_bl, sizeof(int32_t) * (size_t)nblk));
         kn_cuda_attn_args aa = {B, (int)c.n_head, (int)c.n_kv_head, (int)c.head_dim, KN_KV_F16, 4, ctx, n_sm,
-                                q, out, kc, vc, stride, row_seq, row_pos, seq_off, blocks, ws, g.workspace_bytes};
-        double tg[6], ta[6];
+                                q, out, kc, vc, stride, row_seq, row_pos, seq_off, blocks, ws, g.workspace_bytes,
+                                KN_ATTN_AUTO};
+        kn_cuda_attn_args ap = aa;
+        ap.variant = KN_ATTN_PER_HEAD;
+        double tg[6], ta[6], tp[6];
         for (int rep = 0; rep < 6; rep++) { /* rep 0 warms up */
             double t0 = bn_now();
             for (int l = 0; l < L; l++)
@@ -143,16 +148,21 @@ int main(int argc, char **argv) {
             double t1 = bn_now();
             for (int l = 0; l < L; l++) TRY(kn_cuda_paged_attention(&aa));
             TRY(kn_cuda_sync());
+            double t2 = bn_now();
+            for (int l = 0; l < L; l++) TRY(kn_cuda_paged_attention(&ap));
+            TRY(kn_cuda_sync());
             tg[rep] = t1 - t0;
-            ta[rep] = bn_now() - t1;
+            ta[rep] = t2 - t1;
+            tp[rep] = bn_now() - t2;
         }
         qsort(tg + 1, 5, sizeof(double), bn_cmp_d);
         qsort(ta + 1, 5, sizeof(double), bn_cmp_d);
+        qsort(tp + 1, 5, sizeof(double), bn_cmp_d);
         double g_ms = tg[3] * 1e3, a_ms = ta[3] * 1e3;
         double g_mem = bytes / hbm, g_flop = 2.0 * (bytes / 2) * B / peak, g_bound = g_mem > g_flop ? g_mem : g_flop;
         double a_bound = (double)L * B * ctx * 2.0 * (double)KVD * 2.0 / hbm;
-        printf("%6d %10.3f %10.3f %7.1f%% %10.3f %10.3f %7.1f%% %12.0f\n", B, g_ms, g_bound * 1e3,
-               g_bound / tg[3] * 100, a_ms, a_bound * 1e3, a_bound / ta[3] * 100, B / (tg[3] + ta[3]));
+        printf("%6d %10.3f %10.3f %7.1f%% %10.3f %10.3f %7.1f%% %12.0f %12.3f\n", B, g_ms, g_bound * 1e3,
+               g_bound / tg[3] * 100, a_ms, a_bound * 1e3, a_bound / ta[3] * 100, B / (tg[3] + ta[3]), tp[3] * 1e3);
         kn_cuda_free(x); kn_cuda_free(y); kn_cuda_free(kc); kn_cuda_free(vc); kn_cuda_free(q); kn_cuda_free(out);
         kn_cuda_free(ws); kn_cuda_free(row_seq); kn_cuda_free(row_pos); kn_cuda_free(seq_off); kn_cuda_free(blocks);
         free(h_rs); free(h_rp); free(h_so); free(h_bl);

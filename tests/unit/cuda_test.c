@@ -108,8 +108,10 @@ static void attention(int kv_type, const attn_case *ac) {
     kn_attention(pool, &ca);
     int n_sm = 0;
     CHECK_RC(kn_cuda_sm_count(&n_sm), 0);
-    for (int force_rows = 0; force_rows < 2; force_rows++) {
-        /* as planned for this GPU, then as if it had 100000 SMs (the most splits this length allows) */
+    /* each kernel pinned (the per-head one, the grouped one where it has an instantiation), as planned for
+     * this GPU, then as if it had 100000 SMs (the most splits this length allows) */
+    for (int run = 0; run < 4; run++) {
+        int force_rows = run & 1, variant = run < 2 ? KN_ATTN_PER_HEAD : KN_ATTN_GROUPED;
         float *dq, *dout, *dws = NULL;
         int32_t *drs, *drp, *dso, *dbl;
         kn_cuda_malloc((void **)&dq, sizeof(float) * (size_t)rows * NH * HD);
@@ -121,19 +123,29 @@ static void attention(int kv_type, const attn_case *ac) {
         size_t wsb = (size_t)rows * NH * KN_CUDA_ATTN_MAX_SPLITS * (HD + 2) * sizeof(float);
         kn_cuda_malloc((void **)&dws, wsb);
         kn_cuda_upload(dq, q, sizeof(float) * (size_t)rows * NH * HD);
+        for (int i = 0; i < rows * NH * HD; i++) got[i] = NAN; /* an output the kernel skips stays NaN */
+        kn_cuda_upload(dout, got, sizeof(float) * (size_t)rows * NH * HD);
         kn_cuda_upload(drs, row_seq, sizeof(int32_t) * (size_t)rows);
         kn_cuda_upload(drp, row_pos, sizeof(int32_t) * (size_t)rows);
         kn_cuda_upload(dso, seq_off, sizeof seq_off);
         kn_cuda_upload(dbl, blocks, sizeof(int32_t) * (size_t)NBLK);
         kn_cuda_attn_args ga = {rows, NH, NKV, HD, kv_type, SHIFT, max_len, force_rows ? 100000 : n_sm,
-                                dq, dout, dk, dv, stride, drs, drp, dso, dbl, dws, wsb};
-        CHECK_RC(kn_cuda_paged_attention(&ga), 0);
+                                dq, dout, dk, dv, stride, drs, drp, dso, dbl, dws, wsb, variant};
+        int arc = kn_cuda_paged_attention(&ga);
+        if (arc == LLM_EUNSUP && variant == KN_ATTN_GROUPED) {
+            if (!force_rows) printf("cuda paged attention, head_dim %d, GQA %d: no grouped kernel (the per-head one runs)\n", HD, NH / NKV);
+            kn_cuda_free(dq); kn_cuda_free(dout); kn_cuda_free(drs); kn_cuda_free(drp);
+            kn_cuda_free(dso); kn_cuda_free(dbl); kn_cuda_free(dws);
+            continue;
+        }
+        CHECK_RC(arc, 0);
         CHECK_RC(kn_cuda_sync(), 0);
         kn_cuda_download(got, dout, sizeof(float) * (size_t)rows * NH * HD);
         double e = tst_rel_l2(got, ref, (size_t)rows * NH * HD);
         kn_cuda_attn_geom geo;
         kn_cuda_attn_plan(rows, NH, HD, max_len, force_rows ? 100000 : n_sm, &geo);
-        printf("cuda paged attention kv %s, head_dim %d, GQA %d, block %d, context %d, %s (%d splits): rel %.2e\n",
+        printf("cuda paged attention %s kv %s, head_dim %d, GQA %d, block %d, context %d, %s (%d splits): rel %.2e\n",
+               variant == KN_ATTN_GROUPED ? "grouped" : "per-head",
                kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",
                HD, NH / NKV, BS, max_len, force_rows ? "more splits" : "as planned", geo.splits, e);
         CHECK(e < ac->tol);
@@ -552,11 +564,16 @@ int main(void) {
     }
     /* head_dim 64 (GQA 3, block 16): every KV type; then the shapes of real models: head_dim 64 with GQA 1
      * over blocks of 32, head_dim 128 with GQA 4 over blocks of 32 and a 32k context (11 rows x 32 heads fill
-     * two waves of 132 SMs: no split as planned), head_dim 256 with GQA 8; every case has partial last blocks */
+     * two waves of 132 SMs: no split as planned), head_dim 256 with GQA 8 (the per-head kernel only), and
+     * one shape for each size the grouped kernel takes with 8, 2 and 4 heads a group; every case has partial
+     * last blocks */
     static const attn_case base = {64, 6, 2, 4, 4, {1, 7, 1, 1}, {2999, 40, 0, 500}, 1e-5},
                            real[] = {{64, 4, 4, 5, 2, {2, 1}, {63, 200}, 1e-5},
                                      {128, 32, 8, 5, 3, {1, 1, 9}, {32767, 100, 37}, 1e-4},
-                                     {256, 8, 1, 4, 2, {1, 3}, {1000, 15}, 1e-5}};
+                                     {256, 8, 1, 4, 2, {1, 3}, {1000, 15}, 1e-5},
+                                     {64, 16, 2, 4, 2, {1, 5}, {700, 33}, 1e-5},
+                                     {128, 8, 4, 4, 3, {1, 1, 2}, {4000, 17, 300}, 1e-5},
+                                     {256, 16, 4, 5, 2, {1, 4}, {2500, 60}, 1e-5}};
     attention(KN_KV_F16, &base);
     attention(KN_KV_F32, &base);
     attention(KN_KV_FP8, &base);
