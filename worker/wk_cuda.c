@@ -372,7 +372,9 @@ static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
     for (uint32_t l = (uint32_t)m->layer0; l < (uint32_t)m->layer1; l++) {
         const dweight *w = g->w + (size_t)l * N_MAT;
         float *const *vec = g->vec + (size_t)l * N_VEC;
-        TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[0], T, D, cf->norm_eps));
+        if (l == (uint32_t)m->layer0) { /* later layers: fused into the residual add that ends the one before */
+            TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[0], T, D, cf->norm_eps));
+        }
         TRY(dmm(g, &w[0], g->xb, g->q, T));
         TRY(dmm(g, &w[1], g->xb, g->k, T));
         TRY(dmm(g, &w[2], g->xb, g->v, T));
@@ -392,14 +394,17 @@ static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
         TRY(kn_cuda_paged_attention(&aa));
         TRY(dmm(g, &w[3], g->att, g->xb2, T));
         TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));
-        TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
-        TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[1], T, D, cf->norm_eps));
+        TRY(kn_cuda_add_rmsnorm(g->xb, g->x, g->xb2, vec[1], T, D, cf->norm_eps)); /* residual + ffn norm */
         TRY(dmm(g, &w[4], g->xb, g->hb, T));
         TRY(dmm(g, &w[5], g->xb, g->hb2, T));
         TRY(kn_cuda_silu_mul(g->hb, g->hb2, T * H));
         TRY(dmm(g, &w[6], g->hb, g->xb2, T));
         TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));
-        TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
+        if (l + 1 < (uint32_t)m->layer1) { /* residual + the next layer's attention norm */
+            TRY(kn_cuda_add_rmsnorm(g->xb, g->x, g->xb2, g->vec[(size_t)(l + 1) * N_VEC], T, D, cf->norm_eps));
+        } else {
+            TRY(kn_cuda_add(g->x, g->xb2, (size_t)T * (size_t)D));
+        }
     }
     return 0;
 }

@@ -11,13 +11,24 @@
 #include <string.h>
 
 
-// grid: rows blocks, 256 threads; sum of squares in fp32, tree-reduced in shared memory
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int n, float eps) {
+// grid: rows blocks, 256 threads; sum of squares in fp32, tree-reduced in shared memory. With r (the
+// fused residual add): x += r first, written back, and the norm taken of the sum: one pass and one launch
+// where the layer had two, and the same floats as the two (each thread adds and squares its own elements).
+__global__ void rmsnorm_kernel(float *out, float *x, const float *r, const float *w, int n, float eps) {
     __shared__ float red[256];
-    const float *xr = x + (size_t)blockIdx.x * n;
+    float *xr = x + (size_t)blockIdx.x * n;
     float *orow = out + (size_t)blockIdx.x * n;
     float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    if (r) {
+        const float *rr = r + (size_t)blockIdx.x * n;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            float v = xr[i] + rr[i];
+            xr[i] = v;
+            s += v * v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    }
     red[threadIdx.x] = s;
     __syncthreads();
     for (int st = blockDim.x / 2; st > 0; st >>= 1) {
@@ -97,7 +108,15 @@ extern "C" int kn_cuda_sync(void) {
 
 extern "C" int kn_cuda_rmsnorm(float *d_out, const float *d_x, const float *d_w, int rows, int n, float eps) {
     if (rows <= 0 || n <= 0) return LLM_EINVAL;
-    rmsnorm_kernel<<<rows, 256>>>(d_out, d_x, d_w, n, eps);
+    rmsnorm_kernel<<<rows, 256>>>(d_out, (float *)d_x, NULL, d_w, n, eps);
+    KN_CUDA_LAUNCHED();
+    return 0;
+}
+
+extern "C" int kn_cuda_add_rmsnorm(float *d_out, float *d_x, const float *d_r, const float *d_w, int rows, int n,
+                                   float eps) {
+    if (rows <= 0 || n <= 0 || !d_r) return LLM_EINVAL;
+    rmsnorm_kernel<<<rows, 256>>>(d_out, d_x, d_r, d_w, n, eps);
     KN_CUDA_LAUNCHED();
     return 0;
 }

@@ -24,6 +24,8 @@ int kn_cuda_sync(void);
 
 /* out[rows][n] = x * rsqrt(mean(x^2) + eps) * w; one block per row. */
 int kn_cuda_rmsnorm(float *d_out, const float *d_x, const float *d_w, int rows, int n, float eps);
+/* The residual add fused into the next norm: x += r (written back), then out = rmsnorm(x) * w. */
+int kn_cuda_add_rmsnorm(float *d_out, float *d_x, const float *d_r, const float *d_w, int rows, int n, float eps);
 /* x [n_heads][head_dim] rotated at pos; type 0 adjacent pairs, 1 halves. */
 int kn_cuda_rope(float *d_x, int n_heads, int head_dim, int rope_dim, int type, int pos, float theta);
 /* a = silu(a) * b over n elements. */

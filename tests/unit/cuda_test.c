@@ -510,6 +510,19 @@ int main(void) {
         CHECK_RC(kn_cuda_add(dx, db, (size_t)R * C), 0);
         kn_cuda_download(got, dx, sizeof(float) * R * C);
         CHECK(memcmp(got, ref, sizeof(float) * R * C) == 0);
+        /* the residual add fused into the norm: x + b written back exactly, the norm as kn_rmsnorm's */
+        float *nrm = malloc(sizeof(float) * R * C);
+        for (int rr = 0; rr < R; rr++) kn_rmsnorm(nrm + rr * C, ref + rr * C, w, C, 1e-5f);
+        kn_cuda_upload(dx, x, sizeof(float) * R * C);
+        kn_cuda_upload(dw, w, sizeof(float) * C);
+        CHECK_RC(kn_cuda_add_rmsnorm(dz, dx, db, dw, R, C, 1e-5f), 0);
+        kn_cuda_download(got, dx, sizeof(float) * R * C);
+        CHECK(memcmp(got, ref, sizeof(float) * R * C) == 0);
+        kn_cuda_download(got, dz, sizeof(float) * R * C);
+        e = tst_rel_l2(got, nrm, R * C);
+        printf("cuda add + rmsnorm fused: rel %.2e\n", e);
+        CHECK(e < 1e-5);
+        free(nrm);
         /* rows 4, 0, 2 gathered */
         kn_cuda_upload(dx, x, sizeof(float) * R * C);
         kn_cuda_upload(didx, idx, sizeof idx);
