@@ -325,6 +325,28 @@ static int dmm(wk_cuda *g, const dweight *w, const float *x, float *y, int B) {
     return kn_cuda_matmul(w->type, w->d, w->n, w->k, x, y, B);
 }
 
+/* Several weights times one x (q, k, v; gate, up): x rounded or quantized once when they share a type
+ * that allows it (F16 / BF16 through cuBLAS, FP8), else one dmm each. The same products as dmm's. */
+static int dmm_shared(wk_cuda *g, const dweight *w, int n, const float *x, float *const *y, int B) {
+    int t = w[0].type, same = 1, rc;
+    for (int i = 1; i < n; i++) same &= w[i].type == t && w[i].k == w[0].k;
+    if (same && (t == CM_F16 || t == CM_BF16)) {
+        if ((rc = kn_cuda_gemm_input(g->blas, t, x, B, w[0].k))) return rc;
+        for (int i = 0; i < n; i++)
+            if ((rc = kn_cuda_gemm_from_input(g->blas, t, w[i].d, w[i].n, w[i].k, y[i], B))) return rc;
+        return 0;
+    }
+    if (same && t == DW_FP8) {
+        if ((rc = kn_cuda_fp8_input(g->f8, x, B, w[0].k))) return rc;
+        for (int i = 0; i < n; i++)
+            if ((rc = kn_cuda_gemm_fp8_from_input(g->f8, w[i].d, w[i].scale, w[i].n, w[i].k, y[i], B))) return rc;
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if ((rc = dmm(g, &w[i], x, y[i], B))) return rc;
+    return 0;
+}
+
 /* Host staging of a step (the layout wk_step_meta writes), one upload. */
 static int stage(wk_cuda *g, const wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int *n_logit, int32_t **d) {
     size_t need = wk_step_meta_size(c, n_seq, s, T);
@@ -375,9 +397,8 @@ static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
         if (l == (uint32_t)m->layer0) { /* later layers: fused into the residual add that ends the one before */
             TRY(kn_cuda_rmsnorm(g->xb, g->x, vec[0], T, D, cf->norm_eps));
         }
-        TRY(dmm(g, &w[0], g->xb, g->q, T));
-        TRY(dmm(g, &w[1], g->xb, g->k, T));
-        TRY(dmm(g, &w[2], g->xb, g->v, T));
+        float *qkv[3] = {g->q, g->k, g->v}, *gu[2] = {g->hb, g->hb2};
+        TRY(dmm_shared(g, &w[0], 3, g->xb, qkv, T)); /* x rounded (or quantized) once for q, k and v */
         if (vec[2]) TRY(kn_cuda_add_bias(g->q, vec[2], T, QD));
         if (vec[3]) TRY(kn_cuda_add_bias(g->k, vec[3], T, KVD));
         if (vec[4]) TRY(kn_cuda_add_bias(g->v, vec[4], T, KVD));
@@ -395,8 +416,7 @@ static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
         TRY(dmm(g, &w[3], g->att, g->xb2, T));
         TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));
         TRY(kn_cuda_add_rmsnorm(g->xb, g->x, g->xb2, vec[1], T, D, cf->norm_eps)); /* residual + ffn norm */
-        TRY(dmm(g, &w[4], g->xb, g->hb, T));
-        TRY(dmm(g, &w[5], g->xb, g->hb2, T));
+        TRY(dmm_shared(g, &w[4], 2, g->xb, gu, T)); /* and once for gate and up */
         TRY(kn_cuda_silu_mul(g->hb, g->hb2, T * H));
         TRY(dmm(g, &w[6], g->hb, g->xb2, T));
         TRY(reduce(m, g->xb2, (size_t)T * (size_t)D));

@@ -83,6 +83,12 @@ void kn_cuda_blas_destroy(kn_cuda_blas *b);
  * workspace, the product accumulates in fp32 (cublasGemmEx, tensor cores). */
 int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y,
                  int B);
+/* The same GEMM in two halves, for several weights that multiply one x (q, k and v; gate and up): x is
+ * rounded to the weights' type once (kn_cuda_gemm_input), then each weight multiplies what the handle
+ * holds (kn_cuda_gemm_from_input; LLM_EINVAL when B, k or the type differ from the input's). The same
+ * results as kn_cuda_gemm on each. */
+int kn_cuda_gemm_input(kn_cuda_blas *b, int type, const float *d_x, int B, int64_t k);
+int kn_cuda_gemm_from_input(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, float *d_y, int B);
 /* GGUF Q8_0 / Q4_0 / Q4_1 (or F16) rows -> F16 rows, for prefill-sized
  * batches where one dequantization and a tensor-core GEMM beat per-row dots. */
 int kn_cuda_dequant_f16(int type, const void *d_w, int64_t n, int64_t k, void *d_out);
@@ -124,6 +130,11 @@ int kn_cuda_fp8_quantize(kn_cuda_fp8 *f, int type, const void *d_w, int64_t n, i
  * GPU has no FP8 kernel. */
 int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n, int64_t k, const float *d_x,
                      float *d_y, int B);
+/* In two halves, as kn_cuda_gemm_input / _from_input: x quantized once (its dynamic scale is one amax, so
+ * each weight's product is the same as kn_cuda_gemm_fp8's), then any number of weights. */
+int kn_cuda_fp8_input(kn_cuda_fp8 *f, const float *d_x, int B, int64_t k);
+int kn_cuda_gemm_fp8_from_input(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n, int64_t k,
+                                float *d_y, int B);
 
 /* ---- sampling on the device (kn_cuda_sample.cu) -------------------------- */
 /* Per row of logits [rows][vocab]: penalties over its previous tokens, then

@@ -25,6 +25,8 @@ struct kn_cuda_fp8 {
     size_t xq_bytes;
     float *x_scale;              // one device float: amax(x) / 448
     unsigned *amax_bits;
+    int in_rows;                 // what xq holds now (kn_cuda_fp8_input): in_rows x in_k codes, 0 when nothing
+    int64_t in_k;
 };
 
 // grid-stride: atomic max of |x| as bits (non-negative floats order as unsigned ints)
@@ -95,6 +97,7 @@ extern "C" int kn_cuda_fp8_reserve(kn_cuda_fp8 *f, int max_rows, int64_t max_k) 
     if (max_rows <= 0 || max_k <= 0) return LLM_EINVAL;
     size_t xs = (size_t)max_rows * (size_t)max_k;
     if (xs > f->xq_bytes) {
+        f->in_rows = 0;
         cudaFree(f->xq);
         f->xq = NULL;
         f->xq_bytes = 0;
@@ -136,11 +139,10 @@ extern "C" int kn_cuda_fp8_quantize(kn_cuda_fp8 *f, int type, const void *d_w, i
     return 0;
 }
 
-extern "C" int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n, int64_t k,
-                                const float *d_x, float *d_y, int B) {
-    if (n <= 0 || k <= 0 || B <= 0 || n > INT32_MAX || k > INT32_MAX) return LLM_EINVAL;
-    if (k % 16 || n % 16) return LLM_EUNSUP; // FP8 tensor-core layouts want 16-byte-aligned leading dimensions
+extern "C" int kn_cuda_fp8_input(kn_cuda_fp8 *f, const float *d_x, int B, int64_t k) {
+    if (k <= 0 || B <= 0 || k > INT32_MAX) return LLM_EINVAL;
     size_t xs = (size_t)B * (size_t)k;
+    f->in_rows = 0;
     if (xs > f->xq_bytes) {
         cudaFree(f->xq);
         f->xq = NULL;
@@ -148,13 +150,31 @@ extern "C" int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float
         KN_CUDA_CHECK(cudaMalloc((void **)&f->xq, xs));
         f->xq_bytes = xs;
     }
-    KN_CUDA_CHECK(cudaMemset(f->amax_bits, 0, sizeof(unsigned)));
+    KN_CUDA_CHECK(cudaMemsetAsync(f->amax_bits, 0, sizeof(unsigned), cudaStreamLegacy));
     amax_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->amax_bits);
     KN_CUDA_LAUNCHED();
     scale_from_amax_kernel<<<1, 32>>>(f->amax_bits, f->x_scale, 1);
     KN_CUDA_LAUNCHED();
     quant_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->x_scale, 0, f->xq);
     KN_CUDA_LAUNCHED();
+    f->in_rows = B;
+    f->in_k = k;
+    return 0;
+}
+
+extern "C" int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n, int64_t k,
+                                const float *d_x, float *d_y, int B) {
+    if (n <= 0 || k <= 0 || B <= 0 || n > INT32_MAX || k > INT32_MAX) return LLM_EINVAL;
+    if (k % 16 || n % 16) return LLM_EUNSUP; // FP8 tensor-core layouts want 16-byte-aligned leading dimensions
+    int rc = kn_cuda_fp8_input(f, d_x, B, k);
+    return rc ? rc : kn_cuda_gemm_fp8_from_input(f, d_wq, d_wscale, n, k, d_y, B);
+}
+
+extern "C" int kn_cuda_gemm_fp8_from_input(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n,
+                                           int64_t k, float *d_y, int B) {
+    if (n <= 0 || n > INT32_MAX) return LLM_EINVAL;
+    if (k % 16 || n % 16) return LLM_EUNSUP;
+    if (f->in_rows != B || f->in_k != k) return LLM_EINVAL; // not what xq holds
     // y^T [n][B] (column-major) = W (stored k x n column-major, used transposed) . x^T (k x B)
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;

@@ -15,6 +15,8 @@ struct kn_cuda_blas {
     void *ws;          // x rounded to W's type, sized at load by kn_cuda_blas_reserve (no per-step malloc after)
     size_t ws_bytes;
     void *blas_ws;     // cuBLAS's own workspace, given to it at load so that it allocates none later
+    int in_type, in_rows; // what ws holds now (kn_cuda_gemm_input): x rounded to in_type, in_rows x in_k
+    int64_t in_k;
 };
 
 #define BLAS_WORKSPACE (32u << 20) // what cuBLAS recommends for Hopper
@@ -59,6 +61,7 @@ extern "C" int kn_cuda_blas_reserve(kn_cuda_blas *b, int max_rows, int64_t max_k
     }
     size_t need = (size_t)max_rows * (size_t)max_k * 2;
     if (need > b->ws_bytes) {
+        b->in_rows = 0;
         if (b->ws) cudaFree(b->ws);
         b->ws = NULL;
         b->ws_bytes = 0;
@@ -68,11 +71,11 @@ extern "C" int kn_cuda_blas_reserve(kn_cuda_blas *b, int max_rows, int64_t max_k
     return 0;
 }
 
-extern "C" int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, const float *d_x,
-                            float *d_y, int B) {
+extern "C" int kn_cuda_gemm_input(kn_cuda_blas *b, int type, const float *d_x, int B, int64_t k) {
     if (type != CM_F16 && type != CM_BF16) return LLM_EUNSUP;
-    if (n <= 0 || k <= 0 || B <= 0 || n > INT32_MAX || k > INT32_MAX) return LLM_EINVAL;
+    if (k <= 0 || B <= 0 || k > INT32_MAX) return LLM_EINVAL;
     size_t elems = (size_t)B * (size_t)k, need = elems * 2;
+    b->in_rows = 0;
     if (need > b->ws_bytes) {
         if (b->ws) cudaFree(b->ws);
         b->ws = NULL;
@@ -80,12 +83,30 @@ extern "C" int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t 
         KN_CUDA_CHECK(cudaMalloc(&b->ws, need));
         b->ws_bytes = need;
     }
-    cudaDataType_t dt = type == CM_F16 ? CUDA_R_16F : CUDA_R_16BF;
     if (type == CM_F16) to_half_kernel<<<(unsigned)((elems + 255) / 256), 256>>>(d_x, (__half *)b->ws, elems);
     else to_bf16_kernel<<<(unsigned)((elems + 255) / 256), 256>>>(d_x, (__nv_bfloat16 *)b->ws, elems);
     KN_CUDA_LAUNCHED();
+    b->in_type = type;
+    b->in_rows = B;
+    b->in_k = k;
+    return 0;
+}
+
+extern "C" int kn_cuda_gemm_from_input(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, float *d_y,
+                                       int B) {
+    if (n <= 0 || n > INT32_MAX) return LLM_EINVAL;
+    if (b->in_rows != B || b->in_k != k || b->in_type != type) return LLM_EINVAL; // not what ws holds
+    cudaDataType_t dt = type == CM_F16 ? CUDA_R_16F : CUDA_R_16BF;
     const float alpha = 1.f, beta = 0.f;
     KN_CUBLAS_CHECK(cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, B, (int)k, &alpha, d_w, dt, (int)k, b->ws, dt,
                                  (int)k, &beta, d_y, CUDA_R_32F, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
+}
+
+extern "C" int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, const float *d_x,
+                            float *d_y, int B) {
+    if (type != CM_F16 && type != CM_BF16) return LLM_EUNSUP;
+    if (n <= 0 || k <= 0 || B <= 0 || n > INT32_MAX || k > INT32_MAX) return LLM_EINVAL;
+    int rc = kn_cuda_gemm_input(b, type, d_x, B, k);
+    return rc ? rc : kn_cuda_gemm_from_input(b, type, d_w, n, k, d_y, B);
 }

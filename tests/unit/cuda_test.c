@@ -185,6 +185,16 @@ static void dense(void) {
         double e = tst_rel_l2(yg, yr, (size_t)(B * N));
         printf("cuda cuBLAS gemm %s: rel %.2e\n", cm_dtype_name(types[t]), e);
         CHECK(e < (types[t] == CM_F16 ? 2e-3 : 1e-2)); /* x rounded to the weight type */
+        /* x rounded once and multiplied twice (q, k, v share it so): the same bits as the whole GEMM */
+        float *yh = malloc(sizeof(float) * (size_t)(B * N));
+        CHECK_RC(kn_cuda_gemm_input(blas, types[t], dx, B, K), 0);
+        for (int twice = 0; twice < 2; twice++) {
+            CHECK_RC(kn_cuda_gemm_from_input(blas, types[t], dw, N, K, dy, B), 0);
+            kn_cuda_download(yh, dy, sizeof(float) * (size_t)(B * N));
+            CHECK(memcmp(yh, yg, sizeof(float) * (size_t)(B * N)) == 0);
+        }
+        CHECK_RC(kn_cuda_gemm_from_input(blas, types[t], dw, N, K + 16, dy, B), LLM_EINVAL); /* not what it holds */
+        free(yh);
         kn_cuda_free(dw); kn_cuda_free(dx); kn_cuda_free(dy);
     }
     /* Q4_1 rows -> f16, and the embedding of a few ids */
@@ -293,6 +303,15 @@ static void fp8(void) {
                per_ch ? "per-channel" : "per-tensor", eq, ef);
         CHECK(eq < 2e-3); /* Hopper accumulates FP8 products with a shorter mantissa than fp32 */
         CHECK(ef < 8e-2);
+        /* x quantized once, multiplied twice: the same bits as the whole FP8 GEMM */
+        float *yh = malloc(sizeof(float) * (size_t)(B * N));
+        CHECK_RC(kn_cuda_fp8_input(f8, dx, B, K), 0);
+        for (int twice = 0; twice < 2; twice++) {
+            CHECK_RC(kn_cuda_gemm_fp8_from_input(f8, dq, ds, N, K, dy, B), 0);
+            kn_cuda_download(yh, dy, sizeof(float) * (size_t)(B * N));
+            CHECK(memcmp(yh, yg, sizeof(float) * (size_t)(B * N)) == 0);
+        }
+        free(yh);
     }
     kn_cuda_free(dw); kn_cuda_free(dq); kn_cuda_free(ds); kn_cuda_free(dx); kn_cuda_free(dy);
     kn_cuda_fp8_destroy(f8);
