@@ -9,6 +9,8 @@
 #include "kn_cuda.h"
 #include "kn_cuda_int.h"
 
+#include <string.h>
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,6 +19,17 @@
 
 #define FP8_MAX 448.f
 #define LT_WORKSPACE (32u << 20)
+
+#define LT_PLANS 128 // GEMM shapes remembered: 5 (n, k) pairs a model x the batch sizes in use
+
+typedef struct {
+    int ready;
+    int64_t n, k;
+    int B;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} lt_plan;
 
 struct kn_cuda_fp8 {
     cublasLtHandle_t lt;
@@ -27,7 +40,11 @@ struct kn_cuda_fp8 {
     unsigned *amax_bits;
     int in_rows;                 // what xq holds now (kn_cuda_fp8_input): in_rows x in_k codes, 0 when nothing
     int64_t in_k;
+    lt_plan plans[LT_PLANS];     // by shape, replaced round-robin
+    int next_plan;
 };
+
+static void plan_drop(lt_plan *p);
 
 // grid-stride: atomic max of |x| as bits (non-negative floats order as unsigned ints)
 __global__ void amax_kernel(int type, const void *x, size_t n, unsigned *out) {
@@ -109,6 +126,7 @@ extern "C" int kn_cuda_fp8_reserve(kn_cuda_fp8 *f, int max_rows, int64_t max_k) 
 
 extern "C" void kn_cuda_fp8_destroy(kn_cuda_fp8 *f) {
     if (!f) return;
+    for (int i = 0; i < LT_PLANS; i++) plan_drop(&f->plans[i]);
     if (f->lt) cublasLtDestroy(f->lt);
     cudaFree(f->lt_ws);
     cudaFree(f->xq);
@@ -170,20 +188,30 @@ extern "C" int kn_cuda_gemm_fp8(kn_cuda_fp8 *f, const uint8_t *d_wq, const float
     return rc ? rc : kn_cuda_gemm_fp8_from_input(f, d_wq, d_wscale, n, k, d_y, B);
 }
 
-extern "C" int kn_cuda_gemm_fp8_from_input(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n,
-                                           int64_t k, float *d_y, int B) {
-    if (n <= 0 || n > INT32_MAX) return LLM_EINVAL;
-    if (k % 16 || n % 16) return LLM_EUNSUP;
-    if (f->in_rows != B || f->in_k != k) return LLM_EINVAL; // not what xq holds
-    // y^T [n][B] (column-major) = W (stored k x n column-major, used transposed) . x^T (k x B)
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+// One GEMM shape's cuBLASLt descriptors and the algorithm its heuristic chose, made once (a step calls
+// the same few shapes hundreds of times; the heuristic alone costs tens of microseconds of host time).
+static void plan_drop(lt_plan *p) {
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+static int plan_get(kn_cuda_fp8 *f, int64_t n, int64_t k, int B, lt_plan **out) {
+    for (int i = 0; i < LT_PLANS; i++)
+        if (f->plans[i].ready && f->plans[i].n == n && f->plans[i].k == k && f->plans[i].B == B) {
+            *out = &f->plans[i];
+            return 0;
+        }
+    lt_plan *p = &f->plans[f->next_plan];
+    f->next_plan = (f->next_plan + 1) % LT_PLANS;
+    plan_drop(p);
     cublasLtMatmulPreference_t pref = NULL;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0, rc = 0;
     size_t ws = LT_WORKSPACE;
-    const float alpha = 1.f, beta = 0.f;
 #define LT(call)                                                                                   \
     do {                                                                                           \
         cublasStatus_t s_ = (call);                                                                \
@@ -193,30 +221,52 @@ extern "C" int kn_cuda_gemm_fp8_from_input(kn_cuda_fp8 *f, const uint8_t *d_wq, 
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
-    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k));
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)B, k));
-    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n, (uint64_t)B, n));
+    // y^T [n][B] (column-major) = W (stored k x n column-major, used transposed) . x^T (k x B)
+    LT(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k));
+    LT(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)B, k));
+    LT(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)n, (uint64_t)B, n));
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    LT(cublasLtMatmulAlgoGetHeuristic(f->lt, op, la, lb, lc, lc, pref, 1, &heur, &found));
+    LT(cublasLtMatmulAlgoGetHeuristic(f->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &heur, &found));
+#undef LT
     if (!found) {
         fprintf(stderr, "%s:%d: cuBLASLt has no FP8 kernel for %lld x %lld x %d on this GPU\n", __FILE__, __LINE__,
                 (long long)n, (long long)k, B);
         rc = LLM_EUNSUP;
         goto done;
     }
-    LT(cublasLtMatmul(f->lt, op, &alpha, d_wq, la, f->xq, lb, &beta, d_y, lc, d_y, lc, &heur.algo, f->lt_ws, ws, 0));
-#undef LT
-    rescale_kernel<<<grid_for((size_t)B * (size_t)n), 256>>>(d_y, (size_t)B * (size_t)n, n, d_wscale, f->x_scale);
-    if (cudaGetLastError() != cudaSuccess) rc = LLM_EDEVICE;
+    p->algo = heur.algo;
+    p->n = n;
+    p->k = k;
+    p->B = B;
+    p->ready = 1;
+    *out = p;
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (rc) plan_drop(p);
     return rc;
+}
+
+extern "C" int kn_cuda_gemm_fp8_from_input(kn_cuda_fp8 *f, const uint8_t *d_wq, const float *d_wscale, int64_t n,
+                                           int64_t k, float *d_y, int B) {
+    if (n <= 0 || n > INT32_MAX) return LLM_EINVAL;
+    if (k % 16 || n % 16) return LLM_EUNSUP;
+    if (f->in_rows != B || f->in_k != k) return LLM_EINVAL; // not what xq holds
+    lt_plan *p;
+    int rc = plan_get(f, n, k, B, &p);
+    if (rc) return rc;
+    const float alpha = 1.f, beta = 0.f;
+    cublasStatus_t s = cublasLtMatmul(f->lt, p->op, &alpha, d_wq, p->la, f->xq, p->lb, &beta, d_y, p->lc, d_y, p->lc,
+                                      &p->algo, f->lt_ws, LT_WORKSPACE, 0);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "%s:%d: cuBLASLt error %s\n", __FILE__, __LINE__, cublasGetStatusName(s));
+        return s == CUBLAS_STATUS_NOT_SUPPORTED ? LLM_EUNSUP : LLM_EDEVICE;
+    }
+    KN_CUDA_LAUNCHED();
+    rescale_kernel<<<grid_for((size_t)B * (size_t)n), 256>>>(d_y, (size_t)B * (size_t)n, n, d_wscale, f->x_scale);
+    KN_CUDA_LAUNCHED();
+    return 0;
 }
