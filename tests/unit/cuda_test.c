@@ -343,9 +343,47 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+/* 64 seeded draws each with top-k 5, top-p 0.5, min-p 0.3 and no filter at temperature 0.7: every draw
+ * inside the filter's cut (computed here over the tokens left) and never a masked (-inf) token, and not
+ * all the same. Under a mask the filters once read -inf as the row's minimum and kept everything. */
+static void stochastic(float *dl, const float *l, int V, int masked) {
+    float *sorted = malloc(sizeof(float) * (size_t)V);
+    int nf = 0;
+    for (int i = 0; i < V; i++)
+        if (isfinite(l[i])) sorted[nf++] = l[i];
+    qsort(sorted, (size_t)nf, sizeof(float), cmp_desc);
+    double z = 0, acc = 0, T = 0.7;
+    for (int i = 0; i < nf; i++) z += exp((sorted[i] - sorted[0]) / T);
+    float pth = sorted[0];
+    for (int i = 0; i < nf && acc < 0.5 * z; i++) { acc += exp((sorted[i] - sorted[0]) / T); pth = sorted[i]; }
+    for (int mode = 0; mode < 4; mode++) {
+        kn_cuda_sample_params q = {0};
+        q.temperature = (float)T;
+        q.repetition_penalty = 1.f;
+        if (mode == 0) q.top_k = 5;
+        if (mode == 1) q.top_p = 0.5f;
+        if (mode == 2) q.min_p = 0.3f;
+        float cut = mode == 0 ? sorted[4] : mode == 1 ? pth : mode == 2 ? sorted[0] + (float)(T * log(0.3)) : -INFINITY;
+        int distinct = 0, prev = -1, ok = 1;
+        for (int s = 0; s < 64; s++) {
+            q.seed = 1234;
+            q.step = s;
+            int id = sample_one(dl, l, V, &q, NULL, 0);
+            ok &= id >= 0 && id < V && isfinite(l[id]) && l[id] >= cut - 1e-4f;
+            distinct += id != prev;
+            prev = id;
+        }
+        printf("cuda sampling%s, mode %d: every draw allowed %s, %d changes over 64 draws\n",
+               masked ? " under a mask" : "", mode, ok ? "yes" : "NO", distinct);
+        CHECK(ok);
+        CHECK(distinct > 1);
+    }
+    free(sorted);
+}
+
 static void sampling(void) {
     int V = 5000;
-    float *l = malloc(sizeof(float) * (size_t)V), *sorted = malloc(sizeof(float) * (size_t)V), *dl;
+    float *l = malloc(sizeof(float) * (size_t)V), *dl;
     for (int i = 0; i < V; i++) l[i] = frand() * 6;
     kn_cuda_malloc((void **)&dl, sizeof(float) * (size_t)V);
     int best = 0, second = -1;
@@ -369,71 +407,14 @@ static void sampling(void) {
     p.frequency_penalty = 50.f;
     CHECK_RC(sample_one(dl, l, V, &p, hist, 3), second);
     p.frequency_penalty = 0;
-    /* stochastic: 64 seeds with top-k 5, top-p 0.5, min-p 0.3 each; every draw allowed, not all the same */
-    memcpy(sorted, l, sizeof(float) * (size_t)V);
-    qsort(sorted, (size_t)V, sizeof(float), cmp_desc);
-    double z = 0, acc = 0, T = 0.7;
-    for (int i = 0; i < V; i++) z += exp((sorted[i] - sorted[0]) / T);
-    float kth = sorted[4], pth = sorted[0];
-    for (int i = 0; i < V && acc < 0.5 * z; i++) { acc += exp((sorted[i] - sorted[0]) / T); pth = sorted[i]; }
-    for (int mode = 0; mode < 3; mode++) {
-        kn_cuda_sample_params q = {0};
-        q.temperature = (float)T;
-        q.repetition_penalty = 1.f;
-        if (mode == 0) q.top_k = 5;
-        if (mode == 1) q.top_p = 0.5f;
-        if (mode == 2) q.min_p = 0.3f;
-        int distinct = 0, prev = -1, ok = 1;
-        for (int s = 0; s < 64; s++) {
-            q.seed = 1234;
-            q.step = s;
-            int id = sample_one(dl, l, V, &q, NULL, 0);
-            float cut = mode == 0 ? kth : mode == 1 ? pth : sorted[0] + (float)(T * log(0.3));
-            ok &= id >= 0 && id < V && l[id] >= cut - 1e-4f;
-            distinct += id != prev;
-            prev = id;
-        }
-        printf("cuda sampling mode %d: %d changes over 64 draws\n", mode, distinct);
-        CHECK(ok);
-        CHECK(distinct > 1);
-    }
-    /* a grammar's mask: -inf on every even token. top-k and top-p still cut among the tokens left, and no
-     * draw, filtered or not, lands on a masked token (the filters once read -inf as the row's minimum and
-     * kept everything) */
+    /* stochastic, then under a grammar's mask (-inf on every even token) */
+    stochastic(dl, l, V, 0);
     float *lm = malloc(sizeof(float) * (size_t)V);
-    int nf = 0;
     for (int i = 0; i < V; i++) lm[i] = i % 2 ? l[i] : -INFINITY;
-    for (int i = 1; i < V; i += 2) sorted[nf++] = l[i];
-    qsort(sorted, (size_t)nf, sizeof(float), cmp_desc);
-    z = 0, acc = 0;
-    for (int i = 0; i < nf; i++) z += exp((sorted[i] - sorted[0]) / T);
-    pth = sorted[0];
-    for (int i = 0; i < nf && acc < 0.5 * z; i++) { acc += exp((sorted[i] - sorted[0]) / T); pth = sorted[i]; }
-    for (int mode = 0; mode < 3; mode++) {
-        kn_cuda_sample_params q = {0};
-        q.temperature = (float)T;
-        q.repetition_penalty = 1.f;
-        if (mode == 0) q.top_k = 5;
-        if (mode == 1) q.top_p = 0.5f;
-        float cut = mode == 0 ? sorted[4] : mode == 1 ? pth : -INFINITY;
-        int ok = 1, distinct = 0, prev = -1;
-        for (int s = 0; s < 64; s++) {
-            q.seed = 99;
-            q.step = s;
-            int id = sample_one(dl, lm, V, &q, NULL, 0);
-            ok &= id >= 0 && id < V && id % 2 == 1 && lm[id] >= cut - 1e-4f;
-            distinct += id != prev;
-            prev = id;
-        }
-        printf("cuda sampling under a mask, mode %d: every draw allowed %s, %d changes over 64 draws\n", mode,
-               ok ? "yes" : "NO", distinct);
-        CHECK(ok);
-        CHECK(distinct > 1);
-    }
+    stochastic(dl, lm, V, 1);
     free(lm);
     kn_cuda_free(dl);
     free(l);
-    free(sorted);
 }
 
 int main(void) {
