@@ -192,9 +192,11 @@ static int nccl_broadcast(wk_comm *c, void *buf, size_t bytes, int root) {
     if (c->rank == root && cudaMemcpyAsync(n->tmp, buf, bytes, cudaMemcpyHostToDevice, n->stream) != cudaSuccess)
         return LLM_EDEVICE;
     if ((rc = enqueued(c, ncclBroadcast(n->tmp, n->tmp, bytes, ncclChar, root, n->comm, n->stream)))) return rc;
-    if (c->rank != root && cudaMemcpyAsync(buf, n->tmp, bytes, cudaMemcpyDeviceToHost, n->stream) != cudaSuccess)
-        return LLM_EDEVICE;
-    return nccl_settle(c); /* host memory: the host reads it next */
+    /* the deadline first: a copy into pageable host memory blocks inside CUDA until the broadcast is done,
+     * so waiting for it there would hang with a dead root instead of returning LLM_EIO */
+    if ((rc = nccl_settle(c))) return rc;
+    if (c->rank != root && cudaMemcpy(buf, n->tmp, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return LLM_EDEVICE;
+    return 0;
 }
 
 static int nccl_barrier(wk_comm *c) {

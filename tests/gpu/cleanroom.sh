@@ -9,17 +9,24 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 W=${1:-/tmp/llmserve-cleanroom}
-CUDA=$(readlink -f "$(dirname "$(command -v nvcc)")/..")
 [ "$(id -u)" = 0 ] || { echo "cleanroom.sh: needs root (chroot, mounts)"; exit 77; }
 command -v mmdebstrap >/dev/null || { echo "cleanroom.sh: needs mmdebstrap (apt-get install mmdebstrap)"; exit 77; }
+command -v nvcc >/dev/null || { echo "cleanroom.sh: needs nvcc on the PATH (the CUDA toolkit to bind in)"; exit 77; }
+command -v unshare >/dev/null || { echo "cleanroom.sh: needs unshare (util-linux)"; exit 77; }
+# Every mount below lives in a mount namespace of this script's own: it goes when the script does, even
+# killed (a ctest timeout), so no bind of /dev or of the toolkit outlives it on the host.
+if [ -z "${CLEANROOM_NS:-}" ]; then
+    CLEANROOM_NS=1 exec unshare --mount --propagation private bash "$0" "$@"
+fi
+CUDA=$(readlink -f "$(dirname "$(command -v nvcc)")/..")
 R=$W/root
 DEVLIBS=$ROOT/.devlibs
 cleanup() {
     for m in "$R$CUDA" "$R/proc" "$R/dev"; do mountpoint -q "$m" 2>/dev/null && umount -l "$m"; done
-    [ "${KEEP:-0}" = 1 ] || rm -rf "$W"
+    [ "${KEEP:-0}" = 1 ] || rm -rf --one-file-system "$W"
 }
 trap cleanup EXIT
-rm -rf "$W"
+rm -rf --one-file-system "$W"
 mkdir -p "$W"
 echo "cleanroom.sh: a bookworm chroot with cmake, ninja, python3, g++, make, git and nothing else"
 if ! ls "$DEVLIBS"/*.deb >/dev/null 2>&1; then

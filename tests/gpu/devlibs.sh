@@ -18,7 +18,7 @@ mkdir -p "$DIR"
 rm -f "$DIR"/*.deb
 # apt-get download writes into the current folder; run as root it warns that _apt cannot write there
 (cd "$DIR" && apt-get download $PKGS 2>&1 | grep -v "^Get:\|unsandboxed" || true)
-n=$(ls "$DIR"/*.deb 2>/dev/null | wc -l)
+n=$(find "$DIR" -maxdepth 1 -name '*.deb' | wc -l)
 want=$(echo $PKGS | wc -w)
 [ "$n" = "$want" ] || { echo "devlibs.sh: $n of $want packages downloaded into $DIR (apt-get update first?)"; exit 1; }
 echo "devlibs.sh: $n packages, $(du -sh "$DIR" | cut -f1), in $DIR"

@@ -594,6 +594,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
         attention(KN_KV_BF16, &real[i]);
         attention(KN_KV_F16, &real[i]);
+        if (i >= 3) { /* the grouped kernel's shapes: the f32 and fp8 caches too */
+            attention(KN_KV_F32, &real[i]);
+            attention(KN_KV_FP8, &real[i]);
+        }
     }
     dense();
     fp8();
