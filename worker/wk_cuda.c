@@ -218,9 +218,11 @@ int wk_cuda_load(wk_model *m, char *err, size_t errlen) {
                 {&g->logits_all, m->tp_size > 1 ? B * c->vocab : 1}};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
         if ((rc = kn_cuda_malloc((void **)acts[i].p, sizeof(float) * acts[i].n))) goto fail;
-    /* split-K workspace: splits only happen while rows x heads < 2 x SMs, so
-     * rows x heads x splits stays under 4 x SMs (kn_cuda_attn_plan) */
-    g->ws_bytes = (size_t)4 * (size_t)g->n_sm * (c->head_dim + 2) * sizeof(float) + 4096;
+    /* split-K workspace: splits only happen while rows x CTA heads < 2 x SMs, so rows x CTA heads x splits
+     * stays under 4 x SMs, and the workspace, laid out per head, under G = heads / KV heads times that (the
+     * grouped kernel's CTA serves G heads; kn_cuda_attn_plan_ctas) */
+    g->ws_bytes = (size_t)4 * (size_t)g->n_sm * (size_t)(m->n_head_l / m->n_kv_l) * (c->head_dim + 2) * sizeof(float) +
+                  4096;
     if ((rc = kn_cuda_malloc((void **)&g->ws, g->ws_bytes))) goto fail;
     /* every buffer a step can grow, at its largest now: the KV pool is sized next from what is free (the
      * widest GEMM input is the FFN's down projection, H, or the attention output, QD) */
@@ -381,9 +383,6 @@ static int run_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s
     g->step_logits = *nl;
     const int32_t *d_ids = d, *d_pos = d + T, *d_rseq = d + 2 * T, *d_slot = d + 3 * T, *d_soff = d + 5 * T,
                   *d_blk = d + 5 * T + n_seq;
-    kn_cuda_attn_geom geo;
-    if ((rc = kn_cuda_attn_plan(T, nh, hd, max_len, g->n_sm, &geo))) return rc;
-    if (geo.workspace_bytes > g->ws_bytes) return LLM_ERANGE; /* cannot happen: see wk_cuda_load */
 #define TRY(call)                                                                                  \
     if ((rc = (call))) return rc
     if (m->pp_rank == 0) {

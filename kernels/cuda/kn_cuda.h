@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kn_cuda_plan.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -53,7 +55,7 @@ int kn_cuda_kv_store(int kv_type, void *d_kc, void *d_vc, size_t block_stride, c
  * kn_attention does on the CPU. Row r belongs to sequence row_seq[r] and sits
  * at position row_pos[r] (it attends 0..row_pos[r]); sequence s's block table
  * starts at blocks[seq_off[s]]. q, out: [n_rows][n_head][hd]. The split-K
- * workspace must hold kn_cuda_attn_plan's workspace_bytes for these sizes. */
+ * workspace must hold kn_cuda_attn_geometry's workspace_bytes for these sizes. */
 typedef struct {
     int n_rows, n_head, n_kv, hd, kv_type, block_shift, max_len, n_sm;
     const float *d_q;
@@ -70,6 +72,8 @@ typedef struct {
  * kernel. PER_HEAD / GROUPED pin one (GROUPED: LLM_EUNSUP where it has none). */
 enum { KN_ATTN_AUTO = 0, KN_ATTN_PER_HEAD = 1, KN_ATTN_GROUPED = 2 };
 int kn_cuda_paged_attention(const kn_cuda_attn_args *a);
+/* The kernel's geometry for these arguments (the pointers unused): its splits and the workspace it needs. */
+int kn_cuda_attn_geometry(const kn_cuda_attn_args *a, kn_cuda_attn_geom *g);
 
 /* ---- dense GEMMs through cuBLAS (kn_cuda_gemm.cu) ------------------------ */
 typedef struct kn_cuda_blas kn_cuda_blas;

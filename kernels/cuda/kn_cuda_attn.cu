@@ -309,12 +309,13 @@ static int launch_gqa(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g) {
 }
 
 /* The grouped kernel's instantiations: head_dim 64, 128 and 256 with 2, 4 or 8 query heads a KV head
- * (G x NE <= 32 floats of queries and as many of accumulators a lane). *launched 0 where there is none;
- * else 1 and the launch's code. */
-static int gqa_launch(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g, int *launched) {
-    int G = a->n_head / a->n_kv;
-    *launched = 1;
-    switch (a->hd * 16 + G) {
+ * (G x NE <= 32 floats of queries and as many of accumulators a lane). */
+static bool gqa_has(int hd, int G) {
+    return (hd == 64 || hd == 128) ? (G == 2 || G == 4 || G == 8) : hd == 256 ? (G == 2 || G == 4) : false;
+}
+
+static int gqa_launch(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g) {
+    switch (a->hd * 16 + a->n_head / a->n_kv) {
     case 64 * 16 + 2: return launch_gqa<2, 2>(a, g);
     case 64 * 16 + 4: return launch_gqa<2, 4>(a, g);
     case 64 * 16 + 8: return launch_gqa<2, 8>(a, g);
@@ -323,24 +324,31 @@ static int gqa_launch(const kn_cuda_attn_args *a, const kn_cuda_attn_geom *g, in
     case 128 * 16 + 8: return launch_gqa<4, 8>(a, g);
     case 256 * 16 + 2: return launch_gqa<8, 2>(a, g);
     case 256 * 16 + 4: return launch_gqa<8, 4>(a, g);
-    default: *launched = 0; return 0;
+    default: return LLM_EUNSUP; // gqa_has said yes: cannot happen
     }
+}
+
+// Which kernel a call runs (1: the grouped one) and its geometry: the splits fill the SMs by that kernel's CTAs.
+static int attn_choose(const kn_cuda_attn_args *a, kn_cuda_attn_geom *g, int *grouped) {
+    if (a->n_kv <= 0 || a->n_head <= 0 || a->n_head % a->n_kv || a->kv_type < KN_KV_F32 || a->kv_type > KN_KV_BF16 ||
+        a->variant < KN_ATTN_AUTO || a->variant > KN_ATTN_GROUPED)
+        return LLM_EINVAL;
+    *grouped = a->variant != KN_ATTN_PER_HEAD && gqa_has(a->hd, a->n_head / a->n_kv);
+    if (a->variant == KN_ATTN_GROUPED && !*grouped) return LLM_EUNSUP;
+    return kn_cuda_attn_plan_ctas(a->n_rows, a->n_head, *grouped ? a->n_kv : a->n_head, a->hd, a->max_len, a->n_sm, g);
+}
+
+extern "C" int kn_cuda_attn_geometry(const kn_cuda_attn_args *a, kn_cuda_attn_geom *g) {
+    int grouped;
+    return attn_choose(a, g, &grouped);
 }
 
 extern "C" int kn_cuda_paged_attention(const kn_cuda_attn_args *a) {
     kn_cuda_attn_geom g;
-    int rc = kn_cuda_attn_plan(a->n_rows, a->n_head, a->hd, a->max_len, a->n_sm, &g);
+    int grouped, rc = attn_choose(a, &g, &grouped);
     if (rc) return rc;
-    if (a->n_kv <= 0 || a->n_head % a->n_kv ||
-        a->kv_type < KN_KV_F32 || a->kv_type > KN_KV_BF16 || a->variant < KN_ATTN_AUTO || a->variant > KN_ATTN_GROUPED)
-        return LLM_EINVAL;
-    if (g.workspace_bytes > a->ws_bytes) return LLM_ERANGE; // size it with kn_cuda_attn_plan at start
-    if (a->variant != KN_ATTN_PER_HEAD) {
-        int launched;
-        rc = gqa_launch(a, &g, &launched);
-        if (launched) return rc;
-        if (a->variant == KN_ATTN_GROUPED) return LLM_EUNSUP;
-    }
+    if (g.workspace_bytes > a->ws_bytes) return LLM_ERANGE; // size it with kn_cuda_attn_geometry at start
+    if (grouped) return gqa_launch(a, &g);
     switch (a->hd / 32) {
     case 1: return launch_attn<1>(a, &g);
     case 2: return launch_attn<2>(a, &g);

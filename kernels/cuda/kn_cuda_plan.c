@@ -5,10 +5,15 @@
 #include <string.h>
 
 int kn_cuda_attn_plan(int n_rows, int n_head, int hd, int max_len, int n_sm, kn_cuda_attn_geom *g) {
+    return kn_cuda_attn_plan_ctas(n_rows, n_head, n_head, hd, max_len, n_sm, g);
+}
+
+int kn_cuda_attn_plan_ctas(int n_rows, int n_head, int cta_heads, int hd, int max_len, int n_sm, kn_cuda_attn_geom *g) {
     memset(g, 0, sizeof *g);
-    if (n_rows <= 0 || n_head <= 0 || max_len <= 0 || n_sm <= 0) return LLM_EINVAL;
+    if (n_rows <= 0 || n_head <= 0 || max_len <= 0 || n_sm <= 0 || cta_heads <= 0 || n_head % cta_heads)
+        return LLM_EINVAL;
     if (hd <= 0 || hd % 32 || hd > 256) return LLM_EUNSUP;
-    long ctas = (long)n_rows * n_head, target = 2L * n_sm; /* two waves' worth keeps every SM busy */
+    long ctas = (long)n_rows * cta_heads, target = 2L * n_sm; /* two waves' worth keeps every SM busy */
     int splits = 1;
     if (ctas < target && max_len >= 2 * KN_CUDA_ATTN_MIN_CHUNK) {
         long want = (target + ctas - 1) / ctas, most = max_len / KN_CUDA_ATTN_MIN_CHUNK;

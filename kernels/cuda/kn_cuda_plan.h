@@ -31,6 +31,11 @@ typedef struct {
  * heads, the longest context max_len, n_sm multiprocessors. LLM_EUNSUP for a
  * head dim the kernel does not take, LLM_EINVAL for non-positive sizes. */
 int kn_cuda_attn_plan(int n_rows, int n_head, int hd, int max_len, int n_sm, kn_cuda_attn_geom *g);
+/* The same with cta_heads CTAs a row and split (n_head for the per-head kernel, n_kv for the grouped one,
+ * whose CTA serves n_head / n_kv heads): the splits fill the SMs by those CTAs, while the workspace stays
+ * laid out per head. Splits only happen while rows x cta_heads < 2 x SMs, so rows x cta_heads x splits
+ * stays under 4 x SMs and the workspace under 4 x SMs x (n_head / cta_heads) x (hd + 2) floats. */
+int kn_cuda_attn_plan_ctas(int n_rows, int n_head, int cta_heads, int hd, int max_len, int n_sm, kn_cuda_attn_geom *g);
 
 /* The KV pool on a GPU as vLLM sizes it: what --gpu-memory-utilization
  * leaves of the device's memory after the weights, the profiled activation

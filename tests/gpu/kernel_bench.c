@@ -107,8 +107,13 @@ int main(int argc, char **argv) {
         void *kc, *vc;
         float *q, *out, *ws;
         int32_t *row_seq, *row_pos, *seq_off, *blocks;
-        kn_cuda_attn_geom g;
-        TRY(kn_cuda_attn_plan(B, (int)c.n_head, (int)c.head_dim, ctx, n_sm, &g));
+        kn_cuda_attn_geom g, gp;
+        kn_cuda_attn_args shape = {B, (int)c.n_head, (int)c.n_kv_head, (int)c.head_dim, KN_KV_F16, 4, ctx, n_sm,
+                                   NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, 0, KN_ATTN_PER_HEAD};
+        TRY(kn_cuda_attn_geometry(&shape, &gp));
+        shape.variant = KN_ATTN_AUTO;
+        TRY(kn_cuda_attn_geometry(&shape, &g));
+        if (gp.workspace_bytes > g.workspace_bytes) g.workspace_bytes = gp.workspace_bytes; /* one workspace, both */
         TRY(kn_cuda_malloc(&kc, stride * (size_t)nblk));
         TRY(kn_cuda_malloc(&vc, stride * (size_t)nblk));
         TRY(kn_cuda_fill_random(kc, CM_F16, stride * (size_t)nblk / 2, 11, 1.f));

@@ -31,6 +31,26 @@ int main(void) {
     CHECK_RC(kn_cuda_attn_plan(1, 8, 80, 100, 132, &g), LLM_EUNSUP);
     CHECK_RC(kn_cuda_attn_plan(1, 8, 512, 100, 132, &g), LLM_EUNSUP);
     CHECK_RC(kn_cuda_attn_plan(0, 8, 64, 100, 132, &g), LLM_EINVAL);
+    /* the grouped kernel: one CTA per KV head (8 for llama-3-8b's 32 heads), so the same decode row splits
+     * 32 ways to fill the SMs (8 x 32 = 256 CTAs), the workspace still laid out per head */
+    CHECK_RC(kn_cuda_attn_plan_ctas(1, 32, 8, 128, 8192, 132, &g), 0);
+    CHECK_RC(g.splits, 32);
+    CHECK_RC(g.chunk, 256);
+    CHECK(g.grid[1] == 32 && g.workspace_bytes == (size_t)1 * 32 * 32 * (128 + 2) * 4);
+    CHECK_RC(kn_cuda_attn_plan_ctas(1, 32, 5, 128, 8192, 132, &g), LLM_EINVAL); /* 5 does not divide 32 */
+    /* the bound the engine sizes its workspace by (wk_cuda_load): under 4 x SMs x (heads / CTA heads) x
+     * (hd + 2) floats, for every batch, context and CTA grouping */
+    int over = 0;
+    static const int lens[] = {1, 300, 511, 512, 4096, 32768, 1 << 20}, groups[] = {1, 2, 4, 8};
+    for (int rows = 1; rows <= 300; rows++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+                int heads = 32, cta = heads / groups[gi];
+                CHECK_RC(kn_cuda_attn_plan_ctas(rows, heads, cta, 128, lens[li], 132, &g), 0);
+                over += g.workspace_bytes > (size_t)4 * 132 * (size_t)groups[gi] * (128 + 2) * sizeof(float);
+                over += (long)g.chunk * g.splits < lens[li] || (g.splits > 1 && (long)g.chunk * (g.splits - 1) >= lens[li]);
+            }
+    CHECK_RC(over, 0);
 
     /* KV pool: H200 (141 GiB), nothing else on it, util 0.9, llama-3-8b bf16
      * (16.06 GB weights), 2 GiB activation peak; a block of 16 tokens is

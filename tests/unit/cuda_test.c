@@ -143,7 +143,7 @@ static void attention(int kv_type, const attn_case *ac) {
         kn_cuda_download(got, dout, sizeof(float) * (size_t)rows * NH * HD);
         double e = tst_rel_l2(got, ref, (size_t)rows * NH * HD);
         kn_cuda_attn_geom geo;
-        kn_cuda_attn_plan(rows, NH, HD, max_len, force_rows ? 100000 : n_sm, &geo);
+        CHECK_RC(kn_cuda_attn_geometry(&ga, &geo), 0);
         printf("cuda paged attention %s kv %s, head_dim %d, GQA %d, block %d, context %d, %s (%d splits): rel %.2e\n",
                variant == KN_ATTN_GROUPED ? "grouped" : "per-head",
                kv_type == KN_KV_F16 ? "f16" : kv_type == KN_KV_FP8 ? "fp8" : kv_type == KN_KV_BF16 ? "bf16" : "f32",
