@@ -122,7 +122,15 @@ sanitized() { # seconds test args...
     # shellcheck disable=SC2086
     LLMSERVE_CUDA_SYNC=1 timeout "$lim" $cs "$BUILD/tests/$t" "$@" 2>&1 | grep -v "^ok" | tail -60
     local rc=${PIPESTATUS[0]}
-    [ "$rc" = 0 ] || { echo "== $t FAILED (exit $rc${rc:+; 124: over ${lim} s; 9: memcheck found errors})"; return 1; }
+    local why=""
+    case $rc in
+    0) return 0 ;;
+    9) why=": memcheck found errors" ;;
+    77) why=": it saw no CUDA device" ;;
+    124) why=": over its ${lim} s" ;;
+    esac
+    echo "== $t FAILED (exit $rc$why)"
+    return 1
 }
 
 EB="$BUILD/llmserve-engine-bench --device cuda --load-format dummy --max-model-len 2048 --max-num-seqs 256"
