@@ -110,18 +110,21 @@ extern "C" int kn_cuda_fp8_create(kn_cuda_fp8 **out) {
     return 0;
 }
 
+// The activation-code buffer at bytes at least; what it held is gone when it grows.
+static int xq_grow(kn_cuda_fp8 *f, size_t bytes) {
+    if (bytes <= f->xq_bytes) return 0;
+    f->in_rows = 0;
+    cudaFree(f->xq);
+    f->xq = NULL;
+    f->xq_bytes = 0;
+    KN_CUDA_CHECK(cudaMalloc((void **)&f->xq, bytes));
+    f->xq_bytes = bytes;
+    return 0;
+}
+
 extern "C" int kn_cuda_fp8_reserve(kn_cuda_fp8 *f, int max_rows, int64_t max_k) {
     if (max_rows <= 0 || max_k <= 0) return LLM_EINVAL;
-    size_t xs = (size_t)max_rows * (size_t)max_k;
-    if (xs > f->xq_bytes) {
-        f->in_rows = 0;
-        cudaFree(f->xq);
-        f->xq = NULL;
-        f->xq_bytes = 0;
-        KN_CUDA_CHECK(cudaMalloc((void **)&f->xq, xs));
-        f->xq_bytes = xs;
-    }
-    return 0;
+    return xq_grow(f, (size_t)max_rows * (size_t)max_k);
 }
 
 extern "C" void kn_cuda_fp8_destroy(kn_cuda_fp8 *f) {
@@ -161,13 +164,8 @@ extern "C" int kn_cuda_fp8_input(kn_cuda_fp8 *f, const float *d_x, int B, int64_
     if (k <= 0 || B <= 0 || k > INT32_MAX) return LLM_EINVAL;
     size_t xs = (size_t)B * (size_t)k;
     f->in_rows = 0;
-    if (xs > f->xq_bytes) {
-        cudaFree(f->xq);
-        f->xq = NULL;
-        f->xq_bytes = 0;
-        KN_CUDA_CHECK(cudaMalloc((void **)&f->xq, xs));
-        f->xq_bytes = xs;
-    }
+    int rc = xq_grow(f, xs);
+    if (rc) return rc;
     KN_CUDA_CHECK(cudaMemsetAsync(f->amax_bits, 0, sizeof(unsigned), cudaStreamLegacy));
     amax_kernel<<<grid_for(xs), 256>>>(CM_F32, d_x, xs, f->amax_bits);
     KN_CUDA_LAUNCHED();

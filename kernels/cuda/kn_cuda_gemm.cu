@@ -53,36 +53,34 @@ extern "C" void kn_cuda_blas_destroy(kn_cuda_blas *b) {
     free(b);
 }
 
+// The rounded-activation buffer at need bytes at least; what it held is gone when it grows.
+static int ws_grow(kn_cuda_blas *b, size_t need) {
+    if (need <= b->ws_bytes) return 0;
+    b->in_rows = 0;
+    if (b->ws) cudaFree(b->ws);
+    b->ws = NULL;
+    b->ws_bytes = 0;
+    KN_CUDA_CHECK(cudaMalloc(&b->ws, need));
+    b->ws_bytes = need;
+    return 0;
+}
+
 extern "C" int kn_cuda_blas_reserve(kn_cuda_blas *b, int max_rows, int64_t max_k) {
     if (max_rows <= 0 || max_k <= 0) return LLM_EINVAL;
     if (!b->blas_ws) {
         KN_CUDA_CHECK(cudaMalloc(&b->blas_ws, BLAS_WORKSPACE));
         KN_CUBLAS_CHECK(cublasSetWorkspace(b->h, b->blas_ws, BLAS_WORKSPACE));
     }
-    size_t need = (size_t)max_rows * (size_t)max_k * 2;
-    if (need > b->ws_bytes) {
-        b->in_rows = 0;
-        if (b->ws) cudaFree(b->ws);
-        b->ws = NULL;
-        b->ws_bytes = 0;
-        KN_CUDA_CHECK(cudaMalloc(&b->ws, need));
-        b->ws_bytes = need;
-    }
-    return 0;
+    return ws_grow(b, (size_t)max_rows * (size_t)max_k * 2);
 }
 
 extern "C" int kn_cuda_gemm_input(kn_cuda_blas *b, int type, const float *d_x, int B, int64_t k) {
     if (type != CM_F16 && type != CM_BF16) return LLM_EUNSUP;
     if (k <= 0 || B <= 0 || k > INT32_MAX) return LLM_EINVAL;
-    size_t elems = (size_t)B * (size_t)k, need = elems * 2;
+    size_t elems = (size_t)B * (size_t)k;
     b->in_rows = 0;
-    if (need > b->ws_bytes) {
-        if (b->ws) cudaFree(b->ws);
-        b->ws = NULL;
-        b->ws_bytes = 0;
-        KN_CUDA_CHECK(cudaMalloc(&b->ws, need));
-        b->ws_bytes = need;
-    }
+    int rc = ws_grow(b, elems * 2);
+    if (rc) return rc;
     if (type == CM_F16) to_half_kernel<<<(unsigned)((elems + 255) / 256), 256>>>(d_x, (__half *)b->ws, elems);
     else to_bf16_kernel<<<(unsigned)((elems + 255) / 256), 256>>>(d_x, (__nv_bfloat16 *)b->ws, elems);
     KN_CUDA_LAUNCHED();
