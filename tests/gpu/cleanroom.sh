@@ -19,6 +19,11 @@ if [ -z "${CLEANROOM_NS:-}" ]; then
     CLEANROOM_NS=1 exec unshare --mount --propagation private bash "$0" "$@"
 fi
 CUDA=$(readlink -f "$(dirname "$(command -v nvcc)")/..")
+case "$CUDA" in # a toolkit bound over the chroot's own system folders would bring the host's libraries in with it
+    / | /usr | /usr/local | /bin | /lib | /lib64 | /opt)
+        echo "cleanroom.sh: nvcc lives in $CUDA (a distribution's package?); binding that into the chroot would hide its own files; skipped"
+        exit 77 ;;
+esac
 R=$W/root
 DEVLIBS=$ROOT/.devlibs
 cleanup() {
@@ -46,7 +51,9 @@ mount --bind "$CUDA" "$R$CUDA"
 mount -o remount,bind,ro "$R$CUDA"
 mount -t proc proc "$R/proc"
 mount --bind /dev "$R/dev"
-ln -sfn "$CUDA" "$R/usr/local/cuda"
+# run.sh looks for the toolkit at /usr/local/cuda: where it lives somewhere else, a link there (where it lives
+# at /usr/local/cuda itself, as on many machines, the bind above already put it there)
+[ "$CUDA" = /usr/local/cuda ] || ln -sfn "$CUDA" "$R/usr/local/cuda"
 # what a device call carries: tracked and untracked-not-ignored files, and .devlibs
 mkdir -p "$R/src/llmserve"
 (cd "$ROOT" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$R/src/llmserve"
