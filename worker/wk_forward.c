@@ -224,19 +224,13 @@ static void lm_head(wk_model *m, int n, float *out) {
     mm(m, 1, &ow, &out, m->xb, &m->act_dim, n);
 }
 
-/* Grows the logits buffers to n rows: lm_local this rank's vocabulary columns (TP), lm_full the whole
- * vocabulary where the last pipeline stage gathers it (its first rank). */
+/* Grows this rank's logits buffer (its vocabulary columns, under TP) to n rows. */
 static int lm_grow(wk_model *m, int n) {
     if (n <= m->lm_rows) return 0;
     if (m->tp_size > 1) {
         float *a = realloc(m->lm_local, sizeof(float) * (size_t)n * (size_t)m->vocab_l);
         if (!a) return LLM_ENOMEM;
         m->lm_local = a;
-    }
-    if (m->pp_size > 1 && m->pp_rank == m->pp_size - 1 && !m->tp_rank) {
-        float *b = realloc(m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab);
-        if (!b) return LLM_ENOMEM;
-        m->lm_full = b;
     }
     m->lm_rows = n;
     return 0;
@@ -254,16 +248,21 @@ static int head_gather(wk_model *m, int n, float *out) {
     return m->comm->ops->all_gather_cols(m->comm, m->lm_local, n, m->voc_width, m->tp_rank == 0 ? out : NULL);
 }
 
-/* The last stage's logits over the n rows that want them, sent back over the ring to the driver (which
- * samples). */
+/* The last stage's logits over the n rows that want them: the LM head, gathered on the stage's first rank
+ * into a slot of the way back, whose thread sends it to the driver (which samples) while the stage goes on.
+ * Overlapped or not, every step's logits go back this one way, in order. */
+static int last_stage_logits(wk_model *m, int n) {
+    int rc = 0;
+    float *out = NULL;
+    if (!m->tp_rank && !(out = wk_wire_back_buf(m, (size_t)n * m->cfg.vocab, &rc))) return rc;
+    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, out))) return rc;
+    return m->tp_rank ? 0 : wk_wire_back_send(m);
+}
+
+/* A pipelined step's logits: the driver receives them, the last stage computes and sends them. */
 static int stage_logits(wk_model *m, int n, float *logits) {
-    int rc;
     if (wk_wire_driver(m)) return bcast(m->ring, logits, sizeof(float) * (size_t)n * m->cfg.vocab, 1);
-    if (m->pp_rank != m->pp_size - 1) return 0; /* a middle stage, or stage 0's other ranks: no logits */
-    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, m->lm_full))) return rc;
-    if (!m->ring) return 0;
-    if ((rc = wk_wire_back_flush(m))) return rc; /* overlapped steps' logits still going back first */
-    return bcast(m->ring, m->lm_full, sizeof(float) * (size_t)n * m->cfg.vocab, 1);
+    return m->pp_rank == m->pp_size - 1 ? last_stage_logits(m, n) : 0; /* a middle stage: no logits */
 }
 
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
@@ -495,11 +494,7 @@ static int follow_pipe(wk_model *m, wk_cache *c, int32_t hdr[4], int n_seq, cons
         return bcast(m->next, m->x, rows, 0);
     }
     int n = logit_rows(m, n_seq, s);
-    if (!n) return 0;
-    float *out = NULL;
-    if (!m->tp_rank && !(out = wk_wire_back_buf(m, (size_t)n * m->cfg.vocab, &rc))) return rc;
-    if ((rc = lm_grow(m, n)) || (rc = head_gather(m, n, out))) return rc;
-    return m->tp_rank ? 0 : wk_wire_back_send(m);
+    return n ? last_stage_logits(m, n) : 0;
 }
 
 int wk_forward_shutdown(wk_model *m) {

@@ -604,7 +604,6 @@ void wk_model_free(wk_model *m) {
     free(m->slices);
     free(m->voc_width);
     free(m->lm_local);
-    free(m->lm_full);
     free(m->plan);
     free(m->plan_seqs);
     kn_act_free(&m->act_dim);

@@ -90,7 +90,6 @@ typedef struct wk_model {
     int gpu;                             /* CUDA pipeline stages: this rank's GPU (wk_model_opts.gpu) */
     struct wk_back *back;                /* the last stage's first rank, overlapped: the sender of the
                                           * logits back over the ring (wk_wire.h) */
-    float *lm_full;                      /* [lm_rows][vocab]: the last stage's gathered logits (first rank) */
     int head0, n_head_l, kv0, n_kv_l, hid0, hidden_l, voc0, vocab_l;
     /* experts [exp0, exp1) live on this rank (all of them but under --enable-expert-parallel, where
      * each is whole on one rank and hid0/hidden_l cover every column) */

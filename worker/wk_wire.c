@@ -148,7 +148,7 @@ int wk_wire_back_send(wk_model *m) {
     return rc;
 }
 
-int wk_wire_back_flush(wk_model *m) {
+static int back_flush(wk_model *m) {
     struct wk_back *b = m->back;
     if (!b) return 0;
     pthread_mutex_lock(&b->mu);
@@ -161,7 +161,7 @@ int wk_wire_back_flush(wk_model *m) {
 int wk_wire_back_stop(wk_model *m) {
     struct wk_back *b = m->back;
     if (!b) return 0;
-    int rc = wk_wire_back_flush(m);
+    int rc = back_flush(m);
     pthread_mutex_lock(&b->mu);
     b->stop = 1;
     pthread_cond_broadcast(&b->cv);

@@ -29,11 +29,10 @@ int wk_wire_agree(wk_model *m, int failed, int *any);
  * rows while the driver is still sending down the chain; a send that waited for its receiver would close a
  * cycle of waits once three stages or more overlap. back_buf: a buffer of floats to gather the logits into
  * (waits while every one is queued; NULL and *rc on a failed send); back_send queues the buffer back_buf
- * gave last. flush waits until the queue is empty (before the ring is used otherwise); stop ends the
- * thread. Each returns the first send's error, if one failed. */
+ * gave last; stop sends what is queued and ends the thread. Each returns the first send's error, if one
+ * failed. Every step's logits go this way, overlapped or not, so the ring has one sender. */
 float *wk_wire_back_buf(wk_model *m, size_t floats, int *rc);
 int wk_wire_back_send(wk_model *m);
-int wk_wire_back_flush(wk_model *m);
 int wk_wire_back_stop(wk_model *m);
 
 #endif
