@@ -447,16 +447,8 @@ static int run_head(wk_model *m, int nl, float **full) {
     return 0;
 }
 
-/* The longest sequence a step attends over (the attention's split plan). */
-static int step_len(int n_seq, const wk_batch_seq *s) {
-    int L = 0;
-    for (int i = 0; i < n_seq; i++)
-        if (s[i].pos0 + s[i].n > L) L = s[i].pos0 + s[i].n;
-    return L;
-}
-
-int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T) {
-    int nl, rc = run_layers(m, c, n_seq, s, T, step_len(n_seq, s), &nl);
+int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len) {
+    int nl, rc = run_layers(m, c, n_seq, s, T, max_len, &nl);
     if (rc) return rc;
     if (m->pp_rank == m->pp_size - 1) return finish(m, NULL, NULL, 0); /* the head runs next, on the device */
     return finish(m, m->x, m->cu->x, sizeof(float) * (size_t)T * m->cfg.dim); /* the rows for the next stage */
@@ -495,8 +487,8 @@ int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, 
     (void)m, (void)c, (void)n_seq, (void)s, (void)T, (void)max_len, (void)logits;
     return LLM_EUNSUP;
 }
-int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T) {
-    (void)m, (void)c, (void)n_seq, (void)s, (void)T;
+int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len) {
+    (void)m, (void)c, (void)n_seq, (void)s, (void)T, (void)max_len;
     return LLM_EUNSUP;
 }
 int wk_cuda_head(wk_model *m, int n, float *out) {

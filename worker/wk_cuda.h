@@ -17,10 +17,11 @@ void wk_cuda_free(wk_model *m);
  * the host rows the caller asked for. */
 int wk_cuda_forward(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len, float *logits);
 /* Pipeline stages on the GPU, host-staged (one rank a stage): this stage's layers over a step whose rows
- * came from the stage before in m->x (stage 0: embeds the tokens). A stage before the last leaves its rows
- * in m->x for the CPU wires to carry on; the last keeps them on the device for wk_cuda_head, which runs
- * the final norm and the LM head over the n rows that want logits into out ([n][vocab]). */
-int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T);
+ * came from the stage before in m->x (stage 0: embeds the tokens); max_len is the step's longest sequence,
+ * as wk_cuda_forward's. A stage before the last leaves its rows in m->x for the CPU wires to carry on; the
+ * last keeps them on the device for wk_cuda_head, which runs the final norm and the LM head over the n rows
+ * that want logits into out ([n][vocab]). */
+int wk_cuda_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len);
 int wk_cuda_head(wk_model *m, int n, float *out);
 int wk_cuda_alloc(void **d, size_t bytes);
 void wk_cuda_release(void *d);

@@ -266,9 +266,9 @@ static int stage_logits(wk_model *m, int n, float *logits) {
 }
 
 /* A step's rows set up (positions, block tables; stage 0 embeds the tokens, a later stage has received
- * its rows in m->x) and this stage's layers run over them. */
+ * its rows in m->x) and this stage's layers run over them; max_len: its longest sequence (check_batch). */
 static int forward_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int max_len) {
-    if (m->device == WK_DEV_CUDA) return wk_cuda_layers(m, c, n_seq, s, T); /* a pipeline stage on the GPU */
+    if (m->device == WK_DEV_CUDA) return wk_cuda_layers(m, c, n_seq, s, T, max_len); /* a stage on the GPU */
     const cm_model_config *cf = &m->cfg;
     int D = (int)cf->dim, H = m->hidden_l, rc;
     for (int i = 0, t = 0; i < n_seq; i++) {
@@ -299,7 +299,7 @@ static int forward_layers(wk_model *m, wk_cache *c, int n_seq, const wk_batch_se
         qkv_post(m, L, c, (int)l - m->layer0, T);
         size_t layer = (size_t)(l - (uint32_t)m->layer0) * (size_t)c->n_blocks * c->block_stride;
         kn_attn_args aa = {n_seq, m->attn_seq, m->n_head_l, m->n_kv_l, (int)cf->head_dim, c->type,
-                           c->block_shift, max_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
+                           c->block_shift, m->attn_scratch_len, m->q, m->att, c->k + layer, c->v + layer, c->block_stride,
                            m->attn_scratch, L->window, L->sinks};
         kn_attention(m->pool, &aa);
         const kn_weight *wo = &L->wo;
@@ -464,7 +464,7 @@ int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, fl
     if (m->pp_size < 2 || !wk_wire_driver(m) || !m->next || !m->ring) return LLM_EINVAL;
     if (n_seq) {
         if ((rc = check_batch(m, n_seq, s, &T, &max_len)) || (rc = plan_build(m, c, n_seq, s, PLAN_PIPE, hdr)) ||
-            (rc = plan_out(m, hdr, 0)) || (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)) ||
+            (rc = plan_out(m, hdr, 0)) || (rc = forward_layers(m, c, n_seq, s, T, max_len)) ||
             (rc = bcast(m->next, hdr, sizeof hdr, 0)) ||
             (rc = bcast(m->next, m->plan, sizeof(int32_t) * (size_t)hdr[3], 0)) ||
             (rc = bcast(m->next, m->x, sizeof(float) * (size_t)T * m->cfg.dim, 0)))
@@ -481,10 +481,10 @@ int wk_forward_pp(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s, fl
 static int follow_pipe(wk_model *m, wk_cache *c, int32_t hdr[4], int n_seq, const wk_batch_seq *s) {
     int rc, T = 0, max_len, last = m->pp_rank == m->pp_size - 1;
     if ((rc = check_batch(m, n_seq, s, &T, &max_len))) return rc;
-    if (m->pp_rank == 0) return forward_layers(m, c, n_seq, s, T, m->attn_scratch_len);
+    if (m->pp_rank == 0) return forward_layers(m, c, n_seq, s, T, max_len);
     size_t rows = sizeof(float) * (size_t)T * m->cfg.dim;
     if ((rc = wk_wire_up(m, m->x, rows)) || (rc = wk_wire_on(m, m->x, rows, 0)) ||
-        (rc = forward_layers(m, c, n_seq, s, T, m->attn_scratch_len)))
+        (rc = forward_layers(m, c, n_seq, s, T, max_len)))
         return rc;
     if (!last) {
         if (m->tp_rank) return 0;
@@ -569,7 +569,7 @@ int wk_forward_batch(wk_model *m, wk_cache *c, int n_seq, const wk_batch_seq *s,
         if ((rc = plan_build(m, c, n_seq, s, WK_PLAN_MAGIC, hdr)) || (rc = plan_out(m, hdr, 1))) return rc;
     }
     if (m->device == WK_DEV_CUDA && m->pp_size == 1) return wk_cuda_forward(m, c, n_seq, s, T, max_len, logits);
-    return forward_step(m, c, n_seq, s, T, m->attn_scratch_len, logits);
+    return forward_step(m, c, n_seq, s, T, max_len, logits);
 }
 
 int wk_forward(wk_model *m, wk_kv *kv, const int32_t *tokens, int T, float *logits, int all_logits) {
