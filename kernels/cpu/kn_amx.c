@@ -7,7 +7,11 @@
  * bytes first). Sixteen activation rows' 32 int8 of the block are the A tile; one TDPBSUD gives the 16 x 16
  * integer sums that kn_avx512.c's q4_group and q8_group get from 8 VNNI instructions a row. The sums are
  * exact integers in both, and the float scaling below is theirs, operation for operation and in their
- * order, so a row's result is bit-identical whichever path computed it: batches may mix the two. */
+ * order, so a row's result is bit-identical whichever path computed it: batches may mix the two.
+ *
+ * The half-block packs (Q5_0, Q5_1, Q5_K as kn_pq6h, Q6_K as kn_pq6s) have a scale a half of 16: each
+ * group's blocks are expanded to kn_pq8h's bytes once (expand_q8h), each half is a K = 16 multiply with a C
+ * tile of its own, and q8h_group's float operations follow (half_rows). */
 #include "kn_int.h"
 
 #include <immintrin.h>
@@ -26,19 +30,22 @@ typedef struct {
 } __attribute__((packed)) tile_cfg;
 
 /* Tiles 0-3: C, 16 x 16 int32, for U consecutive blocks (their multiplies overlap; one C tile would
- * serialise each block's multiply, store and reload); 4, 5: A, 16 rows x 32 int8; 6, 7: B, 8 rows x 64. */
+ * serialise each block's multiply, store and reload); 4, 5: A, 16 rows x 32 int8; 6, 7: B, 8 rows x 64.
+ * The half-block packs (kn_pq8h's family: a scale a half of 16) take K = 16 a multiply instead: A 16 x 16,
+ * B 4 x 64, and C tiles 2j, 2j+1 for the halves of U / 2 blocks. A thread loads the shape it needs when it
+ * differs from the one it last loaded. */
 enum { U = 4 }; /* block_sums names the four C tiles */
-static void configure(void) {
-    static __thread int done;
-    if (done) return;
+static void configure(int half) {
+    static __thread int loaded = -1;
+    if (loaded == half) return;
     tile_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 4; t++) c.rows[t] = AMX_M, c.colsb[t] = 64;
-    for (int t = 4; t < 6; t++) c.rows[t] = AMX_M, c.colsb[t] = 32;
-    for (int t = 6; t < 8; t++) c.rows[t] = 8, c.colsb[t] = 64;
+    for (int t = 4; t < 6; t++) c.rows[t] = AMX_M, c.colsb[t] = half ? 16 : 32;
+    for (int t = 6; t < 8; t++) c.rows[t] = half ? 4 : 8, c.colsb[t] = 64;
     _tile_loadconfig(&c);
-    done = 1;
+    loaded = half;
 }
 
 /* The integer sums of blocks blk .. blk+n-1 (n <= U) of rows b0..b0+15 of a against the B tiles at
@@ -78,6 +85,120 @@ static void expand_q4(const char *P, int sym, int64_t nb, uint8_t *ex) {
             _mm512_store_si512(b + 128 * c + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
         }
     }
+}
+
+/* The half-block sums of blocks blk, blk+1 (n of them, n <= 2) of rows b0..b0+15 against ex (expand_q8h's
+ * blocks, 512 bytes each: half h's B tile at 256 h) into cs[2j + h]. */
+#define AMX_HALF(tc, j, h, ta, tb) /* tc = 2 j + h, as a literal (tile numbers are pasted as text) */      \
+    do {                                                                                                          \
+        _tile_zero(tc);                                                                                           \
+        _tile_loadd(ta, a->qs + (size_t)b0 * a->k + 32 * (blk + j) + 16 * h, a->k);                               \
+        _tile_loadd(tb, ex + (size_t)(blk + j) * 512 + 256 * h, 64);                                              \
+        _tile_dpbsud(tc, ta, tb);                                                                                 \
+    } while (0)
+static inline void half_sums(const kn_act *a, int b0, int64_t blk, int n, const uint8_t *ex,
+                             int32_t (*cs)[AMX_M][16]) {
+    AMX_HALF(0, 0, 0, 4, 6);
+    AMX_HALF(1, 0, 1, 5, 7);
+    if (n > 1) {
+        AMX_HALF(2, 1, 0, 4, 6);
+        AMX_HALF(3, 1, 1, 5, 7);
+    }
+    _tile_stored(0, cs[0], 64);
+    _tile_stored(1, cs[1], 64);
+    if (n > 1) {
+        _tile_stored(2, cs[2], 64);
+        _tile_stored(3, cs[3], 64);
+    }
+}
+
+/* Bits 2c, 2c+1 of each byte of h moved to bits 4, 5 (kn_pq6h's top two bits of chunk c). */
+static inline __m512i top2(__m512i h, int c) {
+    const __m512i m30 = _mm512_set1_epi8(0x30);
+    switch (c) {
+    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
+    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
+    case 2: return _mm512_and_si512(h, m30);
+    default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
+    }
+}
+
+/* A kn_pq8h-family group's nb blocks (mode as kn_q8h_mode) as kn_pq8h's eight byte chunks, the weights
+ * 0..63 unsigned (kn_avx512.c's q8h_group builds the same in registers), into ex: chunks 0-3 are half 0's
+ * B tile (4 x 64), 4-7 half 1's. */
+static void expand_q8h(const char *P, int mode, int64_t nb, uint8_t *ex) {
+    const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const uint8_t *qs = (const uint8_t *)P + (size_t)blk * bs + qo, *qh = qs + 256;
+        uint8_t *b = ex + (size_t)blk * 512;
+        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(P + (size_t)blk * bs + 4096 + l, _MM_HINT_T0);
+        if (!mode) {
+            memcpy(b, qs, 512);
+            continue;
+        }
+        __m512i h0 = _mm512_setzero_si512(), h1 = h0;
+        if (mode >= 2) h0 = _mm512_loadu_si512(qh), h1 = _mm512_loadu_si512(qh + 64);
+        for (int c = 0; c < 4; c++) {
+            __m512i v = _mm512_loadu_si512(qs + 64 * c);
+            __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (mode >= 2) lo = _mm512_or_si512(lo, top2(h0, c)), hi = _mm512_or_si512(hi, top2(h1, c));
+            _mm512_store_si512(b + 64 * c, lo);
+            _mm512_store_si512(b + 64 * (c + 4), hi);
+        }
+    }
+}
+
+/* Rows b0..b0+15 against one kn_pq8h-family group (blocks expanded in ex): each block's two halves scaled
+ * by their own d, as q8h_group, then the minimums' chain (m, or -32 d for mode 3, by the halves' sums) apart
+ * and added last, q8h_group's float operations in its order. Two blocks' multiplies are issued before the
+ * previous two blocks' sums are scaled. */
+static void half_rows(const char *P, int mode, int64_t nb, const uint8_t *ex, const kn_act *a, int b0, float *y,
+                      int64_t ldy, int64_t r0, __mmask16 m) {
+    const size_t bs = kn_q8h_bytes(mode);
+    _Alignas(64) int32_t cs[2][U][AMX_M][16];
+    __m512 acc[AMX_M];
+    _Pragma("GCC unroll 16") for (int t = 0; t < AMX_M; t++) acc[t] = _mm512_setzero_ps();
+    int64_t prev = -1;
+    int pn = 0;
+    for (int64_t blk = 0;; blk += U / 2) {
+        int n = blk < nb ? (nb - blk < U / 2 ? (int)(nb - blk) : U / 2) : 0, h = (int)(blk / (U / 2)) & 1;
+        if (n) half_sums(a, b0, blk, n, ex, cs[h]);
+        for (int j = 0; j < pn; j++) {
+            const kn_pq8h *p = (const kn_pq8h *)(P + (size_t)(prev + j) * bs);
+            __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[0]));
+            __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[1]));
+            _Pragma("GCC unroll 16") for (int t = 0; t < AMX_M; t++) {
+                __m512 dx = _mm512_set1_ps(a->d[(size_t)(b0 + t) * a->nblk + prev + j]);
+                __m512 s0 = _mm512_cvtepi32_ps(_mm512_load_si512(cs[h ^ 1][2 * j][t]));
+                __m512 s1 = _mm512_cvtepi32_ps(_mm512_load_si512(cs[h ^ 1][2 * j + 1][t]));
+                acc[t] = _mm512_fmadd_ps(s0, _mm512_mul_ps(d0, dx), acc[t]);
+                acc[t] = _mm512_fmadd_ps(s1, _mm512_mul_ps(d1, dx), acc[t]);
+            }
+        }
+        if (!n) break;
+        prev = blk, pn = n;
+    }
+    __m512 accm[AMX_M];
+    _Pragma("GCC unroll 16") for (int t = 0; t < AMX_M; t++) accm[t] = _mm512_setzero_ps();
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const kn_pq8h *p = (const kn_pq8h *)(P + (size_t)blk * bs);
+        __m512 m0, m1;
+        if (mode == 3) {
+            m0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[0])), _mm512_set1_ps(-32.f));
+            m1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->d[1])), _mm512_set1_ps(-32.f));
+        } else {
+            m0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
+            m1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
+        }
+        _Pragma("GCC unroll 16") for (int t = 0; t < AMX_M; t++) {
+            size_t ai = (size_t)(b0 + t) * a->nblk + blk;
+            accm[t] = _mm512_fmadd_ps(m0, _mm512_set1_ps(a->hs[2 * ai]), accm[t]);
+            accm[t] = _mm512_fmadd_ps(m1, _mm512_set1_ps(a->hs[2 * ai + 1]), accm[t]);
+        }
+    }
+    _Pragma("GCC unroll 16") for (int t = 0; t < AMX_M; t++)
+        _mm512_mask_storeu_ps(y + (size_t)(b0 + t) * ldy + r0, m, _mm512_add_ps(acc[t], accm[t]));
 }
 
 /* Scales block blk's integer sums cs (16 rows x 16) into acc: q4_group's (q8 0) or q8_group's (q8 1)
@@ -142,13 +263,17 @@ static inline __attribute__((always_inline)) void group_rows(const char *P, cons
 }
 
 int kn_amx_gemm(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ldy, int64_t g0, int64_t g1) {
-    if (B < AMX_M || !(w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S || w->pack == KN_PACK_Q8)) return 0;
+    /* kn_pq4h (Q2_K, Q3_K) stays on VNNI: its registers-only unpacking is cheap, and expanding each group to
+     * bytes for the tiles measured slower below 128 rows (llmserve-gemm-bench, 4096x4096: 0.77x at 16) */
+    int half = kn_pack_q8h(w->pack) && w->pack != KN_PACK_Q4H;
+    if (B < AMX_M || !(half || w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S || w->pack == KN_PACK_Q8)) return 0;
     int64_t nb = w->k / 32;
-    int q4 = w->pack != KN_PACK_Q8, sym = w->pack == KN_PACK_Q4S, rows = B - B % AMX_M;
-    uint8_t *ex = q4 ? aligned_alloc(64, (size_t)nb * 512) : NULL;
-    if (q4 && !ex) return 0; /* the VNNI path does them */
-    configure();
-    size_t bs = w->pack == KN_PACK_Q8 ? sizeof(kn_pq8) : sym ? sizeof(kn_pq4s) : sizeof(kn_pq4);
+    int q4 = w->pack == KN_PACK_Q4 || w->pack == KN_PACK_Q4S, sym = w->pack == KN_PACK_Q4S, rows = B - B % AMX_M;
+    int mode = half ? kn_q8h_mode(w->pack) : 0;
+    uint8_t *ex = q4 || half ? aligned_alloc(64, (size_t)nb * 512) : NULL;
+    if ((q4 || half) && !ex) return 0; /* the VNNI path does them */
+    configure(half);
+    size_t bs = half ? kn_q8h_bytes(mode) : w->pack == KN_PACK_Q8 ? sizeof(kn_pq8) : sym ? sizeof(kn_pq4s) : sizeof(kn_pq4);
     /* The batch in chunks of rows whose int8 activations stay in the L2 (about 1 MiB) while every group
      * passes over them: a large prefill would otherwise stream all of its rows from the L3 once a group. */
     int chunk = (int)((1 << 20) / w->k) / AMX_M * AMX_M;
@@ -159,8 +284,10 @@ int kn_amx_gemm(const kn_weight *w, const kn_act *a, int B, float *y, int64_t ld
         __mmask16 m = w->n - r0 >= KN_ROWS ? 0xffff : (__mmask16)((1u << (w->n - r0)) - 1);
         const char *P = (const char *)w->packed + (size_t)(g * nb) * bs;
         if (q4) expand_q4(P, sym, nb, ex);
+        else if (half) expand_q8h(P, mode, nb, ex);
         for (int b0 = c0; b0 < rows && b0 < c0 + chunk; b0 += AMX_M) {
-            if (!q4) group_rows(P, 2, nb, NULL, a, b0, y, ldy, r0, m);
+            if (half) half_rows(P, mode, nb, ex, a, b0, y, ldy, r0, m);
+            else if (!q4) group_rows(P, 2, nb, NULL, a, b0, y, ldy, r0, m);
             else if (sym) group_rows(P, 1, nb, ex, a, b0, y, ldy, r0, m);
             else group_rows(P, 0, nb, ex, a, b0, y, ldy, r0, m);
         }
