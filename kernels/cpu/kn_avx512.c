@@ -296,14 +296,14 @@ static inline void softmax_avx512(float *sh, int len, float mx, float extra) {
     for (; i < len; i++) sh[i] *= _mm512_cvtss_f32(inv);
 }
 
-/* nv = hd/16 and f16 are constants at each call site, so every shape that
- * is called gets straight-line inner loops. */
+/* nv = hd/16 (up to 16: head sizes to 256, Gemma's) and f16 are constants at each call site, so every shape
+ * that is called gets straight-line inner loops. */
 static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len, int nv, int g, float scale,
                                    float *s, float *out, int kind) {
     int hd = 16 * nv;
     __m512 vscale = _mm512_set1_ps(scale);
     for (int h = 0; h < g; h++) {
-        __m512 qv[8];
+        __m512 qv[16];
         for (int v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(q + (size_t)h * hd + 16 * v);
         float *sh = s + (size_t)h * len;
         __m512 vmx = _mm512_set1_ps(-INFINITY);
@@ -331,7 +331,7 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
         mx = kn_sink_max(kv, h, mx);
         softmax_avx512(sh, len, mx, kv->sink ? expf(kv->sink[h] - mx) : 0.f);
     }
-    __m512 o[4][8];
+    __m512 o[4][16];
     for (int h = 0; h < g; h++)
         for (int v = 0; v < nv; v++) o[h][v] = _mm512_setzero_ps();
     for (int j = 0; j < len; j++) {
@@ -350,17 +350,18 @@ static inline void attn_group_body(const float *q, const kn_kv_rows *kv, int len
 
 static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int hd, int g, float scale, float *s,
                               float *out) {
-    if (hd % 16 || hd > 128) {
+    if (hd % 16 || hd > 256) {
         kn_attn_group_generic(q, kv, len, hd, g, scale, s, out);
         return;
     }
-    /* at most 4 heads' outputs stay in registers; larger groups go 4 at a
+    /* at most 4 heads' outputs (2 of more than 128) stay in registers; larger groups go that many at a
      * time, so a head's arithmetic never depends on how heads are grouped
      * (the result of a sequence must not depend on its batch) */
     kn_kv_rows rest = *kv;
-    for (; g > 4; g -= 4, q += 4 * hd, out += 4 * hd) {
-        attn_group_avx512(q, &rest, len, hd, 4, scale, s, out);
-        if (rest.sink) rest.sink += 4;
+    int gm = hd > 128 ? 2 : 4;
+    for (; g > gm; g -= gm, q += (size_t)gm * hd, out += (size_t)gm * hd) {
+        attn_group_avx512(q, &rest, len, hd, gm, scale, s, out);
+        if (rest.sink) rest.sink += gm;
     }
     kv = &rest;
     if (0)
@@ -419,7 +420,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
             if (len <= j0) continue;
             const float *qr = q + (size_t)(r / g) * qs + (size_t)(r % g) * hd;
             float *sh = s + (size_t)r * lmax;
-            __m512 qv[8];
+            __m512 qv[16];
             for (int v = 0; v < nv; v++) qv[v] = _mm512_loadu_ps(qr + 16 * v);
             if (j0 + 16 <= len) {
                 __m512 acc[16];
@@ -464,7 +465,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
             }
             int all = lim[0] - j0 < nk ? lim[0] - j0 : nk; /* every live row of the block reads these */
             for (int p = 0; p < nk; p++) {
-                __m512 vv[8];
+                __m512 vv[16];
                 for (int v = 0; v < nv; v++) vv[v] = _mm512_loadu_ps(vt + p * hd + 16 * v);
                 for (int rr = 0; rr < RB; rr++) {
                     if (p >= all && j0 + p >= lim[rr]) continue;
@@ -483,7 +484,7 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
 
 static int attn_tile_avx512(const float *q, size_t qs, const kn_kv_rows *kv, int len0, int nt, int hd, int g,
                             float scale, float *s, float *out) {
-    if (hd % 16 || hd > 128 || nt * g > KN_ATTN_TILE_ROWS) return 0;
+    if (hd % 16 || hd > 256 || nt * g > KN_ATTN_TILE_ROWS) return 0;
     if (hd == 64 && kv->kind == KN_KV_F16)
         attn_tile_body(q, qs, kv, len0, nt, 4, g, scale, s, out, KN_KV_F16);
     else if (hd == 128 && kv->kind == KN_KV_F16)

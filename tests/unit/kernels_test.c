@@ -184,12 +184,14 @@ static void test_attention(kn_pool *pool) {
     for (int it = 0; it < 120; it++) {
         static const int kv_types[4] = {KN_KV_F32, KN_KV_F16, KN_KV_FP8, KN_KV_BF16};
         int kv_type = kv_types[it / 3 % 4]; /* every type meets every shape */
-        /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 128),
+        /* head sizes on and off the AVX-512 fast path (multiples of 16 up to 256, Gemma's),
          * groups of 1..10 (above 4 in steps of 4 on AVX-512, 3 on AVX2; above 8 split), block sizes 1..64, several
          * sequences of different lengths (decode T = 1 and prefill over a prefix)
          * whose blocks are scattered over the pool in random order */
         int n_kv = 1 + (int)(rnd() % 3), group = 1 + (int)(rnd() % 10);
-        int hd = it % 3 ? 16 * (1 + (int)(rnd() % 8)) : 4 * (1 + (int)(rnd() % 20));
+        int hd = it % 7 == 5 ? 256 : it % 3 ? 16 * (1 + (int)(rnd() % 16)) : 4 * (1 + (int)(rnd() % 20));
+        int gemma = it % 20 == 7; /* Gemma 3's shape: one KV head of 256 for 4 query heads, 500-odd positions */
+        if (gemma) n_kv = 1, group = 4, hd = 256;
         int shift = (int)(rnd() % 7), bs = 1 << shift, n_seq = 1 + (int)(rnd() % 4), nh = n_kv * group;
         kn_attn_seq seq[4];
         int32_t *tables[4];
@@ -197,7 +199,7 @@ static void test_attention(kn_pool *pool) {
         for (int i = 0; i < n_seq; i++) {
             /* decode rows, short chunks, and chunks that span several 16-position blocks (prefill tiles) */
             seq[i].T = it % 4 == 0 ? 1 : 1 + (int)(rnd() % (it % 4 == 3 ? 40 : 6));
-            seq[i].pos0 = (int)(rnd() % 100);
+            seq[i].pos0 = (int)(rnd() % (gemma ? 600 : 100));
             seq[i].row = rows;
             rows += seq[i].T;
             int len = seq[i].pos0 + seq[i].T;

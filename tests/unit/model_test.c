@@ -84,11 +84,17 @@ static void golden(const char *model, const char *path) {
         CHECK_RC(wk_kv_create(m, np + ng + 1, KN_KV_F16, &kv16), 0);
         /* production path (int8 activation blocks as llama.cpp's Q8_1, F16 KV
          * cache) against the float-activation reference: the quantization
-         * noise shows (4-10% measured on these prompts), so this bound is loose */
+         * noise shows (4-10% measured on these prompts), so this bound is loose.
+         * Over a large vocabulary's top logits alone (Gemma) it is a larger share
+         * and jumps with the rounding order of anything upstream (an int8 block
+         * rounds the other way): 0.03-0.28 measured on the same prompt across
+         * ISAs and attention kernels, every time with the reference's greedy
+         * tokens; there the bound is wider and the first token must agree. */
         CHECK_RC(wk_forward(m, kv16, toks, np, lg, 0), 0);
         for (int i = 0; i < nsel; i++) lsel[i] = lg[sel[i]];
         double ef = rel_l2(lsel, ref, nsel);
-        CHECK(ef < 0.15);
+        CHECK(ef < (fl ? 0.15 : 0.35));
+        if (!fl && ng) CHECK_INT(wk_argmax(lg, V), json_integer_value(json_array_get(gr, 0)));
         /* reference mode (float activations, F32 KV cache): must match the
          * float64 numpy forward tightly and reproduce its greedy tokens */
         kn_set_act_f32(1);
