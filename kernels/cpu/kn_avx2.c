@@ -671,6 +671,21 @@ static void silu_mul_avx2(float *a, const float *b, int n) {
     kn_silu_mul_scalar(a + i, b + i, n - i);
 }
 
+/* gelu(a) * b in GELU's tanh form: 0.5 a (1 + tanh(u)) = a / (1 + exp(-2u)), u = sqrt(2/pi) (a + 0.044715 a^3),
+ * -2u clamped as silu_mul_avx2's argument. */
+static void gelu_mul_avx2(float *a, const float *b, int n) {
+    const __m256 one = _mm256_set1_ps(1.f), lo = _mm256_set1_ps(-87.f), hi = _mm256_set1_ps(87.f);
+    const __m256 c1 = _mm256_set1_ps(-1.5957691216f), c3 = _mm256_set1_ps(0.044715f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        __m256 z = _mm256_mul_ps(c1, _mm256_fmadd_ps(_mm256_mul_ps(c3, _mm256_mul_ps(x, x)), x, x));
+        __m256 e = exp_avx2(_mm256_min_ps(_mm256_max_ps(z, lo), hi));
+        _mm256_storeu_ps(a + i, _mm256_div_ps(_mm256_mul_ps(x, _mm256_loadu_ps(b + i)), _mm256_add_ps(one, e)));
+    }
+    kn_gelu_mul_scalar(a + i, b + i, n - i);
+}
+
 KN_GEMM_F32(gemm_f32_avx2, 8)
 
 #define KN_LORA_LOADH(v, p) (v) = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
@@ -678,4 +693,4 @@ KN_LORA(lora_avx2, 8)
 
 const kn_impl kn_impl_avx2 = {"avx2", quant_act_avx2, gemm_avx2, gemm_avx2, gemm_avx2, dot_avx2, gemm_f32_avx2,
                               attn_group_avx2, f32_to_f16_avx2, f16_to_f32_avx2, silu_mul_avx2, exp_sum_avx2,
-                              lora_avx2_shrink, lora_avx2_expand, attn_tile_avx2};
+                              lora_avx2_shrink, lora_avx2_expand, attn_tile_avx2, gelu_mul_avx2};

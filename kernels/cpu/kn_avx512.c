@@ -527,6 +527,21 @@ static void silu_mul_avx512(float *a, const float *b, int n) {
     kn_silu_mul_scalar(a + i, b + i, n - i);
 }
 
+/* gelu(a) * b in GELU's tanh form: 0.5 a (1 + tanh(u)) = a / (1 + exp(-2u)), u = sqrt(2/pi) (a + 0.044715 a^3);
+ * -2u clamped to [-87, 87] (beyond it the result is a*b or -0-ish: see silu_mul_avx2). */
+static void gelu_mul_avx512(float *a, const float *b, int n) {
+    const __m512 one = _mm512_set1_ps(1.f), c1 = _mm512_set1_ps(-1.5957691216f), c3 = _mm512_set1_ps(0.044715f);
+    const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(87.f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(a + i);
+        __m512 z = _mm512_mul_ps(c1, _mm512_fmadd_ps(_mm512_mul_ps(c3, _mm512_mul_ps(x, x)), x, x));
+        __m512 e = exp_avx512(_mm512_min_ps(_mm512_max_ps(z, lo), hi));
+        _mm512_storeu_ps(a + i, _mm512_div_ps(_mm512_mul_ps(x, _mm512_loadu_ps(b + i)), _mm512_add_ps(one, e)));
+    }
+    kn_gelu_mul_scalar(a + i, b + i, n - i);
+}
+
 static float exp_sum_avx512(const float *x, int n, float mx, float scale, float *out) {
     const __m512 vm = _mm512_set1_ps(mx), vs = _mm512_set1_ps(scale), lo = _mm512_set1_ps(-87.f);
     __m512 acc = _mm512_setzero_ps();
@@ -548,4 +563,4 @@ KN_LORA(lora_avx512, 16)
 
 const kn_impl kn_impl_avx512 = {"avx512-vnni", quant_act_avx512, gemm_avx512, gemm_avx512, gemm_avx512, dot_avx512, gemm_f32_avx512,
                                 attn_group_avx512, f32_to_f16_avx512, f16_to_f32_avx512, silu_mul_avx512, exp_sum_avx512,
-                                lora_avx512_shrink, lora_avx512_expand, attn_tile_avx512};
+                                lora_avx512_shrink, lora_avx512_expand, attn_tile_avx512, gelu_mul_avx512};

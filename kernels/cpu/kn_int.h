@@ -69,6 +69,8 @@ typedef struct {
      * then the tokens go one at a time. NULL: never. */
     int (*attn_tile)(const float *q, size_t qs, const struct kn_kv_rows *kv, int len0, int nt, int hd, int g,
                      float scale, float *s, float *out);
+    /* a = gelu(a) * b, GELU's tanh form (Gemma's GeGLU); NULL: kn_gelu_mul_scalar */
+    void (*gelu_mul)(float *a, const float *b, int n);
 } kn_impl;
 
 /* The byte-a-weight family of packs, read as kn_pq8h: kn_pq8h, kn_pq4h, kn_pq6h, kn_pq6s. */
@@ -252,6 +254,7 @@ void kn_attn_group_generic(const float *q, const kn_kv_rows *kv, int len, int hd
 void kn_f32_to_f16_scalar(const float *src, uint16_t *dst, int n);
 void kn_f16_to_f32_scalar(const uint16_t *src, float *dst, int n);
 void kn_silu_mul_scalar(float *a, const float *b, int n);
+void kn_gelu_mul_scalar(float *a, const float *b, int n);
 float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out);
 
 /* One F16 value as a float (the kernels' scalar tails). */

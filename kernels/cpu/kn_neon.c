@@ -273,7 +273,7 @@ KN_LORA(lora_neon, 4)
 
 const kn_impl kn_impl_neon = {"neon", quant_act_neon, gemm_neon, gemm_neon, gemm_neon, dot_neon, gemm_f32_neon,
                               attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon,
-                              lora_neon_shrink, lora_neon_expand, NULL};
+                              lora_neon_shrink, lora_neon_expand, NULL, NULL};
 const kn_impl kn_impl_neon_dot = {"neon-dotprod", quant_act_neon, kn_neon_gemm_dot, kn_neon_gemm_dot, kn_neon_gemm_dot, dot_neon,
                                   gemm_f32_neon, attn_group_neon, f32_to_f16_neon, f16_to_f32_neon, silu_mul_neon, exp_sum_neon,
-                                  lora_neon_shrink, lora_neon_expand, NULL};
+                                  lora_neon_shrink, lora_neon_expand, NULL, NULL};

@@ -249,7 +249,7 @@ KN_LORA(lora_scalar, 4)
 const kn_impl kn_impl_scalar = {"scalar", quant_act_scalar, gemm_q4_scalar, gemm_q8_scalar, gemm_q8h_scalar,
                                 dot_scalar, gemm_f32_scalar, kn_attn_group_generic, kn_f32_to_f16_scalar, kn_f16_to_f32_scalar,
                                 kn_silu_mul_scalar, kn_exp_sum_scalar,
-                                lora_scalar_shrink, lora_scalar_expand, NULL};
+                                lora_scalar_shrink, lora_scalar_expand, NULL, kn_gelu_mul_scalar};
 
 void kn_ref_quant_block(const float *x, int8_t *q, float *d, float *ds) {
     kn_quant_block_ref(x, q, d, ds);
