@@ -672,7 +672,8 @@ static void silu_mul_avx2(float *a, const float *b, int n) {
 }
 
 /* gelu(a) * b in GELU's tanh form: 0.5 a (1 + tanh(u)) = a / (1 + exp(-2u)), u = sqrt(2/pi) (a + 0.044715 a^3),
- * -2u clamped as silu_mul_avx2's argument. */
+ * -2u clamped to [-87, 87] for the exp (below, the result is a*b; above, 0: the quotient itself would not
+ * reach 0 for a far below -87). */
 static void gelu_mul_avx2(float *a, const float *b, int n) {
     const __m256 one = _mm256_set1_ps(1.f), lo = _mm256_set1_ps(-87.f), hi = _mm256_set1_ps(87.f);
     const __m256 c1 = _mm256_set1_ps(-1.5957691216f), c3 = _mm256_set1_ps(0.044715f);
@@ -681,7 +682,8 @@ static void gelu_mul_avx2(float *a, const float *b, int n) {
         __m256 x = _mm256_loadu_ps(a + i);
         __m256 z = _mm256_mul_ps(c1, _mm256_fmadd_ps(_mm256_mul_ps(c3, _mm256_mul_ps(x, x)), x, x));
         __m256 e = exp_avx2(_mm256_min_ps(_mm256_max_ps(z, lo), hi));
-        _mm256_storeu_ps(a + i, _mm256_div_ps(_mm256_mul_ps(x, _mm256_loadu_ps(b + i)), _mm256_add_ps(one, e)));
+        __m256 y = _mm256_div_ps(_mm256_mul_ps(x, _mm256_loadu_ps(b + i)), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(a + i, _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(z, hi, _CMP_GT_OQ)));
     }
     kn_gelu_mul_scalar(a + i, b + i, n - i);
 }

@@ -528,7 +528,8 @@ static void silu_mul_avx512(float *a, const float *b, int n) {
 }
 
 /* gelu(a) * b in GELU's tanh form: 0.5 a (1 + tanh(u)) = a / (1 + exp(-2u)), u = sqrt(2/pi) (a + 0.044715 a^3);
- * -2u clamped to [-87, 87] (beyond it the result is a*b or -0-ish: see silu_mul_avx2). */
+ * -2u clamped to [-87, 87] for the exp (below, the result is a*b; above, 0: the quotient itself would not
+ * reach 0 for a far below -87). */
 static void gelu_mul_avx512(float *a, const float *b, int n) {
     const __m512 one = _mm512_set1_ps(1.f), c1 = _mm512_set1_ps(-1.5957691216f), c3 = _mm512_set1_ps(0.044715f);
     const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(87.f);
@@ -537,7 +538,8 @@ static void gelu_mul_avx512(float *a, const float *b, int n) {
         __m512 x = _mm512_loadu_ps(a + i);
         __m512 z = _mm512_mul_ps(c1, _mm512_fmadd_ps(_mm512_mul_ps(c3, _mm512_mul_ps(x, x)), x, x));
         __m512 e = exp_avx512(_mm512_min_ps(_mm512_max_ps(z, lo), hi));
-        _mm512_storeu_ps(a + i, _mm512_div_ps(_mm512_mul_ps(x, _mm512_loadu_ps(b + i)), _mm512_add_ps(one, e)));
+        __m512 y = _mm512_div_ps(_mm512_mul_ps(x, _mm512_loadu_ps(b + i)), _mm512_add_ps(one, e));
+        _mm512_storeu_ps(a + i, _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(z, hi, _CMP_GT_OQ), _mm512_setzero_ps()));
     }
     kn_gelu_mul_scalar(a + i, b + i, n - i);
 }

@@ -517,13 +517,6 @@ void kn_get_row(const kn_weight *w, int64_t r, float *out) {
 
 /* ---- element-wise ------------------------------------------------------- */
 
-void kn_gelu_mul_scalar(float *a, const float *b, int n) {
-    for (int i = 0; i < n; i++) {
-        float v = a[i];
-        a[i] = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))) * b[i];
-    }
-}
-
 void kn_gelu_mul(float *a, const float *b, int n) {
     if (act_f32 || !impl->gelu_mul) kn_gelu_mul_scalar(a, b, n); /* reference mode stays libm-exact */
     else impl->gelu_mul(a, b, n);

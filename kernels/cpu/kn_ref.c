@@ -286,6 +286,13 @@ void kn_silu_mul_scalar(float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) a[i] = a[i] / (1.f + expf(-a[i])) * b[i];
 }
 
+void kn_gelu_mul_scalar(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) {
+        float v = a[i];
+        a[i] = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))) * b[i];
+    }
+}
+
 float kn_exp_sum_scalar(const float *x, int n, float mx, float scale, float *out) {
     float sum = 0;
     for (int i = 0; i < n; i++) {
