@@ -12,6 +12,7 @@
  * The half-block packs (Q5_0, Q5_1, Q5_K as kn_pq6h, Q6_K as kn_pq6s) have a scale a half of 16: each
  * group's blocks are expanded to kn_pq8h's bytes once (expand_q8h), each half is a K = 16 multiply with a C
  * tile of its own, and q8h_group's float operations follow (half_rows). */
+#include "kn_avx512.h"
 #include "kn_int.h"
 
 #include <immintrin.h>
@@ -112,17 +113,6 @@ static inline void half_sums(const kn_act *a, int b0, int64_t blk, int n, const 
     }
 }
 
-/* Bits 2c, 2c+1 of each byte of h moved to bits 4, 5 (kn_pq6h's top two bits of chunk c). */
-static inline __m512i top2(__m512i h, int c) {
-    const __m512i m30 = _mm512_set1_epi8(0x30);
-    switch (c) {
-    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
-    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
-    case 2: return _mm512_and_si512(h, m30);
-    default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
-    }
-}
-
 /* A kn_pq8h-family group's nb blocks (mode as kn_q8h_mode) as kn_pq8h's eight byte chunks, the weights
  * 0..63 unsigned (kn_avx512.c's q8h_group builds the same in registers), into ex: chunks 0-3 are half 0's
  * B tile (4 x 64), 4-7 half 1's. */
@@ -142,7 +132,7 @@ static void expand_q8h(const char *P, int mode, int64_t nb, uint8_t *ex) {
         for (int c = 0; c < 4; c++) {
             __m512i v = _mm512_loadu_si512(qs + 64 * c);
             __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if (mode >= 2) lo = _mm512_or_si512(lo, top2(h0, c)), hi = _mm512_or_si512(hi, top2(h1, c));
+            if (mode >= 2) lo = _mm512_or_si512(lo, kn_top2(h0, c)), hi = _mm512_or_si512(hi, kn_top2(h1, c));
             _mm512_store_si512(b + 64 * c, lo);
             _mm512_store_si512(b + 64 * (c + 4), hi);
         }

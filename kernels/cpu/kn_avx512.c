@@ -1,5 +1,6 @@
 /* kn_avx512.c - AVX-512 (F, BW, VL, VNNI) path. Compiled with those flags;
  * called only after cpuid says the CPU has them. */
+#include "kn_avx512.h"
 #include "kn_int.h"
 
 #include <immintrin.h>
@@ -103,17 +104,6 @@ static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0
     }
 }
 
-/* Bits 2c, 2c+1 of each byte of h moved to bits 4, 5 (kn_pq6h's top two bits of chunk c). */
-static inline __m512i top2(__m512i h, int c) {
-    const __m512i m30 = _mm512_set1_epi8(0x30);
-    switch (c) {
-    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
-    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
-    case 2: return _mm512_and_si512(h, m30);
-    default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
-    }
-}
-
 /* kn_pq8h (mode 0): unsigned weights (0..63) with a scale and a minimum per half block; the halves' sums
  * kept apart (chunks 0-3, 4-7) and scaled each by its own. kn_pq4h (mode 1): the same in nibbles, chunk c
  * in the low ones of qs[c & 3] (c < 4) or the high ones; kn_pq6h (mode 2): those and two more bits from qh. */
@@ -145,8 +135,8 @@ static inline __attribute__((always_inline)) void q8h_group(const char *P, const
                 w[c] = _mm512_and_si512(v, m4);
                 w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 if (mode >= 2) {
-                    w[c] = _mm512_or_si512(w[c], top2(h0, c));
-                    w[c + 4] = _mm512_or_si512(w[c + 4], top2(h1, c));
+                    w[c] = _mm512_or_si512(w[c], kn_top2(h0, c));
+                    w[c + 4] = _mm512_or_si512(w[c + 4], kn_top2(h1, c));
                 }
             }
         } else {
