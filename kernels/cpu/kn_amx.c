@@ -113,29 +113,15 @@ static inline void half_sums(const kn_act *a, int b0, int64_t blk, int n, const 
     }
 }
 
-/* A kn_pq8h-family group's nb blocks (mode as kn_q8h_mode) as kn_pq8h's eight byte chunks, the weights
- * 0..63 unsigned (kn_avx512.c's q8h_group builds the same in registers), into ex: chunks 0-3 are half 0's
- * B tile (4 x 64), 4-7 half 1's. */
+/* A kn_pq8h-family group's nb blocks (mode as kn_q8h_mode) unpacked as q8h_group unpacks them
+ * (kn_q8h_unpack) into ex: chunks 0-3 are half 0's B tile (4 x 64), 4-7 half 1's. */
 static void expand_q8h(const char *P, int mode, int64_t nb, uint8_t *ex) {
     const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t blk = 0; blk < nb; blk++) {
-        const uint8_t *qs = (const uint8_t *)P + (size_t)blk * bs + qo, *qh = qs + 256;
-        uint8_t *b = ex + (size_t)blk * 512;
         for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(P + (size_t)blk * bs + 4096 + l, _MM_HINT_T0);
-        if (!mode) {
-            memcpy(b, qs, 512);
-            continue;
-        }
-        __m512i h0 = _mm512_setzero_si512(), h1 = h0;
-        if (mode >= 2) h0 = _mm512_loadu_si512(qh), h1 = _mm512_loadu_si512(qh + 64);
-        for (int c = 0; c < 4; c++) {
-            __m512i v = _mm512_loadu_si512(qs + 64 * c);
-            __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if (mode >= 2) lo = _mm512_or_si512(lo, kn_top2(h0, c)), hi = _mm512_or_si512(hi, kn_top2(h1, c));
-            _mm512_store_si512(b + 64 * c, lo);
-            _mm512_store_si512(b + 64 * (c + 4), hi);
-        }
+        __m512i w[8];
+        kn_q8h_unpack((const uint8_t *)P + (size_t)blk * bs + qo, mode, w);
+        for (int c = 0; c < 8; c++) _mm512_store_si512(ex + (size_t)blk * 512 + 64 * c, w[c]);
     }
 }
 

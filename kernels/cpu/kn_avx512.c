@@ -110,7 +110,6 @@ static inline void q8_group(const kn_pq8 *P, int64_t nb, const kn_act *a, int b0
 static inline __attribute__((always_inline)) void q8h_group(const char *P, const int mode, int64_t nb, const kn_act *a,
                                                             int b0, int bn, __m512 *acc) {
     const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 accm[BT];
     for (int t = 0; t < bn; t++) acc[t] = accm[t] = _mm512_setzero_ps();
     for (int64_t blk = 0; blk < nb; blk++) {
@@ -122,26 +121,8 @@ static inline __attribute__((always_inline)) void q8h_group(const char *P, const
                               : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[0]));
         __m512 m1 = mode == 3 ? _mm512_mul_ps(d1, _mm512_set1_ps(-32.f))
                               : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p->m[1]));
-        const uint8_t *qs = (const uint8_t *)p + qo, *qh = qs + 256;
         __m512i w[8];
-        if (mode) {
-            __m512i h0 = _mm512_setzero_si512(), h1 = h0;
-            if (mode >= 2) {
-                h0 = _mm512_loadu_si512(qh);
-                h1 = _mm512_loadu_si512(qh + 64);
-            }
-            for (int c = 0; c < 4; c++) {
-                __m512i v = _mm512_loadu_si512(qs + 64 * c);
-                w[c] = _mm512_and_si512(v, m4);
-                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                if (mode >= 2) {
-                    w[c] = _mm512_or_si512(w[c], kn_top2(h0, c));
-                    w[c + 4] = _mm512_or_si512(w[c + 4], kn_top2(h1, c));
-                }
-            }
-        } else {
-            for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(qs + 64 * c);
-        }
+        kn_q8h_unpack((const uint8_t *)p + qo, mode, w);
         for (int t = 0; t < bn; t++) {
             int b = b0 + t;
             const int32_t *xb = (const int32_t *)(a->qs + (size_t)b * a->k + 32 * blk);
