@@ -108,6 +108,10 @@ const char *kn_isa_name(void);
 const char *kn_isa_reason(void);
 /* Forces a path for tests (a name above); LLM_EUNSUP if the CPU lacks it. */
 int kn_set_isa(const char *name);
+/* Takes another process's choice (kn_isa_name, kn_amx_active there), so that a worker group's ranks
+ * compute with the same kernels and so the same bits: whose says where it came from (for the start-up
+ * line). LLM_EUNSUP, nothing changed, where this CPU lacks that path. */
+int kn_follow_isa(const char *name, int amx, const char *whose);
 /* AMX int8 tiles under the AVX-512 path for batches of 16 rows and more (on where the CPU and kernel allow
  * it, unless LLMSERVE_AMX=0): on 1 / off 0; LLM_EUNSUP if this machine cannot. Results are the same bits
  * either way. Returns 0 on success. kn_amx_active: whether they are in use now. */

@@ -2,6 +2,7 @@
 #include "wk_wire.h"
 #include "cm_error.h"
 #include "cm_log.h"
+#include "kernels.h"
 #include "pr_wire.h"
 
 #include <errno.h>
@@ -18,7 +19,7 @@
 #include <unistd.h>
 
 #define TP_MAGIC 0x6c6d7470u
-#define TP_VERSION 3 /* 2: the join carries the deployment's secret; 3: the TCP backend */
+#define TP_VERSION 4 /* 2: the join carries the deployment's secret; 3: the TCP backend; 4: rank 0's kernels */
 
 enum { BACKEND_SHM = 1, BACKEND_NCCL = 2, BACKEND_TCP = 3 };
 
@@ -35,6 +36,8 @@ typedef struct {
     uint8_t nccl_id[WK_NCCL_ID_BYTES];
     uint32_t tcp_port;           /* BACKEND_TCP: rank 0's data port, and the token a connection opens with */
     uint8_t tcp_token[WK_TCP_TOKEN_BYTES];
+    char isa[16];                /* rank 0's CPU kernels (kn_isa_name) and AMX: every rank computes with them */
+    uint32_t amx;
     char err[128];
 } join_rep;
 
@@ -259,6 +262,8 @@ static int lead(wk_tp *t, int spawn, int argc, char **argv, char *err, size_t er
             memcpy(a.nccl_id, nccl_id, sizeof nccl_id);
             a.tcp_port = (uint32_t)port;
             memcpy(a.tcp_token, token, sizeof token);
+            snprintf(a.isa, sizeof a.isa, "%s", kn_isa_name());
+            a.amx = (uint32_t)kn_amx_active();
             joined[q.rank] = 1;
             n_joined++;
             int child = 0;
@@ -308,6 +313,15 @@ static int host_of(const char *addr, char *host, size_t len) {
     return 0;
 }
 
+/* The kernels rank 0 measured and chose, taken before this rank packs its weights: each rank choosing
+ * its own by a timing could differ under load, and a group's answers would then depend on it. A CPU
+ * that lacks them (hosts of different kinds) keeps its own, said in the log. */
+static void follow_kernels(const join_rep *a) {
+    if (kn_follow_isa(a->isa, (int)a->amx, "rank 0's choice"))
+        CM_WARN("rank 0 computes with %s%s, which this CPU lacks: this rank uses %s (the group's answers may differ "
+                "in their last bits from a group of one kind of CPU)", a->isa, a->amx ? " and AMX" : "", kn_isa_name());
+}
+
 static int join(wk_tp *t, char *err, size_t errlen) {
     nng_socket req;
     int rv = nng_req0_open(&req);
@@ -339,10 +353,12 @@ static int join(wk_tp *t, char *err, size_t errlen) {
     }
     a.err[sizeof a.err - 1] = 0;
     a.shm_name[sizeof a.shm_name - 1] = 0;
+    a.isa[sizeof a.isa - 1] = 0;
     if (!a.status) {
         snprintf(err, errlen, "rank 0 refused: %s", a.err);
         return LLM_EINVAL;
     }
+    follow_kernels(&a);
     if (a.backend != (uint32_t)t->backend) {
         snprintf(err, errlen, "rank 0 uses comm backend %u, this rank was started for %d", a.backend, t->backend);
         return LLM_EUNSUP;

@@ -106,6 +106,28 @@ int kn_set_isa(const char *name) {
 
 static char isa_reason[256];
 
+/* Reference mode for a whole process (exactness checks): LLMSERVE_ACT_F32=1. */
+static void act_f32_env(void) {
+    const char *f32 = getenv("LLMSERVE_ACT_F32");
+    if (f32 && !strcmp(f32, "1")) act_f32 = 1;
+}
+
+int kn_follow_isa(const char *name, int amx, const char *whose) {
+    const kn_impl *p = NULL;
+    static const char *const names[] = {"avx512", "avx2", "neon-dotprod", "neon", "scalar"};
+    for (size_t i = 0; i < sizeof names / sizeof *names && !p; i++) {
+        const kn_impl *q = isa_impl(names[i]);
+        if (q && (!strcmp(q->name, name) || !strcmp(names[i], name))) p = q;
+    }
+    if (!p || (amx && (p != isa_impl("avx512") || !amx_usable()))) return LLM_EUNSUP;
+    if (!initialised) act_f32_env();
+    impl = p;
+    initialised = 1;
+    kn_set_amx(amx);
+    snprintf(isa_reason, sizeof isa_reason, "%.64s%s", whose, amx ? "; AMX int8 tiles for batches of 16+" : "");
+    return 0;
+}
+
 const char *kn_isa_reason(void) {
     kn_init();
     return isa_reason;
@@ -120,8 +142,11 @@ static double now_s(void) {
 
 /* A CPU with both may run AVX-512 slower than AVX2 (frequency drops, or 512-bit work split in halves),
  * so the two time the shape that dominates a step: a Q4_1 GEMM (512 x 1024, 4 activation rows), best
- * of 9 interleaved runs each, one thread. AVX-512 stays unless AVX2 is 15% faster: noise must not flip
- * the choice between processes of one cluster. About 10 ms. */
+ * of 9 interleaved runs each, one thread. AVX-512 stays unless AVX2 is 15% faster in each of 3 rounds
+ * a few ms apart: noise must not flip the choice between processes of one host. Processes that start
+ * together (a group's ranks) time each other's AVX-512 on a shared core: 6 at once on 2 cores under
+ * ASan picked AVX2 in 7 of 360 starts with one round. A worker group's ranks take rank 0's choice
+ * (kn_follow_isa) rather than their own. About 10 ms where AVX-512 wins. */
 static void pick_by_measuring(const kn_impl *a, const kn_impl *b, char *why, size_t whylen) {
     enum { N = 512, K = 1024, B = 4 };
     size_t rb = cm_dtype_row_bytes(CM_Q4_1, K);
@@ -148,19 +173,27 @@ static void pick_by_measuring(const kn_impl *a, const kn_impl *b, char *why, siz
         free(raw), free(x), free(y);
         return;
     }
-    double best[2] = {1e9, 1e9};
+    double best[2];
     const kn_impl *c[2] = {a, b};
-    for (int rep = 0; rep < 9; rep++)
-        for (int i = 0; i < 2; i++) {
-            c[i]->quant_act(x, K, act.qs, act.d, act.ds);
-            for (int j = 1; j < B; j++)
-                c[i]->quant_act(x + j * K, K, act.qs + j * K, act.d + j * (K / 32), act.ds + j * (K / 32));
-            double t0 = now_s();
-            c[i]->gemm_q4(&w, &act, B, y, N, 0, N / KN_ROWS);
-            double t = now_s() - t0;
-            if (t < best[i]) best[i] = t;
+    int pick = 1;
+    for (int round = 0; round < 3 && pick; round++) {
+        if (round) { /* apart in time (and from processes that started with this one) */
+            struct timespec gap = {0, 2000000L + 1000000L * (getpid() % 4)};
+            nanosleep(&gap, NULL);
         }
-    int pick = best[1] < 0.85 * best[0];
+        best[0] = best[1] = 1e9;
+        for (int rep = 0; rep < 9; rep++)
+            for (int i = 0; i < 2; i++) {
+                c[i]->quant_act(x, K, act.qs, act.d, act.ds);
+                for (int j = 1; j < B; j++)
+                    c[i]->quant_act(x + j * K, K, act.qs + j * K, act.d + j * (K / 32), act.ds + j * (K / 32));
+                double t0 = now_s();
+                c[i]->gemm_q4(&w, &act, B, y, N, 0, N / KN_ROWS);
+                double t = now_s() - t0;
+                if (t < best[i]) best[i] = t;
+            }
+        pick = best[1] < 0.85 * best[0];
+    }
     impl = c[pick];
     snprintf(why, whylen, "cpuid has %s and %s; a Q4 GEMM took %.0f us on %s and %.0f us on %s", a->name, b->name,
              1e6 * best[0], a->name, 1e6 * best[1], b->name);
@@ -173,8 +206,7 @@ static void pick_by_measuring(const kn_impl *a, const kn_impl *b, char *why, siz
 void kn_init(void) {
     if (initialised) return;
     initialised = 1;
-    const char *f32 = getenv("LLMSERVE_ACT_F32"); /* reference mode for a whole process (exactness checks) */
-    if (f32 && !strcmp(f32, "1")) act_f32 = 1;
+    act_f32_env();
     const char *env = getenv("LLMSERVE_ISA");
     char pre[96] = "";
     if (env && *env) {
@@ -594,9 +626,10 @@ size_t kn_attention_scratch(int max_len) {
 /* Work unit: one query token x a slice of one KV head's query heads. Whole
  * groups (K and V rows read once for all their heads) when there are enough
  * units to keep every thread busy; single heads otherwise (a decode step of
- * a 3-KV-head model on 2 threads would split 1:2). With whole groups and no
- * window, a unit is a tile (impl->attn_tile) of up to KN_ATTN_TILE_ROWS /
- * group consecutive tokens of a prompt's chunk, or one decode token: its rows
+ * a 3-KV-head model on 2 threads would split 1:2). With whole groups, a
+ * unit is a tile (impl->attn_tile) of up to KN_ATTN_TILE_ROWS / group
+ * consecutive tokens of a prompt's chunk, or one decode token (a window's
+ * rows past its first slide: one at a time, each from its own first): its rows
  * share each K and V row's conversion, and a token's result is the same as
  * alone or through attn_group. Units are dealt
  * to threads in order by cost (positions read), so a long sequence next to
@@ -641,9 +674,16 @@ static void attn_task(void *p, int ith, int nth) {
                 kv.k = (const char *)a->kc + (size_t)kvh * a->hd * eb;
                 kv.v = (const char *)a->vc + (size_t)kvh * a->hd * eb;
                 kv.sink = a->sinks ? a->sinks + (size_t)kvh * group + h0 : NULL;
-                if (c->tile > 1 && impl->attn_tile(a->q + qo, qs, &kv, len, nt, a->hd, g, scale, s, a->out + qo)) continue;
-                for (int i = 0; i < nt; i++) /* one token at a time */
-                    impl->attn_group(a->q + qo + i * qs, &kv, len + i, a->hd, g, scale, s, a->out + qo + i * qs);
+                /* a tile's rows share their first position: under a window, only while it has not yet slid */
+                kv.first = kn_attn_first(a, sq->pos0 + t);
+                if (c->tile > 1 && kn_attn_first(a, sq->pos0 + t + nt - 1) == kv.first &&
+                    impl->attn_tile(a->q + qo, qs, &kv, len, nt, a->hd, g, scale, s, a->out + qo))
+                    continue;
+                for (int i = 0; i < nt; i++) { /* one token at a time */
+                    kv.first = kn_attn_first(a, sq->pos0 + t + i);
+                    impl->attn_group(a->q + qo + i * qs, &kv, sq->pos0 + t + i + 1 - kv.first, a->hd, g, scale, s,
+                                     a->out + qo + i * qs);
+                }
             }
         }
     }
@@ -655,7 +695,7 @@ void kn_attention(kn_pool *p, const kn_attn_args *a) {
     int64_t tokens = 0;
     for (int si = 0; si < a->n_seq; si++) tokens += a->seq[si].T;
     if (kn_pool_size(p) > 1 && tokens * a->n_kv < 4 * kn_pool_size(p)) c.slice = 1;
-    if (impl->attn_tile && !a->window && c.slice == group) c.tile = KN_ATTN_TILE_ROWS / group > 1 ? KN_ATTN_TILE_ROWS / group : 1;
+    if (impl->attn_tile && c.slice == group) c.tile = KN_ATTN_TILE_ROWS / group > 1 ? KN_ATTN_TILE_ROWS / group : 1;
     int per_kv = (group + c.slice - 1) / c.slice;
     for (int si = 0; si < a->n_seq; si++)
         for (int t = 0, p0 = a->seq[si].pos0, nt; t < a->seq[si].T; t += nt) {

@@ -210,6 +210,10 @@ try:
                     "PP=2 x TP=2 with n-gram speculation (%s tokens drafted): %d/%d answers and log-probabilities "
                     "equal to TP=2's, under continuous batching with the stages overlapped" %
                     (drafts.group(1) if drafts else "?", same, len(ref2)))
+            for i, (a, b) in enumerate(zip(ref2, got)):
+                if a != b:
+                    print("  request %d\n  TP=2:        %r\n  PP=2 x TP=2: %r" % (i, a, b))
+                    break
             # a rank that is neither the driver nor a stage's first one (stage 1's second) killed mid-stream:
             # its stage's first rank sees it at the next collective, the pipe ends, the group goes down whole
             gateway("gpptpboth", PPTP_BOTH_G, [PPTP_W, TP2_W])

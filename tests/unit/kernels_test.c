@@ -497,6 +497,21 @@ int main(void) {
     test_lora();
     test_pool();
     kn_pool_destroy(pool);
+    /* a rank takes rank 0's kernels by their name: any path this CPU has, AMX only with AVX-512; a name it
+     * lacks changes nothing */
+    for (int is = 0; is < N_ISA; is++) {
+        if (kn_set_isa(isas[is])) continue;
+        const char *name = kn_isa_name();
+        CHECK_RC(kn_set_isa("scalar"), 0);
+        CHECK_RC(kn_follow_isa(name, 0, "rank 0's choice"), 0);
+        CHECK(!strcmp(kn_isa_name(), name) && !kn_amx_active() && !strcmp(kn_isa_reason(), "rank 0's choice"));
+        if (strcmp(isas[is], "avx512")) CHECK_RC(kn_follow_isa(name, 1, "x"), LLM_EUNSUP);
+        else if (kn_follow_isa(name, 1, "x") == 0) CHECK(kn_amx_active());
+    }
+    CHECK_RC(kn_set_isa("scalar"), 0);
+    CHECK_RC(kn_follow_isa("avx1024", 0, "x"), LLM_EUNSUP);
+    CHECK_RC(kn_follow_isa("", 0, "x"), LLM_EUNSUP);
+    CHECK(!strcmp(kn_isa_name(), "scalar"));
     /* FP8 E4M3 reference: worked values, ties to even, saturation, every code round-trips */
     CHECK_RC(kn_ref_f32_to_e4m3(1.0f), 0x38);
     CHECK_RC(kn_ref_f32_to_e4m3(-2.5f), 0xc2);
