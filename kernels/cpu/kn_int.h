@@ -220,7 +220,7 @@ static inline size_t kn_q8h_qs(int mode) { return mode == 3 ? offsetof(kn_pq6s, 
             const float *tr = t + (size_t)r0 * ldt;                                                        \
             for (int o = 0; o < ov; o += 2 * VL) { /* two vectors of outputs: independent chains */      \
                 int nv = o + VL < ov ? 2 : 1;                                                              \
-                NAME##_lv acc[4][2];                                                                       \
+                NAME##_lv acc[4][2] = {{{0}}}; /* each one read is loaded first; the compiler cannot tell */ \
                 for (int r = 0; r < n; r++)                                                                \
                     for (int v = 0; v < nv; v++) memcpy(&acc[r][v], y[r0 + r] + o + v * VL, sizeof acc[r][v]); \
                 for (int k = 0; k < rk; k++)                                                               \
