@@ -341,6 +341,8 @@ static void attn_group_avx512(const float *q, const kn_kv_rows *kv, int len, int
         attn_group_body(q, kv, len, 4, g, scale, s, out, KN_KV_F16);
     else if (hd == 128 && kv->kind == KN_KV_F16)
         attn_group_body(q, kv, len, 8, g, scale, s, out, KN_KV_F16);
+    else if (hd == 256 && kv->kind == KN_KV_F16) /* Gemma's */
+        attn_group_body(q, kv, len, 16, g, scale, s, out, KN_KV_F16);
     else if (kv->kind == KN_KV_F16)
         attn_group_body(q, kv, len, hd / 16, g, scale, s, out, KN_KV_F16);
     else if (hd == 64 && kv->kind == KN_KV_FP8)
@@ -435,6 +437,12 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
                                                  : _mm512_setzero_ps();
             }
             int all = lim[0] - j0 < nk ? lim[0] - j0 : nk; /* every live row of the block reads these */
+            if (RB == 1) /* wide heads (over 192): a row at a time, each V vector loaded as it is used */
+                for (int p = 0; p < nk && rb < R && (p < all || j0 + p < lim[0]); p++) {
+                    __m512 pr = _mm512_set1_ps(s[(size_t)rb * lmax + j0 + p]);
+                    for (int v = 0; v < nv; v++) o[v] = _mm512_fmadd_ps(pr, _mm512_loadu_ps(vt + p * hd + 16 * v), o[v]);
+                }
+            else
             for (int p = 0; p < nk; p++) {
                 __m512 vv[16];
                 for (int v = 0; v < nv; v++) vv[v] = _mm512_loadu_ps(vt + p * hd + 16 * v);
@@ -460,6 +468,8 @@ static int attn_tile_avx512(const float *q, size_t qs, const kn_kv_rows *kv, int
         attn_tile_body(q, qs, kv, len0, nt, 4, g, scale, s, out, KN_KV_F16);
     else if (hd == 128 && kv->kind == KN_KV_F16)
         attn_tile_body(q, qs, kv, len0, nt, 8, g, scale, s, out, KN_KV_F16);
+    else if (hd == 256 && kv->kind == KN_KV_F16)
+        attn_tile_body(q, qs, kv, len0, nt, 16, g, scale, s, out, KN_KV_F16);
     else if (kv->kind == KN_KV_F16)
         attn_tile_body(q, qs, kv, len0, nt, hd / 16, g, scale, s, out, KN_KV_F16);
     else if (kv->kind == KN_KV_FP8)
