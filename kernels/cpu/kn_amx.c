@@ -79,7 +79,7 @@ static void expand_q4(const char *P, int sym, int64_t nb, uint8_t *ex) {
         const char *p = P + (size_t)blk * bs;
         const uint8_t *qs = sym ? ((const kn_pq4s *)p)->qs[0] : ((const kn_pq4 *)p)->qs[0];
         uint8_t *b = ex + (size_t)blk * 512;
-        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(p + 4096 + l, _MM_HINT_T0);
+        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(p + PF_AHEAD + l, _MM_HINT_T0);
         for (int c = 0; c < 4; c++) { /* low nibbles are k-quad 2c, high ones 2c+1 */
             __m512i v = _mm512_loadu_si512(qs + 64 * c);
             _mm512_store_si512(b + 128 * c, _mm512_and_si512(v, m4));
@@ -118,7 +118,7 @@ static inline void half_sums(const kn_act *a, int b0, int64_t blk, int n, const 
 static void expand_q8h(const char *P, int mode, int64_t nb, uint8_t *ex) {
     const size_t bs = kn_q8h_bytes(mode), qo = kn_q8h_qs(mode);
     for (int64_t blk = 0; blk < nb; blk++) {
-        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(P + (size_t)blk * bs + 4096 + l, _MM_HINT_T0);
+        for (int l = 0; l < (int)bs; l += 64) _mm_prefetch(P + (size_t)blk * bs + PF_AHEAD + l, _MM_HINT_T0);
         __m512i w[8];
         kn_q8h_unpack((const uint8_t *)P + (size_t)blk * bs + qo, mode, w);
         for (int c = 0; c < 8; c++) _mm512_store_si512(ex + (size_t)blk * 512 + 64 * c, w[c]);
@@ -207,7 +207,7 @@ static inline __attribute__((always_inline)) void group_rows(const char *P, cons
         int n = blk < nb ? (nb - blk < U ? (int)(nb - blk) : U) : 0, h = (int)(blk / U) & 1;
         if (n) {
             if (pack == 2) /* the group streams from memory for its first rows: ask ahead, as the VNNI path does */
-                for (int l = 0; l < U * (int)bs; l += 64) _mm_prefetch(P + (size_t)blk * bs + 4096 + l, _MM_HINT_T0);
+                for (int l = 0; l < U * (int)bs; l += 64) _mm_prefetch(P + (size_t)blk * bs + PF_AHEAD + l, _MM_HINT_T0);
             const void *bt[U];
             for (int j = 0; j < U; j++) {
                 int64_t bj = blk + (j < n ? j : 0);

@@ -29,9 +29,6 @@ static void quant_act_avx512(const float *x, int64_t k, int8_t *qs, float *d, fl
 #ifndef BT
 #define BT 4 /* activation rows per register tile (8 measured no faster) */
 #endif
-#ifndef PF_AHEAD
-#define PF_AHEAD 4096
-#endif
 
 /* One 16-row group against up to BT activation rows. Weights of the block
  * are unpacked once into registers and reused for every activation row. */

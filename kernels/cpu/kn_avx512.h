@@ -6,6 +6,10 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#ifndef PF_AHEAD
+#define PF_AHEAD 4096 /* bytes of packed weights the GEMMs prefetch ahead of the block they read */
+#endif
+
 /* Bits 2c, 2c+1 of each byte of h moved to bits 4, 5 (kn_pq6h's top two bits of chunk c). */
 static inline __m512i kn_top2(__m512i h, int c) {
     const __m512i m30 = _mm512_set1_epi8(0x30);
