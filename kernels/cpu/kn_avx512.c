@@ -434,20 +434,21 @@ static inline void attn_tile_body(const float *q, size_t qs, const kn_kv_rows *k
                                                  : _mm512_setzero_ps();
             }
             int all = lim[0] - j0 < nk ? lim[0] - j0 : nk; /* every live row of the block reads these */
-            if (RB == 1) /* wide heads (over 192): a row at a time, each V vector loaded as it is used */
-                for (int p = 0; p < nk && rb < R && (p < all || j0 + p < lim[0]); p++) {
+            if (RB == 1) { /* wide heads (over 192): one row, each V vector loaded as it is used */
+                for (int p = 0; p < all; p++) {
                     __m512 pr = _mm512_set1_ps(s[(size_t)rb * lmax + j0 + p]);
                     for (int v = 0; v < nv; v++) o[v] = _mm512_fmadd_ps(pr, _mm512_loadu_ps(vt + p * hd + 16 * v), o[v]);
                 }
-            else
-            for (int p = 0; p < nk; p++) {
-                __m512 vv[16];
-                for (int v = 0; v < nv; v++) vv[v] = _mm512_loadu_ps(vt + p * hd + 16 * v);
-                for (int rr = 0; rr < RB; rr++) {
-                    if (p >= all && j0 + p >= lim[rr]) continue;
-                    if (rb + rr >= R) continue;
-                    __m512 pr = _mm512_set1_ps(s[(size_t)(rb + rr) * lmax + j0 + p]);
-                    for (int v = 0; v < nv; v++) o[rr * nv + v] = _mm512_fmadd_ps(pr, vv[v], o[rr * nv + v]);
+            } else {
+                for (int p = 0; p < nk; p++) {
+                    __m512 vv[16];
+                    for (int v = 0; v < nv; v++) vv[v] = _mm512_loadu_ps(vt + p * hd + 16 * v);
+                    for (int rr = 0; rr < RB; rr++) {
+                        if (p >= all && j0 + p >= lim[rr]) continue;
+                        if (rb + rr >= R) continue;
+                        __m512 pr = _mm512_set1_ps(s[(size_t)(rb + rr) * lmax + j0 + p]);
+                        for (int v = 0; v < nv; v++) o[rr * nv + v] = _mm512_fmadd_ps(pr, vv[v], o[rr * nv + v]);
+                    }
                 }
             }
             for (int rr = 0; rr < RB && rb + rr < R; rr++)
