@@ -7,7 +7,7 @@
  *   -> the rows that want logits: RMSNorm, LM head, logits to the host.
  *
  * GEMMs: F16 / BF16 weights through cuBLAS; GGUF-quantized and F32 weights
- * through the warp-per-row kernel for decode-sized batches, and from
+ * through the fused GEMV (kn_cuda_gemv.h) for decode-sized batches, and from
  * DEQ_MIN_ROWS rows dequantized to F16 once and multiplied by cuBLAS; with
  * --quantization fp8 the dense layer weights become E4M3 with a scale per
  * output channel and go through cuBLASLt's FP8 GEMM.

@@ -1,8 +1,9 @@
-// kn_cuda.cu - first CUDA kernels: norm, RoPE, activation and GGUF-layout
-// matmul. These are correctness-first reference kernels for the GPU path;
-// the tuned GEMMs (cuBLAS/cuBLASLt, paged attention) build on them.
+// kn_cuda.cu - CUDA kernels: norm, RoPE, activation, embedding, the fused
+// GEMV for GGUF-quantized weights (kn_cuda_gemv.h) and a dense-type matmul;
+// cuBLAS/cuBLASLt (kn_cuda_gemm.cu, kn_cuda_fp8.cu) take dense and larger batches.
 #include "kn_cuda.h"
 #include "kn_cuda_int.h"
+#include "kn_cuda_gemv.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -71,6 +72,57 @@ __global__ void matmul_kernel(int type, const uint8_t *w, int64_t n, int64_t k, 
     for (int64_t i = lane; i < k; i += 32) s += weight_at(type, wr, i) * xr[i];
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
     if (lane == 0) y[(size_t)b * n + row] = s;
+}
+
+// The quantized GEMV (kn_cuda_gemv.h): grid (ceil(n/8), ceil(B/NB)) blocks of 8 warps; warp w of block x owns
+// output row 8x+w for the activation rows NB y .. NB y + NB - 1 (fewer in the last pass). Each lane decodes a
+// block of 32 weights once for all of those rows; the lanes' sums meet by shuffles.
+template <int TYPE, int NB>
+__global__ void gemv_q_kernel(const uint8_t *__restrict__ w, int64_t n, int64_t k,
+                                                     size_t row_bytes, const float *__restrict__ x,
+                                                     float *__restrict__ y, int B) {
+    int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    int lane = threadIdx.x % 32, b0 = (int)blockIdx.y * NB, nb = B - b0 < NB ? B - b0 : NB;
+    if (row >= n) return;
+    const uint8_t *wr = w + (size_t)row * row_bytes;
+    const float *xr = x + (size_t)b0 * k;
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0.f;
+    for (int64_t blk = lane; blk < k / 32; blk += 32) kn_gemv_block(TYPE, wr, blk, xr, k, nb, NB, acc);
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        float s = acc[b];
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+        if (lane == 0 && b < nb) y[(size_t)(b0 + b) * n + row] = s;
+    }
+}
+
+template <int TYPE>
+static void gemv_q_launch(const uint8_t *w, int64_t n, int64_t k, size_t rb, const float *x, float *y, int B) {
+    unsigned gx = (unsigned)((n + 7) / 8);
+    if (B == 1) gemv_q_kernel<TYPE, 1><<<dim3(gx, 1), 256>>>(w, n, k, rb, x, y, B);
+    else if (B <= 4) gemv_q_kernel<TYPE, 4><<<dim3(gx, 1), 256>>>(w, n, k, rb, x, y, B);
+    else gemv_q_kernel<TYPE, KN_GEMV_NB><<<dim3(gx, (unsigned)((B + KN_GEMV_NB - 1) / KN_GEMV_NB)), 256>>>(w, n, k, rb, x, y, B);
+}
+
+// The quantized GEMV for a type cm_quant_known takes; 0 when it took it, else LLM_EUNSUP.
+static int gemv_q(int type, const uint8_t *w, int64_t n, int64_t k, size_t rb, const float *x, float *y, int B) {
+    switch (type) {
+    case CM_Q4_0: gemv_q_launch<CM_Q4_0>(w, n, k, rb, x, y, B); break;
+    case CM_Q4_1: gemv_q_launch<CM_Q4_1>(w, n, k, rb, x, y, B); break;
+    case CM_Q5_0: gemv_q_launch<CM_Q5_0>(w, n, k, rb, x, y, B); break;
+    case CM_Q5_1: gemv_q_launch<CM_Q5_1>(w, n, k, rb, x, y, B); break;
+    case CM_Q8_0: gemv_q_launch<CM_Q8_0>(w, n, k, rb, x, y, B); break;
+    case CM_Q2_K: gemv_q_launch<CM_Q2_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q3_K: gemv_q_launch<CM_Q3_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q4_K: gemv_q_launch<CM_Q4_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q5_K: gemv_q_launch<CM_Q5_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q6_K: gemv_q_launch<CM_Q6_K>(w, n, k, rb, x, y, B); break;
+    case CM_MXFP4: gemv_q_launch<CM_MXFP4>(w, n, k, rb, x, y, B); break;
+    default: return LLM_EUNSUP;
+    }
+    return 0;
 }
 
 extern "C" int kn_cuda_device_count(int *n) {
@@ -143,8 +195,13 @@ extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, c
     if (!gguf_type_ok(type)) return LLM_EUNSUP;
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k);
     if (!rb || n <= 0 || B <= 0 || B > 65535) return LLM_EINVAL;
-    dim3 grid((unsigned)((n + 7) / 8), (unsigned)B);
-    matmul_kernel<<<grid, 256>>>(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y);
+    if (cm_quant_known(type)) {
+        if (k % 32) return LLM_EINVAL; /* whole blocks: every quantized row is */
+        if (gemv_q(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y, B)) return LLM_EUNSUP;
+    } else {
+        dim3 grid((unsigned)((n + 7) / 8), (unsigned)B);
+        matmul_kernel<<<grid, 256>>>(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y);
+    }
     KN_CUDA_LAUNCHED();
     return 0;
 }

@@ -32,9 +32,12 @@ int kn_cuda_add_rmsnorm(float *d_out, float *d_x, const float *d_r, const float 
 int kn_cuda_rope(float *d_x, int n_heads, int head_dim, int rope_dim, int type, int pos, float theta);
 /* a = silu(a) * b over n elements. */
 int kn_cuda_silu_mul(float *d_a, const float *d_b, int n);
-/* y[B][N] = x[B][K] . W[N][K]^T with W in GGUF layout (Q4_0, Q4_1, Q8_0, F32,
- * F16, BF16): one warp per (row, batch) dot product, weights dequantized in
- * registers. The decode path for quantized weights; fp32 throughout. */
+/* y[B][N] = x[B][K] . W[N][K]^T with W in GGUF layout (every quantized type
+ * cm_quant_known takes, and F32, F16, BF16). Quantized: the fused GEMV of
+ * kn_cuda_gemv.h, a warp per output row, each block of 32 weights decoded in
+ * registers once for up to KN_GEMV_NB rows of x (one pass per 8 rows, so
+ * meant for decode-sized batches); dense: a warp per (row, batch) dot.
+ * fp32 activations and sums throughout. */
 int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B);
 
 /* SMs of the current device, and its memory (bytes) as cudaMemGetInfo says. */

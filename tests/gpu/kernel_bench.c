@@ -15,8 +15,11 @@
  * larger of the two; attention reads every K and V of the batch once
  * (batch x ctx x 2 x kv width x 2 bytes a layer / HBM). Then the tokens/s
  * upper bound of GEMMs + attention; last, attention with the per-head kernel
- * pinned (the grouped one is what AUTO picks for GQA shapes). Median of 5
- * after a warm-up. */
+ * pinned (the grouped one is what AUTO picks for GQA shapes). Then the
+ * quantized GEMV (kn_cuda_matmul: the engine's path for GGUF weights below
+ * 16 rows) over the same layers in Q4_0, Q8_0, Q4_K and Q6_K at batches 1,
+ * 4, 8 and 15: its bound is the weights' bytes / HBM (one pass reads them
+ * once; 15 rows take two passes). Median of 5 after a warm-up. */
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_model.h"
@@ -39,6 +42,62 @@
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
+
+/* The quantized GEMV over every layer's seven matrices in each type, beside bytes / HBM. */
+static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm) {
+    static const int types[] = {CM_Q4_0, CM_Q8_0, CM_Q4_K, CM_Q6_K}, batches[] = {1, 4, 8, 15};
+    int L = (int)c->n_layer;
+    int64_t maxk = 0, maxn = 0;
+    for (int j = 0; j < 7; j++) {
+        if (shapes[j][1] > maxk) maxk = shapes[j][1];
+        if (shapes[j][0] > maxn) maxn = shapes[j][0];
+    }
+    void **w = calloc((size_t)L * 7, sizeof *w);
+    float *x, *y;
+    if (!w) return 1;
+    TRY(kn_cuda_malloc((void **)&x, sizeof(float) * 15 * (size_t)maxk));
+    TRY(kn_cuda_malloc((void **)&y, sizeof(float) * 15 * (size_t)maxn));
+    TRY(kn_cuda_fill_random(x, CM_F16, 15 * (size_t)maxk * 2, 5, 0.5f));
+    printf("\nquantized GEMV (kn_cuda_matmul), the %d layers' GEMMs\n%6s %6s %10s %10s %10s %8s\n", L, "type", "batch",
+           "GB", "GEMMs ms", "bound ms", "of bound");
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        double bytes = 0;
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < 7; j++) {
+                size_t rb = cm_dtype_row_bytes(types[t], (uint64_t)shapes[j][1]), sz = rb * (size_t)shapes[j][0];
+                TRY(kn_cuda_malloc(&w[l * 7 + j], sz));
+                /* Q4_0 and Q8_0 as the dummy loader makes them; the K-quants' bytes random (only time matters) */
+                if (types[t] == CM_Q4_0 || types[t] == CM_Q8_0)
+                    TRY(kn_cuda_fill_random(w[l * 7 + j], types[t], (size_t)(shapes[j][0] * shapes[j][1]),
+                                            (unsigned long long)(l * 7 + j), 0.02f));
+                else TRY(kn_cuda_fill_random(w[l * 7 + j], CM_F16, sz / 2, (unsigned long long)(l * 7 + j), 0.02f));
+                bytes += (double)sz;
+            }
+        for (int bi = 0; bi < 4; bi++) {
+            int B = batches[bi];
+            double tq[6];
+            for (int rep = 0; rep < 6; rep++) { /* rep 0 warms up */
+                double t0 = bn_now();
+                for (int l = 0; l < L; l++)
+                    for (int j = 0; j < 7; j++)
+                        TRY(kn_cuda_matmul(types[t], w[l * 7 + j], shapes[j][0], shapes[j][1], x, y, B));
+                TRY(kn_cuda_sync());
+                tq[rep] = bn_now() - t0;
+            }
+            qsort(tq + 1, 5, sizeof(double), bn_cmp_d);
+            printf("%6s %6d %10.2f %10.3f %10.3f %7.1f%%\n", cm_dtype_name(types[t]), B, bytes / 1e9, tq[3] * 1e3,
+                   bytes / hbm * 1e3, bytes / hbm / tq[3] * 100);
+        }
+        for (int i = 0; i < L * 7; i++) {
+            kn_cuda_free(w[i]);
+            w[i] = NULL;
+        }
+    }
+    kn_cuda_free(x);
+    kn_cuda_free(y);
+    free(w);
+    return 0;
+}
 
 int main(int argc, char **argv) {
     const char *preset = "llama-3-8b", *batches = "1,64,256";
@@ -178,5 +237,5 @@ int main(int argc, char **argv) {
     for (int i = 0; i <= L * 7; i++) kn_cuda_free(w[i]);
     free(w);
     kn_cuda_blas_destroy(blas);
-    return 0;
+    return quant_gemv(&c, shapes, hbm);
 }

@@ -17,7 +17,8 @@
 #          nccl_test (the NCCL comm on one rank; TP=2 where two GPUs are)
 #   b      benchmarks against their bounds: llmserve-cuda-kernel-bench (the
 #          llama-3-8b decode step's GEMMs and paged attention, each against its
-#          HBM or FLOP bound), then the engine on dummy llama-3-8b BF16 (one
+#          HBM or FLOP bound; the quantized GEMV in Q4_0/Q8_0/Q4_K/Q6_K at
+#          batches 1-15 against bytes / HBM), then the engine on dummy llama-3-8b BF16 (one
 #          stream; the bound is 16.06 GB / HBM) and FP8 at 64 streams
 #   c      optional: the whole stack (llmserve serve on dummy llama-3-8b)
 #          swept with llmserve bench serve
@@ -155,7 +156,7 @@ b)
     build || verdict b 1 || exit 1
     fail=0
     echo "== kernel bench (llama-3-8b shape, BF16, HBM bound $HBM TB/s)"
-    timeout 70 "$BUILD/llmserve-cuda-kernel-bench" --preset llama-3-8b --batches 1,64,256 --ctx 1152 --hbm-tbps "$HBM" || fail=1
+    timeout 85 "$BUILD/llmserve-cuda-kernel-bench" --preset llama-3-8b --batches 1,64,256 --ctx 1152 --hbm-tbps "$HBM" || fail=1
     echo "== engine, dummy llama-3-8b BF16, one stream (bound: 16.06 GB / $HBM TB/s = $(python3 -c "print(round($HBM*1000/16.06,1))") tok/s)"
     timeout 80 $EB --model-config llama-3-8b --dtype bf16 --concurrency 1 --prompt-len 1024 --gen 64 --repeats 1 \
         --max-num-batched-tokens 2048 --system-len 1000 || fail=1

@@ -1,13 +1,74 @@
 /* The CUDA backend's host-side planning, on the CPU: attention launch
  * geometry and split-K workspace, and the KV pool from
- * --gpu-memory-utilization. */
+ * --gpu-memory-utilization. And the quantized GEMV's arithmetic: the code a
+ * lane runs (kn_cuda_gemv.h) run here for 32 lanes of a warp. */
 #include "cm_error.h"
+#include "cm_quantize.h"
+#include "kernels.h"
+#include "kn_cuda_gemv.h"
 #include "kn_cuda_plan.h"
 #include "tst.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+/* gemv_q_kernel's sums for rows [0, n) of w and activation rows [b0, b0 + nb), as its warps make them: lane l
+ * takes blocks l, l + 32, ... and the 32 lanes' partial sums are added. */
+static void warp_gemv(const kn_weight *w, const float *x, int b0, int nb, float *y) {
+    size_t rb = cm_dtype_row_bytes(w->type, (uint64_t)w->k);
+    for (int64_t r = 0; r < w->n; r++) {
+        float lanes[32][KN_GEMV_NB] = {{0}};
+        for (int l = 0; l < 32; l++)
+            for (int64_t blk = l; blk < w->k / 32; blk += 32)
+                kn_gemv_block(w->type, (const uint8_t *)w->raw + (size_t)r * rb, blk, x + (size_t)b0 * w->k, w->k,
+                              nb, KN_GEMV_NB, lanes[l]);
+        for (int b = 0; b < nb; b++) {
+            float s = 0.f;
+            for (int l = 0; l < 32; l++) s += lanes[l][b];
+            y[(size_t)(b0 + b) * w->n + r] = s;
+        }
+    }
+}
+
+/* Every quantized type the GPU runs, rows long enough that lanes take several blocks (k = 1,280: 40 blocks),
+ * batches of 1, 3, 8 and 13 (two passes, the second partial), against the float64 reference. */
+static void gemv_lanes(void) {
+    static const int types[] = {CM_Q4_0, CM_Q4_1, CM_Q5_0, CM_Q5_1, CM_Q8_0, CM_Q2_K, CM_Q3_K,
+                                CM_Q4_K, CM_Q5_K, CM_Q6_K, CM_MXFP4};
+    const int64_t N = 6, K = 1280;
+    float *wf = malloc(sizeof(float) * (size_t)(N * K)), *x = malloc(sizeof(float) * 13 * (size_t)K);
+    float *yr = malloc(sizeof(float) * 13 * (size_t)N), *yg = malloc(sizeof(float) * 13 * (size_t)N);
+    srand(7);
+    for (int64_t i = 0; i < N * K; i++) wf[i] = (float)rand() / (float)RAND_MAX * 2.f - 1.f;
+    for (int64_t i = 0; i < 13 * K; i++) x[i] = (float)rand() / (float)RAND_MAX * 2.f - 1.f;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t rb = cm_dtype_row_bytes(types[t], (uint64_t)K);
+        uint8_t *raw = malloc(rb * (size_t)N);
+        for (int64_t r = 0; r < N; r++) {
+            if (types[t] != CM_MXFP4) {
+                CHECK_RC(cm_quantize_row(types[t], wf + r * K, K, NULL, raw + (size_t)r * rb), 0);
+                continue;
+            }
+            for (size_t i = 0; i < rb; i++) raw[(size_t)r * rb + i] = (uint8_t)rand();
+            for (size_t i = 0; i < rb; i += 17) raw[(size_t)r * rb + i] = (uint8_t)(120 + rand() % 8); /* E8M0 near 1 */
+        }
+        kn_weight w = {types[t], N, K, raw, 0, NULL, NULL};
+        static const int batches[] = {1, 3, 8, 13};
+        for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+            int B = batches[bi];
+            kn_ref_matmul(&w, yr, x, B);
+            for (int b0 = 0; b0 < B; b0 += KN_GEMV_NB) warp_gemv(&w, x, b0, B - b0 < KN_GEMV_NB ? B - b0 : KN_GEMV_NB, yg);
+            double e = tst_rel_l2(yg, yr, (size_t)B * (size_t)N);
+            if (!(e < 1e-5)) printf("gemv lanes %s B=%d: rel %.2e\n", cm_dtype_name(types[t]), B, e);
+            CHECK(e < 1e-5);
+        }
+        free(raw);
+    }
+    free(wf); free(x); free(yr); free(yg);
+}
+
 int main(void) {
+    gemv_lanes();
     kn_cuda_attn_geom g;
     /* H200: 132 SMs. One decode row of 32 heads over 8k positions: 32 CTAs
      * would leave SMs idle, so the positions split (264 / 32 -> 9 splits of 912). */

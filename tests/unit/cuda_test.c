@@ -535,11 +535,12 @@ int main(void) {
         kn_cuda_free(didx);
         free(b);
     }
-    /* matmul over the GGUF types against the float64 reference */
+    /* matmul over the GGUF types against the float64 reference: rows of 40 blocks (lanes of the quantized
+     * GEMV take several), batches of 1, 3, 8 and 13 (its three kernels, and two passes with a partial one) */
     int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_Q5_0, CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        int64_t N = 77, K = 256;
-        int B = 3;
+        int64_t N = 77, K = 1280;
+        int B = 13;
         size_t bytes = cm_dtype_row_bytes(types[t], (uint64_t)K) * (size_t)N;
         uint8_t *raw = malloc(bytes);
         for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)rand();
@@ -559,7 +560,6 @@ int main(void) {
         float *xs = malloc(sizeof(float) * (size_t)(B * K)), *yr = malloc(sizeof(float) * (size_t)(B * N)),
               *yg = malloc(sizeof(float) * (size_t)(B * N));
         for (int i = 0; i < B * K; i++) xs[i] = frand();
-        kn_ref_matmul(&wt, yr, xs, B);
         void *dwt;
         float *dxs, *dys;
         kn_cuda_malloc(&dwt, bytes);
@@ -567,11 +567,16 @@ int main(void) {
         kn_cuda_malloc((void **)&dys, sizeof(float) * (size_t)(B * N));
         kn_cuda_upload(dwt, raw, bytes);
         kn_cuda_upload(dxs, xs, sizeof(float) * (size_t)(B * K));
-        CHECK_RC(kn_cuda_matmul(types[t], dwt, N, K, dxs, dys, B), 0);
-        kn_cuda_download(yg, dys, sizeof(float) * (size_t)(B * N));
-        double e = tst_rel_l2(yg, yr, (size_t)(B * N));
-        printf("cuda matmul %s: rel %.2e\n", cm_dtype_name(types[t]), e);
-        CHECK(e < 1e-5);
+        static const int batches[] = {1, 3, 8, 13};
+        for (int bi = 0; bi < 4; bi++) {
+            int nb = batches[bi];
+            kn_ref_matmul(&wt, yr, xs, nb);
+            CHECK_RC(kn_cuda_matmul(types[t], dwt, N, K, dxs, dys, nb), 0);
+            kn_cuda_download(yg, dys, sizeof(float) * (size_t)(nb * N));
+            double e = tst_rel_l2(yg, yr, (size_t)(nb * N));
+            printf("cuda matmul %s B=%d: rel %.2e\n", cm_dtype_name(types[t]), nb, e);
+            CHECK(e < 1e-5);
+        }
         kn_cuda_free(dwt); kn_cuda_free(dxs); kn_cuda_free(dys);
         free(raw); free(xs); free(yr); free(yg);
     }
