@@ -6,9 +6,11 @@
  *   O GEMM, residual, RMSNorm, gate/up GEMMs, SiLU-mul, down GEMM, residual
  *   -> the rows that want logits: RMSNorm, LM head, logits to the host.
  *
- * GEMMs: F16 / BF16 weights through cuBLAS; GGUF-quantized and F32 weights
- * through the fused GEMV (kn_cuda_gemv.h) for decode-sized batches, and from
- * DEQ_MIN_ROWS rows dequantized to F16 once and multiplied by cuBLAS; with
+ * GEMMs: F16 / BF16 weights through cuBLAS; GGUF-quantized weights through
+ * kn_cuda_matmul (the fused GEMV below 16 rows, tensor-core tiles that
+ * dequantize in shared memory from 16) and from DEQ_MIN_ROWS rows
+ * dequantized to F16 once and multiplied by cuBLAS; F32 weights a warp per
+ * row and batch; with
  * --quantization fp8 the dense layer weights become E4M3 with a scale per
  * output channel and go through cuBLASLt's FP8 GEMM.
  * Everything is allocated at load except the step metadata, which grows to
@@ -58,7 +60,11 @@ int wk_step_meta(const wk_cache *c, int n_seq, const wk_batch_seq *s, int T, int
 #include "kn_cuda.h"
 #include "kn_cuda_plan.h"
 
-#define DEQ_MIN_ROWS 16
+/* From this many rows a step, a quantized matrix is dequantized to F16 whole and multiplied by cuBLAS rather
+ * than in kn_cuda_matmul's tiles: the copy (2 bytes a weight written, then read) pays off once the tiles' lower
+ * tensor-core rate costs more. 64 is an estimate from the kernels' instruction counts; llmserve-cuda-kernel-bench
+ * times both at 16-256 rows (tests/gpu/run.sh b), which is what should set it. */
+#define DEQ_MIN_ROWS 64
 #define N_MAT 7 /* q k v o gate up down */
 #define N_VEC 5 /* attn_norm ffn_norm bq bk bv */
 

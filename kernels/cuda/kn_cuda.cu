@@ -7,6 +7,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,20 +107,108 @@ static void gemv_q_launch(const uint8_t *w, int64_t n, int64_t k, size_t rb, con
     else gemv_q_kernel<TYPE, KN_GEMV_NB><<<dim3(gx, (unsigned)((B + KN_GEMV_NB - 1) / KN_GEMV_NB)), 256>>>(w, n, k, rb, x, y, B);
 }
 
-// The quantized GEMV for a type cm_quant_known takes; 0 when it took it, else LLM_EUNSUP.
-static int gemv_q(int type, const uint8_t *w, int64_t n, int64_t k, size_t rb, const float *x, float *y, int B) {
+// The quantized GEMM in tiles, for batches of KN_GEMV_MAX_ROWS rows and more: the weights dequantized into
+// shared memory a tile at a time (never a whole F16 copy of the matrix) and multiplied on the tensor cores
+// (WMMA 16x16x16, f16 in, f32 sums). grid (ceil(n/64), ceil(B/64)), 128 threads: a CTA owns 64 activation
+// rows x 64 weight rows, each warp a 32 x 32 quarter (2 x 2 fragments). A k-step is two blocks of 32: each
+// thread decodes one weight row's block (cm_unpack32) and rounds 16 activations; rows and blocks past the
+// ends are zeros. x is rounded to f16 as the dequantize + cuBLAS path rounds it.
+#define QT_M 64          // activation rows a CTA
+#define QT_N 64          // weight rows a CTA
+#define QT_K 64          // k a step: two blocks
+#define QT_LD (QT_K + 8) // shared row stride in halves: a multiple of 8 (WMMA), rows 144 bytes apart
+#define QT_CLD (QT_N + 4)
+
+template <int TYPE>
+__global__ void __launch_bounds__(128) gemm_q_kernel(const uint8_t *__restrict__ w, int64_t n, int64_t k,
+                                                     size_t row_bytes, const float *__restrict__ x,
+                                                     float *__restrict__ y, int B) {
+    __shared__ __align__(32) __half xs[QT_M * QT_LD];
+    __shared__ __align__(32) __half ws[QT_N * QT_LD];
+    __shared__ __align__(32) float cs[QT_M * QT_CLD];
+    int64_t n0 = (int64_t)blockIdx.x * QT_N, nblk = k / 32;
+    int b0 = (int)blockIdx.y * QT_M, tid = threadIdx.x, warp = tid / 32;
+    int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.f);
+    for (int64_t blk0 = 0; blk0 < nblk; blk0 += 2) {
+        { // weights: thread t decodes block blk0 + t / 64 of weight row n0 + t % 64
+            int r = tid % QT_N, h = tid / QT_N;
+            int64_t blk = blk0 + h;
+            __half *dst = ws + r * QT_LD + h * 32;
+            if (n0 + r < n && blk < nblk) {
+                uint8_t u[32];
+                float d[2], m[2];
+                cm_unpack32(TYPE, w + (size_t)(n0 + r) * row_bytes, blk, u, d, m);
+#pragma unroll
+                for (int j = 0; j < 32; j++) dst[j] = __float2half_rn(d[j / 16] * (float)u[j] + m[j / 16]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 32; j++) dst[j] = __float2half_rn(0.f);
+            }
+        }
+        // activations: 64 rows x 64 floats, row by row (consecutive threads, consecutive floats)
+        for (int i = tid; i < QT_M * QT_K; i += 128) {
+            int r = i / QT_K, c = i % QT_K;
+            int64_t col = blk0 * 32 + c;
+            float v = b0 + r < B && col < k ? x[(size_t)(b0 + r) * (size_t)k + (size_t)col] : 0.f;
+            xs[r * QT_LD + c] = __float2half_rn(v);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < QT_K; kk += 16) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __half, nvcuda::wmma::row_major> a[2];
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __half, nvcuda::wmma::col_major> bw[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) nvcuda::wmma::load_matrix_sync(a[i], xs + (wm + 16 * i) * QT_LD + kk, QT_LD);
+            // B[kk][col] = W[col][kk]: the weight rows stored [n][k] are B column-major
+#pragma unroll
+            for (int j = 0; j < 2; j++) nvcuda::wmma::load_matrix_sync(bw[j], ws + (wn + 16 * j) * QT_LD + kk, QT_LD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) nvcuda::wmma::mma_sync(acc[i][j], a[i], bw[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            nvcuda::wmma::store_matrix_sync(cs + (wm + 16 * i) * QT_CLD + wn + 16 * j, acc[i][j], QT_CLD,
+                                            nvcuda::wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < QT_M * QT_N; i += 128) {
+        int r = i / QT_N, c = i % QT_N;
+        if (b0 + r < B && n0 + c < n) y[(size_t)(b0 + r) * (size_t)n + (size_t)(n0 + c)] = cs[r * QT_CLD + c];
+    }
+}
+
+template <int TYPE>
+static void matmul_q_launch(const uint8_t *w, int64_t n, int64_t k, size_t rb, const float *x, float *y, int B) {
+    if (B >= KN_GEMV_MAX_ROWS)
+        gemm_q_kernel<TYPE><<<dim3((unsigned)((n + QT_N - 1) / QT_N), (unsigned)((B + QT_M - 1) / QT_M)), 128>>>(
+            w, n, k, rb, x, y, B);
+    else gemv_q_launch<TYPE>(w, n, k, rb, x, y, B);
+}
+
+// The quantized GEMV or tile GEMM for a type cm_quant_known takes; 0 when it took it, else LLM_EUNSUP.
+static int matmul_q(int type, const uint8_t *w, int64_t n, int64_t k, size_t rb, const float *x, float *y, int B) {
     switch (type) {
-    case CM_Q4_0: gemv_q_launch<CM_Q4_0>(w, n, k, rb, x, y, B); break;
-    case CM_Q4_1: gemv_q_launch<CM_Q4_1>(w, n, k, rb, x, y, B); break;
-    case CM_Q5_0: gemv_q_launch<CM_Q5_0>(w, n, k, rb, x, y, B); break;
-    case CM_Q5_1: gemv_q_launch<CM_Q5_1>(w, n, k, rb, x, y, B); break;
-    case CM_Q8_0: gemv_q_launch<CM_Q8_0>(w, n, k, rb, x, y, B); break;
-    case CM_Q2_K: gemv_q_launch<CM_Q2_K>(w, n, k, rb, x, y, B); break;
-    case CM_Q3_K: gemv_q_launch<CM_Q3_K>(w, n, k, rb, x, y, B); break;
-    case CM_Q4_K: gemv_q_launch<CM_Q4_K>(w, n, k, rb, x, y, B); break;
-    case CM_Q5_K: gemv_q_launch<CM_Q5_K>(w, n, k, rb, x, y, B); break;
-    case CM_Q6_K: gemv_q_launch<CM_Q6_K>(w, n, k, rb, x, y, B); break;
-    case CM_MXFP4: gemv_q_launch<CM_MXFP4>(w, n, k, rb, x, y, B); break;
+    case CM_Q4_0: matmul_q_launch<CM_Q4_0>(w, n, k, rb, x, y, B); break;
+    case CM_Q4_1: matmul_q_launch<CM_Q4_1>(w, n, k, rb, x, y, B); break;
+    case CM_Q5_0: matmul_q_launch<CM_Q5_0>(w, n, k, rb, x, y, B); break;
+    case CM_Q5_1: matmul_q_launch<CM_Q5_1>(w, n, k, rb, x, y, B); break;
+    case CM_Q8_0: matmul_q_launch<CM_Q8_0>(w, n, k, rb, x, y, B); break;
+    case CM_Q2_K: matmul_q_launch<CM_Q2_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q3_K: matmul_q_launch<CM_Q3_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q4_K: matmul_q_launch<CM_Q4_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q5_K: matmul_q_launch<CM_Q5_K>(w, n, k, rb, x, y, B); break;
+    case CM_Q6_K: matmul_q_launch<CM_Q6_K>(w, n, k, rb, x, y, B); break;
+    case CM_MXFP4: matmul_q_launch<CM_MXFP4>(w, n, k, rb, x, y, B); break;
     default: return LLM_EUNSUP;
     }
     return 0;
@@ -197,7 +286,7 @@ extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, c
     if (!rb || n <= 0 || B <= 0 || B > 65535) return LLM_EINVAL;
     if (cm_quant_known(type)) {
         if (k % 32) return LLM_EINVAL; /* whole blocks: every quantized row is */
-        if (gemv_q(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y, B)) return LLM_EUNSUP;
+        if (matmul_q(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y, B)) return LLM_EUNSUP;
     } else {
         dim3 grid((unsigned)((n + 7) / 8), (unsigned)B);
         matmul_kernel<<<grid, 256>>>(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y);

@@ -22,6 +22,8 @@
  * (the grid's y), each reading the weights again, up to the row count where
  * the engine dequantizes once and uses cuBLAS instead. */
 #define KN_GEMV_NB 8
+/* From this many rows kn_cuda_matmul multiplies quantized weights in tensor-core tiles instead. */
+#define KN_GEMV_MAX_ROWS 16
 
 /* Four activations from p (16-byte aligned: rows of k floats, k a multiple of 32, from cudaMalloc). */
 CM_QHD void kn_gemv_x4(const float *p, float o[4]) {

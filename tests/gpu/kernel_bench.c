@@ -15,11 +15,14 @@
  * larger of the two; attention reads every K and V of the batch once
  * (batch x ctx x 2 x kv width x 2 bytes a layer / HBM). Then the tokens/s
  * upper bound of GEMMs + attention; last, attention with the per-head kernel
- * pinned (the grouped one is what AUTO picks for GQA shapes). Then the
- * quantized GEMV (kn_cuda_matmul: the engine's path for GGUF weights below
- * 16 rows) over the same layers in Q4_0, Q8_0, Q4_K and Q6_K at batches 1,
- * 4, 8 and 15: its bound is the weights' bytes / HBM (one pass reads them
- * once; 15 rows take two passes). Median of 5 after a warm-up. */
+ * pinned (the grouped one is what AUTO picks for GQA shapes). Then
+ * kn_cuda_matmul over the same layers in Q4_0, Q8_0, Q4_K and Q6_K: the
+ * fused GEMV at batches 1, 8 and 15 (one pass reads the weights once;
+ * 15 rows take two), the tensor-core tiles from 16 rows, each against the
+ * larger of bytes / HBM and 2 x weights x batch / peak; from 16 rows also
+ * the engine's other way, the matrix dequantized to F16 and cuBLAS, so the
+ * first run shows where the engine should switch (DEQ_MIN_ROWS in
+ * wk_cuda.c). Median of 5 after a warm-up. */
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_model.h"
@@ -43,23 +46,27 @@
         }                                                                                          \
     } while (0)
 
-/* The quantized GEMV over every layer's seven matrices in each type, beside bytes / HBM. */
-static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm) {
-    static const int types[] = {CM_Q4_0, CM_Q8_0, CM_Q4_K, CM_Q6_K}, batches[] = {1, 4, 8, 15};
+/* kn_cuda_matmul over every layer's seven matrices in each type, beside its bound; from 16 rows also
+ * dequantization to F16 + cuBLAS on the same matrices. */
+static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm, double peak, kn_cuda_blas *blas) {
+    static const int types[] = {CM_Q4_0, CM_Q8_0, CM_Q4_K, CM_Q6_K}, batches[] = {1, 8, 15, 16, 64, 256};
+    enum { NBATCH = sizeof batches / sizeof batches[0], MAXB = 256 };
     int L = (int)c->n_layer;
     int64_t maxk = 0, maxn = 0;
     for (int j = 0; j < 7; j++) {
         if (shapes[j][1] > maxk) maxk = shapes[j][1];
         if (shapes[j][0] > maxn) maxn = shapes[j][0];
     }
-    void **w = calloc((size_t)L * 7, sizeof *w);
+    void **w = calloc((size_t)L * 7, sizeof *w), *deq;
     float *x, *y;
     if (!w) return 1;
-    TRY(kn_cuda_malloc((void **)&x, sizeof(float) * 15 * (size_t)maxk));
-    TRY(kn_cuda_malloc((void **)&y, sizeof(float) * 15 * (size_t)maxn));
-    TRY(kn_cuda_fill_random(x, CM_F16, 15 * (size_t)maxk * 2, 5, 0.5f));
-    printf("\nquantized GEMV (kn_cuda_matmul), the %d layers' GEMMs\n%6s %6s %10s %10s %10s %8s\n", L, "type", "batch",
-           "GB", "GEMMs ms", "bound ms", "of bound");
+    TRY(kn_cuda_malloc((void **)&x, sizeof(float) * MAXB * (size_t)maxk));
+    TRY(kn_cuda_malloc((void **)&y, sizeof(float) * MAXB * (size_t)maxn));
+    TRY(kn_cuda_malloc(&deq, (size_t)maxn * (size_t)maxk * 2));
+    TRY(kn_cuda_fill_random(x, CM_F16, MAXB * (size_t)maxk * 2, 5, 0.5f));
+    printf("\nquantized weights (kn_cuda_matmul: GEMV below 16 rows, tensor-core tiles from 16), the %d layers' GEMMs\n"
+           "%6s %6s %8s %10s %10s %8s %14s\n", L, "type", "batch", "GB", "GEMMs ms", "bound ms", "of bound",
+           "deq+cuBLAS ms");
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         double bytes = 0;
         for (int l = 0; l < L; l++)
@@ -73,20 +80,36 @@ static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm
                 else TRY(kn_cuda_fill_random(w[l * 7 + j], CM_F16, sz / 2, (unsigned long long)(l * 7 + j), 0.02f));
                 bytes += (double)sz;
             }
-        for (int bi = 0; bi < 4; bi++) {
+        double params = 0;
+        for (int j = 0; j < 7; j++) params += (double)shapes[j][0] * (double)shapes[j][1] * L;
+        for (int bi = 0; bi < NBATCH; bi++) {
             int B = batches[bi];
-            double tq[6];
+            double tq[6], td[6] = {0};
             for (int rep = 0; rep < 6; rep++) { /* rep 0 warms up */
                 double t0 = bn_now();
                 for (int l = 0; l < L; l++)
                     for (int j = 0; j < 7; j++)
                         TRY(kn_cuda_matmul(types[t], w[l * 7 + j], shapes[j][0], shapes[j][1], x, y, B));
                 TRY(kn_cuda_sync());
-                tq[rep] = bn_now() - t0;
+                double t1 = bn_now();
+                if (B >= 16) {
+                    for (int l = 0; l < L; l++)
+                        for (int j = 0; j < 7; j++) {
+                            TRY(kn_cuda_dequant_f16(types[t], w[l * 7 + j], shapes[j][0], shapes[j][1], deq));
+                            TRY(kn_cuda_gemm(blas, CM_F16, deq, shapes[j][0], shapes[j][1], x, y, B));
+                        }
+                    TRY(kn_cuda_sync());
+                }
+                tq[rep] = t1 - t0;
+                td[rep] = bn_now() - t1;
             }
             qsort(tq + 1, 5, sizeof(double), bn_cmp_d);
-            printf("%6s %6d %10.2f %10.3f %10.3f %7.1f%%\n", cm_dtype_name(types[t]), B, bytes / 1e9, tq[3] * 1e3,
-                   bytes / hbm * 1e3, bytes / hbm / tq[3] * 100);
+            qsort(td + 1, 5, sizeof(double), bn_cmp_d);
+            double mem = bytes / hbm, flop = 2.0 * params * B / peak, bound = mem > flop ? mem : flop;
+            char dq[32] = "-";
+            if (B >= 16) snprintf(dq, sizeof dq, "%.3f", td[3] * 1e3);
+            printf("%6s %6d %8.2f %10.3f %10.3f %7.1f%% %14s\n", cm_dtype_name(types[t]), B, bytes / 1e9, tq[3] * 1e3,
+                   bound * 1e3, bound / tq[3] * 100, dq);
         }
         for (int i = 0; i < L * 7; i++) {
             kn_cuda_free(w[i]);
@@ -95,6 +118,7 @@ static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm
     }
     kn_cuda_free(x);
     kn_cuda_free(y);
+    kn_cuda_free(deq);
     free(w);
     return 0;
 }
@@ -236,6 +260,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i <= L * 7; i++) kn_cuda_free(w[i]);
     free(w);
+    int rc = quant_gemv(&c, shapes, hbm, peak, blas);
     kn_cuda_blas_destroy(blas);
-    return quant_gemv(&c, shapes, hbm);
+    return rc;
 }

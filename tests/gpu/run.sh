@@ -17,8 +17,9 @@
 #          nccl_test (the NCCL comm on one rank; TP=2 where two GPUs are)
 #   b      benchmarks against their bounds: llmserve-cuda-kernel-bench (the
 #          llama-3-8b decode step's GEMMs and paged attention, each against its
-#          HBM or FLOP bound; the quantized GEMV in Q4_0/Q8_0/Q4_K/Q6_K at
-#          batches 1-15 against bytes / HBM), then the engine on dummy llama-3-8b BF16 (one
+#          HBM or FLOP bound; GGUF weights in Q4_0/Q8_0/Q4_K/Q6_K through
+#          the fused GEMV and the tensor-core tiles at batches 1-256, beside
+#          dequantize + cuBLAS), then the engine on dummy llama-3-8b BF16 (one
 #          stream; the bound is 16.06 GB / HBM) and FP8 at 64 streams
 #   c      optional: the whole stack (llmserve serve on dummy llama-3-8b)
 #          swept with llmserve bench serve

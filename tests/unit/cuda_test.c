@@ -2,6 +2,7 @@
  * (as on the development machines and in CI) it says so and skips (77). */
 #include "cm_dtype.h"
 #include "cm_error.h"
+#include "cm_quant.h"
 #include "cm_rope.h"
 #include "kernels.h"
 #include "kn_cuda.h"
@@ -535,12 +536,14 @@ int main(void) {
         kn_cuda_free(didx);
         free(b);
     }
-    /* matmul over the GGUF types against the float64 reference: rows of 40 blocks (lanes of the quantized
-     * GEMV take several), batches of 1, 3, 8 and 13 (its three kernels, and two passes with a partial one) */
+    /* matmul over the GGUF types against the float64 reference: rows of 40 blocks (41 where the type's blocks
+     * are 32: an odd count ends the tiles' last k-step half empty; the GEMV's lanes take several), batches of 1,
+     * 3, 8 and 13 (its three kernels, and two passes with a partial one), then 16 and 70 (the tensor-core tiles,
+     * f16 inputs: two row tiles, the second partial, and 77 weight rows, two column tiles) */
     int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_Q5_0, CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        int64_t N = 77, K = 1280;
-        int B = 13;
+        int64_t N = 77, K = cm_dtype_block(types[t]) == 256 ? 1280 : 1312;
+        int B = 70;
         size_t bytes = cm_dtype_row_bytes(types[t], (uint64_t)K) * (size_t)N;
         uint8_t *raw = malloc(bytes);
         for (size_t i = 0; i < bytes; i++) raw[i] = (uint8_t)rand();
@@ -567,15 +570,16 @@ int main(void) {
         kn_cuda_malloc((void **)&dys, sizeof(float) * (size_t)(B * N));
         kn_cuda_upload(dwt, raw, bytes);
         kn_cuda_upload(dxs, xs, sizeof(float) * (size_t)(B * K));
-        static const int batches[] = {1, 3, 8, 13};
-        for (int bi = 0; bi < 4; bi++) {
+        static const int batches[] = {1, 3, 8, 13, 16, 70};
+        for (int bi = 0; bi < 6; bi++) {
             int nb = batches[bi];
+            if (nb >= 16 && !cm_quant_known(types[t])) continue; /* dense types: the warp-per-row kernel only */
             kn_ref_matmul(&wt, yr, xs, nb);
             CHECK_RC(kn_cuda_matmul(types[t], dwt, N, K, dxs, dys, nb), 0);
             kn_cuda_download(yg, dys, sizeof(float) * (size_t)(nb * N));
             double e = tst_rel_l2(yg, yr, (size_t)(nb * N));
             printf("cuda matmul %s B=%d: rel %.2e\n", cm_dtype_name(types[t]), nb, e);
-            CHECK(e < 1e-5);
+            CHECK(e < (nb >= 16 ? 3e-3 : 1e-5));
         }
         kn_cuda_free(dwt); kn_cuda_free(dxs); kn_cuda_free(dys);
         free(raw); free(xs); free(yr); free(yg);
