@@ -133,8 +133,9 @@ __device__ __forceinline__ void load_row(const KV *p, float *out) {
 // The decode kernel for grouped-query attention. grid: (rows, n_kv, splits), KN_CUDA_ATTN_THREADS threads
 // = 4 warps. One CTA serves the G = n_head / n_kv query heads that share KV head hk, so each K and V row
 // is read once for all G of them (the per-head kernel reads it G times); lane l holds the NE contiguous
-// elements [l*NE, l*NE + NE) of a row (vector loads), V is loaded with K, each warp takes every 4th
-// position with an online softmax per head, and the warps merge through shared memory. The output (or the
+// elements [l*NE, l*NE + NE) of a row (vector loads), V is loaded with K, each warp takes U consecutive
+// positions in turn (every 4th group of U; U row pairs in flight a warp) with an online softmax per head,
+// and the warps merge through shared memory. The output (or the
 // split's partial, merged by attn_combine_kernel) is laid out as the per-head kernel's.
 template <int NE, int G, typename KV>
 __global__ void paged_attn_gqa_kernel(const float *q, float *out, float *ws, const KV *kc, const KV *vc,
@@ -158,23 +159,49 @@ __global__ void paged_attn_gqa_kernel(const float *q, float *out, float *ws, con
         m[g] = -INFINITY;
         l[g] = 0.f;
     }
-    for (int j = j0 + warp; j < j1; j += NW) {
-        size_t base = (size_t)bt[j >> bshift] * block_stride_el +
-                      ((size_t)(j & ((1 << bshift) - 1)) * n_kv + hk) * HD + (size_t)lane * NE;
-        float kr[NE], vr[NE];
-        load_row<NE>(kc + base, kr);
-        load_row<NE>(vc + base, vr);
+    // U consecutive positions a warp at a time, all their K and V loads issued before any is used (U row
+    // pairs in flight a warp, not one); positions past j1 load nothing and weigh 0.
+    constexpr int U = G * NE <= 16 ? 4 : 2;
+    for (int jb = j0 + warp * U; jb < j1; jb += NW * U) {
+        float kr[U][NE], vr[U][NE];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = jb + u;
+            if (j < j1) {
+                size_t base = (size_t)bt[j >> bshift] * block_stride_el +
+                              ((size_t)(j & ((1 << bshift) - 1)) * n_kv + hk) * HD + (size_t)lane * NE;
+                load_row<NE>(kc + base, kr[u]);
+                load_row<NE>(vc + base, vr[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < NE; e++) kr[u][e] = vr[u][e] = 0.f;
+            }
+        }
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            float dot = 0.f;
+            float dot[U], mn = m[g];
 #pragma unroll
-            for (int e = 0; e < NE; e++) dot += qv[g][e] * kr[e];
+            for (int u = 0; u < U; u++) {
+                dot[u] = 0.f;
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-            float mn = fmaxf(m[g], dot), c = expf(m[g] - mn), p = expf(dot - mn);
-            l[g] = l[g] * c + p;
+                for (int e = 0; e < NE; e++) dot[u] += qv[g][e] * kr[u][e];
 #pragma unroll
-            for (int e = 0; e < NE; e++) acc[g][e] = acc[g][e] * c + p * vr[e];
+                for (int off = 16; off > 0; off >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], off);
+                if (jb + u >= j1) dot[u] = -INFINITY;
+                mn = fmaxf(mn, dot[u]);
+            }
+            // position jb is below j1, so mn is finite and no exp sees inf - inf
+            float c = expf(m[g] - mn);
+            l[g] *= c;
+#pragma unroll
+            for (int e = 0; e < NE; e++) acc[g][e] *= c;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float p = expf(dot[u] - mn);
+                l[g] += p;
+#pragma unroll
+                for (int e = 0; e < NE; e++) acc[g][e] += p * vr[u][e];
+            }
             m[g] = mn;
         }
     }
