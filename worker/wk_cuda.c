@@ -307,6 +307,20 @@ static int attn_variant(void) {
     return got;
 }
 
+/* LLMSERVE_CUDA_MATMUL=per-element pins the per-element kernel for GGUF weights, and dequantize + cuBLAS
+ * from 16 rows, as before the fused GEMV and the tiles (a first run's way around a fault in either);
+ * anything else, or nothing, takes them. */
+static int matmul_variant(void) {
+    static int v = -1;
+    int got = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (got < 0) {
+        const char *e = getenv("LLMSERVE_CUDA_MATMUL");
+        got = e && !strcmp(e, "per-element") ? KN_MATMUL_PER_ELEMENT : KN_MATMUL_AUTO;
+        __atomic_store_n(&v, got, __ATOMIC_RELAXED);
+    }
+    return got;
+}
+
 /* Sums a row-parallel GEMM's partial results over the ranks (NCCL on its own stream, ordered between our
  * kernels by events: no host wait). */
 static int reduce(wk_model *m, float *buf, size_t n) {
@@ -326,11 +340,12 @@ static int finish(wk_model *m, void *dst, const void *src, size_t bytes) {
 static int dmm(wk_cuda *g, const dweight *w, const float *x, float *y, int B) {
     if (w->type == DW_FP8) return kn_cuda_gemm_fp8(g->f8, w->d, w->scale, w->n, w->k, x, y, B);
     if (w->type == CM_F16 || w->type == CM_BF16) return kn_cuda_gemm(g->blas, w->type, w->d, w->n, w->k, x, y, B);
-    if (B >= DEQ_MIN_ROWS && g->deq && w->type != CM_F32) {
+    int variant = matmul_variant();
+    if (B >= (variant == KN_MATMUL_PER_ELEMENT ? 16 : DEQ_MIN_ROWS) && g->deq && w->type != CM_F32) {
         int rc = kn_cuda_dequant_f16(w->type, w->d, w->n, w->k, g->deq);
         return rc ? rc : kn_cuda_gemm(g->blas, CM_F16, g->deq, w->n, w->k, x, y, B);
     }
-    return kn_cuda_matmul(w->type, w->d, w->n, w->k, x, y, B);
+    return kn_cuda_matmul_as(variant, w->type, w->d, w->n, w->k, x, y, B);
 }
 
 /* Several weights times one x (q, k, v; gate, up): x rounded or quantized once when they share a type

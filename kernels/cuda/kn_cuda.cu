@@ -79,9 +79,8 @@ __global__ void matmul_kernel(int type, const uint8_t *w, int64_t n, int64_t k, 
 // output row 8x+w for the activation rows NB y .. NB y + NB - 1 (fewer in the last pass). Each lane decodes a
 // block of 32 weights once for all of those rows; the lanes' sums meet by shuffles.
 template <int TYPE, int NB>
-__global__ void gemv_q_kernel(const uint8_t *__restrict__ w, int64_t n, int64_t k,
-                                                     size_t row_bytes, const float *__restrict__ x,
-                                                     float *__restrict__ y, int B) {
+__global__ void gemv_q_kernel(const uint8_t *__restrict__ w, int64_t n, int64_t k, size_t row_bytes,
+                              const float *__restrict__ x, float *__restrict__ y, int B) {
     int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     int lane = threadIdx.x % 32, b0 = (int)blockIdx.y * NB, nb = B - b0 < NB ? B - b0 : NB;
     if (row >= n) return;
@@ -111,7 +110,7 @@ static void gemv_q_launch(const uint8_t *w, int64_t n, int64_t k, size_t rb, con
 // shared memory a tile at a time (never a whole F16 copy of the matrix) and multiplied on the tensor cores
 // (WMMA 16x16x16, f16 in, f32 sums). grid (ceil(n/64), ceil(B/64)), 128 threads: a CTA owns 64 activation
 // rows x 64 weight rows, each warp a 32 x 32 quarter (2 x 2 fragments). A k-step is two blocks of 32: each
-// thread decodes one weight row's block (cm_unpack32) and rounds 16 activations; rows and blocks past the
+// thread decodes one weight row's block (cm_unpack32) and rounds 32 activations; rows and blocks past the
 // ends are zeros. x is rounded to f16 as the dequantize + cuBLAS path rounds it.
 #define QT_M 64          // activation rows a CTA
 #define QT_N 64          // weight rows a CTA
@@ -280,11 +279,13 @@ static int gguf_type_ok(int type) {
     return type == CM_F32 || type == CM_F16 || type == CM_BF16 || cm_quant_known(type);
 }
 
-extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B) {
+extern "C" int kn_cuda_matmul_as(int variant, int type, const void *d_w, int64_t n, int64_t k, const float *d_x,
+                                 float *d_y, int B) {
     if (!gguf_type_ok(type)) return LLM_EUNSUP;
     size_t rb = cm_dtype_row_bytes(type, (uint64_t)k);
     if (!rb || n <= 0 || B <= 0 || B > 65535) return LLM_EINVAL;
-    if (cm_quant_known(type)) {
+    if (variant != KN_MATMUL_AUTO && variant != KN_MATMUL_PER_ELEMENT) return LLM_EINVAL;
+    if (variant == KN_MATMUL_AUTO && cm_quant_known(type)) {
         if (k % 32) return LLM_EINVAL; /* whole blocks: every quantized row is */
         if (matmul_q(type, (const uint8_t *)d_w, n, k, rb, d_x, d_y, B)) return LLM_EUNSUP;
     } else {
@@ -293,6 +294,10 @@ extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, c
     }
     KN_CUDA_LAUNCHED();
     return 0;
+}
+
+extern "C" int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B) {
+    return kn_cuda_matmul_as(KN_MATMUL_AUTO, type, d_w, n, k, d_x, d_y, B);
 }
 
 static int sync_mode = -1; /* LLMSERVE_CUDA_SYNC, read once */

@@ -39,6 +39,13 @@ int kn_cuda_silu_mul(float *d_a, const float *d_b, int n);
  * meant for decode-sized batches); dense: a warp per (row, batch) dot.
  * fp32 activations and sums throughout. */
 int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B);
+/* The same with the kernel pinned: KN_MATMUL_AUTO is kn_cuda_matmul; KN_MATMUL_PER_ELEMENT runs every type
+ * through the warp-per-(row, batch) kernel, each weight decoded from its block alone in fp32 (what quantized
+ * weights took before the GEMV and the tiles: a first run's way around a fault in either, and the bench's
+ * baseline). */
+enum { KN_MATMUL_AUTO = 0, KN_MATMUL_PER_ELEMENT = 1 };
+int kn_cuda_matmul_as(int variant, int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y,
+                      int B);
 
 /* SMs of the current device, and its memory (bytes) as cudaMemGetInfo says. */
 int kn_cuda_sm_count(int *n);

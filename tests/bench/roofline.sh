@@ -15,6 +15,7 @@
 #
 #   tests/bench/roofline.sh        THREADS (default 2), TYPES (default "q4_0 q4_k q6_k q8_0"),
 #                                  SHAPES (default "llama-3-8b llama-3-70b-4l"), ISAS (default: every path present),
+#                                  DECODE_ISAS (default: ISAS's paths; "" for the engine's own pick),
 #                                  LLAMA_BIN, GGUF8B (the file, made once), REPS (default 3), LLAMA_ONLY=1
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -106,23 +107,32 @@ while read -r ty shape _ path _ gbs; do
         "$(echo "100 * $gbs / $low" | bc -l)" "$low"
 done < <(awk '$1 != "type"' "$OUT/cold")
 
-# 4. decode, one sequence, per shape and type, on the engine's own path choice
+# 4. decode, one sequence, per shape, type and path (LLMSERVE_ISA: each path the CPU has, so an AVX-512 machine
+#    also gives the AVX2 figures; DECODE_ISAS="" keeps to the engine's own choice)
 echo
 echo "decode, one sequence (16-token prompt, 48 tokens; the median step), dummy weights, $T thread(s):"
 for shape in $SHAPES; do
     for ty in $TYPES; do
-        line=$("$BIN/llmserve-engine-bench" --load-format dummy --model-config "$OUT/$shape.json" --dtype "$ty" \
-                   --concurrency 1 --prompt-len 16 --gen 48 --repeats 1 --system-len 16 --threads "$T" 2>&1) || {
-            printf '  %-15s %-6s failed: %s\n' "$shape" "$ty" "$(echo "$line" | tail -1)"; continue; }
+      list=${DECODE_ISAS-$isas}
+      for isa in ${list:-auto}; do
+        want=$isa
+        [ "$isa" != auto ] || want=""
+        line=$(LLMSERVE_ISA=$want "$BIN/llmserve-engine-bench" --load-format dummy --model-config "$OUT/$shape.json" \
+                   --dtype "$ty" --concurrency 1 --prompt-len 16 --gen 48 --repeats 1 --system-len 16 --threads "$T" \
+                   2>&1) || {
+            printf '  %-15s %-6s %-12s failed: %s\n' "$shape" "$ty" "$isa" "$(echo "$line" | tail -1)"; continue; }
         path=$(echo "$line" | sed -nE 's/.*isa ([a-z0-9-]+) .*/\1/p' | head -1)
         step=$(echo "$line" | awk '$1 == 1 && NF >= 5 {print $5}')
         bytes=$(tokbytes "$shape" "$ty")
         kp=${path%-vnni}
+        if [ -n "$want" ] && [ "$kp" != "$want" ]; then # LLMSERVE_ISA named a path this CPU lacks
+            printf '  %-15s %-6s %-12s not on this CPU\n' "$shape" "$ty" "$isa"; continue; fi
         low=$(lower "$ty" "$kp")
         gbs=$(echo "$bytes / ($step / 1000) / 1000000000" | bc -l)
         printf '  %-15s %-6s %-12s %6.2f tok/s  %6.1f ms a step  %5.2f GB a token  %5.1f GB/s  %3.0f%% of %.1f\n' \
             "$shape" "$ty" "$path" "$(echo "1000 / $step" | bc -l)" "$step" "$(echo "$bytes / 1000000000" | bc -l)" \
             "$gbs" "$(echo "100 * $gbs / $low" | bc -l)" "$low"
+      done
     done
 done
 fi

@@ -22,7 +22,8 @@
  * larger of bytes / HBM and 2 x weights x batch / peak; from 16 rows also
  * the engine's other way, the matrix dequantized to F16 and cuBLAS, so the
  * first run shows where the engine should switch (DEQ_MIN_ROWS in
- * wk_cuda.c). Median of 5 after a warm-up. */
+ * wk_cuda.c); below 16, the per-element kernel the GEMV replaced. Median
+ * of 5 after a warm-up. */
 #include "cm_dtype.h"
 #include "cm_error.h"
 #include "cm_model.h"
@@ -66,7 +67,7 @@ static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm
     TRY(kn_cuda_fill_random(x, CM_F16, MAXB * (size_t)maxk * 2, 5, 0.5f));
     printf("\nquantized weights (kn_cuda_matmul: GEMV below 16 rows, tensor-core tiles from 16), the %d layers' GEMMs\n"
            "%6s %6s %8s %10s %10s %8s %14s\n", L, "type", "batch", "GB", "GEMMs ms", "bound ms", "of bound",
-           "deq+cuBLAS ms");
+           "before ms");
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         double bytes = 0;
         for (int l = 0; l < L; l++)
@@ -84,7 +85,7 @@ static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm
         for (int j = 0; j < 7; j++) params += (double)shapes[j][0] * (double)shapes[j][1] * L;
         for (int bi = 0; bi < NBATCH; bi++) {
             int B = batches[bi];
-            double tq[6], td[6] = {0};
+            double tq[6], td[6] = {0}; /* td: deq + cuBLAS from 16 rows, the per-element kernel below */
             for (int rep = 0; rep < 6; rep++) { /* rep 0 warms up */
                 double t0 = bn_now();
                 for (int l = 0; l < L; l++)
@@ -92,24 +93,25 @@ static int quant_gemv(const cm_model_config *c, int64_t shapes[7][2], double hbm
                         TRY(kn_cuda_matmul(types[t], w[l * 7 + j], shapes[j][0], shapes[j][1], x, y, B));
                 TRY(kn_cuda_sync());
                 double t1 = bn_now();
-                if (B >= 16) {
-                    for (int l = 0; l < L; l++)
-                        for (int j = 0; j < 7; j++) {
-                            TRY(kn_cuda_dequant_f16(types[t], w[l * 7 + j], shapes[j][0], shapes[j][1], deq));
-                            TRY(kn_cuda_gemm(blas, CM_F16, deq, shapes[j][0], shapes[j][1], x, y, B));
+                for (int l = 0; l < L; l++)
+                    for (int j = 0; j < 7; j++) {
+                        if (B < 16) {
+                            TRY(kn_cuda_matmul_as(KN_MATMUL_PER_ELEMENT, types[t], w[l * 7 + j], shapes[j][0],
+                                                  shapes[j][1], x, y, B));
+                            continue;
                         }
-                    TRY(kn_cuda_sync());
-                }
+                        TRY(kn_cuda_dequant_f16(types[t], w[l * 7 + j], shapes[j][0], shapes[j][1], deq));
+                        TRY(kn_cuda_gemm(blas, CM_F16, deq, shapes[j][0], shapes[j][1], x, y, B));
+                    }
+                TRY(kn_cuda_sync());
                 tq[rep] = t1 - t0;
                 td[rep] = bn_now() - t1;
             }
             qsort(tq + 1, 5, sizeof(double), bn_cmp_d);
             qsort(td + 1, 5, sizeof(double), bn_cmp_d);
             double mem = bytes / hbm, flop = 2.0 * params * B / peak, bound = mem > flop ? mem : flop;
-            char dq[32] = "-";
-            if (B >= 16) snprintf(dq, sizeof dq, "%.3f", td[3] * 1e3);
-            printf("%6s %6d %8.2f %10.3f %10.3f %7.1f%% %14s\n", cm_dtype_name(types[t]), B, bytes / 1e9, tq[3] * 1e3,
-                   bound * 1e3, bound / tq[3] * 100, dq);
+            printf("%6s %6d %8.2f %10.3f %10.3f %7.1f%% %14.3f (%s)\n", cm_dtype_name(types[t]), B, bytes / 1e9,
+                   tq[3] * 1e3, bound * 1e3, bound / tq[3] * 100, td[3] * 1e3, B < 16 ? "per-element" : "deq+cuBLAS");
         }
         for (int i = 0; i < L * 7; i++) {
             kn_cuda_free(w[i]);

@@ -539,7 +539,8 @@ int main(void) {
     /* matmul over the GGUF types against the float64 reference: rows of 40 blocks (41 where the type's blocks
      * are 32: an odd count ends the tiles' last k-step half empty; the GEMV's lanes take several), batches of 1,
      * 3, 8 and 13 (its three kernels, and two passes with a partial one), then 16 and 70 (the tensor-core tiles,
-     * f16 inputs: two row tiles, the second partial, and 77 weight rows, two column tiles) */
+     * f16 inputs: two row tiles, the second partial, and 77 weight rows, two column tiles); each also with the
+     * per-element kernel pinned */
     int types[] = {CM_F32, CM_F16, CM_Q4_0, CM_Q4_1, CM_Q8_0, CM_Q5_0, CM_Q5_1, CM_Q2_K, CM_Q3_K, CM_Q4_K, CM_Q5_K, CM_Q6_K};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         int64_t N = 77, K = cm_dtype_block(types[t]) == 256 ? 1280 : 1312;
@@ -573,13 +574,17 @@ int main(void) {
         static const int batches[] = {1, 3, 8, 13, 16, 70};
         for (int bi = 0; bi < 6; bi++) {
             int nb = batches[bi];
-            if (nb >= 16 && !cm_quant_known(types[t])) continue; /* dense types: the warp-per-row kernel only */
             kn_ref_matmul(&wt, yr, xs, nb);
-            CHECK_RC(kn_cuda_matmul(types[t], dwt, N, K, dxs, dys, nb), 0);
-            kn_cuda_download(yg, dys, sizeof(float) * (size_t)(nb * N));
-            double e = tst_rel_l2(yg, yr, (size_t)(nb * N));
-            printf("cuda matmul %s B=%d: rel %.2e\n", cm_dtype_name(types[t]), nb, e);
-            CHECK(e < (nb >= 16 ? 3e-3 : 1e-5));
+            /* as chosen, then with the per-element kernel pinned (LLMSERVE_CUDA_MATMUL=per-element's) */
+            for (int pin = 0; pin < 2; pin++) {
+                int tiles = !pin && nb >= 16 && cm_quant_known(types[t]); /* f16 inputs */
+                CHECK_RC(kn_cuda_matmul_as(pin ? KN_MATMUL_PER_ELEMENT : KN_MATMUL_AUTO, types[t], dwt, N, K, dxs, dys,
+                                           nb), 0);
+                kn_cuda_download(yg, dys, sizeof(float) * (size_t)(nb * N));
+                double e = tst_rel_l2(yg, yr, (size_t)(nb * N));
+                printf("cuda matmul %s B=%d%s: rel %.2e\n", cm_dtype_name(types[t]), nb, pin ? " per-element" : "", e);
+                CHECK(e < (tiles ? 3e-3 : 1e-5));
+            }
         }
         kn_cuda_free(dwt); kn_cuda_free(dxs); kn_cuda_free(dys);
         free(raw); free(xs); free(yr); free(yg);
