@@ -294,17 +294,22 @@ int wk_cuda_kv_blocks(const wk_model *m, double utilization, size_t block_bytes,
     return 0;
 }
 
+/* A kernel pinned by an environment variable, read once into *v: pinned where var is set to val, else dflt. */
+static int env_pin(int *v, const char *var, const char *val, int pinned, int dflt) {
+    int got = __atomic_load_n(v, __ATOMIC_RELAXED);
+    if (got < 0) {
+        const char *e = getenv(var);
+        got = e && !strcmp(e, val) ? pinned : dflt;
+        __atomic_store_n(v, got, __ATOMIC_RELAXED);
+    }
+    return got;
+}
+
 /* LLMSERVE_CUDA_ATTN=per-head pins the per-head attention kernel (a first run's way around a fault in the
  * grouped one); anything else, or nothing, lets kn_cuda_paged_attention choose. */
 static int attn_variant(void) {
     static int v = -1;
-    int got = __atomic_load_n(&v, __ATOMIC_RELAXED);
-    if (got < 0) {
-        const char *e = getenv("LLMSERVE_CUDA_ATTN");
-        got = e && !strcmp(e, "per-head") ? KN_ATTN_PER_HEAD : KN_ATTN_AUTO;
-        __atomic_store_n(&v, got, __ATOMIC_RELAXED);
-    }
-    return got;
+    return env_pin(&v, "LLMSERVE_CUDA_ATTN", "per-head", KN_ATTN_PER_HEAD, KN_ATTN_AUTO);
 }
 
 /* LLMSERVE_CUDA_MATMUL=per-element pins the per-element kernel for GGUF weights, and dequantize + cuBLAS
@@ -312,13 +317,7 @@ static int attn_variant(void) {
  * anything else, or nothing, takes them. */
 static int matmul_variant(void) {
     static int v = -1;
-    int got = __atomic_load_n(&v, __ATOMIC_RELAXED);
-    if (got < 0) {
-        const char *e = getenv("LLMSERVE_CUDA_MATMUL");
-        got = e && !strcmp(e, "per-element") ? KN_MATMUL_PER_ELEMENT : KN_MATMUL_AUTO;
-        __atomic_store_n(&v, got, __ATOMIC_RELAXED);
-    }
-    return got;
+    return env_pin(&v, "LLMSERVE_CUDA_MATMUL", "per-element", KN_MATMUL_PER_ELEMENT, KN_MATMUL_AUTO);
 }
 
 /* Sums a row-parallel GEMM's partial results over the ranks (NCCL on its own stream, ordered between our
