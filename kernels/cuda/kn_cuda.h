@@ -33,11 +33,12 @@ int kn_cuda_rope(float *d_x, int n_heads, int head_dim, int rope_dim, int type, 
 /* a = silu(a) * b over n elements. */
 int kn_cuda_silu_mul(float *d_a, const float *d_b, int n);
 /* y[B][N] = x[B][K] . W[N][K]^T with W in GGUF layout (every quantized type
- * cm_quant_known takes, and F32, F16, BF16). Quantized: the fused GEMV of
- * kn_cuda_gemv.h, a warp per output row, each block of 32 weights decoded in
- * registers once for up to KN_GEMV_NB rows of x (one pass per 8 rows, so
- * meant for decode-sized batches); dense: a warp per (row, batch) dot.
- * fp32 activations and sums throughout. */
+ * cm_quant_known takes, and F32, F16, BF16). Quantized, below
+ * KN_GEMV_MAX_ROWS (16) rows: the fused GEMV of kn_cuda_gemv.h, a warp per
+ * output row, each block of 32 weights decoded in registers once for up to
+ * KN_GEMV_NB rows of x, fp32 throughout; from 16 rows: tensor-core tiles of
+ * 64 x 64, each weight tile dequantized into shared memory (f16 inputs, f32
+ * sums). Dense: a warp per (row, batch) dot in fp32. */
 int kn_cuda_matmul(int type, const void *d_w, int64_t n, int64_t k, const float *d_x, float *d_y, int B);
 /* The same with the kernel pinned: KN_MATMUL_AUTO is kn_cuda_matmul; KN_MATMUL_PER_ELEMENT runs every type
  * through the warp-per-(row, batch) kernel, each weight decoded from its block alone in fp32 (what quantized
@@ -103,8 +104,8 @@ int kn_cuda_gemm(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t 
  * results as kn_cuda_gemm on each. */
 int kn_cuda_gemm_input(kn_cuda_blas *b, int type, const float *d_x, int B, int64_t k);
 int kn_cuda_gemm_from_input(kn_cuda_blas *b, int type, const void *d_w, int64_t n, int64_t k, float *d_y, int B);
-/* GGUF Q8_0 / Q4_0 / Q4_1 (or F16) rows -> F16 rows, for prefill-sized
- * batches where one dequantization and a tensor-core GEMM beat per-row dots. */
+/* GGUF rows of any type kn_cuda_matmul takes -> F16 rows, for prefill-sized
+ * batches where one dequantization and cuBLAS beat kn_cuda_matmul's tiles. */
 int kn_cuda_dequant_f16(int type, const void *d_w, int64_t n, int64_t k, void *d_out);
 /* out[rows][dim] = embedding rows ids[r] of W (any GGUF type kn_cuda_matmul takes). */
 int kn_cuda_embed(int type, const void *d_w, int64_t vocab, int64_t dim, const int32_t *d_ids, int rows, float *d_out);
